@@ -1,0 +1,7 @@
+//! The CPU backend: quantized matmul, paged attention and the small element-wise ops.
+
+pub mod attention;
+mod f16_round;
+pub mod matmul;
+pub mod ops;
+mod parallel;

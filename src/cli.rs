@@ -1,0 +1,115 @@
+//! Command-line flags (clap) for every subcommand.
+
+use edgelm::kv::KvType;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "edgelm", version, about = "LLM inference appliance for edge boxes")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print a GGUF model's architecture, hyper-parameters, tokenizer and tensor summary.
+    Inspect(InspectArgs),
+    /// Print the token ids of TEXT as a JSON array.
+    Tokenize(TokenizeArgs),
+    /// Generate text from a prompt; only the generated text goes to stdout.
+    Run(RunArgs),
+    /// Perplexity of a text file, computed the way llama-perplexity does.
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// Path to the GGUF model.
+    pub model: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ModelArg {
+    /// Path to the GGUF model.
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Text to tokenize (special tokens such as <|im_start|> are recognised).
+    pub text: String,
+    /// Prepend BOS when the model's vocabulary asks for it.
+    #[arg(long)]
+    pub add_bos: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ComputeArgs {
+    /// Worker threads (default: the cores available).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// KV page format.
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: KvType,
+    /// Tokens per KV block.
+    #[arg(long = "block-size", default_value_t = 16)]
+    pub block_size: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// The prompt, used raw unless --chat is given.
+    #[arg(short = 'p', long)]
+    pub prompt: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// 0 disables top-k.
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Apply the model's chat template to the prompt (as one user message).
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Text file to score.
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Context size of each chunk.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    pub ctx: usize,
+    /// Score at most this many chunks (default: all).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
+}

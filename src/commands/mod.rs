@@ -1,0 +1,24 @@
+//! One module per subcommand; each turns validated flags into work and output.
+
+pub mod generate;
+pub mod inspect;
+pub mod perplexity;
+pub mod tokenize;
+
+use crate::cli::ComputeArgs;
+use anyhow::Result;
+
+/// Sizes the global worker pool once, before any compute runs.
+pub fn init_threads(compute: &ComputeArgs) -> Result<usize> {
+    let n = compute
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    if n == 0 {
+        anyhow::bail!("--threads must be at least 1");
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| anyhow::anyhow!("cannot start {n} worker threads: {e}"))?;
+    Ok(n)
+}

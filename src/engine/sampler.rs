@@ -1,0 +1,199 @@
+//! Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, seeded.
+
+use super::rng::Rng;
+use std::collections::HashMap;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 means no limit.
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, ..Default::default() }
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    /// Scratch (id, logit) candidates, reused between tokens.
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Sampler {
+        let rng = params.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
+        Sampler { params, rng, cand: Vec::new() }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token. `history` is the tokens generated so far (penalties look at it).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let penalize = p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if !penalize && p.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        self.cand.clear();
+        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        if penalize {
+            let mut counts: HashMap<u32, u32> = HashMap::new();
+            for &t in history {
+                *counts.entry(t).or_default() += 1;
+            }
+            for (&t, &c) in &counts {
+                if let Some(entry) = self.cand.get_mut(t as usize) {
+                    let l = &mut entry.1;
+                    // llama.cpp / CTRL style: shrink positive logits, grow negative ones.
+                    if *l > 0.0 {
+                        *l /= p.repetition_penalty;
+                    } else {
+                        *l *= p.repetition_penalty;
+                    }
+                    *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+                }
+            }
+        }
+        if p.temperature <= 0.0 {
+            return self.cand.iter().fold((0u32, f32::NEG_INFINITY), |best, &c| if c.1 > best.1 { c } else { best }).0;
+        }
+        // top-k first: it bounds the work of everything after it.
+        let k = if p.top_k == 0 { self.cand.len() } else { p.top_k.min(self.cand.len()) };
+        if k < self.cand.len() {
+            self.cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+            self.cand.truncate(k);
+        }
+        self.cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let max = self.cand[0].1;
+        let inv_t = 1.0 / p.temperature;
+        let mut probs: Vec<f32> = self.cand.iter().map(|c| ((c.1 - max) * inv_t).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= sum);
+        // min-p: drop tokens far less likely than the best one.
+        let mut keep = probs.len();
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            keep = probs.iter().take_while(|&&x| x >= floor).count().max(1);
+        }
+        // top-p: the smallest prefix whose mass reaches top_p.
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, &x) in probs.iter().enumerate().take(keep) {
+                acc += x;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let mass: f32 = probs[..keep].iter().sum();
+        let mut r = self.rng.next_f32() * mass;
+        for (i, &x) in probs[..keep].iter().enumerate() {
+            if r < x {
+                return self.cand[i].0;
+            }
+            r -= x;
+        }
+        self.cand[keep - 1].0
+    }
+}
+
+/// Index of the largest logit (the first one on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// log-softmax of one logit row, computed in f64 for stable scoring.
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
+}
+
+/// The `n` most likely tokens with their log-probabilities, best first.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let lp = log_softmax(logits);
+    let mut idx: Vec<(u32, f32)> = lp.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let n = n.min(idx.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    idx.select_nth_unstable_by(n - 1, |a, b| b.1.total_cmp(&a.1));
+    idx.truncate(n);
+    idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_argmax() {
+        let mut s = Sampler::new(SamplingParams::greedy());
+        assert_eq!(s.sample(&[0.1, 3.0, 2.0], &[]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_top_k_one_is_greedy() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(7), ..Default::default() };
+        let run = || {
+            let mut s = Sampler::new(params.clone());
+            (0..20).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
+        let mut k1 = Sampler::new(SamplingParams { top_k: 1, ..params.clone() });
+        assert_eq!(k1.sample(&logits, &[]), argmax(&logits));
+    }
+
+    #[test]
+    fn repetition_penalty_changes_choice() {
+        let params = SamplingParams { temperature: 0.0, repetition_penalty: 2.0, ..Default::default() };
+        let mut s = Sampler::new(params);
+        assert_eq!(s.sample(&[1.0, 1.5], &[1]), 0);
+    }
+
+    #[test]
+    fn logprobs_are_normalised() {
+        let lp = log_softmax(&[1.0, 2.0, 3.0]);
+        let total: f32 = lp.iter().map(|l| l.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+        assert_eq!(top_logprobs(&[1.0, 3.0, 2.0], 2).iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
+    }
+}

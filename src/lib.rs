@@ -1,0 +1,13 @@
+//! edgelm: a single-binary LLM inference appliance for edge boxes.
+//!
+//! Data flows one way: GGUF weights (`gguf`) and quantized math (`quant`) feed the model
+//! (`model`), which reads and writes K/V through the paged pool (`kv`) using a compute
+//! backend (`backend`); the engine (`engine`) schedules sequences and samples tokens.
+
+pub mod backend;
+pub mod engine;
+pub mod gguf;
+pub mod kv;
+pub mod model;
+pub mod quant;
+pub mod tokenizer;

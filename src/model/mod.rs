@@ -1,0 +1,47 @@
+//! The Llama-family decoder: config, weights and the batched forward pass over paged KV.
+
+mod batch;
+mod config;
+mod forward;
+mod weights;
+
+pub use batch::{BatchMeta, Logits};
+pub use config::{ModelConfig, RopeLayout};
+pub use weights::{LayerWeights, Mat, Weights};
+
+use crate::gguf::GgufFile;
+use anyhow::Result;
+use std::path::Path;
+use std::sync::Arc;
+
+pub struct Model {
+    pub file: Arc<GgufFile>,
+    pub config: ModelConfig,
+    pub weights: Weights,
+}
+
+impl Model {
+    pub fn load(path: &Path) -> Result<Model> {
+        let file = GgufFile::open(path)
+            .map_err(|e| anyhow::anyhow!("cannot load model {}: {e}", path.display()))?;
+        Self::from_file(Arc::new(file))
+    }
+
+    pub fn from_file(file: Arc<GgufFile>) -> Result<Model> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let weights = Weights::load(&file, &config)?;
+        Ok(Model { file, config, weights })
+    }
+
+    /// Bytes of weight data a decode step reads (every matrix once).
+    pub fn weight_bytes(&self) -> usize {
+        let w = &self.weights;
+        let mut total = w.output.rows * w.output.row_bytes();
+        for l in &w.layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                total += m.rows * m.row_bytes();
+            }
+        }
+        total
+    }
+}

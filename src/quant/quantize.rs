@@ -1,0 +1,253 @@
+//! Quantization of f32 activations into the "vec_dot types" the weight rows
+//! are multiplied against (Q8_0, Q8_1, Q8_K, F16, BF16, F32).
+//!
+//! These follow ggml's `quantize_row_*_ref` functions exactly (same f32
+//! operations, same rounding rules: `roundf` = half away from zero for
+//! Q8_0/Q8_1, `nearest_int` = half to even for Q8_K), so a row quantized here
+//! is byte-identical to one quantized by ggml's reference code. Note that
+//! ggml-cpu's own x86/ARM SIMD quantizers differ from the reference in the
+//! last bit in rare cases (they use `127/amax` and round ties to even); we
+//! deliberately follow the reference, which is what its tests pin down.
+
+use super::blocks::*;
+use super::GgmlType;
+
+/// Quantizes `src` into `dst` (lengths checked by the caller). Returns false
+/// for a type that is not a vec-dot type.
+pub(crate) fn quantize(dot_ty: GgmlType, src: &[f32], dst: &mut [u8]) -> bool {
+    use GgmlType::*;
+    match dot_ty {
+        F32 => {
+            for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&s.to_le_bytes());
+            }
+        }
+        F16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f32_to_f16(*s));
+            }
+        }
+        BF16 => {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f32_to_bf16(*s));
+            }
+        }
+        Q8_0 => q8_0(src, cast_mut(dst)),
+        Q8_1 => q8_1(src, cast_mut(dst)),
+        Q8_K => q8_k(src, cast_mut(dst)),
+        _ => return false,
+    }
+    true
+}
+
+/// Largest |x| of a block, with C's `MAX(a, fabsf(v))` semantics.
+#[inline(always)]
+fn amax(x: &[f32]) -> f32 {
+    x.iter()
+        .fold(0.0f32, |a, &v| if a > v.abs() { a } else { v.abs() })
+}
+
+/// Q8_0 as ggml-cpu's x86 path quantizes activations (`quantize_row_q8_0`): scale
+/// `d = amax/127`, multiplier `127/amax`, ties rounded to even. The reference C code uses
+/// `1/d` and `roundf`; the two differ in rare last-bit cases, and this model family is
+/// sensitive enough to such differences that we follow what the peer actually runs.
+fn q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
+    for (b, x) in y.iter_mut().zip(x.chunks_exact(QK)) {
+        let (d, id) = scale_and_multiplier(amax(x));
+        b.d = f32_to_f16(d);
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8;
+        }
+    }
+}
+
+/// Q8_1 as ggml-cpu's x86 path does: Q8_0's rounding plus `s = f16(d * sum(qs))`.
+fn q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
+    for (b, x) in y.iter_mut().zip(x.chunks_exact(QK)) {
+        let (d, id) = scale_and_multiplier(amax(x));
+        b.d = f32_to_f16(d);
+        let mut sum = 0i32;
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8;
+            sum += *q as i32;
+        }
+        b.s = f32_to_f16(d * sum as f32);
+    }
+}
+
+#[inline(always)]
+fn scale_and_multiplier(amax: f32) -> (f32, f32) {
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    (amax / 127.0, id)
+}
+
+/// ggml's `nearest_int`: round half to even via the 1.5·2^23 trick, valid for
+/// |v| ≤ 2^22 (always true here: |v| ≤ 127).
+#[inline(always)]
+fn nearest_int(v: f32) -> i32 {
+    let val = v + 12_582_912.0;
+    (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// `quantize_row_q8_K_ref`: the scale is taken from the signed value of
+/// largest magnitude (`iscale = -127/max`), so that value maps to -127 and
+/// everything else lands in [-127, 127] after the `MIN(127, v)` clamp.
+fn q8_k(x: &[f32], y: &mut [BlockQ8K]) {
+    for (b, x) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
+        let mut max = 0.0f32;
+        let mut amax = 0.0f32;
+        for &v in x {
+            let ax = v.abs();
+            if ax > amax {
+                amax = ax;
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            b.d = 0.0f32.to_le_bytes();
+            b.qs = [0; QK_K];
+            // ggml leaves bsums untouched here (the block memory is whatever
+            // it was); we zero them so the output is deterministic and the
+            // sums stay consistent with qs.
+            b.bsums = [[0; 2]; QK_K / 16];
+            continue;
+        }
+        let iscale = -127.0f32 / max;
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = nearest_int(iscale * v).min(127) as i8;
+        }
+        for j in 0..QK_K / 16 {
+            let sum: i32 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum();
+            b.bsums[j] = (sum as i16).to_le_bytes();
+        }
+        b.d = (1.0 / iscale).to_le_bytes();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{from_hex, hex_f32s, Rng};
+    use super::super::testdata::vectors::QUANT;
+    use super::super::{quantize_row, GgmlType};
+    use super::*;
+
+    /// gguf-py implements Q8_0 (bit-exact with the C reference, its comment
+    /// says), F16 and BF16; the Q8_1 and Q8_K vectors come from a numpy
+    /// transcription of the C code in gen_vectors.py (a second, independent
+    /// implementation rather than a true oracle).
+    #[test]
+    fn matches_oracle_bytes() {
+        let mut seen = std::collections::HashSet::new();
+        for v in QUANT {
+            let ty = GgmlType::from_u32(v.ty).unwrap();
+            seen.insert(ty);
+            let src = hex_f32s(v.src);
+            let want = from_hex(v.want);
+            let mut got = vec![0u8; want.len()];
+            quantize_row(ty, &src, &mut got);
+            assert_eq!(got, want, "{ty} ({})", v.note);
+        }
+        use GgmlType::*;
+        for t in [Q8_0, Q8_1, Q8_K, F16, BF16] {
+            assert!(seen.contains(&t), "no oracle vectors for {t}");
+        }
+    }
+
+    #[test]
+    fn q8_0_ties_round_away_from_zero() {
+        // amax = 127 gives d = 1 and id = 1 exactly, so 2.5 → 3 and -3.5 → -4.
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        x[3] = 0.5;
+        let mut out = [0u8; 34];
+        quantize_row(GgmlType::Q8_0, &x, &mut out);
+        let b = &cast::<BlockQ8_0>(&out)[0];
+        assert_eq!(&b.qs[..4], &[127, 3, -4, 1]);
+    }
+
+    #[test]
+    fn q8_k_ties_round_to_even_and_bsums_add_up() {
+        // max = -127 → iscale = -127/max = 1, d = 1; 2.5 → 2 and -3.5 → -4
+        // (half to even, where Q8_0's roundf would give 3 and -4).
+        let mut x = vec![0f32; 256];
+        x[0] = -127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        x[17] = 5.0;
+        let mut out = vec![0u8; 292];
+        quantize_row(GgmlType::Q8_K, &x, &mut out);
+        let b = &cast::<BlockQ8K>(&out)[0];
+        assert_eq!(b.d(), 1.0);
+        assert_eq!(&b.qs[..3], &[-127, 2, -4]);
+        assert_eq!(b.bsum(0), -127 + 2 - 4);
+        assert_eq!(b.bsum(1), 5);
+
+        // With a positive max, iscale = -127/max < 0: max itself maps to -127,
+        // -max to +127, and d = 1/iscale is negative.
+        let mut y = vec![0f32; 256];
+        y[5] = 254.0;
+        y[6] = -254.0; // equal magnitude, later: the first one wins
+        y[7] = 1.0; // -0.5 → 0 (half to even)
+        quantize_row(GgmlType::Q8_K, &y, &mut out);
+        let b = &cast::<BlockQ8K>(&out)[0];
+        assert_eq!(b.d(), -2.0);
+        assert_eq!(&b.qs[5..8], &[-127, 127, 0]);
+
+        let mut rng = Rng::new(7);
+        let x: Vec<f32> = (0..512).map(|_| rng.f32() * 3.0).collect();
+        let mut out = vec![0u8; 2 * 292];
+        quantize_row(GgmlType::Q8_K, &x, &mut out);
+        for b in cast::<BlockQ8K>(&out) {
+            for j in 0..16 {
+                let s: i32 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum();
+                assert_eq!(s, b.bsum(j) as i32);
+            }
+            assert!(b.qs.iter().all(|&q| q != -128));
+        }
+    }
+
+    #[test]
+    fn q8_1_sum_field_and_zero_blocks() {
+        let mut rng = Rng::new(3);
+        let mut x: Vec<f32> = (0..96).map(|_| rng.f32()).collect();
+        x[32..64].iter_mut().for_each(|v| *v = 0.0);
+        let mut out = vec![0u8; 3 * 36];
+        quantize_row(GgmlType::Q8_1, &x, &mut out);
+        let bl = cast::<BlockQ8_1>(&out);
+        for (i, b) in bl.iter().enumerate() {
+            let d = amax(&x[32 * i..32 * i + 32]) / 127.0;
+            let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
+            assert_eq!(b.s, f32_to_f16(sum as f32 * d));
+        }
+        assert_eq!(f16_to_f32(bl[1].d), 0.0);
+        assert!(bl[1].qs.iter().all(|&q| q == 0));
+    }
+
+    #[test]
+    fn nearest_int_is_round_half_even() {
+        for (v, want) in [
+            (0.5f32, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-0.5, 0),
+            (-1.5, -2),
+            (126.7, 127),
+        ] {
+            assert_eq!(nearest_int(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    #[should_panic]
+    fn quantize_row_panics_on_weight_types() {
+        quantize_row(GgmlType::Q4_0, &[0.0; 32], &mut [0u8; 18]);
+    }
+
+    #[test]
+    #[should_panic]
+    fn quantize_row_panics_on_bad_length() {
+        quantize_row(GgmlType::Q8_0, &[0.0; 32], &mut [0u8; 35]);
+    }
+}

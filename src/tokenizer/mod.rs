@@ -1,0 +1,301 @@
+//! Tokenizer built from the GGUF's own vocabulary with the `tokenizers` crate, plus our own
+//! token → bytes table for streaming detokenization and the chat template renderer.
+
+mod bytelevel;
+pub mod chat;
+mod detok;
+mod pretok;
+mod vocab;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use detok::StreamDecoder;
+pub use pretok::PreTokenizerKind;
+pub use vocab::{VocabKind, VocabSpec};
+
+use anyhow::{anyhow, Context, Result};
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSeq};
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::AddedToken;
+use vocab::{TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNUSED, TOKEN_TYPE_USER_DEFINED};
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// What each token stands for as text bytes (control tokens: their literal text).
+    token_bytes: Vec<Vec<u8>>,
+    token_types: Vec<i32>,
+    spec_kind: VocabKind,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub add_bos: bool,
+    /// Tokens that end generation (EOS, EOT and the like).
+    eog: Vec<u32>,
+    chat_template: Option<String>,
+}
+
+impl Tokenizer {
+    pub fn from_gguf(file: &crate::gguf::GgufFile) -> Result<Tokenizer> {
+        Self::from_spec(&VocabSpec::from_gguf(file)?)
+    }
+
+    pub fn from_spec(spec: &VocabSpec) -> Result<Tokenizer> {
+        let mut inner = match spec.kind {
+            VocabKind::BytePairGpt2 => build_bpe(spec)?,
+            VocabKind::SentencePiece => build_spm(spec)?,
+        };
+        // Control and user-defined tokens are matched as whole strings before BPE, the way
+        // llama.cpp parses special tokens in prompts.
+        let added: Vec<AddedToken> = spec
+            .tokens
+            .iter()
+            .zip(&spec.token_types)
+            .filter(|(t, &ty)| {
+                (ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED) && !t.is_empty()
+            })
+            .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
+            .collect();
+        inner.add_special_tokens(&added);
+
+        let token_bytes = spec
+            .tokens
+            .iter()
+            .zip(&spec.token_types)
+            .map(|(t, &ty)| token_text_bytes(spec.kind, t, ty))
+            .collect();
+        let mut eog: Vec<u32> = [spec.eos, spec.eot].into_iter().flatten().collect();
+        // Chat vocabularies end turns with tokens the metadata does not always name as EOS.
+        for name in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>"] {
+            if let Some(id) = spec.tokens.iter().position(|t| t == name) {
+                if spec.token_types[id] == TOKEN_TYPE_CONTROL && !eog.contains(&(id as u32)) {
+                    eog.push(id as u32);
+                }
+            }
+        }
+        Ok(Tokenizer {
+            inner,
+            token_bytes,
+            token_types: spec.token_types.clone(),
+            spec_kind: spec.kind,
+            bos: spec.bos,
+            eos: spec.eos,
+            add_bos: spec.add_bos,
+            eog,
+            chat_template: spec.chat_template.clone(),
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.token_bytes.len()
+    }
+
+    pub fn kind(&self) -> VocabKind {
+        self.spec_kind
+    }
+
+    /// Token ids for `text`, special tokens parsed; BOS prepended when the vocabulary wants it
+    /// and `add_bos` is set.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        if add_bos && self.add_bos {
+            ids.extend(self.bos);
+        }
+        if text.is_empty() {
+            return Ok(ids);
+        }
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| anyhow!("tokenizer failed: {e}"))?;
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// The bytes a token stands for; control tokens give their literal text only when
+    /// `render_special` (generated text normally hides them).
+    pub fn token_bytes(&self, id: u32, render_special: bool) -> &[u8] {
+        let Some(bytes) = self.token_bytes.get(id as usize) else {
+            return &[];
+        };
+        if !render_special && self.is_control(id) {
+            return &[];
+        }
+        bytes
+    }
+
+    pub fn is_control(&self, id: u32) -> bool {
+        matches!(self.token_types.get(id as usize), Some(&TOKEN_TYPE_CONTROL))
+    }
+
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.contains(&id)
+    }
+
+    pub fn eog_tokens(&self) -> &[u32] {
+        &self.eog
+    }
+
+    /// Whole-sequence decode (lossy at the very end only).
+    pub fn decode(&self, ids: &[u32], render_special: bool) -> String {
+        let mut d = StreamDecoder::new();
+        let mut s = String::new();
+        for &id in ids {
+            s += &d.push(self.token_bytes(id, render_special));
+        }
+        s + &d.finish()
+    }
+
+    /// The token's own string as stored in the vocabulary (for logprob listings).
+    pub fn token_piece(&self, id: u32) -> String {
+        String::from_utf8_lossy(self.token_bytes(id, true)).into_owned()
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// The text of a token id, for templates that need `bos_token`/`eos_token`.
+    pub fn special_text(&self, id: Option<u32>) -> String {
+        id.map(|id| self.token_piece(id)).unwrap_or_default()
+    }
+}
+
+fn token_text_bytes(kind: VocabKind, token: &str, ty: i32) -> Vec<u8> {
+    if ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED || ty == TOKEN_TYPE_UNUSED {
+        return token.as_bytes().to_vec();
+    }
+    match kind {
+        VocabKind::BytePairGpt2 => bytelevel::decode_token(token),
+        VocabKind::SentencePiece => {
+            if ty == TOKEN_TYPE_BYTE {
+                if let Some(b) = parse_byte_token(token) {
+                    return vec![b];
+                }
+            }
+            token.replace('\u{2581}', " ").into_bytes()
+        }
+    }
+}
+
+/// `<0x0A>` → 0x0A.
+fn parse_byte_token(t: &str) -> Option<u8> {
+    let hex = t.strip_prefix("<0x")?.strip_suffix('>')?;
+    u8::from_str_radix(hex, 16).ok()
+}
+
+fn vocab_map(spec: &VocabSpec) -> Vocab {
+    let mut map = Vocab::with_capacity(spec.tokens.len());
+    for (i, t) in spec.tokens.iter().enumerate() {
+        // Keep the first id when a vocabulary repeats a string.
+        map.entry(t.clone()).or_insert(i as u32);
+    }
+    map
+}
+
+fn build_bpe(spec: &VocabSpec) -> Result<tokenizers::Tokenizer> {
+    let vocab = vocab_map(spec);
+    let mut merges = Vec::with_capacity(spec.merges.len());
+    for (i, m) in spec.merges.iter().enumerate() {
+        let (a, b) = m
+            .split_once(' ')
+            .with_context(|| format!("tokenizer.ggml.merges[{i}] = {m:?} is not 'left right'"))?;
+        merges.push((a.to_owned(), b.to_owned()));
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| anyhow!("cannot build BPE model: {e}"))?;
+    let pre_name = spec.pre.as_deref().unwrap_or("default");
+    let pre = PreTokenizerKind::from_name(pre_name).unwrap_or_else(|| {
+        log::warn!("unknown tokenizer.ggml.pre '{pre_name}', using GPT-2's pre-tokenizer");
+        PreTokenizerKind::Gpt2
+    });
+    let mut tok = tokenizers::Tokenizer::new(bpe);
+    tok.with_pre_tokenizer(Some(pre.build()?));
+    Ok(tok)
+}
+
+/// SentencePiece-style vocabularies carry scores, not merges: the merge order is the score of
+/// the merged piece (what llama.cpp's SPM tokenizer and HF's converter both do).
+fn build_spm(spec: &VocabSpec) -> Result<tokenizers::Tokenizer> {
+    let vocab = vocab_map(spec);
+    let mut scored: Vec<(f32, u32, String, String)> = Vec::new();
+    for (id, piece) in spec.tokens.iter().enumerate() {
+        if spec.token_types[id] != vocab::TOKEN_TYPE_NORMAL {
+            continue;
+        }
+        for (split, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(split);
+            if vocab.contains_key(l) && vocab.contains_key(r) {
+                scored.push((spec.scores[id], id as u32, l.to_owned(), r.to_owned()));
+            }
+        }
+    }
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let merges = scored.into_iter().map(|(_, _, l, r)| (l, r)).collect();
+    let unk = spec
+        .token_types
+        .iter()
+        .position(|&t| t == vocab::TOKEN_TYPE_UNKNOWN)
+        .map(|i| spec.tokens[i].clone());
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk);
+    }
+    let bpe = builder.build().map_err(|e| anyhow!("cannot build SPM model: {e}"))?;
+    let mut tok = tokenizers::Tokenizer::new(bpe);
+    let mut norms: Vec<NormalizerWrapper> = Vec::new();
+    if spec.add_space_prefix {
+        norms.push(Prepend::new("\u{2581}".into()).into());
+    }
+    norms.push(
+        Replace::new(" ", "\u{2581}")
+            .map_err(|e| anyhow!("normalizer: {e}"))?
+            .into(),
+    );
+    tok.with_normalizer(Some(NormSeq::new(norms)));
+    Ok(tok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny byte-level vocabulary: enough to check merges, digits and special tokens.
+    fn tiny_bpe() -> VocabSpec {
+        let mut tokens: Vec<String> = (0..=255u8)
+            .map(|b| bytelevel::byte_to_char()[b as usize].to_string())
+            .collect();
+        tokens.extend(["he", "ll", "hell", "hello", "Ġw", "<|end|>"].map(String::from));
+        let mut types = vec![1; tokens.len()];
+        *types.last_mut().unwrap() = TOKEN_TYPE_CONTROL;
+        VocabSpec {
+            kind: VocabKind::BytePairGpt2,
+            pre: Some("smollm".into()),
+            scores: vec![0.0; tokens.len()],
+            token_types: types,
+            merges: ["h e", "l l", "he ll", "hell o", "Ġ w"].map(String::from).to_vec(),
+            bos: None,
+            eos: Some(tokens.len() as u32 - 1),
+            eot: None,
+            add_bos: false,
+            add_space_prefix: false,
+            chat_template: None,
+            tokens,
+        }
+    }
+
+    #[test]
+    fn bpe_merges_digits_and_specials() {
+        let spec = tiny_bpe();
+        let tok = Tokenizer::from_spec(&spec).unwrap();
+        let id = |s: &str| spec.tokens.iter().position(|t| t == s).unwrap() as u32;
+        let ids = tok.encode("hello w12<|end|>", false).unwrap();
+        assert_eq!(
+            ids,
+            vec![id("hello"), id("Ġw"), id("1"), id("2"), id("<|end|>")]
+        );
+        assert!(tok.is_eog(id("<|end|>")));
+        assert_eq!(tok.decode(&ids, false), "hello w12");
+        assert_eq!(tok.decode(&ids, true), "hello w12<|end|>");
+    }
+}

@@ -1,0 +1,123 @@
+//! The tokenizer description a GGUF file carries (`tokenizer.ggml.*`), as plain data.
+
+use crate::gguf::GgufFile;
+
+/// ggml token types (`tokenizer.ggml.token_type`).
+pub const TOKEN_TYPE_NORMAL: i32 = 1;
+pub const TOKEN_TYPE_UNKNOWN: i32 = 2;
+pub const TOKEN_TYPE_CONTROL: i32 = 3;
+pub const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+pub const TOKEN_TYPE_UNUSED: i32 = 5;
+pub const TOKEN_TYPE_BYTE: i32 = 6;
+
+/// Which tokenizer algorithm the vocabulary is for (`tokenizer.ggml.model`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VocabKind {
+    /// Byte-level BPE with merges ("gpt2").
+    BytePairGpt2,
+    /// SentencePiece-style vocabulary with scores and byte-fallback tokens ("llama").
+    SentencePiece,
+}
+
+#[derive(Clone, Debug)]
+pub struct VocabSpec {
+    pub kind: VocabKind,
+    /// `tokenizer.ggml.pre`: names the pre-tokenizer regexes for BPE vocabularies.
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    pub token_types: Vec<i32>,
+    pub scores: Vec<f32>,
+    pub merges: Vec<String>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub add_bos: bool,
+    pub add_space_prefix: bool,
+    pub chat_template: Option<String>,
+}
+
+impl VocabSpec {
+    /// Reads the tokenizer metadata; errors name the missing or malformed key.
+    pub fn from_gguf(file: &GgufFile) -> anyhow::Result<VocabSpec> {
+        use anyhow::{bail, Context};
+        let model = file
+            .get_str("tokenizer.ggml.model")
+            .context("GGUF has no tokenizer.ggml.model")?;
+        let kind = match model {
+            "gpt2" => VocabKind::BytePairGpt2,
+            "llama" => VocabKind::SentencePiece,
+            other => bail!("unsupported tokenizer model '{other}' (supported: gpt2, llama)"),
+        };
+        let tokens: Vec<String> = file
+            .get("tokenizer.ggml.tokens")
+            .and_then(|v| v.as_string_array())
+            .context("GGUF has no tokenizer.ggml.tokens string array")?
+            .to_vec();
+        if tokens.is_empty() {
+            bail!("tokenizer.ggml.tokens is empty");
+        }
+        let n = tokens.len();
+        let token_types = match file.get("tokenizer.ggml.token_type") {
+            Some(v) => v
+                .as_i32_array()
+                .context("tokenizer.ggml.token_type is not an integer array")?
+                .to_vec(),
+            None => vec![TOKEN_TYPE_NORMAL; n],
+        };
+        if token_types.len() != n {
+            bail!(
+                "tokenizer.ggml.token_type has {} entries, tokens has {n}",
+                token_types.len()
+            );
+        }
+        let scores = match file.get("tokenizer.ggml.scores") {
+            Some(v) => v
+                .as_f32_array()
+                .context("tokenizer.ggml.scores is not a float array")?
+                .to_vec(),
+            None => vec![0.0; n],
+        };
+        if scores.len() != n {
+            bail!("tokenizer.ggml.scores has {} entries, tokens has {n}", scores.len());
+        }
+        let merges: Vec<String> = match file.get("tokenizer.ggml.merges") {
+            Some(v) => v
+                .as_string_array()
+                .context("tokenizer.ggml.merges is not a string array")?
+                .to_vec(),
+            None => Vec::new(),
+        };
+        if kind == VocabKind::BytePairGpt2 && merges.is_empty() {
+            bail!("a gpt2 tokenizer needs tokenizer.ggml.merges");
+        }
+        let id = |key: &str| -> anyhow::Result<Option<u32>> {
+            match file.get_u32(key) {
+                Some(id) if (id as usize) < n => Ok(Some(id)),
+                Some(id) => bail!("{key} = {id} is outside the vocabulary of {n} tokens"),
+                None => Ok(None),
+            }
+        };
+        let flag = |key: &str, default: bool| match file.get(key) {
+            Some(v) => v.as_bool().unwrap_or(default),
+            None => default,
+        };
+        Ok(VocabSpec {
+            kind,
+            pre: file.get_str("tokenizer.ggml.pre").map(str::to_owned),
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            eot: id("tokenizer.ggml.eot_token_id")?,
+            // SentencePiece vocabularies add BOS unless told otherwise; BPE ones do not.
+            add_bos: flag("tokenizer.ggml.add_bos_token", kind == VocabKind::SentencePiece),
+            add_space_prefix: flag(
+                "tokenizer.ggml.add_space_prefix",
+                kind == VocabKind::SentencePiece,
+            ),
+            chat_template: file.get_str("tokenizer.chat_template").map(str::to_owned),
+            tokens,
+            token_types,
+            scores,
+            merges,
+        })
+    }
+}

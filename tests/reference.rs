@@ -1,0 +1,136 @@
+//! The engine against the peer engine's outputs in ../shared/reference (llama.cpp, f16 KV):
+//! tokenization, chat rendering, greedy continuations and teacher-forced argmax agreement.
+
+mod common;
+
+use common::*;
+use edgelm::engine::sampler::{argmax, log_softmax};
+use edgelm::engine::Session;
+use edgelm::kv::KvType;
+use edgelm::model::{Logits, Model};
+use edgelm::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+
+fn load() -> (Model, Tokenizer) {
+    let model = Model::load(&model_path()).unwrap();
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    (model, tok)
+}
+
+#[test]
+fn tokenizer_matches_all_reference_tokenizations() {
+    let (model, tok) = load();
+    drop(model);
+    let reference = reference();
+    let cases = reference["tokenize"].as_array().unwrap();
+    assert_eq!(cases.len(), 20);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want = ids_of(&case["ids"]);
+        let got = tok.encode(text, true).unwrap();
+        if got != want {
+            failures.push(format!("{text:?}: got {got:?}, want {want:?}"));
+        }
+        // Decoding gives the text back (byte-level BPE is lossless).
+        assert_eq!(tok.decode(&got, true), text);
+    }
+    assert!(failures.is_empty(), "{} of 20 differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn chat_template_renders_reference_prompts() {
+    let (_, tok) = load();
+    let tmpl = ChatTemplate::new(
+        tok.chat_template().expect("model has a chat template"),
+        tok.special_text(tok.bos),
+        tok.special_text(tok.eos),
+    )
+    .unwrap();
+    let reference = reference();
+    let cases = reference["chat"].as_array().unwrap();
+    assert_eq!(cases.len(), 3);
+    for case in cases {
+        let msgs: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+        assert_eq!(tmpl.render(&msgs, true).unwrap(), case["prompt"].as_str().unwrap());
+    }
+}
+
+/// Greedy generation, token for token, stopping after an end-of-generation token (which the
+/// peer's `ids` include).
+fn greedy(model: &Model, tok: &Tokenizer, prompt: &[u32], n: usize, kv: KvType) -> Vec<u32> {
+    let mut s = Session::new(model, prompt.len() + n, kv, 16).unwrap();
+    let mut logits = s.extend(prompt, Logits::Last, 512).unwrap();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let next = argmax(&logits);
+        out.push(next);
+        if tok.is_eog(next) {
+            break;
+        }
+        logits = s.extend(&[next], Logits::Last, 1).unwrap();
+    }
+    out
+}
+
+#[test]
+fn greedy_continuations_match_the_peer() {
+    let (model, tok) = load();
+    let reference = reference();
+    let cases = reference["greedy"].as_array().unwrap();
+    assert_eq!(cases.len(), 12);
+    let mut exact = 0;
+    let mut report = Vec::new();
+    for case in cases {
+        let prompt = ids_of(&case["prompt_ids"]);
+        assert_eq!(tok.encode(case["prompt"].as_str().unwrap(), true).unwrap(), prompt);
+        let want = ids_of(&case["ids"]);
+        let got = greedy(&model, &tok, &prompt, 48, KvType::F16);
+        if got == want {
+            exact += 1;
+        } else {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+            report.push(format!("{:?}: first difference at token {at}", case["prompt"].as_str().unwrap()));
+        }
+    }
+    eprintln!("greedy: {exact}/12 identical; {}", report.join("; "));
+    assert!(exact >= 10, "only {exact}/12 greedy continuations identical: {report:?}");
+}
+
+#[test]
+fn teacher_forced_argmax_agrees_with_the_peer() {
+    let (model, _) = load();
+    let reference = reference();
+    let (mut agree, mut total) = (0usize, 0usize);
+    for case in reference["greedy"].as_array().unwrap() {
+        let prompt = ids_of(&case["prompt_ids"]);
+        let gen = ids_of(&case["ids"]);
+        let top5 = case["top5"].as_array().unwrap();
+        let mut all = prompt.clone();
+        all.extend(&gen);
+        let mut s = Session::new(&model, all.len(), KvType::F16, 16).unwrap();
+        let logits = s.extend(&all, Logits::All, 512).unwrap();
+        let vocab = model.config.vocab_size;
+        for (k, &peer_tok) in gen.iter().enumerate() {
+            let row = &logits[(prompt.len() - 1 + k) * vocab..(prompt.len() + k) * vocab];
+            let ours = argmax(row);
+            total += 1;
+            if ours == peer_tok {
+                agree += 1;
+                // Our log-probability of the peer's token is close to the peer's own.
+                let lp = log_softmax(row)[peer_tok as usize];
+                let peer_lp = top5[k][0][1].as_f64().unwrap() as f32;
+                assert!((lp - peer_lp).abs() < 0.25, "logprob {lp} vs peer {peer_lp}");
+            } else {
+                let margin = top5[k][0][1].as_f64().unwrap() - top5[k][1][1].as_f64().unwrap();
+                assert!(
+                    margin < 0.1,
+                    "argmax differs at a confident position (peer margin {margin:.3}): prompt {:?}, step {k}",
+                    case["prompt"].as_str().unwrap()
+                );
+            }
+        }
+    }
+    let rate = agree as f64 / total as f64;
+    eprintln!("teacher forcing: {agree}/{total} = {:.2}% positions agree", rate * 100.0);
+    assert!(rate >= 0.98, "argmax agreement {rate:.4} < 0.98");
+}
