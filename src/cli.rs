@@ -1,11 +1,15 @@
 //! Command-line flags (clap) for every subcommand.
 
-use edgelm::kv::KvType;
 use clap::{Args, Parser, Subcommand};
+use edgelm::kv::KvType;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "edgelm", version, about = "LLM inference appliance for edge boxes")]
+#[command(
+    name = "edgelm",
+    version,
+    about = "LLM inference appliance for edge boxes"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -34,7 +34,12 @@ fn tokenizer_matches_all_reference_tokenizations() {
         // Decoding gives the text back (byte-level BPE is lossless).
         assert_eq!(tok.decode(&got, true), text);
     }
-    assert!(failures.is_empty(), "{} of 20 differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of 20 differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -51,7 +56,10 @@ fn chat_template_renders_reference_prompts() {
     assert_eq!(cases.len(), 3);
     for case in cases {
         let msgs: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
-        assert_eq!(tmpl.render(&msgs, true).unwrap(), case["prompt"].as_str().unwrap());
+        assert_eq!(
+            tmpl.render(&msgs, true).unwrap(),
+            case["prompt"].as_str().unwrap()
+        );
     }
 }
 
@@ -82,18 +90,31 @@ fn greedy_continuations_match_the_peer() {
     let mut report = Vec::new();
     for case in cases {
         let prompt = ids_of(&case["prompt_ids"]);
-        assert_eq!(tok.encode(case["prompt"].as_str().unwrap(), true).unwrap(), prompt);
+        assert_eq!(
+            tok.encode(case["prompt"].as_str().unwrap(), true).unwrap(),
+            prompt
+        );
         let want = ids_of(&case["ids"]);
         let got = greedy(&model, &tok, &prompt, 48, KvType::F16);
         if got == want {
             exact += 1;
         } else {
-            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-            report.push(format!("{:?}: first difference at token {at}", case["prompt"].as_str().unwrap()));
+            let at = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(want.len()));
+            report.push(format!(
+                "{:?}: first difference at token {at}",
+                case["prompt"].as_str().unwrap()
+            ));
         }
     }
     eprintln!("greedy: {exact}/12 identical; {}", report.join("; "));
-    assert!(exact >= 10, "only {exact}/12 greedy continuations identical: {report:?}");
+    assert!(
+        exact >= 10,
+        "only {exact}/12 greedy continuations identical: {report:?}"
+    );
 }
 
 #[test]
@@ -119,7 +140,10 @@ fn teacher_forced_argmax_agrees_with_the_peer() {
                 // Our log-probability of the peer's token is close to the peer's own.
                 let lp = log_softmax(row)[peer_tok as usize];
                 let peer_lp = top5[k][0][1].as_f64().unwrap() as f32;
-                assert!((lp - peer_lp).abs() < 0.25, "logprob {lp} vs peer {peer_lp}");
+                assert!(
+                    (lp - peer_lp).abs() < 0.25,
+                    "logprob {lp} vs peer {peer_lp}"
+                );
             } else {
                 let margin = top5[k][0][1].as_f64().unwrap() - top5[k][1][1].as_f64().unwrap();
                 assert!(
@@ -131,6 +155,9 @@ fn teacher_forced_argmax_agrees_with_the_peer() {
         }
     }
     let rate = agree as f64 / total as f64;
-    eprintln!("teacher forcing: {agree}/{total} = {:.2}% positions agree", rate * 100.0);
+    eprintln!(
+        "teacher forcing: {agree}/{total} = {:.2}% positions agree",
+        rate * 100.0
+    );
     assert!(rate >= 0.98, "argmax agreement {rate:.4} < 0.98");
 }

@@ -25,10 +25,18 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let ctx = model.config.context_length;
     if ids.len() >= ctx {
-        bail!("the prompt has {} tokens, the model's context is {ctx}", ids.len());
+        bail!(
+            "the prompt has {} tokens, the model's context is {ctx}",
+            ids.len()
+        );
     }
     let budget = (ids.len() + args.n_predict).min(ctx);
-    let mut session = Session::new(&model, budget, args.compute.kv_type, args.compute.block_size)?;
+    let mut session = Session::new(
+        &model,
+        budget,
+        args.compute.kv_type,
+        args.compute.block_size,
+    )?;
     let mut sampler = Sampler::new(SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -38,7 +46,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         seed: args.seed,
         ..Default::default()
     });
-    log::info!("model loaded in {:.2} s, {threads} threads", start.elapsed().as_secs_f64());
+    log::info!(
+        "model loaded in {:.2} s, {threads} threads",
+        start.elapsed().as_secs_f64()
+    );
 
     let t_prompt = Instant::now();
     let mut logits = session.extend(&ids, Logits::Last, 512)?;
@@ -88,8 +99,14 @@ fn render_chat(tok: &Tokenizer, system: Option<&str>, user: &str) -> Result<Stri
     let tmpl = ChatTemplate::new(src, tok.special_text(tok.bos), tok.special_text(tok.eos))?;
     let mut msgs = Vec::new();
     if let Some(s) = system {
-        msgs.push(ChatMessage { role: "system".into(), content: s.into() });
+        msgs.push(ChatMessage {
+            role: "system".into(),
+            content: s.into(),
+        });
     }
-    msgs.push(ChatMessage { role: "user".into(), content: user.into() });
+    msgs.push(ChatMessage {
+        role: "user".into(),
+        content: user.into(),
+    });
     tmpl.render(&msgs, true)
 }

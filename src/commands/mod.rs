@@ -10,9 +10,11 @@ use anyhow::Result;
 
 /// Sizes the global worker pool once, before any compute runs.
 pub fn init_threads(compute: &ComputeArgs) -> Result<usize> {
-    let n = compute
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let n = compute.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     if n == 0 {
         anyhow::bail!("--threads must be at least 1");
     }

@@ -29,7 +29,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if n_chunks == 0 {
         bail!("{} tokens is less than one chunk of {n_ctx}", tokens.len());
     }
-    eprintln!("perplexity: {} tokens, {n_chunks} chunks of {n_ctx}", tokens.len());
+    eprintln!(
+        "perplexity: {} tokens, {n_chunks} chunks of {n_ctx}",
+        tokens.len()
+    );
     let mut session = Session::new(&model, n_ctx, args.compute.kv_type, args.compute.block_size)?;
     let first = n_ctx / 2;
     let (mut nll, mut count) = (0.0f64, 0usize);
@@ -50,10 +53,18 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             nll -= lp[chunk[j + 1] as usize] as f64;
             count += 1;
         }
-        eprintln!("[{}/{n_chunks}] running PPL = {:.4}", c + 1, (nll / count as f64).exp());
+        eprintln!(
+            "[{}/{n_chunks}] running PPL = {:.4}",
+            c + 1,
+            (nll / count as f64).exp()
+        );
     }
     let secs = t0.elapsed().as_secs_f64();
-    eprintln!("{} tokens scored in {secs:.1} s ({:.1} tok/s evaluated)", count, (n_chunks * n_ctx) as f64 / secs);
+    eprintln!(
+        "{} tokens scored in {secs:.1} s ({:.1} tok/s evaluated)",
+        count,
+        (n_chunks * n_ctx) as f64 / secs
+    );
     println!("PPL = {:.4}", (nll / count as f64).exp());
     Ok(())
 }

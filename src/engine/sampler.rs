@@ -34,7 +34,10 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 }
 
@@ -48,7 +51,11 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = params.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
-        Sampler { params, rng, cand: Vec::new() }
+        Sampler {
+            params,
+            rng,
+            cand: Vec::new(),
+        }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -58,12 +65,14 @@ impl Sampler {
     /// Picks the next token. `history` is the tokens generated so far (penalties look at it).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
-        let penalize = p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        let penalize =
+            p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
         if !penalize && p.temperature <= 0.0 {
             return argmax(logits);
         }
         self.cand.clear();
-        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         if penalize {
             let mut counts: HashMap<u32, u32> = HashMap::new();
             for &t in history {
@@ -83,18 +92,38 @@ impl Sampler {
             }
         }
         if p.temperature <= 0.0 {
-            return self.cand.iter().fold((0u32, f32::NEG_INFINITY), |best, &c| if c.1 > best.1 { c } else { best }).0;
+            return self
+                .cand
+                .iter()
+                .fold((0u32, f32::NEG_INFINITY), |best, &c| {
+                    if c.1 > best.1 {
+                        c
+                    } else {
+                        best
+                    }
+                })
+                .0;
         }
         // top-k first: it bounds the work of everything after it.
-        let k = if p.top_k == 0 { self.cand.len() } else { p.top_k.min(self.cand.len()) };
+        let k = if p.top_k == 0 {
+            self.cand.len()
+        } else {
+            p.top_k.min(self.cand.len())
+        };
         if k < self.cand.len() {
-            self.cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+            self.cand
+                .select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
             self.cand.truncate(k);
         }
-        self.cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        self.cand
+            .sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let max = self.cand[0].1;
         let inv_t = 1.0 / p.temperature;
-        let mut probs: Vec<f32> = self.cand.iter().map(|c| ((c.1 - max) * inv_t).exp()).collect();
+        let mut probs: Vec<f32> = self
+            .cand
+            .iter()
+            .map(|c| ((c.1 - max) * inv_t).exp())
+            .collect();
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= sum);
         // min-p: drop tokens far less likely than the best one.
@@ -172,19 +201,33 @@ mod tests {
     #[test]
     fn same_seed_same_tokens_and_top_k_one_is_greedy() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
-        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(7), ..Default::default() };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(7),
+            ..Default::default()
+        };
         let run = || {
             let mut s = Sampler::new(params.clone());
             (0..20).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
         };
         assert_eq!(run(), run());
-        let mut k1 = Sampler::new(SamplingParams { top_k: 1, ..params.clone() });
+        let mut k1 = Sampler::new(SamplingParams {
+            top_k: 1,
+            ..params.clone()
+        });
         assert_eq!(k1.sample(&logits, &[]), argmax(&logits));
     }
 
     #[test]
     fn repetition_penalty_changes_choice() {
-        let params = SamplingParams { temperature: 0.0, repetition_penalty: 2.0, ..Default::default() };
+        let params = SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
         let mut s = Sampler::new(params);
         assert_eq!(s.sample(&[1.0, 1.5], &[1]), 0);
     }
@@ -194,6 +237,12 @@ mod tests {
         let lp = log_softmax(&[1.0, 2.0, 3.0]);
         let total: f32 = lp.iter().map(|l| l.exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
-        assert_eq!(top_logprobs(&[1.0, 3.0, 2.0], 2).iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            top_logprobs(&[1.0, 3.0, 2.0], 2)
+                .iter()
+                .map(|x| x.0)
+                .collect::<Vec<_>>(),
+            vec![1, 2]
+        );
     }
 }

@@ -15,7 +15,12 @@ pub struct Session<'m> {
 
 impl<'m> Session<'m> {
     /// Preallocates a pool able to hold `max_tokens` tokens of one sequence.
-    pub fn new(model: &'m Model, max_tokens: usize, kv_type: KvType, block_tokens: usize) -> Result<Self> {
+    pub fn new(
+        model: &'m Model,
+        max_tokens: usize,
+        kv_type: KvType,
+        block_tokens: usize,
+    ) -> Result<Self> {
         let cfg = &model.config;
         let geom = PageGeometry {
             layers: cfg.n_layers,
@@ -51,7 +56,11 @@ impl<'m> Session<'m> {
     /// the last token's row, or every token's row.
     pub fn extend(&mut self, tokens: &[u32], want: Logits, chunk: usize) -> Result<Vec<f32>> {
         if self.len + tokens.len() > self.capacity() {
-            bail!("sequence of {} tokens exceeds the KV capacity of {}", self.len + tokens.len(), self.capacity());
+            bail!(
+                "sequence of {} tokens exceeds the KV capacity of {}",
+                self.len + tokens.len(),
+                self.capacity()
+            );
         }
         let mut out = Vec::new();
         for (ci, part) in tokens.chunks(chunk.max(1)).enumerate() {

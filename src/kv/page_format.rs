@@ -82,7 +82,9 @@ impl FromStr for KvType {
             "f16" => Ok(KvType::F16),
             "q8_0" | "q8" => Ok(KvType::Q8_0),
             "q4_0" | "q4" => Ok(KvType::Q4_0),
-            other => Err(format!("unknown KV type '{other}' (expected f16, q8_0 or q4_0)")),
+            other => Err(format!(
+                "unknown KV type '{other}' (expected f16, q8_0 or q4_0)"
+            )),
         }
     }
 }
@@ -99,8 +101,14 @@ mod tests {
 
     #[test]
     fn rows_round_trip_within_format_precision() {
-        let src: Vec<f32> = (0..64).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.13).collect();
-        for (ty, tol) in [(KvType::F16, 1e-3), (KvType::Q8_0, 0.02), (KvType::Q4_0, 0.2)] {
+        let src: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.13)
+            .collect();
+        for (ty, tol) in [
+            (KvType::F16, 1e-3),
+            (KvType::Q8_0, 0.02),
+            (KvType::Q4_0, 0.2),
+        ] {
             let mut bytes = vec![0u8; ty.row_bytes(64).unwrap()];
             ty.encode_row(&src, &mut bytes);
             let mut back = vec![0f32; 64];

@@ -101,7 +101,9 @@ impl KvPages {
         let (block, within) = (slot / self.geom.block_tokens, slot % self.geom.block_tokens);
         let rb = self.geom.row_bytes();
         let off = self.head_offset(layer, block, part, head) + within * rb;
-        self.geom.kv_type.encode_row(row, &mut self.data[off..off + rb]);
+        self.geom
+            .kv_type
+            .encode_row(row, &mut self.data[off..off + rb]);
     }
 
     /// Copies every layer's rows of block `src` into block `dst` (copy-on-write of a shared,

@@ -48,6 +48,15 @@ impl BatchMeta {
         self.tokens.is_empty()
     }
 
+    /// Number of tokens each sequence contributes to this batch.
+    pub fn span_lengths(&self) -> Vec<usize> {
+        let mut lens = vec![0; self.block_tables.len()];
+        for &s in &self.seq_of {
+            lens[s] += 1;
+        }
+        lens
+    }
+
     /// KV slot (block · block_tokens + offset) of token `i`.
     pub fn slot(&self, i: usize, block_tokens: usize) -> usize {
         let pos = self.positions[i];
@@ -57,10 +66,19 @@ impl BatchMeta {
 
     /// Checks that every token has a block for its position and ids are in range, so the
     /// forward pass itself cannot index out of bounds.
-    pub fn validate(&self, block_tokens: usize, pool_blocks: usize, vocab: usize, max_pos: usize) -> Result<()> {
+    pub fn validate(
+        &self,
+        block_tokens: usize,
+        pool_blocks: usize,
+        vocab: usize,
+        max_pos: usize,
+    ) -> Result<()> {
         for i in 0..self.tokens.len() {
             if self.tokens[i] as usize >= vocab {
-                bail!("token id {} is outside the vocabulary ({vocab})", self.tokens[i]);
+                bail!(
+                    "token id {} is outside the vocabulary ({vocab})",
+                    self.tokens[i]
+                );
             }
             let pos = self.positions[i];
             if pos >= max_pos {
@@ -68,7 +86,10 @@ impl BatchMeta {
             }
             let table = &self.block_tables[self.seq_of[i]];
             if pos / block_tokens >= table.len() {
-                bail!("position {pos} has no KV block (table has {} blocks)", table.len());
+                bail!(
+                    "position {pos} has no KV block (table has {} blocks)",
+                    table.len()
+                );
             }
         }
         for table in &self.block_tables {
@@ -77,7 +98,10 @@ impl BatchMeta {
             }
         }
         if let Some(&i) = self.logits_for.iter().find(|&&i| i >= self.tokens.len()) {
-            bail!("logits requested for token {i} of a batch of {}", self.tokens.len());
+            bail!(
+                "logits requested for token {i} of a batch of {}",
+                self.tokens.len()
+            );
         }
         Ok(())
     }

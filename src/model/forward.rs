@@ -1,9 +1,11 @@
 //! One forward pass over a batch of token spans, reading and writing K/V in the paged pool.
 
 use super::{BatchMeta, Model};
-use crate::backend::cpu::attention::{paged_attention, AttnShape, AttnToken};
+use crate::backend::cpu::attention::{paged_attention, AttnShape, AttnToken, TILE};
 use crate::backend::cpu::matmul::{embed, matmul};
-use crate::backend::cpu::ops::{add_bias, add_in_place, rmsnorm, rope_apply, rope_cos_sin, silu_mul};
+use crate::backend::cpu::ops::{
+    add_bias, add_in_place, rmsnorm, rope_apply, rope_cos_sin, silu_mul,
+};
 use crate::kv::{KvPages, Part};
 use crate::model::Mat;
 use anyhow::Result;
@@ -13,8 +15,16 @@ impl Model {
     pub fn forward(&self, batch: &BatchMeta, kv: &mut KvPages) -> Result<Vec<f32>> {
         let cfg = &self.config;
         let geom = *kv.geometry();
-        batch.validate(geom.block_tokens, kv.blocks(), cfg.vocab_size, cfg.context_length.max(1) * 64)?;
-        if geom.layers != cfg.n_layers || geom.kv_heads != cfg.n_head_kv || geom.head_dim != cfg.head_dim {
+        batch.validate(
+            geom.block_tokens,
+            kv.blocks(),
+            cfg.vocab_size,
+            cfg.context_length.max(1) * 64,
+        )?;
+        if geom.layers != cfg.n_layers
+            || geom.kv_heads != cfg.n_head_kv
+            || geom.head_dim != cfg.head_dim
+        {
             anyhow::bail!("KV pool geometry {geom:?} does not fit the model");
         }
         let n = batch.len();
@@ -24,22 +34,45 @@ impl Model {
         let (e, hd) = (cfg.n_embd, cfg.head_dim);
         let w = &self.weights;
         let file = &*self.file;
-        let mm = |m: &Mat, x: &[f32], out: &mut [f32]| matmul(m.data(file), m.ty, m.rows, m.cols, x, out);
+        let mm = |m: &Mat, x: &[f32], out: &mut [f32]| {
+            matmul(m.data(file), m.ty, m.rows, m.cols, x, out)
+        };
 
         let mut x = vec![0f32; n * e];
-        embed(w.token_embd.data(file), w.token_embd.ty, e, &batch.tokens, &mut x);
+        embed(
+            w.token_embd.data(file),
+            w.token_embd.ty,
+            e,
+            &batch.tokens,
+            &mut x,
+        );
 
         // RoPE angles per token, shared by all layers.
         let half = cfg.n_rot / 2;
         let mut cs = vec![(0f32, 0f32); n * half];
         for (i, c) in cs.chunks_exact_mut(half.max(1)).enumerate().take(n) {
-            rope_cos_sin(batch.positions[i], cfg.n_rot, cfg.rope_theta, w.rope_freqs.as_deref(), c);
+            rope_cos_sin(
+                batch.positions[i],
+                cfg.n_rot,
+                cfg.rope_theta,
+                w.rope_freqs.as_deref(),
+                c,
+            );
         }
         let slots: Vec<usize> = (0..n).map(|i| batch.slot(i, geom.block_tokens)).collect();
+        let span_len = batch.span_lengths();
         let attn_tokens: Vec<AttnToken<'_>> = (0..n)
-            .map(|i| AttnToken { block_table: &batch.block_tables[batch.seq_of[i]], pos: batch.positions[i] })
+            .map(|i| AttnToken {
+                block_table: &batch.block_tables[batch.seq_of[i]],
+                pos: batch.positions[i],
+                tiled: span_len[batch.seq_of[i]] >= TILE,
+            })
             .collect();
-        let shape = AttnShape { n_head: cfg.n_head, n_head_kv: cfg.n_head_kv, head_dim: hd };
+        let shape = AttnShape {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: hd,
+        };
 
         let mut h = vec![0f32; n * e];
         let mut q = vec![0f32; n * cfg.q_dim()];
@@ -66,8 +99,20 @@ impl Model {
             }
             for i in 0..n {
                 let c = &cs[i * half..(i + 1) * half];
-                rope_apply(&mut q[i * cfg.q_dim()..(i + 1) * cfg.q_dim()], hd, cfg.n_rot, cfg.rope_layout, c);
-                rope_apply(&mut k[i * cfg.kv_dim()..(i + 1) * cfg.kv_dim()], hd, cfg.n_rot, cfg.rope_layout, c);
+                rope_apply(
+                    &mut q[i * cfg.q_dim()..(i + 1) * cfg.q_dim()],
+                    hd,
+                    cfg.n_rot,
+                    cfg.rope_layout,
+                    c,
+                );
+                rope_apply(
+                    &mut k[i * cfg.kv_dim()..(i + 1) * cfg.kv_dim()],
+                    hd,
+                    cfg.n_rot,
+                    cfg.rope_layout,
+                    c,
+                );
             }
             // Write this step's K/V first: tokens later in a span attend to earlier ones.
             for (i, &slot) in slots.iter().enumerate() {

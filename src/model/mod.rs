@@ -30,7 +30,11 @@ impl Model {
     pub fn from_file(file: Arc<GgufFile>) -> Result<Model> {
         let config = ModelConfig::from_gguf(&file)?;
         let weights = Weights::load(&file, &config)?;
-        Ok(Model { file, config, weights })
+        Ok(Model {
+            file,
+            config,
+            weights,
+        })
     }
 
     /// Bytes of weight data a decode step reads (every matrix once).

@@ -23,18 +23,20 @@ impl Mat {
     }
 
     pub fn row_bytes(&self) -> usize {
-        self.ty.row_bytes(self.cols as u64).expect("checked at load") as usize
+        self.ty
+            .row_bytes(self.cols as u64)
+            .expect("checked at load") as usize
     }
 }
 
 /// One transformer block's weights. Shapes in (rows × cols) = (out × in).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>, // [n_embd]
-    pub wq: Mat,             // [n_head*head_dim × n_embd]
-    pub wk: Mat,             // [n_head_kv*head_dim × n_embd]
-    pub wv: Mat,             // [n_head_kv*head_dim × n_embd]
-    pub wo: Mat,             // [n_embd × n_head*head_dim]
+    pub attn_norm: Vec<f32>,  // [n_embd]
+    pub wq: Mat,              // [n_head*head_dim × n_embd]
+    pub wk: Mat,              // [n_head_kv*head_dim × n_embd]
+    pub wv: Mat,              // [n_head_kv*head_dim × n_embd]
+    pub wo: Mat,              // [n_embd × n_head*head_dim]
     pub bq: Option<Vec<f32>>, // qwen2 biases
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
@@ -46,7 +48,7 @@ pub struct LayerWeights {
 
 #[derive(Clone, Debug)]
 pub struct Weights {
-    pub token_embd: Mat,    // [vocab × n_embd]
+    pub token_embd: Mat,       // [vocab × n_embd]
     pub output_norm: Vec<f32>, // [n_embd]
     /// The output projection; the embedding matrix itself when the model ties them.
     pub output: Mat, // [vocab × n_embd]
@@ -120,9 +122,18 @@ fn mat(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Mat> {
         bail!("tensor '{name}' has dims {dims:?}, expected [{cols}, {rows}]");
     }
     if !quant::is_supported(info.ty) {
-        bail!("tensor '{name}' has type {} which edgelm cannot compute with", info.ty);
+        bail!(
+            "tensor '{name}' has type {} which edgelm cannot compute with",
+            info.ty
+        );
     }
-    Ok(Mat { name: name.to_owned(), ty: info.ty, cols, rows, tensor: idx })
+    Ok(Mat {
+        name: name.to_owned(),
+        ty: info.ty,
+        cols,
+        rows,
+        tensor: idx,
+    })
 }
 
 /// A small 1-D tensor (norm weights, biases), dequantized to f32 once at load.
@@ -130,7 +141,10 @@ fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
     let idx = tensor_index(file, name)?;
     let info = &file.tensors()[idx];
     if info.n_elements() != len as u64 {
-        bail!("tensor '{name}' has {} values, expected {len}", info.n_elements());
+        bail!(
+            "tensor '{name}' has {} values, expected {len}",
+            info.n_elements()
+        );
     }
     let mut out = vec![0f32; len];
     quant::dequantize_row(info.ty, file.tensor_data(info), &mut out)

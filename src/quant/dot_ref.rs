@@ -46,7 +46,11 @@ pub(crate) fn q4_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
         for (lane, acc) in acc.iter_mut().enumerate() {
             let mut sumi = 0i32;
             for e in 4 * lane..4 * lane + 4 {
-                let q = if e < 16 { a.qs[e] & 0x0F } else { a.qs[e - 16] >> 4 };
+                let q = if e < 16 {
+                    a.qs[e] & 0x0F
+                } else {
+                    a.qs[e - 16] >> 4
+                };
                 sumi += q as i32 * b.qs[e] as i32;
             }
             *acc = d.mul_add(sumi as f32, *acc);

@@ -38,12 +38,19 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.add_template_owned(TEMPLATE_NAME.to_string(), source.to_string())
             .map_err(|e| anyhow!("chat template does not compile: {e}"))?;
-        Ok(ChatTemplate { env, bos_token, eos_token })
+        Ok(ChatTemplate {
+            env,
+            bos_token,
+            eos_token,
+        })
     }
 
     /// The prompt for `messages`, with the assistant turn opened when `add_generation_prompt`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let tmpl = self.env.get_template(TEMPLATE_NAME).expect("added in new()");
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .expect("added in new()");
         tmpl.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -62,7 +69,10 @@ mod tests {
     fn renders_chatml_with_methods() {
         let src = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
         let t = ChatTemplate::new(src, String::new(), String::new()).unwrap();
-        let msgs = vec![ChatMessage { role: "user".into(), content: "  hi ".into() }];
+        let msgs = vec![ChatMessage {
+            role: "user".into(),
+            content: "  hi ".into(),
+        }];
         assert_eq!(
             t.render(&msgs, true).unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -71,7 +81,12 @@ mod tests {
 
     #[test]
     fn raise_exception_is_an_error() {
-        let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "".into(), "".into()).unwrap();
+        let t = ChatTemplate::new(
+            "{{ raise_exception('no system role') }}",
+            "".into(),
+            "".into(),
+        )
+        .unwrap();
         let err = t.render(&[], false).unwrap_err().to_string();
         assert!(err.contains("no system role"), "{err}");
     }

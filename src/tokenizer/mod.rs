@@ -14,8 +14,8 @@ pub use vocab::{VocabKind, VocabSpec};
 
 use anyhow::{anyhow, Context, Result};
 use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSeq};
 use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSeq};
 use tokenizers::AddedToken;
 use vocab::{TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNUSED, TOKEN_TYPE_USER_DEFINED};
 
@@ -64,7 +64,13 @@ impl Tokenizer {
             .collect();
         let mut eog: Vec<u32> = [spec.eos, spec.eot].into_iter().flatten().collect();
         // Chat vocabularies end turns with tokens the metadata does not always name as EOS.
-        for name in ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<end_of_turn>"] {
+        for name in [
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+            "<|endoftext|>",
+            "<end_of_turn>",
+        ] {
             if let Some(id) = spec.tokens.iter().position(|t| t == name) {
                 if spec.token_types[id] == TOKEN_TYPE_CONTROL && !eog.contains(&(id as u32)) {
                     eog.push(id as u32);
@@ -237,11 +243,15 @@ fn build_spm(spec: &VocabSpec) -> Result<tokenizers::Tokenizer> {
         .iter()
         .position(|&t| t == vocab::TOKEN_TYPE_UNKNOWN)
         .map(|i| spec.tokens[i].clone());
-    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true);
     if let Some(unk) = unk {
         builder = builder.unk_token(unk);
     }
-    let bpe = builder.build().map_err(|e| anyhow!("cannot build SPM model: {e}"))?;
+    let bpe = builder
+        .build()
+        .map_err(|e| anyhow!("cannot build SPM model: {e}"))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
     let mut norms: Vec<NormalizerWrapper> = Vec::new();
     if spec.add_space_prefix {
@@ -273,7 +283,9 @@ mod tests {
             pre: Some("smollm".into()),
             scores: vec![0.0; tokens.len()],
             token_types: types,
-            merges: ["h e", "l l", "he ll", "hell o", "Ġ w"].map(String::from).to_vec(),
+            merges: ["h e", "l l", "he ll", "hell o", "Ġ w"]
+                .map(String::from)
+                .to_vec(),
             bos: None,
             eos: Some(tokens.len() as u32 - 1),
             eot: None,

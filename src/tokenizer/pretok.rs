@@ -51,7 +51,8 @@ impl PreTokenizerKind {
             Ok(PreTokenizerWrapper::Split(s))
         };
         // ByteLevel's own regex is GPT-2's; with a custom split first we switch it off.
-        let byte_level = |use_regex| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, use_regex));
+        let byte_level =
+            |use_regex| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, use_regex));
         let parts = match self {
             Self::Gpt2 => vec![byte_level(true)],
             Self::DigitsThenGpt2 => vec![split(DIGITS)?, byte_level(true)],

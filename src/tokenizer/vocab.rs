@@ -78,7 +78,10 @@ impl VocabSpec {
             None => vec![0.0; n],
         };
         if scores.len() != n {
-            bail!("tokenizer.ggml.scores has {} entries, tokens has {n}", scores.len());
+            bail!(
+                "tokenizer.ggml.scores has {} entries, tokens has {n}",
+                scores.len()
+            );
         }
         let merges: Vec<String> = match file.get("tokenizer.ggml.merges") {
             Some(v) => v
@@ -108,7 +111,10 @@ impl VocabSpec {
             eos: id("tokenizer.ggml.eos_token_id")?,
             eot: id("tokenizer.ggml.eot_token_id")?,
             // SentencePiece vocabularies add BOS unless told otherwise; BPE ones do not.
-            add_bos: flag("tokenizer.ggml.add_bos_token", kind == VocabKind::SentencePiece),
+            add_bos: flag(
+                "tokenizer.ggml.add_bos_token",
+                kind == VocabKind::SentencePiece,
+            ),
             add_space_prefix: flag(
                 "tokenizer.ggml.add_space_prefix",
                 kind == VocabKind::SentencePiece,

@@ -26,7 +26,11 @@ pub fn reference_dir() -> PathBuf {
     let p = std::env::var_os("EDGELM_REFERENCE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("../shared/reference"));
-    assert!(p.join("smollm2-llamacpp.json").exists(), "reference data missing at {}", p.display());
+    assert!(
+        p.join("smollm2-llamacpp.json").exists(),
+        "reference data missing at {}",
+        p.display()
+    );
     p
 }
 
@@ -51,5 +55,9 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 }
 
 pub fn ids_of(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }

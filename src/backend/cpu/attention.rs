@@ -4,10 +4,15 @@
 //! (GQA) are scored together, so every K/V row is decoded from its page format once and used
 //! `n_head / n_head_kv` times. No contiguous copy of the cache is ever made.
 //!
-//! The arithmetic follows ggml's CPU flash attention, which the peer engine runs: an online
-//! softmax over positions in order; for f16 pages the query is rounded to f16, K·Q summed in
-//! ggml's lane order and the output accumulated in f16; for quantized pages the query is
-//! quantized to Q8_0 for an integer K·Q and the output accumulated in f32.
+//! The arithmetic follows ggml's CPU flash attention, which the peer engine runs, because this
+//! model family is sensitive enough to rounding that matching its greedy tokens needs it:
+//! - a span of fewer than 64 query tokens (decode, short prompts) takes ggml's per-row path:
+//!   an online softmax over positions in order; for f16 pages the query is rounded to f16,
+//!   K·Q summed in ggml's lane order and the output accumulated in f16; for quantized pages
+//!   the query is quantized to Q8_0 for an integer K·Q and the output accumulated in f32;
+//! - a span of 64 or more (prefill chunks) takes ggml's tiled path: f32 query, K·Q and V
+//!   accumulated in f32 as sequential FMA chains, the softmax updated once per tile of 64
+//!   positions with ggml's vectorised exp.
 
 use super::f16_round::round_to_f16;
 use crate::kv::{KvPages, KvType, Part};
@@ -19,7 +24,13 @@ use rayon::prelude::*;
 pub struct AttnToken<'a> {
     pub block_table: &'a [u32],
     pub pos: usize,
+    /// Part of a span of at least [`TILE`] tokens (ggml's tiled path).
+    pub tiled: bool,
 }
+
+/// ggml's flash-attention tile: spans this long take the tiled path, which steps through
+/// positions this many at a time.
+pub const TILE: usize = 64;
 
 pub struct AttnShape {
     pub n_head: usize,
@@ -39,12 +50,18 @@ pub fn paged_attention(
     let hd = shape.head_dim;
     let rep = shape.n_head / shape.n_head_kv;
     let q_dim = shape.n_head * hd;
-    out.par_chunks_mut(rep * hd).enumerate().for_each(|(unit, out_g)| {
-        let t = unit / shape.n_head_kv;
-        let g = unit % shape.n_head_kv;
-        let q_g = &q[t * q_dim + g * rep * hd..t * q_dim + (g + 1) * rep * hd];
-        attend_group(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
-    });
+    out.par_chunks_mut(rep * hd)
+        .enumerate()
+        .for_each(|(unit, out_g)| {
+            let t = unit / shape.n_head_kv;
+            let g = unit % shape.n_head_kv;
+            let q_g = &q[t * q_dim + g * rep * hd..t * q_dim + (g + 1) * rep * hd];
+            if tokens[t].tiled && kv.geometry().kv_type == KvType::F16 {
+                attend_group_tiled(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
+            } else {
+                attend_group(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
+            }
+        });
 }
 
 /// One query head's running state of the online softmax.
@@ -80,12 +97,20 @@ fn attend_group(
         let qb = q8_bytes.expect("quantized pages need head_dim in whole blocks");
         q8 = vec![0u8; rep * qb];
         for r in 0..rep {
-            quant::quantize_row(GgmlType::Q8_0, &q_g[r * hd..(r + 1) * hd], &mut q8[r * qb..(r + 1) * qb]);
+            quant::quantize_row(
+                GgmlType::Q8_0,
+                &q_g[r * hd..(r + 1) * hd],
+                &mut q8[r * qb..(r + 1) * qb],
+            );
         }
     }
 
     let mut heads: Vec<Online> = (0..rep)
-        .map(|_| Online { max: f32::NEG_INFINITY, sum: 0.0, acc: vec![0.0; hd] })
+        .map(|_| Online {
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+            acc: vec![0.0; hd],
+        })
         .collect();
     let mut k_row = vec![0f32; hd];
     let mut v_row = vec![0f32; hd];
@@ -118,6 +143,94 @@ fn attend_group(
     }
 }
 
+/// ggml's tiled flash attention for one token and one KV head group (f16 pages).
+#[allow(clippy::too_many_arguments)]
+fn attend_group_tiled(
+    kv: &KvPages,
+    layer: usize,
+    kv_head: usize,
+    tok: &AttnToken<'_>,
+    q_g: &[f32],
+    rep: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let geom = kv.geometry();
+    let bt = geom.block_tokens;
+    let row_bytes = geom.row_bytes();
+    let n_ctx = tok.pos + 1;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let row_of = |part: Part, p: usize, dst: &mut [f32]| {
+        let rows = kv.head_rows(layer, tok.block_table[p / bt] as usize, part, kv_head);
+        let s = p % bt;
+        geom.kv_type
+            .decode_row(&rows[s * row_bytes..(s + 1) * row_bytes], dst);
+    };
+    let mut k_tile = vec![0f32; TILE * hd];
+    let mut v_tile = vec![0f32; TILE * hd];
+    let mut kq = vec![[0f32; TILE]; rep];
+    let mut max = vec![f32::NEG_INFINITY; rep];
+    let mut sum = vec![0f32; rep];
+    out.fill(0.0);
+    for start in (0..n_ctx).step_by(TILE) {
+        let len = (n_ctx - start).min(TILE);
+        for i in 0..len {
+            row_of(Part::K, start + i, &mut k_tile[i * hd..(i + 1) * hd]);
+            row_of(Part::V, start + i, &mut v_tile[i * hd..(i + 1) * hd]);
+        }
+        for r in 0..rep {
+            let q = &q_g[r * hd..(r + 1) * hd];
+            let row = &mut kq[r];
+            for (i, slot) in row.iter_mut().enumerate() {
+                *slot = if i < len {
+                    let k = &k_tile[i * hd..(i + 1) * hd];
+                    q.iter()
+                        .zip(k)
+                        .fold(0f32, |acc, (&a, &b)| a.mul_add(b, acc))
+                        * scale
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+            let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let m_new = max[r].max(tile_max);
+            let acc = &mut out[r * hd..(r + 1) * hd];
+            if m_new > max[r] {
+                let ms = (max[r] - m_new).exp();
+                acc.iter_mut().for_each(|a| *a *= ms);
+                sum[r] *= ms;
+            }
+            max[r] = m_new;
+            // ggml_vec_soft_max_f32: exp in place, 16-lane partial sums added in f64.
+            let mut tile_sum = 0f64;
+            for lanes in row.chunks_exact_mut(16) {
+                for p in lanes.iter_mut() {
+                    *p = super::ops::expf_v(*p - m_new);
+                }
+                tile_sum += reduce_add_16(lanes) as f64;
+            }
+            sum[r] = (sum[r] as f64 + tile_sum) as f32;
+            for (i, &p) in row.iter().enumerate().take(len) {
+                let v = &v_tile[i * hd..(i + 1) * hd];
+                for (a, &x) in acc.iter_mut().zip(v) {
+                    *a = p.mul_add(x, *a);
+                }
+            }
+        }
+    }
+    for r in 0..rep {
+        let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
+        out[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= inv);
+    }
+}
+
+/// GCC's `_mm512_reduce_add_ps` order: halves, quarters, then pairs.
+fn reduce_add_16(v: &[f32]) -> f32 {
+    let t8: [f32; 8] = std::array::from_fn(|l| v[l + 8] + v[l]);
+    let t4: [f32; 4] = std::array::from_fn(|l| t8[l + 4] + t8[l]);
+    (t4[0] + t4[2]) + (t4[1] + t4[3])
+}
+
 /// One position of the online softmax: rescale on a new maximum, then add `v · e^(s-max)`.
 /// With `f16_acc` the accumulator is rounded to f16 after every update, as ggml keeps it.
 #[inline]
@@ -128,7 +241,11 @@ fn online_update(h: &mut Online, s: f32, v: &[f32], f16_acc: bool) {
         ms = (h.max - s).exp();
         h.max = s;
         for a in h.acc.iter_mut() {
-            *a = if f16_acc { round_to_f16(*a * ms) } else { *a * ms };
+            *a = if f16_acc {
+                round_to_f16(*a * ms)
+            } else {
+                *a * ms
+            };
         }
     } else {
         vs = (s - h.max).exp();
@@ -161,10 +278,9 @@ fn dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
         }
     }
     let mut sum = if main > 0 {
-        let v: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
-        let t8: [f32; 8] = std::array::from_fn(|l| v[l + 8] + v[l]);
-        let t4: [f32; 4] = std::array::from_fn(|l| t8[l + 4] + t8[l]);
-        ((t4[0] + t4[2]) + (t4[1] + t4[3])) as f64
+        let v: [f32; 16] =
+            std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+        reduce_add_16(&v) as f64
     } else {
         0.0
     };
@@ -187,8 +303,18 @@ mod tests {
     /// page format (tolerance follows the format's precision).
     #[test]
     fn matches_dense_attention_across_blocks() {
-        for (kv_type, tol) in [(KvType::F16, 5e-3), (KvType::Q8_0, 3e-2), (KvType::Q4_0, 0.25)] {
-            let geom = PageGeometry { layers: 1, kv_heads: 2, head_dim: 64, block_tokens: 4, kv_type };
+        for (kv_type, tol) in [
+            (KvType::F16, 5e-3),
+            (KvType::Q8_0, 3e-2),
+            (KvType::Q4_0, 0.25),
+        ] {
+            let geom = PageGeometry {
+                layers: 1,
+                kv_heads: 2,
+                head_dim: 64,
+                block_tokens: 4,
+                kv_type,
+            };
             let mut kv = KvPages::new(geom, 8).unwrap();
             let table = [5u32, 2, 7]; // scattered blocks
             let n = 10;
@@ -201,21 +327,43 @@ mod tests {
                     }
                 }
             }
-            let shape = AttnShape { n_head: 4, n_head_kv: 2, head_dim: 64 };
+            let shape = AttnShape {
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim: 64,
+            };
             let q: Vec<f32> = (0..4 * 64).map(|i| ((i % 9) as f32 - 4.0) / 4.0).collect();
             let mut out = vec![0f32; 4 * 64];
-            paged_attention(&kv, 0, &shape, &[AttnToken { block_table: &table, pos: n - 1 }], &q, &mut out);
+            let tok = |tiled| AttnToken {
+                block_table: &table,
+                pos: n - 1,
+                tiled,
+            };
+            paged_attention(&kv, 0, &shape, &[tok(false)], &q, &mut out);
+            let mut tiled_out = vec![0f32; 4 * 64];
+            paged_attention(&kv, 0, &shape, &[tok(true)], &q, &mut tiled_out);
+            for (a, b) in out.iter().zip(&tiled_out) {
+                assert!((a - b).abs() < tol, "{kv_type}: per-row {a} vs tiled {b}");
+            }
             for h in 0..4 {
                 let g = h / 2;
                 let s: Vec<f32> = (0..n)
-                    .map(|p| (0..64).map(|d| q[h * 64 + d] * val(p, g, d, 0)).sum::<f32>() / 8.0)
+                    .map(|p| {
+                        (0..64)
+                            .map(|d| q[h * 64 + d] * val(p, g, d, 0))
+                            .sum::<f32>()
+                            / 8.0
+                    })
                     .collect();
                 let m = s.iter().copied().fold(f32::MIN, f32::max);
                 let z: f32 = s.iter().map(|v| (v - m).exp()).sum();
                 for d in 0..64 {
                     let want: f32 = (0..n).map(|p| (s[p] - m).exp() / z * val(p, g, d, 1)).sum();
                     let got = out[h * 64 + d];
-                    assert!((got - want).abs() < tol, "{kv_type} h{h} d{d}: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() < tol,
+                        "{kv_type} h{h} d{d}: {got} vs {want}"
+                    );
                 }
             }
         }

@@ -38,10 +38,13 @@ mod tests {
     #[test]
     fn agrees_with_a_full_conversion() {
         let mut state = 0x1234_5678_9abc_def0u64;
-        let mut check = |x: f32| {
+        let check = |x: f32| {
             let want = f16::from_f32(x).to_f32();
             let got = round_to_f16(x);
-            assert!(got == want || (got.is_nan() && want.is_nan()), "{x:e}: {got:e} vs {want:e}");
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()),
+                "{x:e}: {got:e} vs {want:e}"
+            );
         };
         for _ in 0..200_000 {
             state ^= state << 13;
@@ -52,7 +55,18 @@ mod tests {
             // Values in the interesting range too, not just arbitrary bit patterns.
             check((state >> 40) as f32 / (1u64 << 20) as f32 - 8.0);
         }
-        for x in [0.0, -0.0, 65504.0, 65519.0, 65520.0, 6.1e-5, 5.96e-8, 2.98e-8, 1e-9, 1.0 + 1.0 / 2048.0] {
+        for x in [
+            0.0,
+            -0.0,
+            65504.0,
+            65519.0,
+            65520.0,
+            6.1e-5,
+            5.96e-8,
+            2.98e-8,
+            1e-9,
+            1.0 + 1.0 / 2048.0,
+        ] {
             check(x);
             check(-x);
         }

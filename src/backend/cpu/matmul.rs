@@ -11,7 +11,9 @@ use rayon::prelude::*;
 /// Quantizes `n_tok` rows of `cols` activations into `ty`'s dot format.
 pub fn quantize_activations(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<u8>) -> usize {
     let dot_ty = ty.vec_dot_type();
-    let row_bytes = dot_ty.row_bytes(cols as u64).expect("cols fit the dot format") as usize;
+    let row_bytes = dot_ty
+        .row_bytes(cols as u64)
+        .expect("cols fit the dot format") as usize;
     let n_tok = x.len() / cols;
     buf.clear();
     buf.resize(row_bytes * n_tok, 0);
@@ -34,17 +36,19 @@ pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: 
     let threads = rayon::current_num_threads().max(1);
     let chunk_rows = (rows / (threads * 8)).clamp(4, 256);
     let shared = SharedOut::new(out);
-    (0..rows.div_ceil(chunk_rows)).into_par_iter().for_each(|c| {
-        let r0 = c * chunk_rows;
-        let r1 = (r0 + chunk_rows).min(rows);
-        for r in r0..r1 {
-            let wr = &w[r * w_row..(r + 1) * w_row];
-            for t in 0..n_tok {
-                let v = quant::vec_dot(ty, cols, wr, &xq[t * xq_row..(t + 1) * xq_row]);
-                shared.write(t * rows + r, v);
+    (0..rows.div_ceil(chunk_rows))
+        .into_par_iter()
+        .for_each(|c| {
+            let r0 = c * chunk_rows;
+            let r1 = (r0 + chunk_rows).min(rows);
+            for r in r0..r1 {
+                let wr = &w[r * w_row..(r + 1) * w_row];
+                for t in 0..n_tok {
+                    let v = quant::vec_dot(ty, cols, wr, &xq[t * xq_row..(t + 1) * xq_row]);
+                    shared.write(t * rows + r, v);
+                }
             }
-        }
-    });
+        });
 }
 
 /// Gathers embedding rows for `tokens` into `out` (n_tok × cols).

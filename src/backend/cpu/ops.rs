@@ -21,7 +21,13 @@ pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 
 /// Precomputed RoPE rotation angles for one position, in ggml's order of operations
 /// (theta multiplied by theta_scale pair by pair, in f32) so that we match its rounding.
-pub fn rope_cos_sin(pos: usize, n_rot: usize, base: f32, freq_factors: Option<&[f32]>, cs: &mut [(f32, f32)]) {
+pub fn rope_cos_sin(
+    pos: usize,
+    n_rot: usize,
+    base: f32,
+    freq_factors: Option<&[f32]>,
+    cs: &mut [(f32, f32)],
+) {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
     for (i, c) in cs.iter_mut().enumerate().take(n_rot / 2) {
@@ -35,7 +41,13 @@ pub fn rope_cos_sin(pos: usize, n_rot: usize, base: f32, freq_factors: Option<&[
 /// Rotates every head of one token's Q or K vector (`x` = n_heads × head_dim).
 /// `x0·c - x1·s` is evaluated as one fused multiply-add over a rounded product, the way
 /// GCC contracts ggml's C expression (the peer's bits, again).
-pub fn rope_apply(x: &mut [f32], head_dim: usize, n_rot: usize, layout: RopeLayout, cs: &[(f32, f32)]) {
+pub fn rope_apply(
+    x: &mut [f32],
+    head_dim: usize,
+    n_rot: usize,
+    layout: RopeLayout,
+    cs: &[(f32, f32)],
+) {
     for head in x.chunks_exact_mut(head_dim) {
         match layout {
             RopeLayout::Normal => {
@@ -75,7 +87,7 @@ pub fn expf_v(x: f32) -> f32 {
     let n = z - r;
     // b = x - n·ln2_hi - n·ln2_lo, as two fused steps
     let b = (-n).mul_add(
-        f32::from_bits(0x35BF_BE8E), // 0x1.7f7d1cp-20
+        f32::from_bits(0x35BF_BE8E),                  // 0x1.7f7d1cp-20
         (-n).mul_add(f32::from_bits(0x3F31_7200), x), // 0x1.62e4p-1
     );
     let u = b * b;

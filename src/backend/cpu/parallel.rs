@@ -16,7 +16,10 @@ unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
     pub fn new(buf: &mut [f32]) -> Self {
-        SharedOut { ptr: buf.as_mut_ptr(), len: buf.len() }
+        SharedOut {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }
     }
 
     #[inline]
