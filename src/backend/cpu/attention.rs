@@ -71,6 +71,7 @@ struct Online {
     acc: Vec<f32>,
 }
 
+fma_dispatch! {
 #[allow(clippy::too_many_arguments)]
 fn attend_group(
     kv: &KvPages,
@@ -142,7 +143,9 @@ fn attend_group(
         }
     }
 }
+}
 
+fma_dispatch! {
 /// ggml's tiled flash attention for one token and one KV head group (f16 pages).
 #[allow(clippy::too_many_arguments)]
 fn attend_group_tiled(
@@ -166,7 +169,10 @@ fn attend_group_tiled(
         geom.kv_type
             .decode_row(&rows[s * row_bytes..(s + 1) * row_bytes], dst);
     };
-    let mut k_tile = vec![0f32; TILE * hd];
+    // K transposed ([dim][position]) so K·Q runs across positions: each position is its own
+    // sequential FMA chain over dimensions, as in ggml's simd_gemm, and the lanes vectorise.
+    let mut k_tile_t = vec![0f32; hd * TILE];
+    let mut k_row = vec![0f32; hd];
     let mut v_tile = vec![0f32; TILE * hd];
     let mut kq = vec![[0f32; TILE]; rep];
     let mut max = vec![f32::NEG_INFINITY; rep];
@@ -175,22 +181,24 @@ fn attend_group_tiled(
     for start in (0..n_ctx).step_by(TILE) {
         let len = (n_ctx - start).min(TILE);
         for i in 0..len {
-            row_of(Part::K, start + i, &mut k_tile[i * hd..(i + 1) * hd]);
+            row_of(Part::K, start + i, &mut k_row);
+            for (d, &k) in k_row.iter().enumerate() {
+                k_tile_t[d * TILE + i] = k;
+            }
             row_of(Part::V, start + i, &mut v_tile[i * hd..(i + 1) * hd]);
         }
         for r in 0..rep {
             let q = &q_g[r * hd..(r + 1) * hd];
             let row = &mut kq[r];
+            row.fill(0.0);
+            for (d, &qd) in q.iter().enumerate() {
+                let kt = &k_tile_t[d * TILE..(d + 1) * TILE];
+                for (slot, &k) in row.iter_mut().zip(kt) {
+                    *slot = qd.mul_add(k, *slot);
+                }
+            }
             for (i, slot) in row.iter_mut().enumerate() {
-                *slot = if i < len {
-                    let k = &k_tile[i * hd..(i + 1) * hd];
-                    q.iter()
-                        .zip(k)
-                        .fold(0f32, |acc, (&a, &b)| a.mul_add(b, acc))
-                        * scale
-                } else {
-                    f32::NEG_INFINITY
-                };
+                *slot = if i < len { *slot * scale } else { f32::NEG_INFINITY };
             }
             let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let m_new = max[r].max(tile_max);
@@ -223,8 +231,10 @@ fn attend_group_tiled(
         out[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= inv);
     }
 }
+}
 
 /// GCC's `_mm512_reduce_add_ps` order: halves, quarters, then pairs.
+#[inline(always)]
 fn reduce_add_16(v: &[f32]) -> f32 {
     let t8: [f32; 8] = std::array::from_fn(|l| v[l + 8] + v[l]);
     let t4: [f32; 4] = std::array::from_fn(|l| t8[l + 4] + t8[l]);
@@ -233,7 +243,7 @@ fn reduce_add_16(v: &[f32]) -> f32 {
 
 /// One position of the online softmax: rescale on a new maximum, then add `v · e^(s-max)`.
 /// With `f16_acc` the accumulator is rounded to f16 after every update, as ggml keeps it.
-#[inline]
+#[inline(always)]
 fn online_update(h: &mut Online, s: f32, v: &[f32], f16_acc: bool) {
     let mut ms = 1.0f32;
     let mut vs = 1.0f32;
@@ -265,6 +275,7 @@ fn online_update(h: &mut Online, s: f32, v: &[f32], f16_acc: bool) {
 /// Dot product of two f16-valued rows in ggml's AVX-512 order: four accumulators of 16
 /// lanes fed 64 values at a time, folded pairwise, then the lanes reduced as GCC's
 /// `_mm512_reduce_add_ps` does; a tail beyond whole 64s is added in f64.
+#[inline(always)]
 fn dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len();
     let main = n - n % 64;

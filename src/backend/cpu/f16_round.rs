@@ -3,7 +3,7 @@
 //! loop of attention.
 
 /// The f16 value nearest to `x` (ties to even), returned as f32; ±inf beyond f16's range.
-#[inline]
+#[inline(always)]
 pub fn round_to_f16(x: f32) -> f32 {
     let bits = x.to_bits();
     let abs = bits & 0x7FFF_FFFF;

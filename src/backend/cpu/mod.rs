@@ -1,5 +1,7 @@
 //! The CPU backend: quantized matmul, paged attention and the small element-wise ops.
 
+#[macro_use]
+mod simd;
 pub mod attention;
 mod f16_round;
 pub mod matmul;

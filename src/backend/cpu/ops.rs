@@ -38,6 +38,7 @@ pub fn rope_cos_sin(
     }
 }
 
+fma_dispatch! {
 /// Rotates every head of one token's Q or K vector (`x` = n_heads × head_dim).
 /// `x0·c - x1·s` is evaluated as one fused multiply-add over a rounded product, the way
 /// GCC contracts ggml's C expression (the peer's bits, again).
@@ -68,19 +69,22 @@ pub fn rope_apply(
         }
     }
 }
+}
 
+fma_dispatch! {
 /// SwiGLU: `gate = silu(gate) * up`, in place, with ggml's vectorised exp (see `expf_v`).
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + expf_v(0.0 - *g)) * u;
     }
 }
+}
 
 /// ggml-cpu's vectorised `expf` (`ggml_v_expf`, after ARM's optimized routine): a degree-5
 /// polynomial on the reduced argument, scaled by 2^n. Within 1.5 ulp of `expf`, but not the
 /// same bits, and the peer uses it for SiLU and softmax; we evaluate the very same fused
 /// operations one value at a time so our activations round exactly as the peer's do.
-#[inline]
+#[inline(always)]
 pub fn expf_v(x: f32) -> f32 {
     let r = f32::from_bits(0x4B40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3FB8_AA3B), r); // log2(e)
@@ -105,7 +109,7 @@ pub fn expf_v(x: f32) -> f32 {
 }
 
 /// `j · 2^n` for integral `n` (AVX-512's `scalef`), exact unless it over/underflows.
-#[inline]
+#[inline(always)]
 fn scalef(j: f32, n: f32) -> f32 {
     let n = n as i32;
     // Split the exponent so neither factor overflows on its own.
@@ -113,7 +117,7 @@ fn scalef(j: f32, n: f32) -> f32 {
     j * pow2(half) * pow2(n - half)
 }
 
-#[inline]
+#[inline(always)]
 fn pow2(e: i32) -> f32 {
     if e < -126 {
         // Subnormal powers of two.
