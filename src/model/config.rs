@@ -73,7 +73,7 @@ impl ModelConfig {
             .get_u32(&key("rope.dimension_count"))
             .map(|v| v as usize)
             .unwrap_or(head_dim);
-        if n_rot > head_dim || n_rot % 2 != 0 {
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             bail!("rope.dimension_count {n_rot} does not fit head dimension {head_dim}");
         }
         let vocab_size = file

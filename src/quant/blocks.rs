@@ -67,7 +67,10 @@ pub unsafe trait Block: Copy + 'static {
 pub fn cast<B: Block>(bytes: &[u8]) -> &[B] {
     let sz = size_of::<B>();
     debug_assert_eq!(sz, B::TYPE.block_bytes());
-    assert!(bytes.len() % sz == 0, "byte length is not whole blocks");
+    assert!(
+        bytes.len().is_multiple_of(sz),
+        "byte length is not whole blocks"
+    );
     // SAFETY: `B: Block` guarantees align 1 (so any address is aligned), no
     // padding and no invalid bit patterns; the length is an exact multiple of
     // the block size, so the new slice covers exactly the same bytes, with
@@ -79,7 +82,10 @@ pub fn cast<B: Block>(bytes: &[u8]) -> &[B] {
 #[inline(always)]
 pub fn cast_mut<B: Block>(bytes: &mut [u8]) -> &mut [B] {
     let sz = size_of::<B>();
-    assert!(bytes.len() % sz == 0, "byte length is not whole blocks");
+    assert!(
+        bytes.len().is_multiple_of(sz),
+        "byte length is not whole blocks"
+    );
     // SAFETY: as in `cast`; additionally the exclusive borrow of `bytes` is
     // moved into the returned slice, and any value written through it is a
     // valid byte pattern for the underlying `u8`s.

@@ -101,7 +101,7 @@ pub fn is_supported(ty: GgmlType) -> bool {
 #[inline(always)]
 fn row_len(ty: GgmlType, n: usize) -> Option<usize> {
     let be = ty.block_elems();
-    if n % be != 0 {
+    if !n.is_multiple_of(be) {
         return None;
     }
     (n / be).checked_mul(ty.block_bytes())
@@ -242,7 +242,7 @@ fn dot_with(k: &Kernels, ty: GgmlType, n: usize, w_row: &[u8], x_q: &[u8]) -> f3
     };
     let vt = ty.vec_dot_type();
     debug_assert!(
-        n % ty.block_elems() == 0 && n % vt.block_elems() == 0,
+        n.is_multiple_of(ty.block_elems()) && n.is_multiple_of(vt.block_elems()),
         "{ty}: n={n} is not whole blocks"
     );
     // Plain multiplications (no checked arithmetic) keep this branch-free;

@@ -99,7 +99,7 @@ pub fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
 }
 
 pub fn from_hex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0);
+    assert!(s.len().is_multiple_of(2));
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
@@ -108,7 +108,7 @@ pub fn from_hex(s: &str) -> Vec<u8> {
 
 /// f32s written as 8-hex-digit bit patterns (`{:08x}` of `to_bits`).
 pub fn hex_f32s(s: &str) -> Vec<f32> {
-    assert!(s.len() % 8 == 0);
+    assert!(s.len().is_multiple_of(8));
     (0..s.len())
         .step_by(8)
         .map(|i| f32::from_bits(u32::from_str_radix(&s[i..i + 8], 16).unwrap()))
