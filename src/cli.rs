@@ -25,6 +25,60 @@ pub enum Command {
     Run(RunArgs),
     /// Perplexity of a text file, computed the way llama-perplexity does.
     Perplexity(PerplexityArgs),
+    /// KV sizing for a model: bytes per token, blocks, and how many sequences fit.
+    KvPlan(KvPlanArgs),
+    /// Throughput benchmark: prefill, decode, and aggregate decode at several concurrencies.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct KvPlanArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Context length each sequence could reach.
+    #[arg(long, default_value_t = 8192)]
+    pub ctx: usize,
+    /// Average tokens a sequence actually holds.
+    #[arg(long = "avg-tokens", default_value_t = 512)]
+    pub avg_tokens: usize,
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: KvType,
+    /// KV memory budget in MiB.
+    #[arg(long = "memory-mib", default_value_t = 1024)]
+    pub memory_mib: usize,
+    #[arg(long = "block-size", default_value_t = 16)]
+    pub block_size: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Prompt tokens for the prefill test.
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens per sequence for the decode tests.
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Concurrency levels for aggregate decode (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub concurrency: Vec<usize>,
+    /// Prompt tokens per sequence in the concurrency tests.
+    #[arg(long = "concurrency-prompt", default_value_t = 128)]
+    pub concurrency_prompt: usize,
+    /// Shared system-prompt tokens for the prefix-cache test (0 skips it).
+    #[arg(long = "shared-prefix", default_value_t = 1000)]
+    pub shared_prefix: usize,
+    /// Repeats per test (the median is reported).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub repeats: usize,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
 }
 
 #[derive(Args, Debug)]
@@ -62,6 +116,15 @@ pub struct ComputeArgs {
     /// Tokens per KV block.
     #[arg(long = "block-size", default_value_t = 16)]
     pub block_size: usize,
+    /// KV pool size in MiB (allocated once at start).
+    #[arg(long = "kv-memory-mib")]
+    pub kv_memory_mib: Option<usize>,
+    /// Running sequences at most.
+    #[arg(long = "max-seqs", default_value_t = 16)]
+    pub max_seqs: usize,
+    /// Tokens one engine step processes at most (decodes first, then prefill chunks).
+    #[arg(long = "max-batched-tokens", default_value_t = 512)]
+    pub max_batched_tokens: usize,
 }
 
 #[derive(Args, Debug)]

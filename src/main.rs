@@ -16,6 +16,8 @@ fn main() {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Run(a) => commands::generate::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
+        Command::KvPlan(a) => commands::kv_plan::run(a),
+        Command::Bench(a) => commands::bench::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace noise.

@@ -1,18 +1,20 @@
-//! `edgelm run`: one prompt, one sequence, text streamed to stdout as it is generated.
+//! `edgelm run`: one prompt through the engine (the same path the server uses), text
+//! streamed to stdout as it is generated.
 
-use super::init_threads;
+use super::{engine_config, init_threads};
 use crate::cli::RunArgs;
 use anyhow::{bail, Result};
-use edgelm::engine::{Sampler, SamplingParams, Session};
-use edgelm::model::{Logits, Model};
+use edgelm::engine::{Engine, Event, GenParams, SamplingParams};
+use edgelm::model::Model;
 use edgelm::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Instant;
 
 pub fn run(args: RunArgs) -> Result<()> {
     let start = Instant::now();
     let threads = init_threads(&args.compute)?;
-    let model = Model::load(&args.model.model)?;
+    let model = Arc::new(Model::load(&args.model.model)?);
     let tok = Tokenizer::from_gguf(&model.file)?;
     let prompt = if args.chat {
         render_chat(&tok, args.system.as_deref(), &args.prompt)?
@@ -30,65 +32,76 @@ pub fn run(args: RunArgs) -> Result<()> {
             ids.len()
         );
     }
-    let budget = (ids.len() + args.n_predict).min(ctx);
-    let mut session = Session::new(
-        &model,
-        budget,
-        args.compute.kv_type,
-        args.compute.block_size,
-    )?;
-    let mut sampler = Sampler::new(SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repetition_penalty: args.repeat_penalty,
-        seed: args.seed,
+    let n_predict = args.n_predict.min(ctx - ids.len());
+    let mut config = engine_config(&args.compute);
+    // One sequence: a pool just big enough for it unless a size was given.
+    if args.compute.kv_memory_mib.is_none() {
+        let per_token = model.config.n_layers
+            * 2
+            * model.config.n_head_kv
+            * args
+                .compute
+                .kv_type
+                .row_bytes(model.config.head_dim)
+                .unwrap_or(0);
+        let tokens = (ids.len() + n_predict).next_multiple_of(args.compute.block_size);
+        config.kv_memory_bytes = per_token * tokens;
+    }
+    let (engine, thread) = Engine::start(model.clone(), tok.eog_tokens().to_vec(), config)?;
+    let params = GenParams {
+        max_tokens: n_predict,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repetition_penalty: args.repeat_penalty,
+            seed: args.seed,
+            ..Default::default()
+        },
+        ignore_eos: args.ignore_eos,
         ..Default::default()
-    });
+    };
     log::info!(
         "model loaded in {:.2} s, {threads} threads",
         start.elapsed().as_secs_f64()
     );
-
-    let t_prompt = Instant::now();
-    let mut logits = session.extend(&ids, Logits::Last, 512)?;
-    let prompt_s = t_prompt.elapsed().as_secs_f64();
-
-    let t_gen = Instant::now();
+    let t_submit = Instant::now();
+    let (_, events) = engine.submit(ids.clone(), params)?;
     let mut out = std::io::stdout().lock();
     let mut decoder = StreamDecoder::new();
-    let mut generated: Vec<u32> = Vec::new();
-    let mut first_token_s = None;
-    while generated.len() < args.n_predict && session.len() < budget {
-        let next = sampler.sample(&logits, &generated);
-        if first_token_s.is_none() {
-            first_token_s = Some(start.elapsed().as_secs_f64());
+    let (mut generated, mut first_token_at) = (0usize, None);
+    for event in events {
+        match event {
+            Event::Token { token, .. } => {
+                if first_token_at.is_none() {
+                    first_token_at = Some(Instant::now());
+                }
+                generated += 1;
+                out.write_all(decoder.push(tok.token_bytes(token, false)).as_bytes())?;
+                out.flush()?;
+            }
+            Event::Finished { .. } => break,
+            Event::Error(e) => bail!("generation failed: {e}"),
+            Event::PromptLogprobs(_) => {}
         }
-        if !args.ignore_eos && tok.is_eog(next) {
-            break;
-        }
-        generated.push(next);
-        out.write_all(decoder.push(tok.token_bytes(next, false)).as_bytes())?;
-        out.flush()?;
-        if generated.len() == args.n_predict {
-            break;
-        }
-        logits = session.extend(&[next], Logits::Last, 1)?;
     }
     out.write_all(decoder.finish().as_bytes())?;
     writeln!(out)?;
-    let gen_s = t_gen.elapsed().as_secs_f64();
+    let first = first_token_at.unwrap_or_else(Instant::now);
+    let prompt_s = first.duration_since(t_submit).as_secs_f64();
+    let gen_s = first.elapsed().as_secs_f64();
     eprintln!(
-        "prompt: {} tokens in {:.3} s ({:.1} tok/s); generated: {} tokens in {:.3} s ({:.1} tok/s); first token after {:.3} s",
+        "prompt: {} tokens in {:.3} s ({:.1} tok/s); generated: {} tokens, {:.1} tok/s after the first; first token after {:.3} s from start",
         ids.len(),
         prompt_s,
         ids.len() as f64 / prompt_s.max(1e-9),
-        generated.len(),
-        gen_s,
-        generated.len() as f64 / gen_s.max(1e-9),
-        first_token_s.unwrap_or(0.0),
+        generated,
+        generated.saturating_sub(1) as f64 / gen_s.max(1e-9),
+        first.duration_since(start).as_secs_f64(),
     );
+    engine.shutdown();
+    let _ = thread.join();
     Ok(())
 }
 

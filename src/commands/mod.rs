@@ -1,12 +1,27 @@
 //! One module per subcommand; each turns validated flags into work and output.
 
+pub mod bench;
 pub mod generate;
 pub mod inspect;
+pub mod kv_plan;
 pub mod perplexity;
 pub mod tokenize;
 
 use crate::cli::ComputeArgs;
 use anyhow::Result;
+use edgelm::engine::EngineConfig;
+
+/// Engine settings from the shared compute flags.
+pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
+    EngineConfig {
+        kv_type: c.kv_type,
+        block_tokens: c.block_size,
+        kv_memory_bytes: c.kv_memory_mib.unwrap_or(256) << 20,
+        max_seqs: c.max_seqs,
+        max_batched_tokens: c.max_batched_tokens,
+        max_context: 0,
+    }
+}
 
 /// Sizes the global worker pool once, before any compute runs.
 pub fn init_threads(compute: &ComputeArgs) -> Result<usize> {

@@ -1,9 +1,16 @@
-//! Sequences, sampling and the loops that drive the model.
+//! Sequences, scheduling, sampling and the engine thread that drives the model.
 
+mod core;
+pub mod metrics;
+pub mod request;
 mod rng;
 pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
 mod session;
 
+pub use self::core::{Engine, EngineConfig, EngineHandle, EngineLimits};
+pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use session::Session;

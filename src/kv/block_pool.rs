@@ -1,34 +1,75 @@
-//! Block bookkeeping: which blocks are free, and how many block tables reference each.
+//! Block bookkeeping with automatic prefix caching (vLLM's design).
 //!
-//! Pure bookkeeping over block ids; the bytes live in [`super::KvPages`].
+//! - Every block has a reference count: the number of block tables holding it.
+//! - A full block can carry a hash chained over (parent block's hash, its tokens); a map from
+//!   hash to block lets a new prompt reuse blocks an earlier one computed. A hit is checked
+//!   against the block's stored tokens, so a hash collision can never serve wrong KV.
+//! - Free blocks (refcount 0) sit in an LRU queue. A freed block keeps its hash and can still
+//!   be hit; it is only evicted, lazily, when the queue hands it out for new data.
+//!
+//! Pure bookkeeping over block ids: the bytes live in [`super::KvPages`].
 
-#[derive(Debug)]
+use super::lru::LruList;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+#[derive(Debug, Clone, Default)]
+struct BlockMeta {
+    refcount: u32,
+    /// Set while the block is registered in the prefix cache.
+    hash: Option<u64>,
+    /// The tokens a cached block holds (to re-check hits).
+    tokens: Vec<u32>,
+}
+
+#[derive(Debug, Clone)]
 pub struct BlockPool {
-    refcount: Vec<u32>,
-    free: Vec<u32>,
+    blocks: Vec<BlockMeta>,
+    free: LruList,
+    cached: HashMap<u64, u32>,
     block_tokens: usize,
+}
+
+/// The hash identifying a full block: chained over its parent's hash, so equal tokens at
+/// different prefixes never collide into one identity.
+pub fn block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parent.hash(&mut h);
+    tokens.hash(&mut h);
+    h.finish()
 }
 
 impl BlockPool {
     pub fn new(blocks: usize, block_tokens: usize) -> BlockPool {
+        assert!(blocks < u32::MAX as usize, "block ids are u32");
+        let mut free = LruList::new(blocks);
+        for b in 0..blocks as u32 {
+            free.push_back(b);
+        }
         BlockPool {
-            refcount: vec![0; blocks],
-            // Pop from the end: hand out low ids first (nicer to read in logs and tests).
-            free: (0..blocks as u32).rev().collect(),
+            blocks: vec![BlockMeta::default(); blocks],
+            free,
+            cached: HashMap::new(),
             block_tokens,
         }
     }
 
     pub fn total(&self) -> usize {
-        self.refcount.len()
+        self.blocks.len()
     }
 
     pub fn free_count(&self) -> usize {
         self.free.len()
     }
 
+    /// Blocks referenced by at least one block table.
     pub fn used(&self) -> usize {
         self.total() - self.free_count()
+    }
+
+    /// Blocks registered in the prefix cache (in use or free).
+    pub fn cached_count(&self) -> usize {
+        self.cached.len()
     }
 
     pub fn block_tokens(&self) -> usize {
@@ -36,30 +77,136 @@ impl BlockPool {
     }
 
     pub fn refcount(&self, block: u32) -> u32 {
-        self.refcount[block as usize]
-    }
-
-    /// Takes a free block (refcount 1), or `None` when the pool is exhausted.
-    pub fn allocate(&mut self) -> Option<u32> {
-        let b = self.free.pop()?;
-        debug_assert_eq!(self.refcount[b as usize], 0);
-        self.refcount[b as usize] = 1;
-        Some(b)
-    }
-
-    /// Drops one reference; the block returns to the free list at zero.
-    pub fn release(&mut self, block: u32) {
-        let rc = &mut self.refcount[block as usize];
-        assert!(*rc > 0, "block {block} released more often than referenced");
-        *rc -= 1;
-        if *rc == 0 {
-            self.free.push(block);
-        }
+        self.blocks[block as usize].refcount
     }
 
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_tokens)
+    }
+
+    /// Takes the least recently freed block for new data (refcount 1), evicting its cached
+    /// identity; `None` when every block is in use.
+    pub fn allocate(&mut self) -> Option<u32> {
+        let b = self.free.pop_front()?;
+        let meta = &mut self.blocks[b as usize];
+        debug_assert_eq!(meta.refcount, 0);
+        if let Some(h) = meta.hash.take() {
+            self.cached.remove(&h);
+            meta.tokens.clear();
+        }
+        meta.refcount = 1;
+        Some(b)
+    }
+
+    /// Adds a reference (a fork sharing the block).
+    pub fn retain(&mut self, block: u32) {
+        let meta = &mut self.blocks[block as usize];
+        assert!(meta.refcount > 0, "retain of free block {block}");
+        meta.refcount += 1;
+    }
+
+    /// Drops one reference; at zero the block joins the back of the free queue, keeping its
+    /// cached identity until it is reused.
+    pub fn release(&mut self, block: u32) {
+        let meta = &mut self.blocks[block as usize];
+        assert!(
+            meta.refcount > 0,
+            "block {block} released more often than referenced"
+        );
+        meta.refcount -= 1;
+        if meta.refcount == 0 {
+            self.free.push_back(block);
+        }
+    }
+
+    /// Releases a whole block table, last block first: a sequence's tail is the least likely
+    /// to be shared, so it should be evicted first.
+    pub fn release_all(&mut self, table: &[u32]) {
+        for &b in table.iter().rev() {
+            self.release(b);
+        }
+    }
+
+    /// Looks a full block up by hash; on a verified hit the caller gets a reference to it.
+    pub fn lookup(&mut self, hash: u64, tokens: &[u32]) -> Option<u32> {
+        let &b = self.cached.get(&hash)?;
+        let meta = &mut self.blocks[b as usize];
+        if meta.tokens != tokens {
+            return None; // a hash collision: never serve another prompt's KV
+        }
+        if meta.refcount == 0 {
+            self.free.remove(b);
+        }
+        meta.refcount += 1;
+        Some(b)
+    }
+
+    /// Registers a block that now holds `tokens` (a full block) under `hash`. If another block
+    /// already has that identity, this one simply stays uncached.
+    pub fn register(&mut self, block: u32, hash: u64, tokens: &[u32]) {
+        debug_assert_eq!(tokens.len(), self.block_tokens);
+        let meta = &mut self.blocks[block as usize];
+        if meta.hash.is_some() || self.cached.contains_key(&hash) {
+            return;
+        }
+        meta.hash = Some(hash);
+        meta.tokens = tokens.to_vec();
+        self.cached.insert(hash, block);
+    }
+
+    /// Checks every structural invariant; `tables` are all live block tables. Used by tests.
+    pub fn check_invariants<'a>(
+        &self,
+        tables: impl IntoIterator<Item = &'a [u32]>,
+    ) -> Result<(), String> {
+        let mut refs = vec![0u32; self.total()];
+        for t in tables {
+            for &b in t {
+                refs[b as usize] += 1;
+            }
+        }
+        for (b, meta) in self.blocks.iter().enumerate() {
+            if meta.refcount != refs[b] {
+                return Err(format!(
+                    "block {b}: refcount {} but {} table references",
+                    meta.refcount, refs[b]
+                ));
+            }
+            let in_free = self.free.contains(b as u32);
+            if in_free == (meta.refcount > 0) {
+                return Err(format!(
+                    "block {b}: refcount {} and in free queue = {in_free}",
+                    meta.refcount
+                ));
+            }
+            if let Some(h) = meta.hash {
+                if self.cached.get(&h) != Some(&(b as u32)) {
+                    return Err(format!("block {b}: hash not mapped back to it"));
+                }
+                if meta.tokens.len() != self.block_tokens {
+                    return Err(format!(
+                        "block {b}: cached with {} tokens",
+                        meta.tokens.len()
+                    ));
+                }
+            }
+        }
+        for (&h, &b) in &self.cached {
+            if self.blocks[b as usize].hash != Some(h) {
+                return Err(format!("cache entry for block {b} has a stale hash"));
+            }
+        }
+        if self.free.len() + refs.iter().filter(|&&r| r > 0).count() != self.total() {
+            return Err("free + used != total".into());
+        }
+        Ok(())
+    }
+
+    /// Whether a cached block's stored tokens hash to its identity given its parent (tests).
+    pub fn cached_tokens(&self, block: u32) -> Option<(u64, &[u32])> {
+        let m = &self.blocks[block as usize];
+        m.hash.map(|h| (h, m.tokens.as_slice()))
     }
 }
 
@@ -76,5 +223,29 @@ mod tests {
         p.release(1);
         assert_eq!(p.used(), 2);
         assert_eq!(p.allocate(), Some(1));
+    }
+
+    #[test]
+    fn freed_blocks_stay_hittable_until_evicted_lru_first() {
+        let mut p = BlockPool::new(2, 2);
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        let (ha, hb) = (block_hash(None, &[1, 2]), block_hash(Some(7), &[3, 4]));
+        p.register(a, ha, &[1, 2]);
+        p.register(b, hb, &[3, 4]);
+        p.release(a); // a freed first: evicted first
+        p.release(b);
+        assert_eq!(p.lookup(hb, &[3, 4]), Some(b), "free but still cached");
+        assert_eq!(p.lookup(hb, &[9, 9]), None, "tokens re-checked");
+        let c = p.allocate().unwrap();
+        assert_eq!(c, a, "LRU: the older free block is reused");
+        assert_eq!(p.lookup(ha, &[1, 2]), None, "evicted on reuse");
+        p.check_invariants([&[b][..], &[c][..]]).unwrap();
+    }
+
+    #[test]
+    fn chained_hash_depends_on_parent() {
+        assert_ne!(block_hash(None, &[1, 2]), block_hash(Some(1), &[1, 2]));
+        assert_eq!(block_hash(Some(5), &[1, 2]), block_hash(Some(5), &[1, 2]));
     }
 }

@@ -1,0 +1,286 @@
+//! `edgelm bench`: throughput through the real engine (scheduler, paged KV, sampler), the way
+//! a serving workload exercises it. Medians over repeats; progress on stderr; figures on
+//! stdout (or one JSON object with --json).
+
+use super::{engine_config, init_threads};
+use crate::cli::BenchArgs;
+use anyhow::{bail, Result};
+use edgelm::engine::{Engine, EngineHandle, Event, GenParams, Rng, SamplingParams};
+use edgelm::model::Model;
+use serde::Serialize;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Serialize)]
+struct Concurrency {
+    sequences: usize,
+    decode_tok_s: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    threads: usize,
+    kv_type: String,
+    n_prompt: usize,
+    n_gen: usize,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    concurrency: Vec<Concurrency>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shared_prefix: Option<SharedPrefix>,
+}
+
+#[derive(Serialize)]
+struct SharedPrefix {
+    prefix_tokens: usize,
+    first_ttft_s: f64,
+    second_ttft_s: f64,
+    ratio: f64,
+}
+
+/// Timings of one request.
+struct Timing {
+    submitted: Instant,
+    first: Option<Instant>,
+    /// Arrival time of every generated token.
+    tokens: Vec<Instant>,
+}
+
+fn run_requests(
+    engine: &EngineHandle,
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+) -> Result<Vec<Timing>> {
+    let params = GenParams {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    // One reader thread per request, so every token is timestamped as it arrives.
+    let mut readers = Vec::new();
+    for p in prompts {
+        let submitted = Instant::now();
+        let (_, rx) = engine.submit(p, params.clone())?;
+        readers.push(std::thread::spawn(move || -> Result<Timing> {
+            let mut t = Timing {
+                submitted,
+                first: None,
+                tokens: Vec::new(),
+            };
+            for ev in rx {
+                match ev {
+                    Event::Token { .. } => {
+                        let now = Instant::now();
+                        t.first.get_or_insert(now);
+                        t.tokens.push(now);
+                    }
+                    Event::Finished { .. } => break,
+                    Event::Error(e) => bail!("benchmark request failed: {e}"),
+                    Event::PromptLogprobs(_) => {}
+                }
+            }
+            Ok(t)
+        }));
+    }
+    let mut out = Vec::new();
+    for r in readers {
+        out.push(
+            r.join()
+                .map_err(|_| anyhow::anyhow!("reader thread panicked"))??,
+        );
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn progress(label: &str, i: usize, n: usize) {
+    let width = 20;
+    let filled = (i * width) / n.max(1);
+    eprint!(
+        "\r[{}{}] {label} {i}/{n}   ",
+        "#".repeat(filled),
+        ".".repeat(width - filled)
+    );
+    let _ = std::io::stderr().flush();
+    if i == n {
+        eprintln!();
+    }
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let threads = init_threads(&args.compute)?;
+    if args.repeats == 0 || args.n_gen < 2 || args.n_prompt == 0 {
+        bail!("--repeats must be ≥ 1, -n ≥ 2 and -p ≥ 1");
+    }
+    let model = Arc::new(Model::load(&args.model.model)?);
+    let vocab = model.config.vocab_size as u64;
+    let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
+    let mut config = engine_config(&args.compute);
+    config.max_seqs = config.max_seqs.max(max_conc);
+    if args.compute.kv_memory_mib.is_none() {
+        let per_token = model.config.n_layers
+            * 2
+            * model.config.n_head_kv
+            * args
+                .compute
+                .kv_type
+                .row_bytes(model.config.head_dim)
+                .unwrap_or(0);
+        let need = (max_conc * (args.concurrency_prompt + args.n_gen + 32))
+            .max(args.n_prompt + args.n_gen)
+            .max(2 * (args.shared_prefix + 64));
+        config.kv_memory_bytes = per_token * need * 2;
+    }
+    let (engine, thread) = Engine::start(model, Vec::new(), config)?;
+    let mut rng = Rng::new(0x5eed);
+    let mut prompt =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
+
+    // Prefill: time to the first token of an n_prompt-token prompt (fresh tokens each time).
+    let mut prefill = Vec::new();
+    for i in 0..args.repeats {
+        progress("prefill", i, args.repeats);
+        let t = &run_requests(&engine, vec![prompt(args.n_prompt)], 1)?[0];
+        prefill.push(
+            args.n_prompt as f64
+                / t.first
+                    .unwrap_or(t.submitted)
+                    .duration_since(t.submitted)
+                    .as_secs_f64(),
+        );
+    }
+    progress("prefill", args.repeats, args.repeats);
+
+    // Decode, one sequence: tokens after the first over the time they took.
+    let mut decode = Vec::new();
+    for i in 0..args.repeats {
+        progress("decode", i, args.repeats);
+        let t = &run_requests(&engine, vec![prompt(8)], args.n_gen)?[0];
+        let span = t
+            .tokens
+            .last()
+            .unwrap()
+            .duration_since(t.tokens[0])
+            .as_secs_f64();
+        decode.push((t.tokens.len() - 1) as f64 / span);
+    }
+    progress("decode", args.repeats, args.repeats);
+
+    // Aggregate decode at each concurrency: tokens generated once every sequence is past its
+    // prompt, over that window (prefill excluded, as llama-batched-bench reports S_TG).
+    let mut concurrency = Vec::new();
+    for &n in &args.concurrency {
+        let mut rates = Vec::new();
+        for i in 0..args.repeats {
+            progress(&format!("{n} sequences"), i, args.repeats);
+            let prompts = (0..n).map(|_| prompt(args.concurrency_prompt)).collect();
+            let ts = run_requests(&engine, prompts, args.n_gen)?;
+            let t0 = ts.iter().filter_map(|t| t.first).max().unwrap();
+            let t1 = ts
+                .iter()
+                .filter_map(|t| t.tokens.last().copied())
+                .max()
+                .unwrap();
+            let tokens = ts
+                .iter()
+                .flat_map(|t| t.tokens.iter())
+                .filter(|&&at| at > t0)
+                .count();
+            rates.push(tokens as f64 / t1.duration_since(t0).as_secs_f64().max(1e-9));
+        }
+        progress(&format!("{n} sequences"), args.repeats, args.repeats);
+        concurrency.push(Concurrency {
+            sequences: n,
+            decode_tok_s: median(rates),
+        });
+    }
+
+    // Prefix cache: a long shared system prompt, then a second request that extends it.
+    let shared_prefix = if args.shared_prefix > 0 {
+        let (mut first, mut second) = (Vec::new(), Vec::new());
+        for i in 0..args.repeats {
+            progress("shared prefix", i, args.repeats);
+            let system = prompt(args.shared_prefix);
+            let ttft = |suffix: Vec<u32>| -> Result<f64> {
+                let mut p = system.clone();
+                p.extend(suffix);
+                let t = &run_requests(&engine, vec![p], 1)?[0];
+                Ok(t.first
+                    .unwrap_or(t.submitted)
+                    .duration_since(t.submitted)
+                    .as_secs_f64())
+            };
+            first.push(ttft(prompt(16))?);
+            second.push(ttft(prompt(16))?);
+        }
+        progress("shared prefix", args.repeats, args.repeats);
+        let (a, b) = (median(first), median(second));
+        Some(SharedPrefix {
+            prefix_tokens: args.shared_prefix,
+            first_ttft_s: a,
+            second_ttft_s: b,
+            ratio: b / a,
+        })
+    } else {
+        None
+    };
+    engine.shutdown();
+    let _ = thread.join();
+
+    let report = Report {
+        threads,
+        kv_type: args.compute.kv_type.to_string(),
+        n_prompt: args.n_prompt,
+        n_gen: args.n_gen,
+        prefill_tok_s: median(prefill),
+        decode_tok_s: median(decode),
+        concurrency,
+        shared_prefix,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "threads {}, KV {}, medians of {} runs",
+        report.threads, report.kv_type, args.repeats
+    );
+    println!(
+        "prefill  pp{:<5} {:>9.1} tok/s",
+        report.n_prompt, report.prefill_tok_s
+    );
+    println!(
+        "decode   tg{:<5} {:>9.1} tok/s",
+        report.n_gen, report.decode_tok_s
+    );
+    let single = report
+        .concurrency
+        .iter()
+        .find(|c| c.sequences == 1)
+        .map(|c| c.decode_tok_s);
+    for c in &report.concurrency {
+        let x = single
+            .map(|s| format!("  ({:.2}x one sequence)", c.decode_tok_s / s))
+            .unwrap_or_default();
+        println!(
+            "decode   {:>3} seqs  {:>9.1} tok/s aggregate{x}",
+            c.sequences, c.decode_tok_s
+        );
+    }
+    if let Some(s) = &report.shared_prefix {
+        println!(
+            "prefix   {} shared tokens: TTFT {:.3} s cold, {:.3} s cached ({:.0}%)",
+            s.prefix_tokens,
+            s.first_ttft_s,
+            s.second_ttft_s,
+            s.ratio * 100.0
+        );
+    }
+    Ok(())
+}

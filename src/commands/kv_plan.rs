@@ -1,0 +1,66 @@
+//! `edgelm kv-plan`: the numbers an integrator sizes a box with.
+
+use crate::cli::KvPlanArgs;
+use anyhow::{bail, Context, Result};
+use edgelm::gguf::GgufFile;
+use edgelm::kv::plan::KvPlan;
+use edgelm::kv::PageGeometry;
+use edgelm::model::ModelConfig;
+
+pub fn run(args: KvPlanArgs) -> Result<()> {
+    let path = &args.model.model;
+    let file = GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let cfg = ModelConfig::from_gguf(&file)?;
+    if args.block_size == 0 || args.ctx == 0 || args.avg_tokens == 0 {
+        bail!("--block-size, --ctx and --avg-tokens must be at least 1");
+    }
+    if args.kv_type.row_bytes(cfg.head_dim).is_none() {
+        bail!(
+            "KV type {} needs head_dim to be a multiple of 32 (it is {})",
+            args.kv_type,
+            cfg.head_dim
+        );
+    }
+    let geom = PageGeometry {
+        layers: cfg.n_layers,
+        kv_heads: cfg.n_head_kv,
+        head_dim: cfg.head_dim,
+        block_tokens: args.block_size,
+        kv_type: args.kv_type,
+    };
+    let memory = args
+        .memory_mib
+        .checked_mul(1 << 20)
+        .context("--memory-mib is too large")?;
+    let plan = KvPlan::new(&geom, cfg.n_head, memory, args.ctx, args.avg_tokens);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        return Ok(());
+    }
+    println!(
+        "model                 {} ({} layers, {} KV heads of {} query heads, head_dim {})",
+        cfg.arch, cfg.n_layers, cfg.n_head_kv, cfg.n_head, cfg.head_dim
+    );
+    println!("KV format             {}", plan.kv_type);
+    println!(
+        "KV bytes per token    {} (2 x {} layers x {} KV heads x {} B per head row)",
+        plan.kv_bytes_per_token,
+        cfg.n_layers,
+        cfg.n_head_kv,
+        geom.row_bytes()
+    );
+    println!(
+        "block                 {} tokens, {} bytes",
+        plan.block_tokens, plan.block_bytes
+    );
+    println!(
+        "memory                {} MiB -> {} blocks",
+        args.memory_mib, plan.pool_blocks
+    );
+    println!("sequences at once     {} paged (avg {} tokens) vs {} contiguous (full {}-token context each): {:.1}x", plan.max_seqs_paged, plan.avg_tokens, plan.max_seqs_contiguous, plan.ctx, plan.max_seqs_paged as f64 / plan.max_seqs_contiguous.max(1) as f64);
+    println!(
+        "without GQA           {} bytes per token; {} paged, {} contiguous",
+        plan.no_gqa_kv_bytes_per_token, plan.no_gqa_max_seqs_paged, plan.no_gqa_max_seqs_contiguous
+    );
+    Ok(())
+}

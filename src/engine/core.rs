@@ -1,0 +1,602 @@
+//! The engine thread: owns the model, the KV pages, the scheduler and every sequence. Other
+//! threads talk to it only through channels (`EngineHandle`). One step is nano-vllm's four
+//! lines: schedule → run → postprocess → emit.
+
+use super::metrics::{EngineStats, SharedStats};
+use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
+use super::sampler::{log_softmax, Sampler};
+use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
+use super::sequence::{SeqId, Sequence};
+use crate::kv::plan::KvPlan;
+use crate::kv::{BlockPool, KvPages, KvType, PageGeometry};
+use crate::model::{BatchMeta, Logits, Model};
+use anyhow::{bail, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub kv_type: KvType,
+    pub block_tokens: usize,
+    /// Bytes of KV memory to preallocate.
+    pub kv_memory_bytes: usize,
+    pub max_seqs: usize,
+    pub max_batched_tokens: usize,
+    /// Context limit (0: the model's own).
+    pub max_context: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            kv_type: KvType::F16,
+            block_tokens: 16,
+            kv_memory_bytes: 256 << 20,
+            max_seqs: 16,
+            max_batched_tokens: 512,
+            max_context: 0,
+        }
+    }
+}
+
+enum Command {
+    Submit(Box<Request>, Sender<Event>),
+    Cancel(RequestId),
+    Shutdown,
+}
+
+/// Limits every request is checked against before it reaches the engine thread.
+#[derive(Clone, Debug)]
+pub struct EngineLimits {
+    pub context: usize,
+    pub capacity_tokens: usize,
+    pub vocab_size: usize,
+    pub max_n: usize,
+}
+
+/// The cloneable way in: submit, cancel, read stats.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    stats: SharedStats,
+    next_id: Arc<AtomicU64>,
+    pub limits: EngineLimits,
+    pub plan: KvPlan,
+}
+
+impl EngineHandle {
+    /// Validates and queues a request; its events arrive on the returned receiver.
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        params: GenParams,
+    ) -> Result<(RequestId, Receiver<Event>)> {
+        let l = &self.limits;
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary ({} tokens)",
+                l.vocab_size
+            );
+        }
+        if params.n == 0 || params.n > l.max_n {
+            bail!("n must be between 1 and {}", l.max_n);
+        }
+        let total = prompt.len() + params.max_tokens;
+        if total > l.context {
+            bail!(
+                "prompt ({} tokens) plus max_tokens ({}) exceeds the context length of {} tokens",
+                prompt.len(),
+                params.max_tokens,
+                l.context
+            );
+        }
+        if total > l.capacity_tokens {
+            bail!(
+                "prompt plus max_tokens ({total} tokens) exceeds the KV pool ({} tokens)",
+                l.capacity_tokens
+            );
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let req = Request { id, prompt, params };
+        self.tx
+            .send(Command::Submit(Box::new(req), tx))
+            .map_err(|_| anyhow::anyhow!("the engine has stopped"))?;
+        Ok((id, rx))
+    }
+
+    /// Cancels a request: all its blocks are freed at the start of the next step.
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// Asks the engine to finish in-flight work and stop.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+struct RequestState {
+    events: Sender<Event>,
+    params: GenParams,
+    prompt_len: usize,
+    seqs: Vec<SeqId>,
+    live: usize,
+    arrived: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    prompt_logprobs: Vec<Option<TokenLogprob>>,
+}
+
+pub struct Engine {
+    model: Arc<Model>,
+    pages: KvPages,
+    sched: Scheduler,
+    requests: HashMap<RequestId, RequestState>,
+    seq_request: HashMap<SeqId, RequestId>,
+    samplers: HashMap<SeqId, Sampler>,
+    eog: Vec<u32>,
+    context: usize,
+    next_seq: SeqId,
+    arrivals: u64,
+    stats: SharedStats,
+    local: EngineStats,
+}
+
+impl Engine {
+    /// Allocates the KV pool once and starts the engine thread.
+    pub fn start(
+        model: Arc<Model>,
+        eog: Vec<u32>,
+        config: EngineConfig,
+    ) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
+        let cfg = &model.config;
+        let geom = PageGeometry {
+            layers: cfg.n_layers,
+            kv_heads: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+            block_tokens: config.block_tokens,
+            kv_type: config.kv_type,
+        };
+        if config.block_tokens == 0 {
+            bail!("block size must be at least 1 token");
+        }
+        if config.kv_type.row_bytes(cfg.head_dim).is_none() {
+            bail!(
+                "KV type {} needs head_dim to be a multiple of 32 (it is {})",
+                config.kv_type,
+                cfg.head_dim
+            );
+        }
+        let blocks = config.kv_memory_bytes / geom.block_bytes();
+        if blocks == 0 {
+            bail!(
+                "KV memory of {} bytes holds no block of {} bytes",
+                config.kv_memory_bytes,
+                geom.block_bytes()
+            );
+        }
+        let context = match config.max_context {
+            0 => cfg.context_length,
+            c => c.min(cfg.context_length),
+        };
+        let pages = KvPages::new(geom, blocks)?;
+        let plan = KvPlan::new(&geom, cfg.n_head, pages.total_bytes(), context, 512);
+        log::info!(
+            "KV pool: {} blocks of {} tokens, {} bytes per block ({} KiB per token... {} B/token), {} MiB in all, {}",
+            blocks,
+            config.block_tokens,
+            geom.block_bytes(),
+            geom.bytes_per_token() / 1024,
+            geom.bytes_per_token(),
+            pages.total_bytes() >> 20,
+            config.kv_type
+        );
+        log::info!(
+            "KV pool holds at once: {} sequences of 512 tokens, {} of 2048, {} of {} (the full context)",
+            plan.seqs_at(512),
+            plan.seqs_at(2048),
+            plan.seqs_at(context),
+            context
+        );
+        let sched = Scheduler::new(
+            SchedulerConfig {
+                max_seqs: config.max_seqs,
+                max_batched_tokens: config.max_batched_tokens,
+            },
+            BlockPool::new(blocks, config.block_tokens),
+        );
+        let limits = EngineLimits {
+            context,
+            capacity_tokens: blocks * config.block_tokens,
+            vocab_size: cfg.vocab_size,
+            max_n: config.max_seqs.max(1),
+        };
+        let stats: SharedStats = Arc::new(Mutex::new(EngineStats::default()));
+        let (tx, rx) = mpsc::channel();
+        let mut engine = Engine {
+            model,
+            pages,
+            sched,
+            requests: HashMap::new(),
+            seq_request: HashMap::new(),
+            samplers: HashMap::new(),
+            eog,
+            context,
+            next_seq: 0,
+            arrivals: 0,
+            stats: stats.clone(),
+            local: EngineStats::default(),
+        };
+        engine.publish();
+        let handle = EngineHandle {
+            tx,
+            stats,
+            next_id: Arc::new(AtomicU64::new(1)),
+            limits,
+            plan,
+        };
+        let thread = std::thread::Builder::new()
+            .name("edgelm-engine".into())
+            .spawn(move || engine.run(rx))?;
+        Ok((handle, thread))
+    }
+
+    fn run(mut self, rx: Receiver<Command>) {
+        let mut shutting_down = false;
+        loop {
+            // Idle: block for work. Busy: take what arrived, then step.
+            if self.sched.is_idle() {
+                if shutting_down {
+                    break;
+                }
+                match rx.recv() {
+                    Ok(cmd) => shutting_down |= self.apply(cmd),
+                    Err(_) => break,
+                }
+            }
+            while let Ok(cmd) = rx.try_recv() {
+                shutting_down |= self.apply(cmd);
+            }
+            if !self.sched.is_idle() {
+                self.step();
+            }
+            self.publish();
+        }
+        log::info!("engine stopped");
+    }
+
+    /// Returns true on shutdown.
+    fn apply(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit(req, events) => self.admit(*req, events),
+            Command::Cancel(id) => self.finish_request(id, FinishReason::Cancelled),
+            Command::Shutdown => return true,
+        }
+        false
+    }
+
+    fn admit(&mut self, req: Request, events: Sender<Event>) {
+        let p = &req.params;
+        if p.max_tokens == 0 && p.prompt_logprobs.is_none() {
+            for index in 0..p.n {
+                let _ = events.send(Event::Finished {
+                    index,
+                    reason: FinishReason::Length,
+                    prompt_tokens: req.prompt.len(),
+                    completion_tokens: 0,
+                    cached_tokens: 0,
+                });
+            }
+            return;
+        }
+        let id = self.next_seq;
+        self.next_seq += 1;
+        self.arrivals += 1;
+        let max_len = (req.prompt.len() + p.max_tokens).min(self.context);
+        let mut seq = Sequence::new(id, req.id, self.arrivals, req.prompt.clone(), max_len);
+        seq.want_prompt_logits = p.prompt_logprobs.is_some();
+        seq.forks_pending = p.n - 1;
+        self.samplers.insert(id, Sampler::new(p.sampling.clone()));
+        self.seq_request.insert(id, req.id);
+        self.sched.add(seq);
+        self.local.prompt_tokens += req.prompt.len() as u64;
+        self.requests.insert(
+            req.id,
+            RequestState {
+                events,
+                prompt_len: req.prompt.len(),
+                params: req.params,
+                seqs: vec![id],
+                live: 1,
+                arrived: Instant::now(),
+                first_token: None,
+                last_token: None,
+                prompt_logprobs: Vec::new(),
+            },
+        );
+    }
+
+    /// One engine step.
+    fn step(&mut self) {
+        let batch = self.sched.schedule();
+        if batch.spans.is_empty() {
+            return;
+        }
+        for &(src, dst) in &batch.copies {
+            self.pages.copy_block(src as usize, dst as usize);
+        }
+        let mut meta = BatchMeta::default();
+        for span in &batch.spans {
+            let s = self.sched.get(span.seq).expect("scheduled seq exists");
+            meta.push_span(
+                &s.tokens[span.start..span.start + span.len],
+                span.start,
+                s.block_table.clone(),
+                span.logits,
+            );
+        }
+        let logits = match self.model.forward(&meta, &mut self.pages) {
+            Ok(l) => l,
+            Err(e) => {
+                // Should be unreachable (everything was validated); never take the engine down.
+                log::error!("forward pass failed: {e:#}");
+                let reqs: Vec<RequestId> = batch
+                    .spans
+                    .iter()
+                    .filter_map(|s| self.seq_request.get(&s.seq).copied())
+                    .collect();
+                for r in reqs {
+                    if let Some(st) = self.requests.get(&r) {
+                        let _ = st.events.send(Event::Error(format!("internal error: {e}")));
+                    }
+                    self.finish_request(r, FinishReason::Cancelled);
+                }
+                return;
+            }
+        };
+        self.sched.commit(&batch);
+        self.local.steps += 1;
+        self.postprocess(&batch, &logits);
+    }
+
+    fn postprocess(&mut self, batch: &ScheduledBatch, logits: &[f32]) {
+        let vocab = self.model.config.vocab_size;
+        let mut row = 0;
+        for span in &batch.spans {
+            let rows = match span.logits {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => span.len,
+            };
+            let span_logits = &logits[row * vocab..(row + rows) * vocab];
+            row += rows;
+            if span.logits == Logits::All {
+                self.collect_prompt_logprobs(span.seq, span.start, span.len, span_logits);
+            }
+            let Some(s) = self.sched.get(span.seq) else {
+                continue;
+            };
+            if rows == 0 || s.num_computed != s.tokens.len() {
+                continue;
+            }
+            let last = &span_logits[(rows - 1) * vocab..rows * vocab];
+            self.on_logits(span.seq, last);
+        }
+    }
+
+    fn collect_prompt_logprobs(&mut self, seq: SeqId, start: usize, len: usize, rows: &[f32]) {
+        let vocab = self.model.config.vocab_size;
+        let Some(&rid) = self.seq_request.get(&seq) else {
+            return;
+        };
+        let Some(s) = self.sched.get(seq) else { return };
+        let tokens = s.tokens.clone();
+        let st = self.requests.get_mut(&rid).expect("request of a live seq");
+        let top_n = st.params.prompt_logprobs.unwrap_or(0);
+        if start == 0 {
+            st.prompt_logprobs = vec![None];
+        }
+        for j in 0..len {
+            let pos = start + j + 1; // row j predicts the token at start+j+1
+            if pos >= st.prompt_len {
+                break;
+            }
+            st.prompt_logprobs.push(Some(token_logprob(
+                &rows[j * vocab..(j + 1) * vocab],
+                tokens[pos],
+                top_n,
+            )));
+        }
+        if st.prompt_logprobs.len() == st.prompt_len {
+            let lp = std::mem::take(&mut st.prompt_logprobs);
+            let _ = st.events.send(Event::PromptLogprobs(lp));
+        }
+    }
+
+    /// The sequence's last position has logits: fork if asked, then sample.
+    fn on_logits(&mut self, seq: SeqId, logits: &[f32]) {
+        let rid = self.seq_request[&seq];
+        let forks = self.sched.get(seq).map_or(0, |s| s.forks_pending);
+        let mut targets = vec![seq];
+        if forks > 0 {
+            let parent = self.sched.get_mut(seq).expect("live").clone();
+            self.sched.get_mut(seq).expect("live").forks_pending = 0;
+            let params = self.requests[&rid].params.sampling.clone();
+            for i in 1..=forks {
+                let id = self.next_seq;
+                self.next_seq += 1;
+                let child = Sequence {
+                    id,
+                    index: i,
+                    forks_pending: 0,
+                    block_table: Vec::new(),
+                    ..parent.clone()
+                };
+                self.sched.add_fork(seq, child);
+                let mut p = params.clone();
+                p.seed = p.seed.map(|s| s.wrapping_add(i as u64));
+                self.samplers.insert(id, Sampler::new(p));
+                self.seq_request.insert(id, rid);
+                let st = self.requests.get_mut(&rid).expect("live");
+                st.seqs.push(id);
+                st.live += 1;
+            }
+            targets.extend(self.requests[&rid].seqs[1..].iter().copied());
+        }
+        for id in targets {
+            self.sample_for(id, logits);
+        }
+    }
+
+    fn sample_for(&mut self, seq: SeqId, logits: &[f32]) {
+        let rid = self.seq_request[&seq];
+        let (index, generated, prompt_len, max_len, len) = {
+            let s = self.sched.get(seq).expect("live");
+            (
+                s.index,
+                s.generated(),
+                s.prompt_len,
+                s.max_len,
+                s.tokens.len(),
+            )
+        };
+        let now = Instant::now();
+        let st = self.requests.get_mut(&rid).expect("live");
+        if st.params.max_tokens == 0 {
+            // Scoring only (echo with max_tokens 0): the prompt logprobs were the answer.
+            self.finish_seq(seq, FinishReason::Length);
+            return;
+        }
+        let history = &self.sched.get(seq).expect("live").tokens[prompt_len..];
+        let token = self
+            .samplers
+            .get_mut(&seq)
+            .expect("sampler")
+            .sample(logits, history);
+        if st.first_token.is_none() {
+            st.first_token = Some(now);
+            let ttft = now.duration_since(st.arrived).as_secs_f64();
+            self.local.record_ttft(unix_now(), ttft);
+        } else if let Some(prev) = st.last_token {
+            self.local
+                .tpot
+                .observe(now.duration_since(prev).as_secs_f64());
+        }
+        st.last_token = Some(now);
+        self.local.record_tokens(unix_now() as u64, 1);
+        let is_stop = !st.params.ignore_eos && self.eog.contains(&token)
+            || st.params.stop_tokens.contains(&token);
+        if is_stop {
+            self.finish_seq(seq, FinishReason::Stop);
+            return;
+        }
+        let logprob = st.params.logprobs.map(|n| token_logprob(logits, token, n));
+        let _ = st.events.send(Event::Token {
+            index,
+            token,
+            logprob,
+        });
+        if generated + 1 >= st.params.max_tokens || len + 1 >= max_len {
+            self.sched.get_mut(seq).expect("live").tokens.push(token);
+            self.finish_seq(seq, FinishReason::Length);
+            return;
+        }
+        self.sched.get_mut(seq).expect("live").tokens.push(token);
+    }
+
+    fn finish_seq(&mut self, seq: SeqId, reason: FinishReason) {
+        let Some(s) = self.sched.remove(seq) else {
+            return;
+        };
+        self.samplers.remove(&seq);
+        self.seq_request.remove(&seq);
+        let rid = s.request;
+        let Some(st) = self.requests.get_mut(&rid) else {
+            return;
+        };
+        let completion = s.generated() + usize::from(reason == FinishReason::Stop);
+        let _ = st.events.send(Event::Finished {
+            index: s.index,
+            reason,
+            prompt_tokens: s.prompt_len,
+            completion_tokens: completion,
+            cached_tokens: s.cached_tokens,
+        });
+        st.live -= 1;
+        // Forks not yet created (the parent finished before its prompt was done) end too.
+        if st.live == 0 {
+            let pending_forks = s.forks_pending;
+            for index in 1..=pending_forks {
+                let _ = st.events.send(Event::Finished {
+                    index,
+                    reason,
+                    prompt_tokens: s.prompt_len,
+                    completion_tokens: 0,
+                    cached_tokens: 0,
+                });
+            }
+            self.requests.remove(&rid);
+            self.local.requests_finished += 1;
+        }
+    }
+
+    fn finish_request(&mut self, rid: RequestId, reason: FinishReason) {
+        let Some(st) = self.requests.get(&rid) else {
+            return;
+        };
+        for seq in st.seqs.clone() {
+            self.finish_seq(seq, reason);
+        }
+    }
+
+    fn publish(&mut self) {
+        let c = &self.sched.counters;
+        self.local.running = self.sched.num_running();
+        self.local.waiting = self.sched.num_waiting();
+        self.local.kv_blocks_total = self.sched.pool.total();
+        self.local.kv_blocks_used = self.sched.pool.used();
+        self.local.kv_blocks_cached = self.sched.pool.cached_count();
+        self.local.prefix_queried_tokens = c.prefix_queried_tokens;
+        self.local.prefix_hit_tokens = c.prefix_hit_tokens;
+        self.local.preemptions = c.preemptions;
+        if let Ok(mut s) = self.stats.lock() {
+            *s = self.local.clone();
+        }
+    }
+}
+
+fn token_logprob(logits: &[f32], token: u32, top_n: usize) -> TokenLogprob {
+    let lp = log_softmax(logits);
+    let mut top: Vec<(u32, f32)> = Vec::new();
+    if top_n > 0 {
+        let mut idx: Vec<(u32, f32)> = lp.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let n = top_n.min(idx.len());
+        idx.select_nth_unstable_by(n - 1, |a, b| b.1.total_cmp(&a.1));
+        idx.truncate(n);
+        idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        top = idx;
+    }
+    TokenLogprob {
+        token,
+        logprob: lp[token as usize],
+        top,
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,95 @@
+//! What crosses the engine boundary: requests in, events out. Plain data only.
+
+use super::SamplingParams;
+
+pub type RequestId = u64;
+
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Completions to generate from the one prompt (they share its KV blocks).
+    pub n: usize,
+    /// Keep going past end-of-generation tokens.
+    pub ignore_eos: bool,
+    /// Extra token ids that end generation.
+    pub stop_tokens: Vec<u32>,
+    /// Top-N log-probabilities to report with each generated token (0: only the token's own).
+    pub logprobs: Option<usize>,
+    /// Report the prompt tokens' log-probabilities (scoring); disables prefix-cache reuse for
+    /// this request, since every prompt position needs its logits.
+    pub prompt_logprobs: Option<usize>,
+}
+
+impl Default for GenParams {
+    fn default() -> Self {
+        GenParams {
+            max_tokens: 16,
+            sampling: SamplingParams::default(),
+            n: 1,
+            ignore_eos: false,
+            stop_tokens: Vec::new(),
+            logprobs: None,
+            prompt_logprobs: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub params: GenParams,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation or stop token.
+    Stop,
+    /// `max_tokens` or the context length reached.
+    Length,
+    /// Cancelled by the client (or a stop string found by the caller).
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Log-probability information for one position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely alternatives, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// Log-probabilities of the prompt tokens (position 0 has none), sent once before any
+    /// generated token when `prompt_logprobs` was asked for.
+    PromptLogprobs(Vec<Option<TokenLogprob>>),
+    /// A generated token for completion `index` (0..n).
+    Token {
+        index: usize,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    /// Completion `index` ended. `cached_tokens`: prompt tokens served from the prefix cache.
+    Finished {
+        index: usize,
+        reason: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        cached_tokens: usize,
+    },
+    /// The request failed as a whole (nothing more follows).
+    Error(String),
+}

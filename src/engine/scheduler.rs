@@ -1,0 +1,525 @@
+//! The scheduler: pure bookkeeping over sequences and the block pool, no tensors.
+//!
+//! Every step it fills a token budget: first one token for each running sequence that is
+//! decoding (so decodes never wait behind a long prompt), then prefill chunks — running
+//! sequences that are part-way through their prompt, then waiting ones admitted first come
+//! first served. When a block cannot be had, the newest running sequence is preempted by
+//! recompute: its blocks are released (they stay in the prefix cache) and it is re-queued at
+//! the front. Only after a step is planned does the engine run it and `commit` the result.
+
+use super::sequence::{SeqId, Sequence};
+use crate::kv::BlockPool;
+use crate::model::Logits;
+use std::collections::{HashMap, VecDeque};
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Running sequences at most.
+    pub max_seqs: usize,
+    /// Tokens one forward pass may process at most (decodes plus prefill chunks).
+    pub max_batched_tokens: usize,
+}
+
+/// One sequence's share of a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduledSpan {
+    pub seq: SeqId,
+    pub start: usize,
+    pub len: usize,
+    pub logits: Logits,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ScheduledBatch {
+    pub spans: Vec<ScheduledSpan>,
+    /// Copy-on-write: copy every layer of block `.0` into block `.1` before the forward.
+    pub copies: Vec<(u32, u32)>,
+    pub preempted: Vec<SeqId>,
+}
+
+impl ScheduledBatch {
+    pub fn num_tokens(&self) -> usize {
+        self.spans.iter().map(|s| s.len).sum()
+    }
+}
+
+/// Counters the server exports.
+#[derive(Clone, Debug, Default)]
+pub struct SchedulerCounters {
+    pub prefix_queried_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    pub preemptions: u64,
+}
+
+pub struct Scheduler {
+    pub config: SchedulerConfig,
+    pub pool: BlockPool,
+    seqs: HashMap<SeqId, Sequence>,
+    waiting: VecDeque<SeqId>,
+    /// In admission order.
+    running: Vec<SeqId>,
+    pub counters: SchedulerCounters,
+}
+
+enum Grow {
+    Ok,
+    /// No block could be had (the caller decides whom to preempt).
+    NoBlock,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, pool: BlockPool) -> Scheduler {
+        assert!(config.max_seqs > 0 && config.max_batched_tokens > 0);
+        Scheduler {
+            config,
+            pool,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: SchedulerCounters::default(),
+        }
+    }
+
+    /// Tokens the whole pool can hold (a request past this can never run).
+    pub fn capacity_tokens(&self) -> usize {
+        self.pool.total() * self.pool.block_tokens()
+    }
+
+    pub fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq.id);
+        self.seqs.insert(seq.id, seq);
+    }
+
+    pub fn get(&self, id: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
+        self.seqs.get_mut(&id)
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
+        self.seqs.values()
+    }
+
+    /// Removes a sequence wherever it is and returns every block it held.
+    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
+        let seq = self.seqs.remove(&id)?;
+        self.running.retain(|&s| s != id);
+        self.waiting.retain(|&s| s != id);
+        self.pool.release_all(&seq.block_table);
+        Some(seq)
+    }
+
+    /// Adds an already computed copy of a running sequence (a fork sharing its blocks).
+    pub fn add_fork(&mut self, parent: SeqId, mut child: Sequence) {
+        let table = self.seqs[&parent].block_table.clone();
+        for &b in &table {
+            self.pool.retain(b);
+        }
+        child.block_table = table;
+        self.running.push(child.id);
+        self.seqs.insert(child.id, child);
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self) -> ScheduledBatch {
+        let mut batch = ScheduledBatch::default();
+        let mut budget = self.config.max_batched_tokens;
+
+        // 1. Decodes, oldest first: one token each.
+        let decoders: Vec<SeqId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| self.seqs[id].is_decoding())
+            .collect();
+        for id in decoders {
+            if budget == 0 {
+                break;
+            }
+            while self.running.contains(&id) {
+                match self.grow(id, 1, &mut batch) {
+                    Grow::Ok => {
+                        let start = self.seqs[&id].num_computed;
+                        batch.spans.push(ScheduledSpan {
+                            seq: id,
+                            start,
+                            len: 1,
+                            logits: Logits::Last,
+                        });
+                        budget -= 1;
+                        break;
+                    }
+                    // Out of blocks: preempt the newest (maybe this one) and retry, or, if
+                    // nobody may be preempted, let this one wait a step.
+                    Grow::NoBlock => {
+                        if !self.preempt_newest(id, &mut batch) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+
+        // 2. Prefill chunks for running sequences part-way through their tokens.
+        for id in self.running.clone() {
+            if budget == 0 {
+                break;
+            }
+            let s = &self.seqs[&id];
+            if s.is_decoding() || s.pending() == 0 || batch.spans.iter().any(|sp| sp.seq == id) {
+                continue;
+            }
+            let len = s.pending().min(budget);
+            if let Grow::Ok = self.grow(id, len, &mut batch) {
+                batch.spans.push(self.prefill_span(id, len));
+                budget -= len;
+            }
+        }
+
+        // 3. Admit waiting sequences, first come first served: the head is never overtaken.
+        while budget > 0 && self.running.len() < self.config.max_seqs {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            self.attach_cached_prefix(id);
+            let len = self.seqs[&id].pending().min(budget);
+            match self.grow(id, len, &mut batch) {
+                Grow::Ok => {
+                    self.waiting.pop_front();
+                    self.running.push(id);
+                    batch.spans.push(self.prefill_span(id, len));
+                    budget -= len;
+                }
+                Grow::NoBlock => {
+                    // Give the cache hits back until blocks free up.
+                    let s = self.seqs.get_mut(&id).expect("waiting seq exists");
+                    let table = std::mem::take(&mut s.block_table);
+                    s.num_computed = 0;
+                    s.cached_tokens = 0;
+                    self.pool.release_all(&table);
+                    break;
+                }
+            }
+        }
+
+        // Liveness: if nothing at all could run while sequences hold blocks, force the newest
+        // out (the thrash bound yields to making progress).
+        if batch.spans.is_empty() && !self.running.is_empty() {
+            if let Some(&victim) = self.running.iter().max_by_key(|&&s| self.seqs[&s].arrival) {
+                if self.running.len() > 1 || !self.waiting.is_empty() {
+                    self.preempt(victim, &mut batch);
+                }
+            }
+        }
+        batch
+    }
+
+    fn prefill_span(&self, id: SeqId, len: usize) -> ScheduledSpan {
+        let s = &self.seqs[&id];
+        let reaches_end = s.num_computed + len == s.tokens.len();
+        let logits = if s.want_prompt_logits && s.num_computed < s.prompt_len {
+            Logits::All
+        } else if reaches_end {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        ScheduledSpan {
+            seq: id,
+            start: s.num_computed,
+            len,
+            logits,
+        }
+    }
+
+    /// On first admission, reuse cached full blocks of the prompt (always leaving at least the
+    /// last token to compute, so there are logits to sample from).
+    fn attach_cached_prefix(&mut self, id: SeqId) {
+        let bt = self.pool.block_tokens();
+        let s = self.seqs.get_mut(&id).expect("seq exists");
+        if s.num_computed > 0 || !s.block_table.is_empty() || s.want_prompt_logits {
+            return;
+        }
+        let first_admission = s.preemptions == 0;
+        let usable = s.tokens.len() - 1;
+        let mut hits = 0;
+        for i in 0..usable / bt {
+            let h = s.hash_of_block(i, bt);
+            match self.pool.lookup(h, &s.tokens[i * bt..(i + 1) * bt]) {
+                Some(b) => {
+                    s.block_table.push(b);
+                    hits += bt;
+                }
+                None => break,
+            }
+        }
+        s.num_computed = hits;
+        if first_admission {
+            s.cached_tokens = hits.min(s.prompt_len);
+            self.counters.prefix_queried_tokens += s.prompt_len as u64;
+            self.counters.prefix_hit_tokens += hits.min(s.prompt_len) as u64;
+        }
+    }
+
+    /// Makes room for `len` more tokens at `num_computed..`: new blocks as needed, and a
+    /// private copy of a shared, partly filled block about to be written (copy-on-write).
+    fn grow(&mut self, id: SeqId, len: usize, batch: &mut ScheduledBatch) -> Grow {
+        let bt = self.pool.block_tokens();
+        let (start, have) = {
+            let s = &self.seqs[&id];
+            (s.num_computed, s.block_table.len())
+        };
+        let need = (start + len).div_ceil(bt);
+        let first = start / bt;
+        let cow = first < have && self.pool.refcount(self.seqs[&id].block_table[first]) > 1;
+        let new_blocks = need.saturating_sub(have) + usize::from(cow);
+        if self.pool.free_count() < new_blocks {
+            return Grow::NoBlock;
+        }
+        let s = self.seqs.get_mut(&id).expect("seq exists");
+        if cow {
+            let old = s.block_table[first];
+            let fresh = self.pool.allocate().expect("counted above");
+            batch.copies.push((old, fresh));
+            self.pool.release(old);
+            s.block_table[first] = fresh;
+        }
+        while s.block_table.len() < need {
+            s.block_table
+                .push(self.pool.allocate().expect("counted above"));
+        }
+        Grow::Ok
+    }
+
+    /// Preempts the newest running sequence that may be preempted (it made progress since
+    /// its last preemption). Returns false if none may.
+    fn preempt_newest(&mut self, requester: SeqId, batch: &mut ScheduledBatch) -> bool {
+        let victim = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| !batch.spans.iter().any(|sp| sp.seq == *id))
+            .filter(|id| {
+                let s = &self.seqs[id];
+                *id == requester || s.preemptions == 0 || s.progress_since_preempt > 0
+            })
+            .max_by_key(|id| self.seqs[id].arrival);
+        match victim {
+            Some(v) => {
+                self.preempt(v, batch);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn preempt(&mut self, id: SeqId, batch: &mut ScheduledBatch) {
+        self.running.retain(|&s| s != id);
+        let s = self.seqs.get_mut(&id).expect("running seq exists");
+        let table = std::mem::take(&mut s.block_table);
+        s.num_computed = 0;
+        s.preemptions += 1;
+        s.progress_since_preempt = 0;
+        // Its spans planned earlier in this step must not run.
+        batch.spans.retain(|sp| sp.seq != id);
+        self.pool.release_all(&table);
+        self.waiting.push_front(id);
+        batch.preempted.push(id);
+        self.counters.preemptions += 1;
+    }
+
+    /// Records that the step ran: computed counts advance and newly full blocks join the
+    /// prefix cache.
+    pub fn commit(&mut self, batch: &ScheduledBatch) {
+        let bt = self.pool.block_tokens();
+        for span in &batch.spans {
+            let Some(s) = self.seqs.get_mut(&span.seq) else {
+                continue;
+            };
+            let before = s.num_computed / bt;
+            s.num_computed = span.start + span.len;
+            s.progress_since_preempt += span.len;
+            for i in before..s.num_computed / bt {
+                let h = s.hash_of_block(i, bt);
+                self.pool
+                    .register(s.block_table[i], h, &s.tokens[i * bt..(i + 1) * bt]);
+            }
+        }
+    }
+
+    /// Every live block table (for invariant checks).
+    pub fn block_tables(&self) -> Vec<&[u32]> {
+        self.seqs
+            .values()
+            .map(|s| s.block_table.as_slice())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sched(blocks: usize, budget: usize) -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig {
+                max_seqs: 16,
+                max_batched_tokens: budget,
+            },
+            BlockPool::new(blocks, 16),
+        )
+    }
+
+    /// Runs a step without a model: commit it and give every sequence that reached its end a
+    /// next token (as sampling would).
+    fn step(s: &mut Scheduler, next_token: u32) -> ScheduledBatch {
+        let b = s.schedule();
+        s.commit(&b);
+        for span in &b.spans {
+            let seq = s.get_mut(span.seq).unwrap();
+            if seq.num_computed == seq.tokens.len() {
+                seq.tokens.push(next_token);
+            }
+        }
+        s.pool.check_invariants(s.block_tables()).unwrap();
+        b
+    }
+
+    #[test]
+    fn long_prompt_is_chunked_while_every_decode_gets_a_token_each_step() {
+        let budget = 256;
+        let mut s = sched(4096, budget);
+        for i in 0..8u64 {
+            s.add(Sequence::new(i, i, i, vec![i as u32 + 1; 20], 4000));
+        }
+        // Let the 8 short prompts prefill and start decoding.
+        while (0..8).any(|i| !s.get(i).unwrap().is_decoding()) {
+            step(&mut s, 7);
+        }
+        s.add(Sequence::new(
+            100,
+            100,
+            100,
+            (0..4500).map(|t| t % 1000).collect(),
+            5000,
+        ));
+        let mut steps_with_prefill = 0;
+        while !s.get(100).unwrap().is_decoding() {
+            let b = step(&mut s, 7);
+            assert!(
+                b.num_tokens() <= budget,
+                "step of {} tokens",
+                b.num_tokens()
+            );
+            for i in 0..8 {
+                let n = b.spans.iter().filter(|sp| sp.seq == i).count();
+                assert_eq!(n, 1, "decoding sequence {i} got no token in a step");
+            }
+            steps_with_prefill += 1;
+        }
+        assert!(
+            steps_with_prefill >= 4500 / budget,
+            "the prompt was chunked"
+        );
+        for id in (0..8).chain([100]) {
+            s.remove(id);
+        }
+        assert_eq!(s.pool.used(), 0);
+    }
+
+    #[test]
+    fn prefix_hits_skip_computation_but_keep_the_last_token() {
+        let mut s = sched(64, 512);
+        let prompt: Vec<u32> = (0..40).collect();
+        s.add(Sequence::new(1, 1, 1, prompt.clone(), 100));
+        step(&mut s, 999);
+        s.remove(1);
+        assert_eq!(s.pool.used(), 0);
+        assert_eq!(s.pool.cached_count(), 2, "two full blocks of 16 cached");
+        // Same 32-token prefix, different tail.
+        let mut p2 = prompt[..32].to_vec();
+        p2.extend([7, 7, 7]);
+        s.add(Sequence::new(2, 2, 2, p2, 100));
+        let b = step(&mut s, 1);
+        assert_eq!(b.spans[0].start, 32);
+        assert_eq!(b.spans[0].len, 3);
+        assert_eq!(s.counters.prefix_hit_tokens, 32);
+        // Exactly a cached prompt: the last block is recomputed for its logits.
+        s.add(Sequence::new(3, 3, 3, prompt[..32].to_vec(), 100));
+        let b = step(&mut s, 1);
+        let sp = b.spans.iter().find(|sp| sp.seq == 3).unwrap();
+        assert_eq!((sp.start, sp.len), (16, 16));
+    }
+
+    #[test]
+    fn preemption_frees_the_newest_and_everyone_finishes() {
+        // 6 blocks of 16 tokens: not enough for three sequences growing to 40 tokens each.
+        let mut s = sched(6, 64);
+        for i in 0..3u64 {
+            s.add(Sequence::new(i, i, i, vec![1; 10], 40));
+        }
+        let mut done = Vec::new();
+        for _ in 0..500 {
+            step(&mut s, 5);
+            for i in 0..3u64 {
+                if !done.contains(&i) && s.get(i).is_some_and(|q| q.tokens.len() >= 40) {
+                    s.remove(i);
+                    done.push(i);
+                }
+            }
+            if done.len() == 3 {
+                break;
+            }
+        }
+        assert_eq!(done.len(), 3, "every sequence finished");
+        assert!(s.counters.preemptions > 0);
+        assert_eq!(s.pool.used(), 0);
+    }
+
+    #[test]
+    fn forks_share_blocks_and_copy_the_partial_one_on_write() {
+        let mut s = sched(16, 64);
+        s.add(Sequence::new(1, 1, 1, vec![3; 20], 64));
+        step(&mut s, 9); // prompt done: tokens = 20 + 1
+        let mut child = s.get(1).unwrap().clone();
+        child.id = 2;
+        child.tokens.pop();
+        child.tokens.push(8);
+        s.add_fork(1, child);
+        let shared = s.get(1).unwrap().block_table[1];
+        assert_eq!(s.pool.refcount(shared), 2);
+        let b = step(&mut s, 4);
+        assert_eq!(
+            b.copies.len(),
+            1,
+            "one copy-on-write of the partly filled block"
+        );
+        assert_eq!(b.copies[0].0, shared);
+        assert_ne!(
+            s.get(1).unwrap().block_table[1],
+            s.get(2).unwrap().block_table[1]
+        );
+        assert_eq!(
+            s.get(1).unwrap().block_table[0],
+            s.get(2).unwrap().block_table[0],
+            "full block still shared"
+        );
+        s.remove(1);
+        s.remove(2);
+        assert_eq!(s.pool.used(), 0);
+    }
+}

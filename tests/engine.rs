@@ -1,0 +1,342 @@
+//! The engine on the real model: continuous batching, preemption, forks, prefix caching,
+//! cancellation and scoring, each checked against the peer's reference outputs or against
+//! the engine's own single-request results.
+
+mod common;
+
+use common::*;
+use edgelm::engine::{
+    Engine, EngineConfig, EngineHandle, Event, FinishReason, GenParams, SamplingParams,
+};
+use edgelm::kv::KvType;
+use edgelm::model::Model;
+use edgelm::tokenizer::Tokenizer;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+fn model() -> Arc<Model> {
+    static MODEL: OnceLock<Arc<Model>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| Arc::new(Model::load(&model_path()).unwrap()))
+        .clone()
+}
+
+fn start(
+    kv_memory_bytes: usize,
+    max_seqs: usize,
+    max_batched_tokens: usize,
+) -> (EngineHandle, JoinHandle<()>) {
+    let m = model();
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let config = EngineConfig {
+        kv_type: KvType::F16,
+        block_tokens: 16,
+        kv_memory_bytes,
+        max_seqs,
+        max_batched_tokens,
+        max_context: 0,
+    };
+    Engine::start(m, tok.eog_tokens().to_vec(), config).unwrap()
+}
+
+fn greedy(max_tokens: usize) -> GenParams {
+    GenParams {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        ..Default::default()
+    }
+}
+
+struct Outcome {
+    /// Per completion index: tokens, finish reason, cached prompt tokens.
+    completions: Vec<(Vec<u32>, Option<FinishReason>, usize)>,
+    prompt_logprobs: Option<Vec<Option<edgelm::engine::TokenLogprob>>>,
+}
+
+fn collect(rx: Receiver<Event>, n: usize) -> Outcome {
+    let mut out = Outcome {
+        completions: vec![(Vec::new(), None, 0); n],
+        prompt_logprobs: None,
+    };
+    let mut finished = 0;
+    while finished < n {
+        match rx
+            .recv_timeout(Duration::from_secs(300))
+            .expect("engine answers")
+        {
+            Event::Token { index, token, .. } => out.completions[index].0.push(token),
+            Event::Finished {
+                index,
+                reason,
+                cached_tokens,
+                ..
+            } => {
+                out.completions[index].1 = Some(reason);
+                out.completions[index].2 = cached_tokens;
+                finished += 1;
+            }
+            Event::PromptLogprobs(lp) => out.prompt_logprobs = Some(lp),
+            Event::Error(e) => panic!("request failed: {e}"),
+        }
+    }
+    out
+}
+
+/// The peer's ids end with the end-of-generation token when it stopped; ours report Stop.
+fn as_peer_ids(tokens: &[u32], reason: Option<FinishReason>, peer: &[u32]) -> Vec<u32> {
+    let mut v = tokens.to_vec();
+    if reason == Some(FinishReason::Stop) && peer.len() == v.len() + 1 {
+        v.push(*peer.last().unwrap());
+    }
+    v
+}
+
+fn wait_idle(engine: &EngineHandle) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        let s = engine.stats();
+        if s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = engine.stats();
+    panic!(
+        "engine not idle: {} running, {} waiting, {} blocks used",
+        s.running, s.waiting, s.kv_blocks_used
+    );
+}
+
+fn reference_cases() -> Vec<(Vec<u32>, Vec<u32>)> {
+    reference()["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (ids_of(&c["prompt_ids"]), ids_of(&c["ids"])))
+        .collect()
+}
+
+fn run_all_at_once(engine: &EngineHandle) -> usize {
+    let cases = reference_cases();
+    let rxs: Vec<_> = cases
+        .iter()
+        .map(|(p, _)| engine.submit(p.clone(), greedy(48)).unwrap().1)
+        .collect();
+    let mut exact = 0;
+    for (rx, (_, want)) in rxs.into_iter().zip(&cases) {
+        let o = collect(rx, 1);
+        let (toks, reason, _) = &o.completions[0];
+        if as_peer_ids(toks, *reason, want) == *want {
+            exact += 1;
+        }
+    }
+    exact
+}
+
+#[test]
+fn twelve_concurrent_greedy_requests_match_the_peer() {
+    let (engine, thread) = start(64 << 20, 16, 512);
+    let exact = run_all_at_once(&engine);
+    assert!(
+        exact >= 11,
+        "only {exact}/12 identical when batched together"
+    );
+    wait_idle(&engine);
+    engine.shutdown();
+    thread.join().unwrap();
+}
+
+#[test]
+fn preemption_under_a_tiny_pool_changes_no_output() {
+    // 24 blocks of 16 tokens (384 tokens) for 12 sequences of up to ~80 tokens each.
+    let geom_bytes_per_block = 23_040 * 16;
+    let (engine, thread) = start(24 * geom_bytes_per_block, 12, 128);
+    let exact = run_all_at_once(&engine);
+    let stats = engine.stats();
+    assert!(stats.preemptions > 0, "the pool was meant to be too small");
+    assert!(
+        exact >= 11,
+        "only {exact}/12 identical under preemption ({} preemptions)",
+        stats.preemptions
+    );
+    wait_idle(&engine);
+    engine.shutdown();
+    thread.join().unwrap();
+}
+
+#[test]
+fn forked_completions_share_the_prompt_and_copy_on_write() {
+    let (engine, thread) = start(64 << 20, 16, 512);
+    let (prompt, want) = reference_cases()[1].clone();
+    // Greedy forks must all equal the single greedy continuation (a COW bug would corrupt them).
+    let (_, rx) = engine
+        .submit(prompt.clone(), GenParams { n: 3, ..greedy(48) })
+        .unwrap();
+    let o = collect(rx, 3);
+    for (toks, reason, _) in &o.completions {
+        assert_eq!(as_peer_ids(toks, *reason, &want), want);
+    }
+    // Sampled forks with a seed: reproducible, and not all the same.
+    let sampled = GenParams {
+        n: 4,
+        max_tokens: 24,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(11),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let a = collect(engine.submit(prompt.clone(), sampled.clone()).unwrap().1, 4);
+    let b = collect(engine.submit(prompt, sampled).unwrap().1, 4);
+    let toks = |o: &Outcome| {
+        o.completions
+            .iter()
+            .map(|c| c.0.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(toks(&a), toks(&b), "seeded sampling is reproducible");
+    assert!(
+        toks(&a).windows(2).any(|w| w[0] != w[1]),
+        "forks sample independently"
+    );
+    wait_idle(&engine);
+    engine.shutdown();
+    thread.join().unwrap();
+}
+
+#[test]
+fn a_repeated_prefix_is_served_from_the_cache_with_the_same_result() {
+    let (engine, thread) = start(64 << 20, 16, 512);
+    let tok = Tokenizer::from_gguf(&model().file).unwrap();
+    let system = "You are a helpful assistant. ".repeat(12);
+    let ask = |q: &str| {
+        tok.encode(&format!("{system}Question: {q}\nAnswer:"), true)
+            .unwrap()
+    };
+    let first = collect(
+        engine
+            .submit(ask("What is the capital of France?"), greedy(16))
+            .unwrap()
+            .1,
+        1,
+    );
+    assert_eq!(first.completions[0].2, 0, "cold cache");
+    let again = collect(
+        engine
+            .submit(ask("What is the capital of France?"), greedy(16))
+            .unwrap()
+            .1,
+        1,
+    );
+    assert!(
+        again.completions[0].2 >= 64,
+        "cached prompt tokens: {}",
+        again.completions[0].2
+    );
+    assert_eq!(
+        again.completions[0].0, first.completions[0].0,
+        "cache hits change nothing"
+    );
+    let other = collect(engine.submit(ask("Name a color."), greedy(4)).unwrap().1, 1);
+    assert!(
+        other.completions[0].2 >= 48,
+        "a shared system prompt is reused"
+    );
+    let s = engine.stats();
+    assert!(s.prefix_hit_tokens > 0 && s.prefix_hit_tokens < s.prefix_queried_tokens);
+    wait_idle(&engine);
+    engine.shutdown();
+    thread.join().unwrap();
+}
+
+#[test]
+fn cancellation_returns_every_block() {
+    let (engine, thread) = start(64 << 20, 16, 512);
+    let mut rxs = Vec::new();
+    for _ in 0..4 {
+        let params = GenParams {
+            ignore_eos: true,
+            ..greedy(400)
+        };
+        rxs.push(
+            engine
+                .submit(vec![504, 3575, 282, 4649, 314], params)
+                .unwrap(),
+        );
+    }
+    for (id, rx) in &rxs {
+        // Wait for the first token, then cancel mid-generation.
+        loop {
+            if let Event::Token { .. } = rx.recv_timeout(Duration::from_secs(60)).unwrap() {
+                break;
+            }
+        }
+        engine.cancel(*id);
+    }
+    for (_, rx) in rxs {
+        let reason = rx.iter().find_map(|e| match e {
+            Event::Finished { reason, .. } => Some(reason),
+            _ => None,
+        });
+        assert_eq!(reason, Some(FinishReason::Cancelled));
+    }
+    wait_idle(&engine);
+    engine.shutdown();
+    thread.join().unwrap();
+}
+
+#[test]
+fn scoring_the_peer_tokens_agrees_with_its_argmax() {
+    let (engine, thread) = start(64 << 20, 16, 512);
+    let reference = reference();
+    let (mut agree, mut total) = (0, 0);
+    for case in reference["greedy"].as_array().unwrap().iter().take(4) {
+        let (prompt, gen) = (ids_of(&case["prompt_ids"]), ids_of(&case["ids"]));
+        let mut all = prompt.clone();
+        all.extend(&gen);
+        let params = GenParams {
+            max_tokens: 0,
+            prompt_logprobs: Some(1),
+            ..Default::default()
+        };
+        let o = collect(engine.submit(all.clone(), params).unwrap().1, 1);
+        let lp = o.prompt_logprobs.expect("prompt logprobs");
+        assert_eq!(lp.len(), all.len());
+        assert!(lp[0].is_none());
+        for (k, &t) in gen.iter().enumerate() {
+            let entry = lp[prompt.len() + k].as_ref().unwrap();
+            assert_eq!(entry.token, t);
+            total += 1;
+            agree += usize::from(entry.top[0].0 == t);
+        }
+    }
+    assert!(agree * 100 >= total * 98, "{agree}/{total}");
+    wait_idle(&engine);
+    engine.shutdown();
+    thread.join().unwrap();
+}
+
+#[test]
+fn requests_that_can_never_fit_are_rejected_up_front() {
+    let (engine, thread) = start(16 * 23_040 * 16, 4, 128); // 256 tokens of KV
+    let err = engine
+        .submit(vec![1; 200], greedy(100))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("KV pool"), "{err}");
+    let err = engine
+        .submit(vec![1; 10], greedy(9000))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("context"), "{err}");
+    assert!(engine.submit(vec![], greedy(4)).is_err());
+    assert!(engine.submit(vec![49_152], greedy(4)).is_err());
+    engine.shutdown();
+    thread.join().unwrap();
+}
