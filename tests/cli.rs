@@ -156,29 +156,120 @@ fn errors_are_one_line_and_nonzero() {
     }
 }
 
-#[test]
-fn perplexity_matches_the_peer_within_one_percent() {
+fn perplexity(kv_type: &str) -> f64 {
     let out = run_ok(
         edgelm()
-            .args(["perplexity", "-c", "512", "-f"])
+            .args(["perplexity", "-c", "512", "--kv-type", kv_type, "-f"])
             .arg(reference_dir().join("gpl-3.txt"))
             .arg("-m")
             .arg(model_path()),
     );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let last = stdout.lines().last().unwrap();
-    let ppl: f64 = last
-        .strip_prefix("PPL = ")
+    last.strip_prefix("PPL = ")
         .expect("last line is PPL = x")
         .parse()
-        .unwrap();
+        .unwrap()
+}
+
+/// f16 pages within 1% of the peer's 18.3914; quantized pages within 2% (q8_0) and 7%
+/// (q4_0) of our f16 figure.
+#[test]
+fn perplexity_matches_the_peer_and_quantized_pages_stay_close() {
     let peer = 18.3914;
+    let f16 = perplexity("f16");
     eprintln!(
-        "PPL {ppl} vs peer {peer} ({:+.2}%)",
-        (ppl / peer - 1.0) * 100.0
+        "PPL f16 {f16} vs peer {peer} ({:+.2}%)",
+        (f16 / peer - 1.0) * 100.0
     );
     assert!(
-        (ppl / peer - 1.0).abs() < 0.01,
-        "PPL {ppl} not within 1% of {peer}"
+        (f16 / peer - 1.0).abs() < 0.01,
+        "PPL {f16} not within 1% of {peer}"
+    );
+    let q8 = perplexity("q8_0");
+    let q4 = perplexity("q4_0");
+    eprintln!(
+        "PPL q8_0 {q8} ({:+.2}%), q4_0 {q4} ({:+.2}%)",
+        (q8 / f16 - 1.0) * 100.0,
+        (q4 / f16 - 1.0) * 100.0
+    );
+    assert!((q8 / f16 - 1.0).abs() < 0.02, "q8_0 PPL {q8} vs f16 {f16}");
+    assert!((q4 / f16 - 1.0).abs() < 0.07, "q4_0 PPL {q4} vs f16 {f16}");
+}
+
+#[test]
+fn kv_plan_for_the_reference_model() {
+    let out = run_ok(
+        edgelm()
+            .args([
+                "kv-plan",
+                "--ctx",
+                "8192",
+                "--avg-tokens",
+                "512",
+                "--json",
+                "-m",
+            ])
+            .arg(model_path()),
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["kv_bytes_per_token"], 23_040);
+    assert_eq!(plan["block_tokens"], 16);
+    assert_eq!(plan["block_bytes"], 23_040 * 16);
+    for key in ["pool_blocks", "max_seqs_paged", "max_seqs_contiguous"] {
+        assert!(plan[key].is_u64(), "{key} missing");
+    }
+    let (paged, contiguous) = (
+        plan["max_seqs_paged"].as_u64().unwrap(),
+        plan["max_seqs_contiguous"].as_u64().unwrap(),
+    );
+    assert!(
+        paged >= 4 * contiguous && contiguous > 0,
+        "paged {paged} vs contiguous {contiguous}"
+    );
+    for (kv, bytes) in [("q8_0", 12_240), ("q4_0", 6_480)] {
+        let out = run_ok(
+            edgelm()
+                .args(["kv-plan", "--json", "--kv-type", kv, "-m"])
+                .arg(model_path()),
+        );
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(plan["kv_bytes_per_token"], bytes, "{kv}");
+    }
+}
+
+#[test]
+fn bench_reports_json_figures() {
+    let out = run_ok(
+        edgelm()
+            .args([
+                "bench",
+                "-p",
+                "32",
+                "-n",
+                "8",
+                "--concurrency",
+                "1,4",
+                "--concurrency-prompt",
+                "16",
+                "--shared-prefix",
+                "64",
+                "-r",
+                "1",
+                "--json",
+                "-m",
+            ])
+            .arg(model_path()),
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["prefill_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(r["decode_tok_s"].as_f64().unwrap() > 0.0);
+    let conc = r["concurrency"].as_array().unwrap();
+    assert_eq!(conc.len(), 2);
+    assert_eq!(conc[1]["sequences"], 4);
+    assert!(conc[1]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(
+        r["shared_prefix"]["ratio"].as_f64().unwrap() < 1.0,
+        "the cached prefix is faster"
     );
 }

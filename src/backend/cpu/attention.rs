@@ -7,16 +7,17 @@
 //! The arithmetic follows ggml's CPU flash attention, which the peer engine runs, because this
 //! model family is sensitive enough to rounding that matching its greedy tokens needs it:
 //! - a span of fewer than 64 query tokens (decode, short prompts) takes ggml's per-row path:
-//!   an online softmax over positions in order; for f16 pages the query is rounded to f16,
-//!   K·Q summed in ggml's lane order and the output accumulated in f16; for quantized pages
-//!   the query is quantized to Q8_0 for an integer K·Q and the output accumulated in f32;
+//!   an online softmax over positions in order, the query rounded to f16, K·Q summed in
+//!   ggml's lane order and the output accumulated in f16;
 //! - a span of 64 or more (prefill chunks) takes ggml's tiled path: f32 query, K·Q and V
 //!   accumulated in f32 as sequential FMA chains, the softmax updated once per tile of 64
 //!   positions with ggml's vectorised exp.
+//!
+//! Quantized pages (q8_0, q4_0) are dequantized row by row as they are read and go through
+//! the same arithmetic, so the only difference from f16 pages is the stored values' rounding.
 
 use super::f16_round::round_to_f16;
-use crate::kv::{KvPages, KvType, Part};
-use crate::quant::{self, GgmlType};
+use crate::kv::{KvPages, Part};
 use half::f16;
 use rayon::prelude::*;
 
@@ -56,7 +57,7 @@ pub fn paged_attention(
             let t = unit / shape.n_head_kv;
             let g = unit % shape.n_head_kv;
             let q_g = &q[t * q_dim + g * rep * hd..t * q_dim + (g + 1) * rep * hd];
-            if tokens[t].tiled && kv.geometry().kv_type == KvType::F16 {
+            if tokens[t].tiled {
                 attend_group_tiled(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
             } else {
                 attend_group(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
@@ -89,23 +90,8 @@ fn attend_group(
     let row_bytes = geom.row_bytes();
     let n_ctx = tok.pos + 1;
     let scale = 1.0 / (hd as f32).sqrt();
-
-    // The query in the form K is multiplied with: f16 values, or Q8_0 blocks.
+    // The query as ggml multiplies it with f16 K: rounded to f16.
     let q16: Vec<f32> = q_g.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
-    let q8_bytes = GgmlType::Q8_0.row_bytes(hd as u64).map(|b| b as usize);
-    let mut q8 = Vec::new();
-    if kv_type != KvType::F16 {
-        let qb = q8_bytes.expect("quantized pages need head_dim in whole blocks");
-        q8 = vec![0u8; rep * qb];
-        for r in 0..rep {
-            quant::quantize_row(
-                GgmlType::Q8_0,
-                &q_g[r * hd..(r + 1) * hd],
-                &mut q8[r * qb..(r + 1) * qb],
-            );
-        }
-    }
-
     let mut heads: Vec<Online> = (0..rep)
         .map(|_| Online {
             max: f32::NEG_INFINITY,
@@ -121,18 +107,10 @@ fn attend_group(
         for s in 0..(n_ctx - bi * bt).min(bt) {
             let k_bytes = &k_rows[s * row_bytes..(s + 1) * row_bytes];
             kv_type.decode_row(&v_rows[s * row_bytes..(s + 1) * row_bytes], &mut v_row);
-            if kv_type == KvType::F16 {
-                kv_type.decode_row(k_bytes, &mut k_row);
-            }
+            kv_type.decode_row(k_bytes, &mut k_row);
             for (r, h) in heads.iter_mut().enumerate() {
-                let dot = match kv_type {
-                    KvType::F16 => dot_f16_ggml(&k_row, &q16[r * hd..(r + 1) * hd]),
-                    _ => {
-                        let qb = q8_bytes.unwrap_or(0);
-                        quant::vec_dot(kv_type.ggml(), hd, k_bytes, &q8[r * qb..(r + 1) * qb])
-                    }
-                };
-                online_update(h, dot * scale, &v_row, kv_type == KvType::F16);
+                let dot = dot_f16_ggml(&k_row, &q16[r * hd..(r + 1) * hd]);
+                online_update(h, dot * scale, &v_row);
             }
         }
     }
@@ -241,33 +219,23 @@ fn reduce_add_16(v: &[f32]) -> f32 {
     (t4[0] + t4[2]) + (t4[1] + t4[3])
 }
 
-/// One position of the online softmax: rescale on a new maximum, then add `v · e^(s-max)`.
-/// With `f16_acc` the accumulator is rounded to f16 after every update, as ggml keeps it.
+/// One position of the online softmax: rescale on a new maximum, then add `v · e^(s-max)`,
+/// the accumulator rounded to f16 after every update, as ggml keeps it.
 #[inline(always)]
-fn online_update(h: &mut Online, s: f32, v: &[f32], f16_acc: bool) {
+fn online_update(h: &mut Online, s: f32, v: &[f32]) {
     let mut ms = 1.0f32;
     let mut vs = 1.0f32;
     if s > h.max {
         ms = (h.max - s).exp();
         h.max = s;
         for a in h.acc.iter_mut() {
-            *a = if f16_acc {
-                round_to_f16(*a * ms)
-            } else {
-                *a * ms
-            };
+            *a = round_to_f16(*a * ms);
         }
     } else {
         vs = (s - h.max).exp();
     }
-    if f16_acc {
-        for (a, &x) in h.acc.iter_mut().zip(v) {
-            *a = round_to_f16(x.mul_add(vs, *a));
-        }
-    } else {
-        for (a, &x) in h.acc.iter_mut().zip(v) {
-            *a = x.mul_add(vs, *a);
-        }
+    for (a, &x) in h.acc.iter_mut().zip(v) {
+        *a = round_to_f16(x.mul_add(vs, *a));
     }
     h.sum = h.sum.mul_add(ms, vs);
 }
