@@ -119,8 +119,8 @@ fn greedy_continuations_match_the_peer() {
 
 /// q8_0 pages against f16 pages. Whole 48-token greedy continuations are only reported: this
 /// model turns any perturbation of K/V into a different trajectory within a few dozen tokens
-/// (llama.cpp's own q8_0 cache reproduces its f16 greedy output on 3 of the 12 prompts, as
-/// does ours). What is asserted, per position while scoring the f16 continuation: q8_0 pages
+/// (llama.cpp's own q8_0 cache reproduces its f16 greedy output on 3 of the 12 prompts; ours
+/// on 4). What is asserted, per position while scoring the f16 continuation: q8_0 pages
 /// give the same argmax wherever f16 pages were confident (top-2 margin ≥ 0.5 nats), and at
 /// ≥ 95% of positions overall.
 #[test]

@@ -4,9 +4,9 @@ use super::{BatchMeta, Model};
 use crate::backend::cpu::attention::{paged_attention, AttnShape, AttnToken, TILE};
 use crate::backend::cpu::matmul::{embed, matmul};
 use crate::backend::cpu::ops::{
-    add_bias, add_in_place, rmsnorm, rope_apply, rope_cos_sin, silu_mul,
+    add_bias, add_in_place, hadamard_64, rmsnorm, rope_apply, rope_cos_sin, silu_mul, HADAMARD_DIM,
 };
-use crate::kv::{KvPages, Part};
+use crate::kv::{KvPages, KvType, Part};
 use crate::model::Mat;
 use anyhow::Result;
 
@@ -68,6 +68,9 @@ impl Model {
                 tiled: span_len[batch.seq_of[i]] >= TILE,
             })
             .collect();
+        // Quantized pages hold K and V rotated (see `hadamard_64`); Q follows K's rotation and
+        // the attention output is rotated back.
+        let rotate = geom.kv_type != KvType::F16 && hd % HADAMARD_DIM == 0;
         let shape = AttnShape {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
@@ -114,6 +117,11 @@ impl Model {
                     c,
                 );
             }
+            if rotate {
+                hadamard_64(&mut q);
+                hadamard_64(&mut k);
+                hadamard_64(&mut v);
+            }
             // Write this step's K/V first: tokens later in a span attend to earlier ones.
             for (i, &slot) in slots.iter().enumerate() {
                 for g in 0..cfg.n_head_kv {
@@ -123,6 +131,9 @@ impl Model {
                 }
             }
             paged_attention(kv, li, &shape, &attn_tokens, &q, &mut attn);
+            if rotate {
+                hadamard_64(&mut attn);
+            }
             mm(&lw.wo, &attn, &mut proj);
             add_in_place(&mut x, &proj);
 

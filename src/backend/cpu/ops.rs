@@ -126,6 +126,34 @@ fn pow2(e: i32) -> f32 {
     f32::from_bits(((e.clamp(-126, 127) + 127) as u32) << 23)
 }
 
+/// Width of the Walsh-Hadamard rotation applied to K, V and Q when KV pages are quantized.
+pub const HADAMARD_DIM: usize = 64;
+
+/// Rotates every 64-value chunk of `x` by the orthonormal Walsh-Hadamard matrix (a fast
+/// transform, scaled by 1/8). The matrix is its own inverse and preserves dot products, so
+/// rotating Q and K leaves Q·K unchanged, and rotating V then the attention output leaves
+/// the output unchanged; what it changes is that outlier channels are spread over the whole
+/// chunk before K and V are quantized into pages (llama.cpp does the same for its quantized
+/// caches), which is what keeps q4_0 pages usable.
+pub fn hadamard_64(x: &mut [f32]) {
+    for chunk in x.chunks_exact_mut(HADAMARD_DIM) {
+        let mut h = 1;
+        while h < HADAMARD_DIM {
+            for i in (0..HADAMARD_DIM).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (chunk[j], chunk[j + h]);
+                    chunk[j] = a + b;
+                    chunk[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        for v in chunk.iter_mut() {
+            *v *= 0.125; // 1/sqrt(64)
+        }
+    }
+}
+
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
@@ -162,6 +190,30 @@ mod tests {
         assert_eq!(expf_v(0.0), 1.0);
         assert_eq!(expf_v(-200.0), 0.0);
         assert_eq!(expf_v(200.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn hadamard_is_orthonormal_and_its_own_inverse() {
+        let x: Vec<f32> = (0..128)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.1)
+            .collect();
+        let y: Vec<f32> = (0..128)
+            .map(|i| ((i * 11 % 7) as f32 - 3.0) * 0.5)
+            .collect();
+        let (mut hx, mut hy) = (x.clone(), y.clone());
+        hadamard_64(&mut hx);
+        hadamard_64(&mut hy);
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
+        assert!((dot(&x, &y) - dot(&hx, &hy)).abs() < 1e-3);
+        hadamard_64(&mut hx);
+        for (a, b) in x.iter().zip(&hx) {
+            assert!((a - b).abs() < 1e-5);
+        }
+        // An outlier is spread evenly over its chunk.
+        let mut spike = vec![0f32; 64];
+        spike[5] = 8.0;
+        hadamard_64(&mut spike);
+        assert!(spike.iter().all(|v| v.abs() == 1.0));
     }
 
     #[test]
