@@ -29,6 +29,37 @@ pub enum Command {
     KvPlan(KvPlanArgs),
     /// Throughput benchmark: prefill, decode, and aggregate decode at several concurrencies.
     Bench(BenchArgs),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Path to the GGUF model.
+    #[arg(
+        short = 'm',
+        long = "model",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
+    pub model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer <key>` (also read from EDGELM_API_KEY).
+    #[arg(long = "api-key", env = "EDGELM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Requests that may wait beyond the running batch before new ones get 429.
+    #[arg(long = "max-queue", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Largest request body accepted, in KiB.
+    #[arg(long = "body-limit-kib", default_value_t = 1024)]
+    pub body_limit_kib: usize,
+    /// Seconds to let in-flight requests finish after SIGTERM.
+    #[arg(long = "drain-seconds", default_value_t = 30)]
+    pub drain_seconds: u64,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
 }
 
 #[derive(Args, Debug)]

@@ -10,4 +10,5 @@ pub mod gguf;
 pub mod kv;
 pub mod model;
 pub mod quant;
+pub mod server;
 pub mod tokenizer;

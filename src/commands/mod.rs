@@ -5,6 +5,7 @@ pub mod generate;
 pub mod inspect;
 pub mod kv_plan;
 pub mod perplexity;
+pub mod serve;
 pub mod tokenize;
 
 use crate::cli::ComputeArgs;

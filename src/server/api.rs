@@ -1,0 +1,342 @@
+//! OpenAI request shapes and their validation into engine parameters. Unknown fields are
+//! rejected (a typo should not silently change behaviour); fields OpenAI defines that have
+//! no effect here are accepted and ignored only where ignoring them is harmless.
+
+use super::error::ApiError;
+use crate::engine::{GenParams, SamplingParams};
+use serde::Deserialize;
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<i64>),
+    TextBatch(Vec<String>),
+    TokenBatch(Vec<Vec<i64>>),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum StopInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling and length fields shared by both endpoints.
+#[derive(Deserialize, Debug, Default)]
+pub struct Sampling {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopInput>,
+    pub n: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub ignore_eos: Option<bool>,
+}
+
+/// Keys the sampling block accepts, on both endpoints.
+pub const SAMPLING_KEYS: &[&str] = &[
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+];
+pub const COMPLETION_KEYS: &[&str] = &["model", "prompt", "logprobs", "echo", "user"];
+pub const CHAT_KEYS: &[&str] = &[
+    "model",
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "user",
+];
+
+/// Rejects keys neither list names (serde cannot deny unknown fields next to `flatten`).
+pub fn check_keys(body: &serde_json::Value, own: &[&str]) -> Result<(), ApiError> {
+    let obj = body
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
+    for k in obj.keys() {
+        if !own.contains(&k.as_str()) && !SAMPLING_KEYS.contains(&k.as_str()) {
+            return Err(
+                ApiError::bad_request(format!("unrecognized request argument: {k}")).param(k),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    /// Accepted for compatibility: one model is served, whatever the name.
+    #[allow(dead_code)]
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    pub logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    #[allow(dead_code)]
+    pub user: Option<String>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: String,
+    pub content: Option<MessageContent>,
+    #[allow(dead_code)]
+    pub name: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+pub struct ChatRequest {
+    /// Accepted for compatibility: one model is served, whatever the name.
+    #[allow(dead_code)]
+    pub model: Option<String>,
+    pub messages: Vec<Message>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    #[allow(dead_code)]
+    pub user: Option<String>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    /// Accepted for compatibility: one model is served, whatever the name.
+    #[allow(dead_code)]
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<Message>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    /// Accepted for compatibility: one model is served, whatever the name.
+    #[allow(dead_code)]
+    pub model: Option<String>,
+    pub tokens: Vec<i64>,
+}
+
+/// Server-side limits requests are checked against.
+pub struct Limits {
+    pub max_n: usize,
+    pub max_stop: usize,
+    pub max_stop_len: usize,
+    pub max_logprobs: usize,
+    pub default_max_tokens: usize,
+}
+
+pub struct Validated {
+    pub params: GenParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn in_range(v: Option<f64>, name: &str, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
+    let v = v.unwrap_or(default);
+    if !v.is_finite() || v < lo || v > hi {
+        return Err(ApiError::bad_request(format!(
+            "{name} must be between {lo} and {hi}, got {v}"
+        ))
+        .param(name));
+    }
+    Ok(v as f32)
+}
+
+/// Turns the shared fields into engine parameters.
+pub fn validate_sampling(
+    s: &Sampling,
+    max_tokens_override: Option<i64>,
+    limits: &Limits,
+) -> Result<Validated, ApiError> {
+    let max_tokens = match max_tokens_override.or(s.max_tokens) {
+        None => limits.default_max_tokens,
+        Some(m) if m < 0 => {
+            return Err(
+                ApiError::bad_request(format!("max_tokens must be ≥ 0, got {m}"))
+                    .param("max_tokens"),
+            )
+        }
+        Some(m) => usize::try_from(m)
+            .map_err(|_| ApiError::bad_request("max_tokens is too large").param("max_tokens"))?,
+    };
+    let n = match s.n {
+        None => 1,
+        Some(n) if n < 1 || n as u64 > limits.max_n as u64 => {
+            return Err(ApiError::bad_request(format!(
+                "n must be between 1 and {}, got {n}",
+                limits.max_n
+            ))
+            .param("n"))
+        }
+        Some(n) => n as usize,
+    };
+    let top_k = match s.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if !(0..=1_000_000).contains(&k) => {
+            return Err(
+                ApiError::bad_request(format!("top_k must be -1, 0 or positive, got {k}"))
+                    .param("top_k"),
+            )
+        }
+        Some(k) => k as usize,
+    };
+    // Any 64-bit seed is fine; negative ones are reinterpreted.
+    let seed = s.seed.map(|v| v as u64);
+    let stop = match &s.stop {
+        None => Vec::new(),
+        Some(StopInput::One(x)) => vec![x.clone()],
+        Some(StopInput::Many(v)) => v.clone(),
+    };
+    if stop.len() > limits.max_stop {
+        return Err(ApiError::bad_request(format!(
+            "at most {} stop sequences are allowed",
+            limits.max_stop
+        ))
+        .param("stop"));
+    }
+    if stop
+        .iter()
+        .any(|x| x.is_empty() || x.len() > limits.max_stop_len)
+    {
+        return Err(ApiError::bad_request(format!(
+            "stop sequences must be 1 to {} bytes",
+            limits.max_stop_len
+        ))
+        .param("stop"));
+    }
+    let sampling = SamplingParams {
+        temperature: in_range(s.temperature, "temperature", 0.0, 2.0, 1.0)?,
+        top_k,
+        top_p: in_range(s.top_p, "top_p", 0.0, 1.0, 1.0)?,
+        min_p: in_range(s.min_p, "min_p", 0.0, 1.0, 0.0)?,
+        presence_penalty: in_range(s.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?,
+        frequency_penalty: in_range(s.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?,
+        repetition_penalty: in_range(s.repetition_penalty, "repetition_penalty", 0.01, 10.0, 1.0)?,
+        seed,
+    };
+    if sampling.top_p == 0.0 {
+        return Err(ApiError::bad_request("top_p must be greater than 0").param("top_p"));
+    }
+    let stream = s.stream.unwrap_or(false);
+    if s.stream_options.is_some() && !stream {
+        return Err(
+            ApiError::bad_request("stream_options is only allowed with stream: true")
+                .param("stream_options"),
+        );
+    }
+    Ok(Validated {
+        params: GenParams {
+            max_tokens,
+            sampling,
+            n,
+            ignore_eos: s.ignore_eos.unwrap_or(false),
+            ..Default::default()
+        },
+        stop,
+        stream,
+        include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    })
+}
+
+pub fn check_logprobs(
+    v: Option<i64>,
+    limits: &Limits,
+    name: &str,
+) -> Result<Option<usize>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(k) if k < 0 || k as u64 > limits.max_logprobs as u64 => Err(ApiError::bad_request(
+            format!("{name} must be between 0 and {}", limits.max_logprobs),
+        )
+        .param(name)),
+        Some(k) => Ok(Some(k as usize)),
+    }
+}
+
+/// Token ids from the request, checked to be valid ids.
+pub fn token_ids(v: &[i64], vocab: usize) -> Result<Vec<u32>, ApiError> {
+    v.iter()
+        .map(|&t| {
+            if t < 0 || t as u64 >= vocab as u64 {
+                Err(ApiError::bad_request(format!(
+                    "token id {t} is outside the vocabulary (0..{vocab})"
+                ))
+                .param("prompt"))
+            } else {
+                Ok(t as u32)
+            }
+        })
+        .collect()
+}
+
+impl Message {
+    pub fn text(&self) -> Result<String, ApiError> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(MessageContent::Text(t)) => Ok(t.clone()),
+            Some(MessageContent::Parts(parts)) => {
+                let mut s = String::new();
+                for p in parts {
+                    if p.kind != "text" {
+                        return Err(ApiError::bad_request(format!(
+                            "content part type '{}' is not supported (text only)",
+                            p.kind
+                        ))
+                        .param("messages"));
+                    }
+                    s += p.text.as_deref().unwrap_or("");
+                }
+                Ok(s)
+            }
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
+
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn param(mut self, p: &str) -> ApiError {
+        self.param = Some(p.to_string());
+        self
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError {
+            status: 401,
+            message: "missing or invalid API key (send Authorization: Bearer <key>)".into(),
+            kind: "authentication_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    pub fn not_found(path: &str) -> ApiError {
+        ApiError {
+            status: 404,
+            message: format!("no such endpoint: {path}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("not_found"),
+        }
+    }
+
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        ApiError {
+            status: 405,
+            message: format!("method {method} is not allowed on {path}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
+        }
+    }
+
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError {
+            status: 413,
+            message: format!("request body exceeds {limit} bytes"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
+    pub fn overloaded() -> ApiError {
+        ApiError {
+            status: 429,
+            message: "the server is at capacity; retry shortly".into(),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("queue_full"),
+        }
+    }
+
+    pub fn unavailable(message: &str) -> ApiError {
+        ApiError {
+            status: 503,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("unavailable"),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 500,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// Short label for the errors metric.
+    pub fn reason(&self) -> &'static str {
+        match self.status {
+            400 => "invalid_request",
+            401 => "unauthorized",
+            404 => "not_found",
+            405 => "method_not_allowed",
+            413 => "too_large",
+            429 => "queue_full",
+            503 => "unavailable",
+            _ => "internal",
+        }
+    }
+
+    pub fn body(&self) -> String {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}).to_string()
+    }
+}

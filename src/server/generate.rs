@@ -1,0 +1,364 @@
+//! Driving generation requests for both endpoints: submit to the engine, turn events into
+//! choices (text, logprobs, finish reasons, usage), and either stream them as SSE chunks or
+//! answer once with the whole result. A failed write means the client left: its engine
+//! requests are cancelled right away.
+
+use super::error::ApiError;
+use super::http::RawResponse;
+use super::text::ChoiceText;
+use super::Ready;
+use crate::engine::{Event, GenParams, RequestId, TokenLogprob};
+use serde_json::{json, Value};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
+
+pub enum Flavor {
+    Completion { echo: Vec<String> },
+    Chat,
+}
+
+pub struct Job {
+    pub id: String,
+    pub created: u64,
+    pub prompts: Vec<Vec<u32>>,
+    pub params: GenParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Top-N alternatives per generated token (Some(0): only the token's own logprob).
+    pub logprobs: Option<usize>,
+    pub flavor: Flavor,
+}
+
+#[derive(Default)]
+struct Choice {
+    text: ChoiceText,
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<&'static str>,
+    prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
+}
+
+struct Usage {
+    prompt: usize,
+    completion: usize,
+    cached: usize,
+}
+
+/// Errors before the response starts come back with the response, so they can be sent.
+pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, RawResponse)> {
+    let n = job.params.n;
+    let mut ids: Vec<RequestId> = Vec::new();
+    let (tx, rx) = mpsc::channel::<(usize, Event)>();
+    for (pi, prompt) in job.prompts.iter().enumerate() {
+        match ready.engine.submit(prompt.clone(), job.params.clone()) {
+            Ok((id, events)) => {
+                ids.push(id);
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for ev in events {
+                        if tx.send((pi, ev)).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                for id in ids {
+                    ready.engine.cancel(id);
+                }
+                return Err((ApiError::bad_request(e.to_string()).param("prompt"), resp));
+            }
+        }
+    }
+    drop(tx);
+    let cancel_all = |ids: &[RequestId]| ids.iter().for_each(|&id| ready.engine.cancel(id));
+    let total = job.prompts.len() * n;
+    let mut choices: Vec<Choice> = (0..total).map(|_| Choice::default()).collect();
+    let mut usage = Usage {
+        prompt: job.prompts.iter().map(|p| p.len() * n).sum(),
+        completion: 0,
+        cached: 0,
+    };
+    let Ok(mut body) = resp.start_chunked(
+        200,
+        if job.stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        },
+    ) else {
+        cancel_all(&ids);
+        return Ok(()); // the client went away before the first byte
+    };
+    let mut done = 0;
+    let mut first_chunk_sent = vec![false; total];
+    let heartbeat = Duration::from_millis(if job.stream { 1000 } else { 250 });
+    while done < total {
+        let (pi, ev) = match rx.recv_timeout(heartbeat) {
+            Ok(x) => x,
+            Err(RecvTimeoutError::Timeout) => {
+                // Writing is the only way to notice a vanished client: a comment line for SSE,
+                // leading whitespace (valid before JSON) otherwise.
+                let beat: &[u8] = if job.stream {
+                    b": keep-alive\n\n"
+                } else {
+                    b" "
+                };
+                if body.chunk(beat).is_err() {
+                    cancel_all(&ids);
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let mut out: Vec<(usize, String, Option<TokenLogprob>, Option<&'static str>)> = Vec::new();
+        match ev {
+            Event::PromptLogprobs(lp) => {
+                for c in choices[pi * n..(pi + 1) * n].iter_mut() {
+                    c.prompt_logprobs = Some(lp.clone());
+                }
+            }
+            Event::Token {
+                index,
+                token,
+                logprob,
+            } => {
+                let ci = pi * n + index;
+                let c = &mut choices[ci];
+                if c.finish.is_some() {
+                    continue;
+                }
+                let piece = c
+                    .text
+                    .push(ready.tokenizer.token_bytes(token, false), &job.stop);
+                c.tokens.push(token);
+                if let Some(lp) = &logprob {
+                    c.logprobs.push(lp.clone());
+                }
+                if c.text.stopped {
+                    c.finish = Some("stop");
+                    done += 1;
+                }
+                out.push((ci, piece, logprob, c.finish));
+            }
+            Event::Finished {
+                index,
+                reason,
+                completion_tokens,
+                cached_tokens,
+                ..
+            } => {
+                let ci = pi * n + index;
+                usage.completion += completion_tokens;
+                if index == 0 {
+                    usage.cached += cached_tokens * n;
+                }
+                let c = &mut choices[ci];
+                if c.finish.is_none() {
+                    let tail = c.text.finish(&job.stop);
+                    c.finish = Some(if reason == crate::engine::FinishReason::Length {
+                        "length"
+                    } else {
+                        "stop"
+                    });
+                    done += 1;
+                    out.push((ci, tail, None, c.finish));
+                }
+            }
+            Event::Error(e) => {
+                cancel_all(&ids);
+                let err = ApiError::internal(e);
+                let _ = if job.stream {
+                    body.sse(&err.body())
+                } else {
+                    body.chunk(err.body().as_bytes())
+                };
+                let _ = body.finish();
+                return Ok(());
+            }
+        }
+        if job.stream {
+            for (ci, text, lp, finish) in out {
+                let mut events = Vec::new();
+                if !first_chunk_sent[ci] {
+                    first_chunk_sent[ci] = true;
+                    if let Some(first) = first_stream_chunk(ready, &job, ci, &choices[ci]) {
+                        events.push(first);
+                    }
+                }
+                if !text.is_empty() || lp.is_some() || finish.is_some() {
+                    events.push(stream_chunk(ready, &job, ci, &text, lp.as_ref(), finish));
+                }
+                for e in events {
+                    if body.sse(&e.to_string()).is_err() {
+                        cancel_all(&ids);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+    // Stop strings can end every choice before the engine does: free its work now.
+    cancel_all(&ids);
+    let usage_json = json!({
+        "prompt_tokens": usage.prompt,
+        "completion_tokens": usage.completion,
+        "total_tokens": usage.prompt + usage.completion,
+        "prompt_tokens_details": {"cached_tokens": usage.cached},
+    });
+    let write = if job.stream {
+        let mut r = Ok(());
+        if job.include_usage {
+            let obj = if matches!(job.flavor, Flavor::Chat) {
+                "chat.completion.chunk"
+            } else {
+                "text_completion"
+            };
+            let u = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": [], "usage": usage_json});
+            r = body.sse(&u.to_string());
+        }
+        r.and_then(|_| body.sse("[DONE]"))
+    } else {
+        let choices_json: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(ci, c)| final_choice(ready, &job, ci, c))
+            .collect();
+        let obj = match job.flavor {
+            Flavor::Chat => "chat.completion",
+            Flavor::Completion { .. } => "text_completion",
+        };
+        let v = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": choices_json, "usage": usage_json});
+        body.chunk(v.to_string().as_bytes())
+    };
+    if write.is_ok() {
+        let _ = body.finish();
+    }
+    Ok(())
+}
+
+fn piece(ready: &Ready, t: u32) -> String {
+    ready.tokenizer.token_piece(t)
+}
+
+fn chat_logprob_entry(ready: &Ready, lp: &TokenLogprob) -> Value {
+    let tok = piece(ready, lp.token);
+    json!({
+        "token": tok,
+        "logprob": lp.logprob,
+        "bytes": tok.as_bytes(),
+        "top_logprobs": lp.top.iter().map(|&(t, l)| {
+            let s = piece(ready, t);
+            json!({"token": s, "logprob": l, "bytes": s.as_bytes()})
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// OpenAI completions logprobs: parallel arrays.
+fn completion_logprobs(
+    ready: &Ready,
+    entries: &[Option<&TokenLogprob>],
+    tokens: &[u32],
+    offset0: usize,
+) -> Value {
+    let mut text_offset = Vec::new();
+    let mut off = offset0;
+    let mut toks = Vec::new();
+    for &t in tokens {
+        let s = piece(ready, t);
+        text_offset.push(off);
+        off += s.len();
+        toks.push(s);
+    }
+    json!({
+        "tokens": toks,
+        "token_logprobs": entries.iter().map(|e| e.map(|l| l.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": entries.iter().map(|e| e.map(|l| {
+            l.top.iter().map(|&(t, p)| (piece(ready, t), json!(p))).collect::<serde_json::Map<String, Value>>()
+        })).collect::<Vec<_>>(),
+        "text_offset": text_offset,
+    })
+}
+
+fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
+    match &job.flavor {
+        Flavor::Chat => {
+            let logprobs = job.logprobs.map(|_| json!({"content": c.logprobs.iter().map(|l| chat_logprob_entry(ready, l)).collect::<Vec<_>>()}));
+            json!({"index": ci, "message": {"role": "assistant", "content": c.text.text}, "logprobs": logprobs, "finish_reason": c.finish})
+        }
+        Flavor::Completion { echo } => {
+            let pi = ci / job.params.n;
+            let mut text = String::new();
+            let mut entries: Vec<Option<&TokenLogprob>> = Vec::new();
+            let mut toks: Vec<u32> = Vec::new();
+            if let Some(e) = echo.get(pi) {
+                text.push_str(e);
+                if let Some(plp) = &c.prompt_logprobs {
+                    entries.extend(plp.iter().map(|x| x.as_ref()));
+                    toks.extend(&job.prompts[pi]);
+                }
+            }
+            text.push_str(&c.text.text);
+            entries.extend(c.logprobs.iter().map(Some));
+            toks.extend(c.tokens.iter().take(c.logprobs.len()));
+            let logprobs = job
+                .logprobs
+                .map(|_| completion_logprobs(ready, &entries, &toks, 0));
+            json!({"index": ci, "text": text, "logprobs": logprobs, "finish_reason": c.finish})
+        }
+    }
+}
+
+/// Chat streams open with the assistant role; echoed completion streams with the prompt.
+fn first_stream_chunk(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Option<Value> {
+    match &job.flavor {
+        Flavor::Chat => Some(json!({
+            "id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name,
+            "choices": [{"index": ci, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}],
+        })),
+        Flavor::Completion { echo } => {
+            let e = echo.get(ci / job.params.n)?;
+            let logprobs = match (&c.prompt_logprobs, job.logprobs) {
+                (Some(plp), Some(_)) => {
+                    let entries: Vec<Option<&TokenLogprob>> =
+                        plp.iter().map(|x| x.as_ref()).collect();
+                    completion_logprobs(ready, &entries, &job.prompts[ci / job.params.n], 0)
+                }
+                _ => Value::Null,
+            };
+            Some(
+                json!({"id": job.id, "object": "text_completion", "created": job.created, "model": ready.model_name,
+                "choices": [{"index": ci, "text": e, "logprobs": logprobs, "finish_reason": null}]}),
+            )
+        }
+    }
+}
+
+fn stream_chunk(
+    ready: &Ready,
+    job: &Job,
+    ci: usize,
+    text: &str,
+    lp: Option<&TokenLogprob>,
+    finish: Option<&str>,
+) -> Value {
+    match job.flavor {
+        Flavor::Chat => {
+            let logprobs = lp.map(|l| json!({"content": [chat_logprob_entry(ready, l)]}));
+            let delta = if text.is_empty() && finish.is_some() {
+                json!({})
+            } else {
+                json!({"content": text})
+            };
+            json!({"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name,
+                "choices": [{"index": ci, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        }
+        Flavor::Completion { .. } => {
+            let logprobs = lp.map(|l| completion_logprobs(ready, &[Some(l)], &[l.token], 0));
+            json!({"id": job.id, "object": "text_completion", "created": job.created, "model": ready.model_name,
+                "choices": [{"index": ci, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Prometheus text exposition of the engine's published stats and the server's counters.
+
+use crate::engine::metrics::{EngineStats, Histogram};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (b, c) in h.bounds.iter().zip(h.cumulative()) {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum);
+    let _ = writeln!(out, "{name}_count {}", h.count);
+}
+
+pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f64) -> String {
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, v: f64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    };
+    metric(
+        "edgelm_requests_running",
+        "gauge",
+        "Sequences in the running batch.",
+        s.running as f64,
+    );
+    metric(
+        "edgelm_requests_waiting",
+        "gauge",
+        "Sequences waiting for admission.",
+        s.waiting as f64,
+    );
+    metric(
+        "edgelm_kv_blocks_total",
+        "gauge",
+        "KV blocks in the pool.",
+        s.kv_blocks_total as f64,
+    );
+    metric(
+        "edgelm_kv_blocks_used",
+        "gauge",
+        "KV blocks referenced by sequences.",
+        s.kv_blocks_used as f64,
+    );
+    metric(
+        "edgelm_kv_blocks_cached",
+        "gauge",
+        "KV blocks registered in the prefix cache.",
+        s.kv_blocks_cached as f64,
+    );
+    metric(
+        "edgelm_prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        s.prefix_queried_tokens as f64,
+    );
+    metric(
+        "edgelm_prefix_cache_hits_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        s.prefix_hit_tokens as f64,
+    );
+    metric(
+        "edgelm_preemptions_total",
+        "counter",
+        "Sequences preempted for KV space.",
+        s.preemptions as f64,
+    );
+    metric(
+        "edgelm_prompt_tokens_total",
+        "counter",
+        "Prompt tokens received.",
+        s.prompt_tokens as f64,
+    );
+    metric(
+        "edgelm_generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        s.generation_tokens as f64,
+    );
+    metric(
+        "edgelm_requests_finished_total",
+        "counter",
+        "Requests completed.",
+        s.requests_finished as f64,
+    );
+    metric(
+        "edgelm_engine_steps_total",
+        "counter",
+        "Engine steps run.",
+        s.steps as f64,
+    );
+    metric(
+        "edgelm_uptime_seconds",
+        "gauge",
+        "Seconds since start.",
+        uptime_s,
+    );
+    histogram(
+        &mut out,
+        "edgelm_time_to_first_token_seconds",
+        "Time from arrival to first token.",
+        &s.ttft,
+    );
+    histogram(
+        &mut out,
+        "edgelm_time_per_output_token_seconds",
+        "Time between generated tokens.",
+        &s.tpot,
+    );
+    let _ = writeln!(out, "# HELP edgelm_request_errors_total Requests answered with an error, by reason.\n# TYPE edgelm_request_errors_total counter");
+    if errors.is_empty() {
+        let _ = writeln!(out, "edgelm_request_errors_total{{reason=\"none\"}} 0");
+    }
+    for (reason, n) in errors {
+        let _ = writeln!(
+            out,
+            "edgelm_request_errors_total{{reason=\"{reason}\"}} {n}"
+        );
+    }
+    out
+}

@@ -1,0 +1,605 @@
+//! The OpenAI-compatible HTTP server on tiny_http. HTTP threads parse and validate, then hand
+//! work to the single engine thread through its channels; nothing of the engine sits behind
+//! a lock here (its published stats are a read-only copy).
+
+mod api;
+mod error;
+mod generate;
+mod http;
+mod metrics;
+mod text;
+
+use crate::engine::{Engine, EngineConfig, EngineHandle};
+use crate::model::Model;
+use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use api::{
+    ChatRequest, CompletionRequest, DetokenizeRequest, Limits, PromptInput, TokenizeRequest,
+};
+use error::ApiError;
+use generate::{Flavor, Job};
+use http::RawResponse;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub model: PathBuf,
+    pub addr: SocketAddr,
+    pub engine: EngineConfig,
+    pub api_key: Option<String>,
+    /// Requests waiting beyond the running batch before new ones get 429.
+    pub max_queue: usize,
+    pub body_limit: usize,
+    pub profile: String,
+}
+
+/// Everything that exists once the model is loaded.
+pub struct Ready {
+    pub engine: EngineHandle,
+    pub tokenizer: Tokenizer,
+    pub chat: Option<ChatTemplate>,
+    pub model_name: String,
+    pub limits: Limits,
+}
+
+pub struct Server {
+    config: ServeConfig,
+    ready: OnceLock<Ready>,
+    load_error: OnceLock<String>,
+    draining: AtomicBool,
+    started: Instant,
+    in_flight: AtomicUsize,
+    next_id: AtomicU64,
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Server {
+    pub fn new(config: ServeConfig) -> Arc<Server> {
+        Arc::new(Server {
+            config,
+            ready: OnceLock::new(),
+            load_error: OnceLock::new(),
+            draining: AtomicBool::new(false),
+            started: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            errors: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Loads the model and starts the engine (the server answers 503 until this is done).
+    pub fn load(&self) -> anyhow::Result<std::thread::JoinHandle<()>> {
+        let model = Arc::new(Model::load(&self.config.model)?);
+        let tokenizer = Tokenizer::from_gguf(&model.file)?;
+        let chat = match tokenizer.chat_template() {
+            Some(src) => match ChatTemplate::new(
+                src,
+                tokenizer.special_text(tokenizer.bos),
+                tokenizer.special_text(tokenizer.eos),
+            ) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    log::warn!("the model's chat template does not compile ({e}); /v1/chat/completions is disabled");
+                    None
+                }
+            },
+            None => None,
+        };
+        let model_name = self
+            .config
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let (engine, thread) = Engine::start(
+            model,
+            tokenizer.eog_tokens().to_vec(),
+            self.config.engine.clone(),
+        )?;
+        let limits = Limits {
+            max_n: self.config.engine.max_seqs.min(16),
+            max_stop: 16,
+            max_stop_len: 256,
+            max_logprobs: 20,
+            default_max_tokens: 16,
+        };
+        let _ = self.ready.set(Ready {
+            engine,
+            tokenizer,
+            chat,
+            model_name,
+            limits,
+        });
+        Ok(thread)
+    }
+
+    pub fn set_load_error(&self, e: String) {
+        let _ = self.load_error.set(e);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.get().is_some() && !self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn ready(&self) -> Option<&Ready> {
+        self.ready.get()
+    }
+
+    /// Stops accepting generation work; /health turns 503.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    fn count_error(&self, e: &ApiError) {
+        if let Ok(mut m) = self.errors.lock() {
+            *m.entry(e.reason()).or_default() += 1;
+        }
+    }
+
+    /// Handles one request to completion (called on its own thread).
+    pub fn handle(self: &Arc<Self>, mut req: tiny_http::Request) {
+        let method = req.method().as_str().to_string();
+        let url = req.url().to_string();
+        let path = url.split('?').next().unwrap_or("").to_string();
+        let auth = req
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv("Authorization"))
+            .map(|h| h.value.as_str().to_string());
+        let declared_len = req.body_length();
+        // Read the body (bounded) before taking over the connection.
+        let limit = self.config.body_limit;
+        let mut body = Vec::new();
+        let too_large = declared_len.is_some_and(|l| l > limit)
+            || req
+                .as_reader()
+                .take(limit as u64 + 1)
+                .read_to_end(&mut body)
+                .is_err()
+            || body.len() > limit;
+        let resp = RawResponse::new(req.into_writer());
+        let result = if too_large {
+            Err((ApiError::too_large(limit), resp))
+        } else {
+            self.route(&method, &path, auth.as_deref(), &body, resp)
+        };
+        if let Err((e, resp)) = result {
+            self.count_error(&e);
+            let retry = if e.status == 429 {
+                vec![("Retry-After", "1".to_string())]
+            } else {
+                Vec::new()
+            };
+            let _ = resp.send(e.status, "application/json", &retry, e.body().as_bytes());
+        }
+    }
+
+    fn authorized(&self, auth: Option<&str>) -> bool {
+        match &self.config.api_key {
+            None => true,
+            Some(key) => auth
+                .and_then(|a| a.strip_prefix("Bearer "))
+                .is_some_and(|k| constant_time_eq(k.trim().as_bytes(), key.as_bytes())),
+        }
+    }
+
+    fn route(
+        self: &Arc<Self>,
+        method: &str,
+        path: &str,
+        auth: Option<&str>,
+        body: &[u8],
+        resp: RawResponse,
+    ) -> Result<(), (ApiError, RawResponse)> {
+        const ROUTES: &[(&str, &str)] = &[
+            ("/", "GET"),
+            ("/health", "GET"),
+            ("/metrics", "GET"),
+            ("/api/status", "GET"),
+            ("/v1/models", "GET"),
+            ("/v1/completions", "POST"),
+            ("/v1/chat/completions", "POST"),
+            ("/tokenize", "POST"),
+            ("/detokenize", "POST"),
+        ];
+        let Some(&(_, allowed)) = ROUTES.iter().find(|(p, _)| *p == path) else {
+            return Err((ApiError::not_found(path), resp));
+        };
+        if method != allowed && !(method == "HEAD" && allowed == "GET") {
+            return Err((ApiError::method_not_allowed(method, path), resp));
+        }
+        // Health and the status page stay open; everything else needs the key if one is set.
+        let open = matches!(path, "/health" | "/");
+        if !open && !self.authorized(auth) {
+            return Err((ApiError::unauthorized(), resp));
+        }
+        match path {
+            "/health" => {
+                let (status, state) = if self.is_ready() {
+                    (200, "ready")
+                } else if self.draining.load(Ordering::Relaxed) {
+                    (503, "draining")
+                } else if self.load_error.get().is_some() {
+                    (503, "failed")
+                } else {
+                    (503, "loading")
+                };
+                let _ = resp.send(
+                    status,
+                    "application/json",
+                    &[],
+                    json!({"status": state}).to_string().as_bytes(),
+                );
+                return Ok(());
+            }
+            "/" => {
+                let _ = resp.send(
+                    200,
+                    "text/html; charset=utf-8",
+                    &[],
+                    include_str!("status.html").as_bytes(),
+                );
+                return Ok(());
+            }
+            _ => {}
+        }
+        let Some(ready) = self.ready.get() else {
+            return Err((ApiError::unavailable("the model is still loading"), resp));
+        };
+        let result = match path {
+            "/metrics" => {
+                let errors = self.errors.lock().map(|e| e.clone()).unwrap_or_default();
+                let text = metrics::render(
+                    &ready.engine.stats(),
+                    &errors,
+                    self.started.elapsed().as_secs_f64(),
+                );
+                let _ = resp.send(200, "text/plain; version=0.0.4", &[], text.as_bytes());
+                return Ok(());
+            }
+            "/api/status" => Ok(self.status_json(ready)),
+            "/v1/models" => Ok(json!({"object": "list", "data": [{
+                "id": ready.model_name, "object": "model", "created": 0, "owned_by": "edgelm",
+                "max_model_len": ready.engine.limits.context,
+            }]})),
+            "/tokenize" => tokenize(ready, body),
+            "/detokenize" => detokenize(ready, body),
+            "/v1/completions" | "/v1/chat/completions" => {
+                return self.generate(ready, path, body, resp);
+            }
+            _ => Err(ApiError::not_found(path)),
+        };
+        match result {
+            Ok(v) => {
+                let _ = resp.send(200, "application/json", &[], v.to_string().as_bytes());
+                Ok(())
+            }
+            Err(e) => Err((e, resp)),
+        }
+    }
+
+    fn generate(
+        self: &Arc<Self>,
+        ready: &Ready,
+        path: &str,
+        body: &[u8],
+        resp: RawResponse,
+    ) -> Result<(), (ApiError, RawResponse)> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err((ApiError::unavailable("the server is shutting down"), resp));
+        }
+        let job = match self.parse_job(ready, path, body) {
+            Ok(j) => j,
+            Err(e) => return Err((e, resp)),
+        };
+        // Back-pressure: the running batch plus a bounded queue; past that, 429.
+        let cap = self.config.engine.max_seqs + self.config.max_queue;
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) >= cap {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err((ApiError::overloaded(), resp));
+        }
+        struct Guard<'a>(&'a AtomicUsize);
+        impl Drop for Guard<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _guard = Guard(&self.in_flight);
+        let started = Instant::now();
+        let id = job.id.clone();
+        let n_prompt: usize = job.prompts.iter().map(|p| p.len()).sum();
+        generate::run(ready, job, resp)?;
+        log::info!(
+            "{id}: {n_prompt} prompt tokens, done in {:.3} s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    fn parse_job(&self, ready: &Ready, path: &str, body: &[u8]) -> Result<Job, ApiError> {
+        let text = std::str::from_utf8(body)
+            .map_err(|_| ApiError::bad_request("the request body is not valid UTF-8"))?;
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+        let id_num = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let vocab = ready.tokenizer.vocab_size();
+        if path == "/v1/completions" {
+            api::check_keys(&value, api::COMPLETION_KEYS)?;
+            let req: CompletionRequest = serde_json::from_value(value)
+                .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+            let mut v = api::validate_sampling(&req.sampling, None, &ready.limits)?;
+            let logprobs = api::check_logprobs(req.logprobs, &ready.limits, "logprobs")?;
+            let prompts: Vec<Vec<u32>> = match &req.prompt {
+                PromptInput::Text(t) => vec![encode(ready, t)?],
+                PromptInput::TextBatch(ts) => ts
+                    .iter()
+                    .map(|t| encode(ready, t))
+                    .collect::<Result<_, _>>()?,
+                PromptInput::Tokens(ids) => vec![api::token_ids(ids, vocab)?],
+                PromptInput::TokenBatch(b) => b
+                    .iter()
+                    .map(|ids| api::token_ids(ids, vocab))
+                    .collect::<Result<_, _>>()?,
+            };
+            if prompts.is_empty() || prompts.len() > 16 {
+                return Err(
+                    ApiError::bad_request("prompt must hold 1 to 16 prompts").param("prompt")
+                );
+            }
+            if prompts.iter().any(|p| p.is_empty()) {
+                return Err(ApiError::bad_request("the prompt is empty").param("prompt"));
+            }
+            if prompts.len() * v.params.n > ready.limits.max_n {
+                return Err(ApiError::bad_request(format!(
+                    "prompts × n exceeds {}",
+                    ready.limits.max_n
+                ))
+                .param("n"));
+            }
+            let echo = req.echo.unwrap_or(false);
+            if echo && logprobs.is_some() {
+                v.params.prompt_logprobs = logprobs;
+            }
+            v.params.logprobs = logprobs;
+            let echo_text = if echo {
+                prompts
+                    .iter()
+                    .map(|p| ready.tokenizer.decode(p, true))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Ok(Job {
+                id: format!("cmpl-{id_num}"),
+                created: unix_now(),
+                prompts,
+                params: v.params,
+                stop: v.stop,
+                stream: v.stream,
+                include_usage: v.include_usage,
+                logprobs,
+                flavor: Flavor::Completion { echo: echo_text },
+            })
+        } else {
+            api::check_keys(&value, api::CHAT_KEYS)?;
+            let req: ChatRequest = serde_json::from_value(value)
+                .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+            let Some(tmpl) = &ready.chat else {
+                return Err(ApiError::bad_request(
+                    "this model has no chat template; use /v1/completions",
+                ));
+            };
+            if req.messages.is_empty() {
+                return Err(ApiError::bad_request("messages must not be empty").param("messages"));
+            }
+            let mut v =
+                api::validate_sampling(&req.sampling, req.max_completion_tokens, &ready.limits)?;
+            let msgs = chat_messages(&req.messages)?;
+            let prompt_text = tmpl
+                .render(&msgs, true)
+                .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
+            let prompt = encode(ready, &prompt_text)?;
+            let logprobs = if req.logprobs.unwrap_or(false) {
+                Some(
+                    api::check_logprobs(
+                        req.top_logprobs.or(Some(0)),
+                        &ready.limits,
+                        "top_logprobs",
+                    )?
+                    .unwrap_or(0),
+                )
+            } else if req.top_logprobs.is_some() {
+                return Err(ApiError::bad_request("top_logprobs needs logprobs: true")
+                    .param("top_logprobs"));
+            } else {
+                None
+            };
+            v.params.logprobs = logprobs;
+            Ok(Job {
+                id: format!("chatcmpl-{id_num}"),
+                created: unix_now(),
+                prompts: vec![prompt],
+                params: v.params,
+                stop: v.stop,
+                stream: v.stream,
+                include_usage: v.include_usage,
+                logprobs,
+                flavor: Flavor::Chat,
+            })
+        }
+    }
+
+    fn status_json(&self, ready: &Ready) -> serde_json::Value {
+        let s = ready.engine.stats();
+        let now = unix_now();
+        let hit_rate = if s.prefix_queried_tokens > 0 {
+            s.prefix_hit_tokens as f64 / s.prefix_queried_tokens as f64
+        } else {
+            0.0
+        };
+        json!({
+            "state": if self.is_ready() { "ready" } else { "draining" },
+            "model": ready.model_name,
+            "profile": self.config.profile,
+            "kv_type": self.config.engine.kv_type.name(),
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "now": now,
+            "running": s.running,
+            "waiting": s.waiting,
+            "kv_total": s.kv_blocks_total,
+            "kv_used": s.kv_blocks_used,
+            "kv_cached": s.kv_blocks_cached,
+            "prefix_hit_rate": hit_rate,
+            "generation_tokens": s.generation_tokens,
+            "tokens_per_second": s.recent_tokens.iter().map(|&(t, n)| (t, n)).collect::<Vec<_>>(),
+            "ttft": s.recent_ttft,
+        })
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn encode(ready: &Ready, text: &str) -> Result<Vec<u32>, ApiError> {
+    ready
+        .tokenizer
+        .encode(text, true)
+        .map_err(|e| ApiError::bad_request(e.to_string()).param("prompt"))
+}
+
+fn chat_messages(messages: &[api::Message]) -> Result<Vec<ChatMessage>, ApiError> {
+    messages
+        .iter()
+        .map(|m| {
+            if !matches!(
+                m.role.as_str(),
+                "system" | "user" | "assistant" | "tool" | "developer"
+            ) {
+                return Err(
+                    ApiError::bad_request(format!("unknown message role '{}'", m.role))
+                        .param("messages"),
+                );
+            }
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content: m.text()?,
+            })
+        })
+        .collect()
+}
+
+fn tokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    let req: TokenizeRequest = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+    let text = match (&req.prompt, &req.messages) {
+        (Some(p), None) => p.clone(),
+        (None, Some(msgs)) => {
+            let tmpl = ready
+                .chat
+                .as_ref()
+                .ok_or_else(|| ApiError::bad_request("this model has no chat template"))?;
+            tmpl.render(
+                &chat_messages(msgs)?,
+                req.add_generation_prompt.unwrap_or(true),
+            )
+            .map_err(|e| ApiError::bad_request(e.to_string()))?
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of prompt or messages",
+            ))
+        }
+    };
+    let ids = ready
+        .tokenizer
+        .encode(&text, req.add_special_tokens.unwrap_or(true))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(json!({"count": ids.len(), "max_model_len": ready.engine.limits.context, "tokens": ids}))
+}
+
+fn detokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    let req: DetokenizeRequest = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+    let ids = api::token_ids(&req.tokens, ready.tokenizer.vocab_size())?;
+    Ok(json!({"prompt": ready.tokenizer.decode(&ids, true)}))
+}
+
+/// Binds, loads the model in the background (503 meanwhile), serves until `stop` is set,
+/// then drains in-flight requests (bounded by `drain_timeout`).
+pub fn serve(
+    config: ServeConfig,
+    stop: Arc<AtomicBool>,
+    drain_timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    let http = tiny_http::Server::http(config.addr)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+    let http = Arc::new(http);
+    log::info!("listening on http://{}", config.addr);
+    let server = Server::new(config);
+    let loader = {
+        let server = server.clone();
+        std::thread::spawn(move || match server.load() {
+            Ok(engine_thread) => {
+                log::info!("model loaded; ready");
+                Some(engine_thread)
+            }
+            Err(e) => {
+                log::error!("cannot load the model: {e:#}");
+                server.set_load_error(format!("{e:#}"));
+                None
+            }
+        })
+    };
+    while !stop.load(Ordering::Relaxed) {
+        match http.recv_timeout(std::time::Duration::from_millis(100)) {
+            Ok(Some(req)) => {
+                let server = server.clone();
+                std::thread::spawn(move || server.handle(req));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                log::error!("accept failed: {e}");
+            }
+        }
+        if server.load_error.get().is_some() {
+            break;
+        }
+    }
+    server.drain();
+    let t0 = Instant::now();
+    while server.in_flight() > 0 && t0.elapsed() < drain_timeout {
+        // Keep answering /health (503 draining) and refusing new work while in-flight ends.
+        if let Ok(Some(req)) = http.recv_timeout(std::time::Duration::from_millis(50)) {
+            let server = server.clone();
+            std::thread::spawn(move || server.handle(req));
+        }
+    }
+    if let Some(err) = server.load_error.get() {
+        anyhow::bail!("cannot load the model: {err}");
+    }
+    if let Some(ready) = server.ready() {
+        ready.engine.shutdown();
+    }
+    if let Ok(Some(engine_thread)) = loader.join() {
+        let _ = engine_thread.join();
+    }
+    Ok(())
+}
