@@ -94,7 +94,17 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
     let mut done = 0;
     let mut first_chunk_sent = vec![false; total];
     let heartbeat = Duration::from_millis(if job.stream { 1000 } else { 250 });
+    let mut last_write = std::time::Instant::now();
     while done < total {
+        if !job.stream && last_write.elapsed() >= heartbeat {
+            // Non-streaming answers are written at the end; until then a byte of whitespace
+            // (valid before JSON) now and then is how a vanished client shows itself.
+            if body.chunk(b" ").is_err() {
+                cancel_all(&ids);
+                return Ok(());
+            }
+            last_write = std::time::Instant::now();
+        }
         let (pi, ev) = match rx.recv_timeout(heartbeat) {
             Ok(x) => x,
             Err(RecvTimeoutError::Timeout) => {
@@ -109,6 +119,7 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
                     cancel_all(&ids);
                     return Ok(());
                 }
+                last_write = std::time::Instant::now();
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => break,

@@ -59,6 +59,19 @@ pub struct Server {
     errors: Mutex<BTreeMap<&'static str, u64>>,
 }
 
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// tiny_http servers accepting on the listening socket (see `serve`).
+const ACCEPTORS: usize = 16;
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -544,14 +557,17 @@ fn detokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError>
 
 /// Binds, loads the model in the background (503 meanwhile), serves until `stop` is set,
 /// then drains in-flight requests (bounded by `drain_timeout`).
-pub fn serve(
-    config: ServeConfig,
-    stop: Arc<AtomicBool>,
-    drain_timeout: std::time::Duration,
-) -> anyhow::Result<()> {
-    let http = tiny_http::Server::http(config.addr)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
-    let http = Arc::new(http);
+pub fn serve(config: ServeConfig, stop: Arc<AtomicBool>, drain_timeout: std::time::Duration) -> anyhow::Result<()> {
+    // tiny_http parks one pool thread per open connection, and its pool grows only when it
+    // sees no idle thread, so a burst of long-lived streams can queue behind its 4 initial
+    // threads. Several servers, each on its own SO_REUSEPORT socket (the kernel spreads
+    // connections across them), multiply that head start.
+    let mut servers = Vec::new();
+    for _ in 0..ACCEPTORS {
+        let l = reuseport_listener(config.addr).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+        let http = tiny_http::Server::from_listener(l, None).map_err(|e| anyhow::anyhow!("cannot serve: {e}"))?;
+        servers.push(Arc::new(http));
+    }
     log::info!("listening on http://{}", config.addr);
     let server = Server::new(config);
     let loader = {
@@ -568,29 +584,37 @@ pub fn serve(
             }
         })
     };
-    while !stop.load(Ordering::Relaxed) {
-        match http.recv_timeout(std::time::Duration::from_millis(100)) {
-            Ok(Some(req)) => {
-                let server = server.clone();
-                std::thread::spawn(move || server.handle(req));
-            }
-            Ok(None) => {}
-            Err(e) => {
-                log::error!("accept failed: {e}");
-            }
-        }
-        if server.load_error.get().is_some() {
-            break;
-        }
+    let accepting = Arc::new(AtomicBool::new(true));
+    let acceptors: Vec<_> = servers
+        .iter()
+        .map(|http| {
+            let (http, server, accepting) = (http.clone(), server.clone(), accepting.clone());
+            std::thread::spawn(move || {
+                while accepting.load(Ordering::Relaxed) {
+                    match http.recv_timeout(std::time::Duration::from_millis(100)) {
+                        Ok(Some(req)) => {
+                            let server = server.clone();
+                            std::thread::spawn(move || server.handle(req));
+                        }
+                        Ok(None) => {}
+                        Err(e) => log::error!("accept failed: {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    while !stop.load(Ordering::Relaxed) && server.load_error.get().is_none() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // Draining: /health says 503 and new work is refused while in-flight requests finish.
     server.drain();
     let t0 = Instant::now();
     while server.in_flight() > 0 && t0.elapsed() < drain_timeout {
-        // Keep answering /health (503 draining) and refusing new work while in-flight ends.
-        if let Ok(Some(req)) = http.recv_timeout(std::time::Duration::from_millis(50)) {
-            let server = server.clone();
-            std::thread::spawn(move || server.handle(req));
-        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    accepting.store(false, Ordering::Relaxed);
+    for a in acceptors {
+        let _ = a.join();
     }
     if let Some(err) = server.load_error.get() {
         anyhow::bail!("cannot load the model: {err}");

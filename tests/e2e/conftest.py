@@ -1,0 +1,97 @@
+"""Starts the real edgelm binary on the real model for the HTTP end-to-end tests."""
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BINARY = ROOT / "target" / "release" / "edgelm"
+MODEL = Path(os.environ.get("EDGELM_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+REFERENCE = Path(os.environ.get("EDGELM_REFERENCE_DIR", ROOT.parent / "shared" / "reference"))
+ARTIFACTS = ROOT / "target" / "test-artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *extra: str, env: dict | None = None):
+        assert BINARY.exists(), f"{BINARY} missing: cargo build --release first"
+        assert MODEL.exists(), f"{MODEL} missing: run packaging/fetch-model.sh"
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.log = open(ARTIFACTS / f"server-{self.port}.log", "w")
+        defaults = {"-t": "2", "--kv-memory-mib": "128", "--max-seqs": "16"}
+        for flag in extra[::2]:
+            defaults.pop(flag, None)
+        args = [str(BINARY), "serve", "-m", str(MODEL), "--port", str(self.port), "--drain-seconds", "10",
+                *[x for kv in defaults.items() for x in kv], *extra]
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}")
+            time.sleep(0.1)
+        raise RuntimeError("server did not become ready")
+
+    def metrics(self, headers=None) -> dict:
+        text = httpx.get(self.base + "/metrics", headers=headers, timeout=5).text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                k, v = line.split()
+                out[k] = float(v)
+        return out
+
+    def wait_idle(self, timeout=5.0, headers=None):
+        """Every test ends with nothing running and no KV block in use."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = self.metrics(headers)
+            if m["edgelm_requests_running"] == 0 and m["edgelm_requests_waiting"] == 0 and m["edgelm_kv_blocks_used"] == 0:
+                return m
+            time.sleep(0.02)
+        raise AssertionError(f"server not idle after {timeout}s: {m}")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def server():
+    s = Server()
+    yield s
+    s.stop()
+    assert s.proc.returncode == 0, f"server exited with {s.proc.returncode} on SIGTERM"
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_blocks(request):
+    yield
+    if "server" in request.fixturenames:
+        request.getfixturevalue("server").wait_idle()
+
+
+@pytest.fixture(scope="session")
+def reference():
+    return json.loads((REFERENCE / "smollm2-llamacpp.json").read_text())

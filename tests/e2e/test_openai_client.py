@@ -1,0 +1,126 @@
+"""The official OpenAI Python client against edgelm: completions and chat, streaming and not,
+n, stop, logprobs, seed reproducibility, echo scoring."""
+
+import subprocess
+
+import httpx
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused")
+
+
+def test_models_lists_the_model(client):
+    models = client.models.list()
+    assert len(models.data) == 1 and models.data[0].id.endswith(".gguf")
+
+
+def test_completion_greedy_matches_the_peer(client, reference):
+    case = reference["greedy"][0]
+    r = client.completions.create(model="m", prompt=case["prompt"], max_tokens=48, temperature=0)
+    assert r.choices[0].text == case["text"]
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(case["prompt_ids"]) and r.usage.completion_tokens == 48
+
+
+def test_completion_stream_concatenates_to_the_same_text(client, reference):
+    case = reference["greedy"][1]
+    parts, finish = [], None
+    for chunk in client.completions.create(model="m", prompt=case["prompt"], max_tokens=48, temperature=0, stream=True):
+        for c in chunk.choices:
+            parts.append(c.text)
+            finish = c.finish_reason or finish
+    assert "".join(parts) == case["text"] and finish == "length"
+
+
+def test_chat_non_stream_and_stream_agree(client):
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    r = client.chat.completions.create(model="m", messages=msgs, max_tokens=32, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "stop" and "4" in r.choices[0].message.content
+    stream = client.chat.completions.create(model="m", messages=msgs, max_tokens=32, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    text, usage, finish = "", None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert text == r.choices[0].message.content and finish == "stop"
+    assert usage.completion_tokens == r.usage.completion_tokens
+
+
+def test_n_completions_and_seed_reproducibility(client):
+    kw = dict(model="m", prompt="Once upon a time", max_tokens=16, temperature=1.0, n=4, seed=1234)
+    a = client.completions.create(**kw)
+    b = client.completions.create(**kw)
+    assert [c.index for c in a.choices] == [0, 1, 2, 3]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert len({c.text for c in a.choices}) > 1
+    c = client.completions.create(**{**kw, "seed": 99})
+    assert [x.text for x in c.choices] != [x.text for x in a.choices]
+
+
+def test_stop_strings_cut_the_text_and_never_leak(client, reference):
+    case = reference["greedy"][0]  # " Paris.\n\nThe United States has ..."
+    r = client.completions.create(model="m", prompt=case["prompt"], max_tokens=48, temperature=0, stop=["United"])
+    assert r.choices[0].text == " Paris.\n\nThe " and r.choices[0].finish_reason == "stop"
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model="m", prompt=case["prompt"], max_tokens=48, temperature=0, stop=["Unit", "zzz"], stream=True) if c.choices)
+    assert text == " Paris.\n\nThe "
+
+
+def test_logprobs_on_completions_and_chat(client, reference):
+    case = reference["greedy"][0]
+    r = client.completions.create(model="m", prompt=case["prompt"], max_tokens=5, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 5 and len(lp.token_logprobs) == 5 and len(lp.top_logprobs[0]) == 3
+    assert abs(lp.token_logprobs[0] - case["top5"][0][0][1]) < 0.01
+    c = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    entries = c.choices[0].logprobs.content
+    assert entries and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+
+
+def test_echo_scoring_agrees_with_the_peer(client, reference):
+    """Teacher forcing through the API: token-id prompts, echo + logprobs, max_tokens 0."""
+    agree = total = 0
+    for case in reference["greedy"]:
+        ids = case["prompt_ids"] + case["ids"]
+        r = client.completions.create(model="m", prompt=ids, max_tokens=0, echo=True, logprobs=1)
+        lp = r.choices[0].logprobs
+        assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids)
+        for k in range(len(case["ids"])):
+            top = lp.top_logprobs[len(case["prompt_ids"]) + k]
+            best = max(top, key=top.get)
+            total += 1
+            agree += best == lp.tokens[len(case["prompt_ids"]) + k]
+    assert agree / total >= 0.98, f"{agree}/{total}"
+
+
+def test_batch_of_prompts(client):
+    r = client.completions.create(model="m", prompt=["Water boils at", "1, 2, 3,"], max_tokens=4, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(c.text for c in r.choices)
+
+
+def test_tokenize_and_detokenize(server, reference):
+    case = reference["tokenize"][1]
+    r = httpx.post(server.base + "/tokenize", json={"prompt": case["text"]}).json()
+    assert r["tokens"] == case["ids"] and r["count"] == len(case["ids"])
+    back = httpx.post(server.base + "/detokenize", json={"tokens": case["ids"]}).json()
+    assert back["prompt"] == case["text"]
+
+
+def test_curl_sees_sse_framing(server):
+    out = subprocess.run(["curl", "-sN", server.base + "/v1/completions", "-H", "Content-Type: application/json",
+                          "-d", '{"prompt":"Hello","max_tokens":4,"temperature":0,"stream":true}'],
+                         capture_output=True, text=True, timeout=60).stdout
+    events = [e for e in out.split("\n\n") if e.strip()]
+    assert all(e.startswith("data: ") for e in events), out
+    assert events[-1] == "data: [DONE]"
+    assert len(events) >= 3
