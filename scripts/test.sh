@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit tests and end-to-end tests on the real model.
+# The whole test suite: formatting, lints, unit and end-to-end tests on the real model (Rust),
+# then the HTTP end-to-end tests with the official OpenAI Python client, curl and Chromium.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packaging/fetch-model.sh
 cargo fmt --check
 cargo clippy --release --all-targets -- -D warnings
+cargo build --release
 cargo test --release -- --test-threads=1
+python3 -m pytest -q tests/e2e
