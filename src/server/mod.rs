@@ -557,15 +557,21 @@ fn detokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError>
 
 /// Binds, loads the model in the background (503 meanwhile), serves until `stop` is set,
 /// then drains in-flight requests (bounded by `drain_timeout`).
-pub fn serve(config: ServeConfig, stop: Arc<AtomicBool>, drain_timeout: std::time::Duration) -> anyhow::Result<()> {
+pub fn serve(
+    config: ServeConfig,
+    stop: Arc<AtomicBool>,
+    drain_timeout: std::time::Duration,
+) -> anyhow::Result<()> {
     // tiny_http parks one pool thread per open connection, and its pool grows only when it
     // sees no idle thread, so a burst of long-lived streams can queue behind its 4 initial
     // threads. Several servers, each on its own SO_REUSEPORT socket (the kernel spreads
     // connections across them), multiply that head start.
     let mut servers = Vec::new();
     for _ in 0..ACCEPTORS {
-        let l = reuseport_listener(config.addr).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
-        let http = tiny_http::Server::from_listener(l, None).map_err(|e| anyhow::anyhow!("cannot serve: {e}"))?;
+        let l = reuseport_listener(config.addr)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+        let http = tiny_http::Server::from_listener(l, None)
+            .map_err(|e| anyhow::anyhow!("cannot serve: {e}"))?;
         servers.push(Arc::new(http));
     }
     log::info!("listening on http://{}", config.addr);
