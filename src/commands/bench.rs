@@ -2,7 +2,7 @@
 //! a serving workload exercises it. Medians over repeats; progress on stderr; figures on
 //! stdout (or one JSON object with --json).
 
-use super::{engine_config, init_threads};
+use super::{engine_config, init_threads, kv_bytes_for};
 use crate::cli::BenchArgs;
 use anyhow::{bail, Result};
 use edgelm::engine::{Engine, EngineHandle, Event, GenParams, Rng, SamplingParams};
@@ -124,18 +124,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut config = engine_config(&args.compute);
     config.max_seqs = config.max_seqs.max(max_conc);
     if args.compute.kv_memory_mib.is_none() {
-        let per_token = model.config.n_layers
-            * 2
-            * model.config.n_head_kv
-            * args
-                .compute
-                .kv_type
-                .row_bytes(model.config.head_dim)
-                .unwrap_or(0);
         let need = (max_conc * (args.concurrency_prompt + args.n_gen + 32))
             .max(args.n_prompt + args.n_gen)
             .max(2 * (args.shared_prefix + 64));
-        config.kv_memory_bytes = per_token * need * 2;
+        config.kv_memory_bytes = 2 * kv_bytes_for(&model, &args.compute, need);
     }
     let (engine, thread) = Engine::start(model, Vec::new(), config)?;
     let mut rng = Rng::new(0x5eed);

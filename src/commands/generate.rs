@@ -1,7 +1,7 @@
 //! `edgelm run`: one prompt through the engine (the same path the server uses), text
 //! streamed to stdout as it is generated.
 
-use super::{engine_config, init_threads};
+use super::{engine_config, init_threads, kv_bytes_for};
 use crate::cli::RunArgs;
 use anyhow::{bail, Result};
 use edgelm::engine::{Engine, Event, GenParams, SamplingParams};
@@ -36,16 +36,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut config = engine_config(&args.compute);
     // One sequence: a pool just big enough for it unless a size was given.
     if args.compute.kv_memory_mib.is_none() {
-        let per_token = model.config.n_layers
-            * 2
-            * model.config.n_head_kv
-            * args
-                .compute
-                .kv_type
-                .row_bytes(model.config.head_dim)
-                .unwrap_or(0);
-        let tokens = (ids.len() + n_predict).next_multiple_of(args.compute.block_size);
-        config.kv_memory_bytes = per_token * tokens;
+        config.kv_memory_bytes = kv_bytes_for(&model, &args.compute, ids.len() + n_predict);
     }
     let (engine, thread) = Engine::start(model.clone(), tok.eog_tokens().to_vec(), config)?;
     let params = GenParams {

@@ -11,6 +11,25 @@ pub mod tokenize;
 use crate::cli::ComputeArgs;
 use anyhow::Result;
 use edgelm::engine::EngineConfig;
+use edgelm::kv::PageGeometry;
+use edgelm::model::Model;
+
+/// KV pool bytes that hold `tokens` tokens (in whole blocks) for this model and page format;
+/// 0 when the format does not fit the model (the engine then says why).
+pub fn kv_bytes_for(model: &Model, c: &ComputeArgs, tokens: usize) -> usize {
+    let cfg = &model.config;
+    if c.block_size == 0 || c.kv_type.row_bytes(cfg.head_dim).is_none() {
+        return 0;
+    }
+    let geom = PageGeometry {
+        layers: cfg.n_layers,
+        kv_heads: cfg.n_head_kv,
+        head_dim: cfg.head_dim,
+        block_tokens: c.block_size,
+        kv_type: c.kv_type,
+    };
+    geom.block_bytes() * tokens.div_ceil(c.block_size)
+}
 
 /// Engine settings from the shared compute flags.
 pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
