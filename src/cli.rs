@@ -31,35 +31,53 @@ pub enum Command {
     Bench(BenchArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(ServeArgs),
+    /// Validate firmware profiles: every error names the key and its line.
+    #[command(name = "config-check", alias = "check-config")]
+    ConfigCheck(ConfigCheckArgs),
 }
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Path to the GGUF model.
-    #[arg(
-        short = 'm',
-        long = "model",
-        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )]
-    pub model: PathBuf,
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    #[arg(long, default_value_t = 8080)]
-    pub port: u16,
-    /// Require `Authorization: Bearer <key>` (also read from EDGELM_API_KEY).
-    #[arg(long = "api-key", env = "EDGELM_API_KEY", hide_env_values = true)]
+    /// Firmware profile (TOML); flags given here override its values.
+    #[arg(short = 'c', long)]
+    pub config: Option<PathBuf>,
+    /// Path to the GGUF model [profile: model.path].
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// [profile: server.host, default 127.0.0.1]
+    #[arg(long)]
+    pub host: Option<String>,
+    /// [profile: server.port, default 8080]
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Require `Authorization: Bearer <key>` (default: the variable server.api_key_env names).
+    #[arg(long = "api-key")]
     pub api_key: Option<String>,
-    /// Requests that may wait beyond the running batch before new ones get 429.
-    #[arg(long = "max-queue", default_value_t = 64)]
-    pub max_queue: usize,
-    /// Largest request body accepted, in KiB.
-    #[arg(long = "body-limit-kib", default_value_t = 1024)]
-    pub body_limit_kib: usize,
-    /// Seconds to let in-flight requests finish after SIGTERM.
-    #[arg(long = "drain-seconds", default_value_t = 30)]
-    pub drain_seconds: u64,
-    #[command(flatten)]
-    pub compute: ComputeArgs,
+    /// Worker threads [profile: engine.threads; default all cores].
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// KV page format [profile: engine.kv_type].
+    #[arg(long = "kv-type")]
+    pub kv_type: Option<KvType>,
+    /// KV pool size in MiB [profile: engine.kv_memory_mib].
+    #[arg(long = "kv-memory-mib")]
+    pub kv_memory_mib: Option<usize>,
+    /// Running sequences at most [profile: engine.max_seqs].
+    #[arg(long = "max-seqs")]
+    pub max_seqs: Option<usize>,
+    /// Requests that may wait beyond the running batch before new ones get 429 [profile: server.max_queue].
+    #[arg(long = "max-queue")]
+    pub max_queue: Option<usize>,
+    /// Seconds to let in-flight requests finish after SIGTERM [profile: server.drain_seconds].
+    #[arg(long = "drain-seconds")]
+    pub drain_seconds: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct ConfigCheckArgs {
+    /// Profile files to validate.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
 }
 
 #[derive(Args, Debug)]

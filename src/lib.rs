@@ -5,6 +5,7 @@
 //! backend (`backend`); the engine (`engine`) schedules sequences and samples tokens.
 
 pub mod backend;
+pub mod config;
 pub mod engine;
 pub mod gguf;
 pub mod kv;

@@ -6,11 +6,17 @@ mod commands;
 use clap::Parser;
 use cli::{Cli, Command};
 
-/// The server logs requests at info level by default; the one-shot commands stay quiet.
-fn default_log_level(cmd: &Command) -> &'static str {
+/// The server logs at its profile's level (info by default); one-shot commands stay quiet.
+/// `RUST_LOG` overrides both.
+fn default_log_level(cmd: &Command) -> String {
     match cmd {
-        Command::Serve(_) => "info",
-        _ => "warn",
+        Command::Serve(a) => a
+            .config
+            .as_deref()
+            .and_then(|c| edgelm::config::Profile::load(c).ok())
+            .map(|p| p.log.level)
+            .unwrap_or_else(|| "info".into()),
+        _ => "warn".into(),
     }
 }
 
@@ -29,6 +35,7 @@ fn main() {
         Command::KvPlan(a) => commands::kv_plan::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::ConfigCheck(a) => commands::serve::check(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace noise.

@@ -273,3 +273,36 @@ fn bench_reports_json_figures() {
         "the cached prefix is faster"
     );
 }
+
+#[test]
+fn shipped_profiles_pass_and_broken_ones_name_the_key() {
+    let profiles: Vec<_> = std::fs::read_dir(repo_root().join("firmware-configs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    assert!(!profiles.is_empty());
+    for p in &profiles {
+        run_ok(edgelm().arg("config-check").arg(p));
+    }
+    let dir = std::env::temp_dir().join(format!("edgelm-profiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let broken = [
+        ("[engine]\nmax_seqs = 0\n", "engine.max_seqs"),
+        ("[engine]\nkv_type = \"q3_k\"\n", "q3_k"),
+        ("[engine]\nthreadz = 2\n", "threadz"),
+        ("[server]\nport = 0\n", "server.port"),
+        ("[server]\nport = 99999\n", "port"),
+        ("[log]\nlevel = \"loud\"\n", "log.level"),
+        ("[engine]\nblock_size = \"16\"\n", "block_size"),
+        ("[nonsense]\nx = 1\n", "nonsense"),
+    ];
+    for (i, (text, key)) in broken.iter().enumerate() {
+        let f = dir.join(format!("broken-{i}.toml"));
+        std::fs::write(&f, text).unwrap();
+        let out = edgelm().arg("config-check").arg(&f).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(key), "{text}: {err}");
+    }
+}

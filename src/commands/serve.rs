@@ -1,9 +1,10 @@
-//! `edgelm serve`: the OpenAI-compatible HTTP endpoint. SIGTERM/SIGINT drain in-flight
-//! requests (bounded by --drain-seconds), then the process exits 0.
+//! `edgelm serve`: the OpenAI-compatible HTTP endpoint, configured by a firmware profile and
+//! flags. SIGTERM/SIGINT drain in-flight requests (bounded), then the process exits 0.
 
 use super::{engine_config, init_threads};
-use crate::cli::ServeArgs;
+use crate::cli::{ComputeArgs, ConfigCheckArgs, ServeArgs};
 use anyhow::{Context, Result};
+use edgelm::config::Profile;
 use edgelm::server::{serve, ServeConfig};
 use std::net::ToSocketAddrs;
 use std::sync::atomic::AtomicBool;
@@ -11,27 +12,100 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    init_threads(&args.compute)?;
-    let addr = (args.host.as_str(), args.port)
+    let mut p = match &args.config {
+        Some(path) => Profile::load(path)?,
+        None => Profile::default(),
+    };
+    // Flags override the profile.
+    if let Some(m) = args.model {
+        p.model.path = m;
+    }
+    if let Some(h) = args.host {
+        p.server.host = h;
+    }
+    if let Some(port) = args.port {
+        p.server.port = port;
+    }
+    if let Some(t) = args.threads {
+        p.engine.threads = t;
+    }
+    if let Some(k) = args.kv_type {
+        p.engine.kv_type = k;
+    }
+    if let Some(m) = args.kv_memory_mib {
+        p.engine.kv_memory_mib = m;
+    }
+    if let Some(m) = args.max_seqs {
+        p.engine.max_seqs = m;
+    }
+    if let Some(q) = args.max_queue {
+        p.server.max_queue = q;
+    }
+    if let Some(d) = args.drain_seconds {
+        p.server.drain_seconds = d;
+    }
+    if p.engine.backend == "cuda" {
+        log::warn!("this build has no CUDA backend; serving on the CPU");
+    }
+    let compute = ComputeArgs {
+        threads: (p.engine.threads > 0).then_some(p.engine.threads),
+        kv_type: p.engine.kv_type,
+        block_size: p.engine.block_size,
+        kv_memory_mib: Some(p.engine.kv_memory_mib),
+        max_seqs: p.engine.max_seqs,
+        max_batched_tokens: p.engine.max_batched_tokens,
+    };
+    init_threads(&compute)?;
+    let addr = (p.server.host.as_str(), p.server.port)
         .to_socket_addrs()
-        .with_context(|| format!("cannot resolve {}:{}", args.host, args.port))?
+        .with_context(|| format!("cannot resolve {}:{}", p.server.host, p.server.port))?
         .next()
         .context("no address to listen on")?;
-    if !args.model.exists() {
-        anyhow::bail!("model {} does not exist", args.model.display());
+    if !p.model.path.exists() {
+        anyhow::bail!("model {} does not exist", p.model.path.display());
     }
+    let api_key = args
+        .api_key
+        .or_else(|| {
+            (!p.server.api_key_env.is_empty())
+                .then(|| std::env::var(&p.server.api_key_env).ok())
+                .flatten()
+        })
+        .filter(|k| !k.is_empty());
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
+    let profile_name = args
+        .config
+        .as_ref()
+        .and_then(|c| c.file_stem())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "defaults".into());
     let config = ServeConfig {
-        model: args.model,
+        model: p.model.path,
         addr,
-        engine: engine_config(&args.compute),
-        api_key: args.api_key.filter(|k| !k.is_empty()),
-        max_queue: args.max_queue,
-        body_limit: args.body_limit_kib * 1024,
-        profile: "command line".into(),
+        engine: engine_config(&compute),
+        api_key,
+        max_queue: p.server.max_queue,
+        body_limit: p.server.body_limit_kib * 1024,
+        profile: profile_name,
     };
-    serve(config, stop, Duration::from_secs(args.drain_seconds))
+    serve(config, stop, Duration::from_secs(p.server.drain_seconds))
+}
+
+/// `edgelm config-check FILE...`: exit 1 naming the key and line of the first error per file.
+pub fn check(args: ConfigCheckArgs) -> Result<()> {
+    let mut failed = Vec::new();
+    for f in &args.files {
+        match Profile::load(f) {
+            Ok(_) => println!("{}: ok", f.display()),
+            Err(e) => failed.push(format!("{e:#}")),
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("{}", failed.join("; "))
+    }
 }
