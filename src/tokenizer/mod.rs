@@ -296,6 +296,53 @@ mod tests {
         }
     }
 
+    /// A tiny SentencePiece-style vocabulary: merges come from scores, unknown characters
+    /// fall back to byte tokens, and a leading space marker is added.
+    #[test]
+    fn sentencepiece_scores_byte_fallback_and_space_prefix() {
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut types = vec![
+            vocab::TOKEN_TYPE_UNKNOWN,
+            TOKEN_TYPE_CONTROL,
+            TOKEN_TYPE_CONTROL,
+        ];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(TOKEN_TYPE_BYTE);
+        }
+        let pieces = [
+            "▁", "h", "e", "l", "o", "▁h", "▁he", "ll", "▁hell", "▁hello",
+        ];
+        for p in pieces {
+            tokens.push(p.into());
+            types.push(vocab::TOKEN_TYPE_NORMAL);
+        }
+        // Longer pieces score higher, so they merge first.
+        let scores: Vec<f32> = tokens.iter().map(|t| t.chars().count() as f32).collect();
+        let spec = VocabSpec {
+            kind: VocabKind::SentencePiece,
+            pre: None,
+            token_types: types,
+            scores,
+            merges: Vec::new(),
+            bos: Some(1),
+            eos: Some(2),
+            eot: None,
+            add_bos: true,
+            add_space_prefix: true,
+            chat_template: None,
+            tokens: tokens.clone(),
+        };
+        let tok = Tokenizer::from_spec(&spec).unwrap();
+        let id = |s: &str| tokens.iter().position(|t| t == s).unwrap() as u32;
+        assert_eq!(tok.encode("hello", true).unwrap(), vec![1, id("▁hello")]);
+        // 'i' is not in the vocabulary: byte fallback.
+        let ids = tok.encode("hi", false).unwrap();
+        assert_eq!(ids, vec![id("▁h"), id("<0x69>")]);
+        assert_eq!(tok.decode(&ids, false), " hi");
+        assert!(tok.is_eog(2));
+    }
+
     #[test]
     fn bpe_merges_digits_and_specials() {
         let spec = tiny_bpe();
