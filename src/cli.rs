@@ -71,9 +71,6 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish after SIGTERM [profile: server.drain_seconds].
     #[arg(long = "drain-seconds")]
     pub drain_seconds: Option<u64>,
-    /// Seconds a silent or stalled connection is kept [profile: server.idle_timeout_seconds].
-    #[arg(long = "idle-timeout-seconds")]
-    pub idle_timeout_seconds: Option<u64>,
 }
 
 #[derive(Args, Debug)]

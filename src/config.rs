@@ -30,8 +30,6 @@ pub struct ServerSection {
     pub max_queue: usize,
     pub body_limit_kib: usize,
     pub drain_seconds: u64,
-    /// Seconds a connection may stay silent (or refuse what we send) before it is closed.
-    pub idle_timeout_seconds: u64,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -70,7 +68,6 @@ impl Default for ServerSection {
             max_queue: 64,
             body_limit_kib: 1024,
             drain_seconds: 30,
-            idle_timeout_seconds: 30,
         }
     }
 }
@@ -153,9 +150,6 @@ impl Profile {
         }
         if !(1..=1 << 20).contains(&s.body_limit_kib) {
             return bad("server.body_limit_kib", "must be 1 to 1048576");
-        }
-        if !(1..=3600).contains(&s.idle_timeout_seconds) {
-            return bad("server.idle_timeout_seconds", "must be 1 to 3600");
         }
         if s.drain_seconds > 3600 {
             return bad("server.drain_seconds", "must be at most 3600");

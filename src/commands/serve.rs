@@ -44,9 +44,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(d) = args.drain_seconds {
         p.server.drain_seconds = d;
     }
-    if let Some(t) = args.idle_timeout_seconds {
-        p.server.idle_timeout_seconds = t.max(1);
-    }
     if p.engine.backend == "cuda" {
         log::warn!("this build has no CUDA backend; serving on the CPU");
     }
@@ -93,7 +90,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_queue: p.server.max_queue,
         body_limit: p.server.body_limit_kib * 1024,
         profile: profile_name,
-        idle_timeout: Duration::from_secs(p.server.idle_timeout_seconds),
     };
     serve(config, stop, Duration::from_secs(p.server.drain_seconds))
 }

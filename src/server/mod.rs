@@ -37,8 +37,6 @@ pub struct ServeConfig {
     pub max_queue: usize,
     pub body_limit: usize,
     pub profile: String,
-    /// A connection that sends nothing (or reads nothing we write) for this long is closed.
-    pub idle_timeout: std::time::Duration,
 }
 
 /// Everything that exists once the model is loaded.
@@ -61,19 +59,11 @@ pub struct Server {
     errors: Mutex<BTreeMap<&'static str, u64>>,
 }
 
-/// A listening socket of its own for one acceptor. The read/write timeouts set here are
-/// inherited by every accepted connection (Linux copies them on accept), which is how idle or
-/// stalled clients get dropped: tiny_http has no timeout of its own.
-fn reuseport_listener(
-    addr: SocketAddr,
-    idle: std::time::Duration,
-) -> std::io::Result<std::net::TcpListener> {
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
-    socket.set_read_timeout(Some(idle))?;
-    socket.set_write_timeout(Some(idle))?;
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
     Ok(socket.into())
@@ -578,7 +568,7 @@ pub fn serve(
     // connections across them), multiply that head start.
     let mut servers = Vec::new();
     for _ in 0..ACCEPTORS {
-        let l = reuseport_listener(config.addr, config.idle_timeout)
+        let l = reuseport_listener(config.addr)
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
         let http = tiny_http::Server::from_listener(l, None)
             .map_err(|e| anyhow::anyhow!("cannot serve: {e}"))?;

@@ -107,25 +107,3 @@ def test_api_key_is_required_except_for_health():
         srv.stop()
     text = open(log).read()
     assert "s3cret" not in text, "the key must never be logged"
-
-
-def test_idle_and_slow_connections_are_closed():
-    srv = Server("--idle-timeout-seconds", "2")
-    try:
-        idle = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        slow = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
-        t0 = time.time()
-        assert idle.recv(4096) == b"", "the idle connection is closed"
-        reply = b""
-        while chunk := slow.recv(4096):
-            reply += chunk
-        elapsed = time.time() - t0
-        # Closed, with a 400 if the server still could say so.
-        assert reply == b"" or b" 400 " in reply.split(b"\r\n")[0], reply[:200]
-        assert elapsed < 6, f"closed after {elapsed:.1f} s"
-        # Meanwhile the server kept serving.
-        assert httpx.get(srv.base + "/health").status_code == 200
-        srv.wait_idle()
-    finally:
-        srv.stop()
