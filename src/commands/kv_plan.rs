@@ -4,7 +4,6 @@ use crate::cli::KvPlanArgs;
 use anyhow::{bail, Context, Result};
 use edgelm::gguf::GgufFile;
 use edgelm::kv::plan::KvPlan;
-use edgelm::kv::PageGeometry;
 use edgelm::model::ModelConfig;
 
 pub fn run(args: KvPlanArgs) -> Result<()> {
@@ -21,13 +20,7 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
             cfg.head_dim
         );
     }
-    let geom = PageGeometry {
-        layers: cfg.n_layers,
-        kv_heads: cfg.n_head_kv,
-        head_dim: cfg.head_dim,
-        block_tokens: args.block_size,
-        kv_type: args.kv_type,
-    };
+    let geom = cfg.page_geometry(args.kv_type, args.block_size);
     let memory = args
         .memory_mib
         .checked_mul(1 << 20)

@@ -11,7 +11,6 @@ pub mod tokenize;
 use crate::cli::ComputeArgs;
 use anyhow::Result;
 use edgelm::engine::EngineConfig;
-use edgelm::kv::PageGeometry;
 use edgelm::model::Model;
 
 /// KV pool bytes that hold `tokens` tokens (in whole blocks) for this model and page format;
@@ -21,13 +20,7 @@ pub fn kv_bytes_for(model: &Model, c: &ComputeArgs, tokens: usize) -> usize {
     if c.block_size == 0 || c.kv_type.row_bytes(cfg.head_dim).is_none() {
         return 0;
     }
-    let geom = PageGeometry {
-        layers: cfg.n_layers,
-        kv_heads: cfg.n_head_kv,
-        head_dim: cfg.head_dim,
-        block_tokens: c.block_size,
-        kv_type: c.kv_type,
-    };
+    let geom = cfg.page_geometry(c.kv_type, c.block_size);
     geom.block_bytes() * tokens.div_ceil(c.block_size)
 }
 

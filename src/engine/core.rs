@@ -8,7 +8,7 @@ use super::sampler::{log_softmax, Sampler};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
 use crate::kv::plan::KvPlan;
-use crate::kv::{BlockPool, KvPages, KvType, PageGeometry};
+use crate::kv::{BlockPool, KvPages, KvType};
 use crate::model::{BatchMeta, Logits, Model};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
@@ -161,13 +161,7 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
         let cfg = &model.config;
-        let geom = PageGeometry {
-            layers: cfg.n_layers,
-            kv_heads: cfg.n_head_kv,
-            head_dim: cfg.head_dim,
-            block_tokens: config.block_tokens,
-            kv_type: config.kv_type,
-        };
+        let geom = cfg.page_geometry(config.kv_type, config.block_tokens);
         if config.block_tokens == 0 {
             bail!("block size must be at least 1 token");
         }

@@ -1,7 +1,7 @@
 //! A single sequence over the paged pool: the CLI's `run` and `perplexity` path, and the
 //! simplest user of `Model::forward` (the scheduler drives many sequences the same way).
 
-use crate::kv::{BlockPool, KvPages, KvType, PageGeometry};
+use crate::kv::{BlockPool, KvPages, KvType};
 use crate::model::{BatchMeta, Logits, Model};
 use anyhow::{bail, Result};
 
@@ -22,13 +22,7 @@ impl<'m> Session<'m> {
         block_tokens: usize,
     ) -> Result<Self> {
         let cfg = &model.config;
-        let geom = PageGeometry {
-            layers: cfg.n_layers,
-            kv_heads: cfg.n_head_kv,
-            head_dim: cfg.head_dim,
-            block_tokens,
-            kv_type,
-        };
+        let geom = cfg.page_geometry(kv_type, block_tokens);
         let blocks = max_tokens.div_ceil(block_tokens).max(1);
         Ok(Session {
             model,

@@ -1,6 +1,7 @@
 //! Architecture hyper-parameters read from GGUF metadata (`{arch}.*` keys).
 
 use crate::gguf::GgufFile;
+use crate::kv::{KvType, PageGeometry};
 use anyhow::{bail, Context, Result};
 
 /// How RoPE pairs up the dimensions of a head.
@@ -113,5 +114,16 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// The KV page geometry for this model: only its KV heads are stored (GQA).
+    pub fn page_geometry(&self, kv_type: KvType, block_tokens: usize) -> PageGeometry {
+        PageGeometry {
+            layers: self.n_layers,
+            kv_heads: self.n_head_kv,
+            head_dim: self.head_dim,
+            block_tokens,
+            kv_type,
+        }
     }
 }
