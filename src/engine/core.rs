@@ -4,7 +4,7 @@
 
 use super::metrics::{EngineStats, SharedStats};
 use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
-use super::sampler::{log_softmax, Sampler};
+use super::sampler::{log_softmax, top_logprobs, Sampler};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
 use crate::kv::plan::KvPlan;
@@ -572,19 +572,10 @@ impl Engine {
 
 fn token_logprob(logits: &[f32], token: u32, top_n: usize) -> TokenLogprob {
     let lp = log_softmax(logits);
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if top_n > 0 {
-        let mut idx: Vec<(u32, f32)> = lp.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        let n = top_n.min(idx.len());
-        idx.select_nth_unstable_by(n - 1, |a, b| b.1.total_cmp(&a.1));
-        idx.truncate(n);
-        idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        top = idx;
-    }
     TokenLogprob {
         token,
         logprob: lp[token as usize],
-        top,
+        top: top_logprobs(&lp, top_n),
     }
 }
 

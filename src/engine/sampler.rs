@@ -174,9 +174,9 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
 }
 
-/// The `n` most likely tokens with their log-probabilities, best first.
-pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
-    let lp = log_softmax(logits);
+/// The `n` most likely tokens with their log-probabilities, best first, from log-probabilities
+/// already computed (`log_softmax`).
+pub fn top_logprobs(lp: &[f32], n: usize) -> Vec<(u32, f32)> {
     let mut idx: Vec<(u32, f32)> = lp.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
     let n = n.min(idx.len());
     if n == 0 {
@@ -238,7 +238,7 @@ mod tests {
         let total: f32 = lp.iter().map(|l| l.exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
         assert_eq!(
-            top_logprobs(&[1.0, 3.0, 2.0], 2)
+            top_logprobs(&log_softmax(&[1.0, 3.0, 2.0]), 2)
                 .iter()
                 .map(|x| x.0)
                 .collect::<Vec<_>>(),
