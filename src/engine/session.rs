@@ -84,8 +84,4 @@ impl<'m> Session<'m> {
         }
         self.len = 0;
     }
-
-    pub fn blocks_used(&self) -> usize {
-        self.pool.used()
-    }
 }

@@ -80,11 +80,6 @@ impl BlockPool {
         self.blocks[block as usize].refcount
     }
 
-    /// Blocks needed to hold `tokens` tokens.
-    pub fn blocks_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.block_tokens)
-    }
-
     /// Takes the least recently freed block for new data (refcount 1), evicting its cached
     /// identity; `None` when every block is in use.
     pub fn allocate(&mut self) -> Option<u32> {

@@ -24,7 +24,6 @@ pub struct Tokenizer {
     /// What each token stands for as text bytes (control tokens: their literal text).
     token_bytes: Vec<Vec<u8>>,
     token_types: Vec<i32>,
-    spec_kind: VocabKind,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
@@ -81,7 +80,6 @@ impl Tokenizer {
             inner,
             token_bytes,
             token_types: spec.token_types.clone(),
-            spec_kind: spec.kind,
             bos: spec.bos,
             eos: spec.eos,
             add_bos: spec.add_bos,
@@ -92,10 +90,6 @@ impl Tokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.token_bytes.len()
-    }
-
-    pub fn kind(&self) -> VocabKind {
-        self.spec_kind
     }
 
     /// Token ids for `text`, special tokens parsed; BOS prepended when the vocabulary wants it
