@@ -36,18 +36,6 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
     }
 }
 
-/// Compute threads run one nice level below the rest, so the HTTP threads (health checks,
-/// metrics, streaming writes) are scheduled promptly even while every core is busy with a
-/// long prefill. Linux's nice values are per thread.
-fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: setpriority with PRIO_PROCESS and who = 0 only changes the calling thread's nice
-    // value; it touches no memory of ours.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, 5);
-    }
-}
-
 /// Sizes the global worker pool once, before any compute runs.
 pub fn init_threads(compute: &ComputeArgs) -> Result<usize> {
     let n = compute.threads.unwrap_or_else(|| {
@@ -58,11 +46,6 @@ pub fn init_threads(compute: &ComputeArgs) -> Result<usize> {
     if n == 0 {
         anyhow::bail!("--threads must be at least 1");
     }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .thread_name(|i| format!("edgelm-compute-{i}"))
-        .start_handler(|_| lower_priority())
-        .build_global()
-        .map_err(|e| anyhow::anyhow!("cannot start {n} worker threads: {e}"))?;
+    edgelm::backend::cpu::pool::init(n, edgelm::backend::cpu::pool::lower_thread_priority);
     Ok(n)
 }

@@ -242,7 +242,11 @@ impl Engine {
         };
         let thread = std::thread::Builder::new()
             .name("edgelm-engine".into())
-            .spawn(move || engine.run(rx))?;
+            .spawn(move || {
+                // The engine thread computes too (it is one of the pool's threads).
+                crate::backend::cpu::pool::lower_thread_priority();
+                engine.run(rx)
+            })?;
         Ok((handle, thread))
     }
 

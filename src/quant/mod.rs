@@ -19,6 +19,9 @@ use std::sync::OnceLock;
 mod blocks;
 mod dequant;
 mod dot_ref;
+mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod gemm_x86;
 mod quantize;
 #[cfg(target_arch = "aarch64")]
 mod simd_arm;
@@ -33,6 +36,7 @@ mod testdata {
     pub mod vectors;
 }
 
+pub use gemm::{gemm, gemm_level};
 pub use types::GgmlType;
 
 impl GgmlType {

@@ -272,28 +272,18 @@ pub(crate) unsafe fn q5_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     hsum_f32x8(_mm256_add_ps(acc0, acc1)) + summs
 }
 
+/// Q8_0 × Q8_0 in ggml's x86 order: one FMA chain over the blocks (bit-identical to the
+/// tiled panels in `gemm_x86`, which hide the chain's latency by running several pairs).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q8_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x) = (cast::<BlockQ8_0>(w), cast::<BlockQ8_0>(x));
-    // Two accumulators: one block is little work, so the FMA latency chain
-    // would otherwise be the bottleneck.
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut pairs_w = w.chunks_exact(2);
-    let mut pairs_x = x.chunks_exact(2);
-    for (a, b) in (&mut pairs_w).zip(&mut pairs_x) {
-        let (d0, d1) = scale_products([a[0].d, a[1].d], [b[0].d, b[1].d]);
-        let q0 = mul_sum_i8_pairs_float(load32(&a[0].qs), load32(&b[0].qs));
-        let q1 = mul_sum_i8_pairs_float(load32(&a[1].qs), load32(&b[1].qs));
-        acc0 = _mm256_fmadd_ps(d0, q0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, q1, acc1);
-    }
-    for (a, b) in pairs_w.remainder().iter().zip(pairs_x.remainder()) {
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in w.iter().zip(x) {
         let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
         let q = mul_sum_i8_pairs_float(load32(&a.qs), load32(&b.qs));
-        acc0 = _mm256_fmadd_ps(d, q, acc0);
+        acc = _mm256_fmadd_ps(d, q, acc);
     }
-    hsum_f32x8(_mm256_add_ps(acc0, acc1))
+    hsum_f32x8(acc)
 }
 
 // ---------------------------------------------------------------- k-quants

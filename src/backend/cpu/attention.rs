@@ -17,9 +17,10 @@
 //! the same arithmetic, so the only difference from f16 pages is the stored values' rounding.
 
 use super::f16_round::round_to_f16;
+use super::parallel::SharedSlice;
+use super::pool;
 use crate::kv::{KvPages, Part};
 use half::f16;
-use rayon::prelude::*;
 
 /// Where one token of the batch sits: its sequence's block table and its position.
 pub struct AttnToken<'a> {
@@ -51,18 +52,20 @@ pub fn paged_attention(
     let hd = shape.head_dim;
     let rep = shape.n_head / shape.n_head_kv;
     let q_dim = shape.n_head * hd;
-    out.par_chunks_mut(rep * hd)
-        .enumerate()
-        .for_each(|(unit, out_g)| {
-            let t = unit / shape.n_head_kv;
-            let g = unit % shape.n_head_kv;
-            let q_g = &q[t * q_dim + g * rep * hd..t * q_dim + (g + 1) * rep * hd];
-            if tokens[t].tiled {
-                attend_group_tiled(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
-            } else {
-                attend_group(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
-            }
-        });
+    let unit_len = rep * hd;
+    let shared = SharedSlice::new(out);
+    pool::parallel_for(tokens.len() * shape.n_head_kv, |unit| {
+        let t = unit / shape.n_head_kv;
+        let g = unit % shape.n_head_kv;
+        let q_g = &q[t * q_dim + g * rep * hd..t * q_dim + (g + 1) * rep * hd];
+        // SAFETY: unit `unit` owns this range of the output alone.
+        let out_g = unsafe { shared.slice_mut(unit * unit_len, unit_len) };
+        if tokens[t].tiled {
+            attend_group_tiled(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
+        } else {
+            attend_group(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
+        }
+    });
 }
 
 /// One query head's running state of the online softmax.

@@ -4,9 +4,9 @@
 //! does), then every weight row is dotted with every token: the weights are streamed from
 //! memory once per call however many tokens the batch holds.
 
-use super::parallel::SharedOut;
+use super::parallel::SharedSlice;
+use super::pool;
 use crate::quant::{self, GgmlType};
-use rayon::prelude::*;
 
 /// Quantizes `n_tok` rows of `cols` activations into `ty`'s dot format.
 pub fn quantize_activations(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<u8>) -> usize {
@@ -17,9 +17,16 @@ pub fn quantize_activations(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<
     let n_tok = x.len() / cols;
     buf.clear();
     buf.resize(row_bytes * n_tok, 0);
-    buf.par_chunks_mut(row_bytes)
-        .zip(x.par_chunks(cols))
-        .for_each(|(dst, src)| quant::quantize_row(dot_ty, src, dst));
+    let shared = SharedSlice::new(buf);
+    // Rows are independent; a few per task keeps the claiming overhead small.
+    const ROWS_PER_TASK: usize = 8;
+    pool::parallel_for(n_tok.div_ceil(ROWS_PER_TASK), |task| {
+        for t in task * ROWS_PER_TASK..((task + 1) * ROWS_PER_TASK).min(n_tok) {
+            // SAFETY: each row's byte range is written by the one task that owns row t.
+            let dst = unsafe { shared.slice_mut(t * row_bytes, row_bytes) };
+            quant::quantize_row(dot_ty, &x[t * cols..(t + 1) * cols], dst);
+        }
+    });
     row_bytes
 }
 
@@ -28,27 +35,34 @@ pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: 
     let n_tok = x.len() / cols;
     debug_assert_eq!(out.len(), n_tok * rows);
     let mut xq = Vec::new();
-    let xq_row = quantize_activations(ty, x, cols, &mut xq);
+    quantize_activations(ty, x, cols, &mut xq);
     let w_row = ty.row_bytes(cols as u64).expect("checked at load") as usize;
     assert!(w.len() >= rows * w_row, "weight buffer too short");
 
-    // Enough chunks for load balance across threads, few enough to keep overhead small.
-    let threads = rayon::current_num_threads().max(1);
-    let chunk_rows = (rows / (threads * 8)).clamp(4, 256);
-    let shared = SharedOut::new(out);
-    (0..rows.div_ceil(chunk_rows))
-        .into_par_iter()
-        .for_each(|c| {
-            let r0 = c * chunk_rows;
-            let r1 = (r0 + chunk_rows).min(rows);
-            for r in r0..r1 {
-                let wr = &w[r * w_row..(r + 1) * w_row];
-                for t in 0..n_tok {
-                    let v = quant::vec_dot(ty, cols, wr, &xq[t * xq_row..(t + 1) * xq_row]);
-                    shared.write(t * rows + r, v);
-                }
-            }
-        });
+    // Tasks are panels of rows × all tokens: a panel's weights stay in cache while every
+    // token passes over them. Enough panels for load balance, few enough to keep overhead low.
+    let threads = pool::threads();
+    let chunk_rows = (rows / (threads * 8)).clamp(4, 64).next_multiple_of(4);
+    let shared = SharedSlice::new(out);
+    pool::parallel_for(rows.div_ceil(chunk_rows), |c| {
+        let r0 = c * chunk_rows;
+        let r1 = (r0 + chunk_rows).min(rows);
+        let mut panel = vec![0f32; (r1 - r0) * n_tok];
+        quant::gemm(
+            ty,
+            cols,
+            &w[r0 * w_row..r1 * w_row],
+            r1 - r0,
+            &xq,
+            n_tok,
+            &mut panel,
+        );
+        for t in 0..n_tok {
+            // SAFETY: rows r0..r1 of every token belong to this task alone.
+            let dst = unsafe { shared.slice_mut(t * rows + r0, r1 - r0) };
+            dst.copy_from_slice(&panel[t * (r1 - r0)..(t + 1) * (r1 - r0)]);
+        }
+    });
 }
 
 /// Gathers embedding rows for `tokens` into `out` (n_tok × cols).

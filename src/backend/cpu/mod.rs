@@ -7,3 +7,4 @@ mod f16_round;
 pub mod matmul;
 pub mod ops;
 mod parallel;
+pub mod pool;

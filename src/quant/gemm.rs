@@ -1,0 +1,200 @@
+//! Matrix-multiply panels: `rows` weight rows × `toks` activation rows in one call, so the
+//! fast paths can tile (unpack a weight block once for several tokens, run several FMA
+//! chains side by side). Every output is bit-identical to [`super::vec_dot`] of its pair:
+//! tiling changes the speed, never the numbers.
+
+use super::{vec_dot, GgmlType};
+
+#[cfg(target_arch = "x86_64")]
+use super::gemm_x86::{self, PanelFn};
+
+/// Which panel kernels this CPU runs: "avx512-vnni", "avx2" or "none" (per-pair dots).
+pub fn gemm_level() -> &'static str {
+    panels().name
+}
+
+struct Panels {
+    name: &'static str,
+    #[cfg(target_arch = "x86_64")]
+    q4_1: Option<PanelFn>,
+    #[cfg(target_arch = "x86_64")]
+    q8_0: Option<PanelFn>,
+}
+
+const NONE: Panels = Panels {
+    name: "none",
+    #[cfg(target_arch = "x86_64")]
+    q4_1: None,
+    #[cfg(target_arch = "x86_64")]
+    q8_0: None,
+};
+
+#[cfg(target_arch = "x86_64")]
+const AVX2: Panels = Panels {
+    name: "avx2",
+    q4_1: Some(gemm_x86::avx2::q4_1),
+    q8_0: Some(gemm_x86::avx2::q8_0),
+};
+
+#[cfg(target_arch = "x86_64")]
+const VNNI: Panels = Panels {
+    name: "avx512-vnni",
+    q4_1: Some(gemm_x86::vnni::q4_1),
+    q8_0: Some(gemm_x86::vnni::q8_0),
+};
+
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+fn detect() -> &'static Panels {
+    let forced = std::env::var("EDGELM_SIMD").unwrap_or_default();
+    if forced == "scalar" || super::simd_level() == "scalar" {
+        return &NONE;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if forced != "avx2" && has_vnni() {
+            return &VNNI;
+        }
+        // `simd_level` is "avx2" here: avx2, fma and f16c were detected.
+        return &AVX2;
+    }
+    #[allow(unreachable_code)]
+    &NONE
+}
+
+fn panels() -> &'static Panels {
+    static P: std::sync::OnceLock<&'static Panels> = std::sync::OnceLock::new();
+    P.get_or_init(detect)
+}
+
+/// `out[t * rows + r] = vec_dot(ty, n, w_r, x_t)` for every weight row `r < rows` (each
+/// `ty.row_bytes(n)` long in `w`) and activation row `t < toks` (each
+/// `ty.vec_dot_type().row_bytes(n)` long in `x`, from [`super::quantize_row`]).
+///
+/// # Panics
+/// If `ty` has no dot product, `n` is not whole blocks or a buffer is too short.
+pub fn gemm(ty: GgmlType, n: usize, w: &[u8], rows: usize, x: &[u8], toks: usize, out: &mut [f32]) {
+    gemm_with(panels(), ty, n, w, rows, x, toks, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_with(
+    p: &Panels,
+    ty: GgmlType,
+    n: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    toks: usize,
+    out: &mut [f32],
+) {
+    let w_row = ty.row_bytes(n as u64).expect("row fits") as usize;
+    let x_row = ty.vec_dot_type().row_bytes(n as u64).expect("row fits") as usize;
+    assert!(w.len() >= rows * w_row && x.len() >= toks * x_row && out.len() >= rows * toks);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let panel = match ty {
+            GgmlType::Q4_1 => p.q4_1,
+            GgmlType::Q8_0 => p.q8_0,
+            _ => None,
+        };
+        if let Some(f) = panel {
+            assert!(
+                n.is_multiple_of(ty.block_elems()),
+                "{ty}: n={n} is not whole blocks"
+            );
+            let nb = n / ty.block_elems();
+            // SAFETY: `detect` hands out a panel table only after checking the CPU has the
+            // features its kernels are compiled for; the kernels check the slice lengths.
+            unsafe { f(nb, &w[..rows * w_row], rows, &x[..toks * x_row], toks, out) };
+            return;
+        }
+    }
+    let _ = p;
+    for t in 0..toks {
+        let xt = &x[t * x_row..(t + 1) * x_row];
+        for r in 0..rows {
+            out[t * rows + r] = vec_dot(ty, n, &w[r * w_row..(r + 1) * w_row], xt);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{random_row, Rng};
+    use super::super::{quantize_row, simd_level};
+    use super::*;
+
+    /// Every tile shape and ragged edge, against the per-pair dot, bit for bit.
+    fn check_panels(p: &Panels) {
+        let mut rng = Rng::new(0x5eed_0001);
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q6_K,
+        ] {
+            let be = ty.block_elems().max(ty.vec_dot_type().block_elems());
+            for (rows, toks, blocks) in [
+                (1, 1, 1),
+                (4, 4, 3),
+                (5, 3, 2),
+                (9, 7, 5),
+                (3, 9, 1),
+                (8, 2, 18),
+            ] {
+                let n = be * blocks;
+                let w: Vec<u8> = (0..rows)
+                    .flat_map(|_| random_row(&mut rng, ty, n))
+                    .collect();
+                let vt = ty.vec_dot_type();
+                let x_row = vt.row_bytes(n as u64).unwrap() as usize;
+                let mut x = vec![0u8; toks * x_row];
+                for t in 0..toks {
+                    let v: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
+                    quantize_row(vt, &v, &mut x[t * x_row..(t + 1) * x_row]);
+                }
+                let mut got = vec![f32::NAN; rows * toks];
+                gemm_with(p, ty, n, &w, rows, &x, toks, &mut got);
+                let w_row = w.len() / rows;
+                for t in 0..toks {
+                    for r in 0..rows {
+                        let want = vec_dot(
+                            ty,
+                            n,
+                            &w[r * w_row..(r + 1) * w_row],
+                            &x[t * x_row..(t + 1) * x_row],
+                        );
+                        assert_eq!(
+                            got[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{} {ty} rows={rows} toks={toks} n={n} at ({r},{t}): {} vs {want}",
+                            p.name,
+                            got[t * rows + r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn panels_match_per_pair_dots_bit_for_bit() {
+        check_panels(&NONE);
+        #[cfg(target_arch = "x86_64")]
+        if simd_level() == "avx2" {
+            check_panels(&AVX2);
+            if has_vnni() {
+                check_panels(&VNNI);
+            } else {
+                eprintln!("no AVX-512 VNNI on this CPU: its panels are not exercised");
+            }
+        }
+    }
+}

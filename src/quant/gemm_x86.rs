@@ -1,0 +1,246 @@
+//! Tiled matrix-multiply micro-kernels for x86: a tile of up to 4 weight rows × 4 activation
+//! rows per pass over the blocks, so each weight block is unpacked once for several tokens and
+//! the per-pair FMA chains run side by side instead of waiting on each other's latency.
+//!
+//! Every output is computed with exactly the arithmetic of the per-pair dot in `simd_x86`
+//! (ggml's x86 order: one 8-lane FMA chain over the blocks, the same integer lane sums, the
+//! same horizontal sum), so a matmul gives the same bits whatever the tiling, the thread
+//! count or the instruction set. Only the integer part differs between the variants: AVX2
+//! (`maddubs` + `madd`) and AVX-512 VNNI (`vpdpbusd`) compute identical i32 lane sums.
+//!
+//! The panel functions are the only entry points; `quant::gemm` hands them out only after
+//! feature detection confirmed what their `target_feature` lists.
+
+use std::arch::x86_64::*;
+
+use super::blocks::*;
+
+/// Computes `out[t * rows + r]` for `r < rows`, `t < toks`; weight row `r` is
+/// `w[r * w_row..][..w_row]`, activation row `t` is `x[t * x_row..][..x_row]`, `nb` blocks each.
+pub(crate) type PanelFn =
+    unsafe fn(nb: usize, w: &[u8], rows: usize, x: &[u8], toks: usize, out: &mut [f32]);
+
+/// Σ of 4 adjacent u8×i8 products per i32 lane, AVX2 (no saturation: see `simd_x86`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_us8_avx2(ax: __m256i, sy: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy))
+}
+
+/// The same lane sums with one AVX-512 VNNI instruction (256-bit form, AVX512VL).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn dot_us8_vnni(ax: __m256i, sy: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
+}
+
+/// Defines the panel kernels once per instruction-set variant.
+macro_rules! panels {
+    ($module:ident, $features:literal, $dot_us8:ident, $rt:literal, $tt:literal) => {
+        pub(crate) mod $module {
+            use super::*;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn h2f(b: [u8; 2]) -> f32 {
+                _mm_cvtss_f32(_mm_cvtph_ps(
+                    _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
+                ))
+            }
+
+            /// ggml's `hsum_float_8`.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn hsum8(x: __m256) -> f32 {
+                let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+                r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+                r = _mm_add_ss(r, _mm_movehdup_ps(r));
+                _mm_cvtss_f32(r)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
+                let tmp = _mm_loadu_si128(qs.as_ptr().cast());
+                let bytes = _mm256_set_m128i(_mm_srli_epi16::<4>(tmp), tmp);
+                _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn load32(p: &[i8; 32]) -> __m256i {
+                _mm256_loadu_si256(p.as_ptr().cast())
+            }
+
+            /// One R×T tile of Q4_1 × Q8_1 (see `simd_x86::q4_1_q8_1` for the order).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q4_1_tile<const R: usize, const T: usize>(
+                nb: usize,
+                w: [&[BlockQ4_1]; R],
+                x: [&[BlockQ8_1]; T],
+            ) -> [[f32; T]; R] {
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                let mut summs = [[0f32; T]; R];
+                for b in 0..nb {
+                    let mut wq = [_mm256_setzero_si256(); R];
+                    let mut wd = [0f32; R];
+                    let mut wm = [0f32; R];
+                    for r in 0..R {
+                        // SAFETY (all get_unchecked here): the panel checked every row
+                        // holds nb blocks.
+                        let blk = unsafe { w[r].get_unchecked(b) };
+                        wq[r] = nibbles(&blk.qs);
+                        wd[r] = h2f(blk.d);
+                        wm[r] = h2f(blk.m);
+                    }
+                    for t in 0..T {
+                        let blk = unsafe { x[t].get_unchecked(b) };
+                        let xq = load32(&blk.qs);
+                        let (xd, xs) = (h2f(blk.d), h2f(blk.s));
+                        for r in 0..R {
+                            summs[r][t] = wm[r].mul_add(xs, summs[r][t]);
+                            let d = _mm256_set1_ps(wd[r] * xd);
+                            let xy = _mm256_cvtepi32_ps($dot_us8(wq[r], xq));
+                            acc[r][t] = _mm256_fmadd_ps(d, xy, acc[r][t]);
+                        }
+                    }
+                }
+                let mut out = [[0f32; T]; R];
+                for r in 0..R {
+                    for t in 0..T {
+                        out[r][t] = hsum8(acc[r][t]) + summs[r][t];
+                    }
+                }
+                out
+            }
+
+            /// One R×T tile of Q8_0 × Q8_0: ggml's single FMA chain per pair.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q8_0_tile<const R: usize, const T: usize>(
+                nb: usize,
+                w: [&[BlockQ8_0]; R],
+                x: [&[BlockQ8_0]; T],
+            ) -> [[f32; T]; R] {
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                for b in 0..nb {
+                    let mut wabs = [_mm256_setzero_si256(); R];
+                    let mut wsig = [_mm256_setzero_si256(); R];
+                    let mut wd = [0f32; R];
+                    for r in 0..R {
+                        let blk = unsafe { w[r].get_unchecked(b) };
+                        wsig[r] = load32(&blk.qs);
+                        wabs[r] = _mm256_sign_epi8(wsig[r], wsig[r]);
+                        wd[r] = h2f(blk.d);
+                    }
+                    for t in 0..T {
+                        let blk = unsafe { x[t].get_unchecked(b) };
+                        let xq = load32(&blk.qs);
+                        let xd = h2f(blk.d);
+                        for r in 0..R {
+                            // |w| × (x with w's sign): the signed products, as maddubs needs.
+                            let sy = _mm256_sign_epi8(xq, wsig[r]);
+                            let d = _mm256_set1_ps(wd[r] * xd);
+                            let q = _mm256_cvtepi32_ps($dot_us8(wabs[r], sy));
+                            acc[r][t] = _mm256_fmadd_ps(d, q, acc[r][t]);
+                        }
+                    }
+                }
+                let mut out = [[0f32; T]; R];
+                for r in 0..R {
+                    for t in 0..T {
+                        out[r][t] = hsum8(acc[r][t]);
+                    }
+                }
+                out
+            }
+
+            panel!(q4_1, q4_1_tile, BlockQ4_1, BlockQ8_1, $features, $rt, $tt);
+            panel!(q8_0, q8_0_tile, BlockQ8_0, BlockQ8_0, $features, $rt, $tt);
+        }
+    };
+}
+
+/// The loop over tiles for one type: full `$rt`×`$tt` tiles, then the ragged edges one row or
+/// one token at a time (same arithmetic per pair, so edges cost speed, never bits).
+macro_rules! panel {
+    ($name:ident, $tile:ident, $wb:ty, $xb:ty, $features:literal, $rt:literal, $tt:literal) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(
+            nb: usize,
+            w: &[u8],
+            rows: usize,
+            x: &[u8],
+            toks: usize,
+            out: &mut [f32],
+        ) {
+            let (w, x) = (cast::<$wb>(w), cast::<$xb>(x));
+            assert!(w.len() >= rows * nb && x.len() >= toks * nb && out.len() >= rows * toks);
+            let wr = |r: usize| &w[r * nb..(r + 1) * nb];
+            let xr = |t: usize| &x[t * nb..(t + 1) * nb];
+            let mut t0 = 0;
+            while t0 < toks {
+                let tn = (toks - t0).min($tt);
+                let mut r0 = 0;
+                while r0 < rows {
+                    let rn = (rows - r0).min($rt);
+                    if rn == $rt && tn == $tt {
+                        let v = $tile::<$rt, $tt>(
+                            nb,
+                            std::array::from_fn(|i| wr(r0 + i)),
+                            std::array::from_fn(|j| xr(t0 + j)),
+                        );
+                        for (i, row) in v.iter().enumerate() {
+                            for (j, &val) in row.iter().enumerate() {
+                                out[(t0 + j) * rows + r0 + i] = val;
+                            }
+                        }
+                    } else if tn == $tt {
+                        for i in 0..rn {
+                            let v = $tile::<1, $tt>(
+                                nb,
+                                [wr(r0 + i)],
+                                std::array::from_fn(|j| xr(t0 + j)),
+                            );
+                            for (j, &val) in v[0].iter().enumerate() {
+                                out[(t0 + j) * rows + r0 + i] = val;
+                            }
+                        }
+                    } else {
+                        for j in 0..tn {
+                            if rn == $rt {
+                                let v = $tile::<$rt, 1>(
+                                    nb,
+                                    std::array::from_fn(|i| wr(r0 + i)),
+                                    [xr(t0 + j)],
+                                );
+                                for (i, row) in v.iter().enumerate() {
+                                    out[(t0 + j) * rows + r0 + i] = row[0];
+                                }
+                            } else {
+                                for i in 0..rn {
+                                    let v = $tile::<1, 1>(nb, [wr(r0 + i)], [xr(t0 + j)]);
+                                    out[(t0 + j) * rows + r0 + i] = v[0][0];
+                                }
+                            }
+                        }
+                    }
+                    r0 += rn;
+                }
+                t0 += tn;
+            }
+        }
+    };
+}
+
+// AVX2 has 16 vector registers: 4×2 tiles keep the 8 accumulators and operands in them.
+panels!(avx2, "avx2,fma,f16c", dot_us8_avx2, 4, 2);
+// AVX-512 doubles the register file (usable for 256-bit code through AVX512VL).
+panels!(
+    vnni,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+    dot_us8_vnni,
+    4,
+    4
+);
