@@ -19,8 +19,17 @@ pub(crate) fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
             }
         }
         F16 => {
-            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = f16_to_f32([s[0], s[1]]);
+            // SAFETY: any bit pattern is a valid u16.
+            let (pre, bits, post) = unsafe { src[..dst.len() * 2].align_to::<u16>() };
+            if pre.is_empty() && post.is_empty() && cfg!(target_endian = "little") {
+                // Vectorised (F16C / NEON) when the CPU has it: K/V pages decode through here.
+                use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+                bits.reinterpret_cast::<half::f16>()
+                    .convert_to_f32_slice(dst);
+            } else {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = f16_to_f32([s[0], s[1]]);
+                }
             }
         }
         BF16 => {

@@ -16,7 +16,7 @@
 //! Quantized pages (q8_0, q4_0) are dequantized row by row as they are read and go through
 //! the same arithmetic, so the only difference from f16 pages is the stored values' rounding.
 
-use super::f16_round::round_to_f16;
+use super::f16_round::{fma_round, scale_round};
 use super::parallel::SharedSlice;
 use super::pool;
 use crate::kv::{KvPages, Part};
@@ -52,21 +52,45 @@ pub fn paged_attention(
     let hd = shape.head_dim;
     let rep = shape.n_head / shape.n_head_kv;
     let q_dim = shape.n_head * hd;
-    let unit_len = rep * hd;
-    let shared = SharedSlice::new(out);
-    pool::parallel_for(tokens.len() * shape.n_head_kv, |unit| {
-        let t = unit / shape.n_head_kv;
-        let g = unit % shape.n_head_kv;
-        let q_g = &q[t * q_dim + g * rep * hd..t * q_dim + (g + 1) * rep * hd];
-        // SAFETY: unit `unit` owns this range of the output alone.
-        let out_g = unsafe { shared.slice_mut(unit * unit_len, unit_len) };
+    // Units of work: (token, KV head) for the per-row path; (chunk of up to `QUERY_CHUNK`
+    // consecutive tokens of one span, KV head) for the tiled path, so that each decoded K/V
+    // tile serves the whole chunk instead of being decoded again for every query.
+    let mut units: Vec<(usize, usize)> = Vec::new();
+    let mut t = 0;
+    while t < tokens.len() {
+        let mut end = t + 1;
         if tokens[t].tiled {
-            attend_group_tiled(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
+            while end < tokens.len()
+                && end - t < QUERY_CHUNK
+                && tokens[end].tiled
+                && std::ptr::eq(tokens[end].block_table, tokens[t].block_table)
+            {
+                end += 1;
+            }
+        }
+        units.push((t, end));
+        t = end;
+    }
+    let shared = SharedSlice::new(out);
+    pool::parallel_for(units.len() * shape.n_head_kv, |unit| {
+        let (t0, t1) = units[unit / shape.n_head_kv];
+        let g = unit % shape.n_head_kv;
+        let head_range = |t: usize| t * q_dim + g * rep * hd..t * q_dim + (g + 1) * rep * hd;
+        let q_g: Vec<&[f32]> = (t0..t1).map(|t| &q[head_range(t)]).collect();
+        // SAFETY: this unit alone owns its tokens' output ranges for KV head g.
+        let mut out_g: Vec<&mut [f32]> = (t0..t1)
+            .map(|t| unsafe { shared.slice_mut(head_range(t).start, rep * hd) })
+            .collect();
+        if tokens[t0].tiled {
+            attend_chunk_tiled(kv, layer, g, &tokens[t0..t1], &q_g, rep, hd, &mut out_g);
         } else {
-            attend_group(kv, layer, g, &tokens[t], q_g, rep, hd, out_g);
+            attend_group(kv, layer, g, &tokens[t0], q_g[0], rep, hd, out_g[0]);
         }
     });
 }
+
+/// Queries of one span that share each decoded K/V tile in the tiled path.
+const QUERY_CHUNK: usize = 16;
 
 /// One query head's running state of the online softmax.
 struct Online {
@@ -127,25 +151,29 @@ fn attend_group(
 }
 
 fma_dispatch! {
-/// ggml's tiled flash attention for one token and one KV head group (f16 pages).
+/// ggml's tiled flash attention for a chunk of consecutive query tokens of one span and one
+/// KV head group. Each query's arithmetic is exactly what it would be alone (its own tiles of
+/// `TILE` positions from 0, its own masking past its position); the chunk only shares the
+/// decoding of each K/V tile.
 #[allow(clippy::too_many_arguments)]
-fn attend_group_tiled(
+fn attend_chunk_tiled(
     kv: &KvPages,
     layer: usize,
     kv_head: usize,
-    tok: &AttnToken<'_>,
-    q_g: &[f32],
+    toks: &[AttnToken<'_>],
+    qs: &[&[f32]],
     rep: usize,
     hd: usize,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
 ) {
     let geom = kv.geometry();
     let bt = geom.block_tokens;
     let row_bytes = geom.row_bytes();
-    let n_ctx = tok.pos + 1;
+    let block_table = toks[0].block_table;
+    let max_ctx = toks.iter().map(|t| t.pos + 1).max().unwrap_or(0);
     let scale = 1.0 / (hd as f32).sqrt();
     let row_of = |part: Part, p: usize, dst: &mut [f32]| {
-        let rows = kv.head_rows(layer, tok.block_table[p / bt] as usize, part, kv_head);
+        let rows = kv.head_rows(layer, block_table[p / bt] as usize, part, kv_head);
         let s = p % bt;
         geom.kv_type
             .decode_row(&rows[s * row_bytes..(s + 1) * row_bytes], dst);
@@ -155,61 +183,73 @@ fn attend_group_tiled(
     let mut k_tile_t = vec![0f32; hd * TILE];
     let mut k_row = vec![0f32; hd];
     let mut v_tile = vec![0f32; TILE * hd];
-    let mut kq = vec![[0f32; TILE]; rep];
-    let mut max = vec![f32::NEG_INFINITY; rep];
-    let mut sum = vec![0f32; rep];
-    out.fill(0.0);
-    for start in (0..n_ctx).step_by(TILE) {
-        let len = (n_ctx - start).min(TILE);
-        for i in 0..len {
+    let mut kq = [0f32; TILE];
+    let n_q = toks.len();
+    let mut max = vec![f32::NEG_INFINITY; n_q * rep];
+    let mut sum = vec![0f32; n_q * rep];
+    outs.iter_mut().for_each(|o| o.fill(0.0));
+    for start in (0..max_ctx).step_by(TILE) {
+        let tile_len = (max_ctx - start).min(TILE);
+        for i in 0..tile_len {
             row_of(Part::K, start + i, &mut k_row);
             for (d, &k) in k_row.iter().enumerate() {
                 k_tile_t[d * TILE + i] = k;
             }
             row_of(Part::V, start + i, &mut v_tile[i * hd..(i + 1) * hd]);
         }
-        for r in 0..rep {
-            let q = &q_g[r * hd..(r + 1) * hd];
-            let row = &mut kq[r];
-            row.fill(0.0);
-            for (d, &qd) in q.iter().enumerate() {
-                let kt = &k_tile_t[d * TILE..(d + 1) * TILE];
-                for (slot, &k) in row.iter_mut().zip(kt) {
-                    *slot = qd.mul_add(k, *slot);
+        for (j, tok) in toks.iter().enumerate() {
+            let n_ctx = tok.pos + 1;
+            if n_ctx <= start {
+                continue;
+            }
+            let len = (n_ctx - start).min(TILE);
+            for r in 0..rep {
+                let q = &qs[j][r * hd..(r + 1) * hd];
+                let row = &mut kq;
+                row.fill(0.0);
+                for (d, &qd) in q.iter().enumerate() {
+                    let kt = &k_tile_t[d * TILE..(d + 1) * TILE];
+                    for (slot, &k) in row.iter_mut().zip(kt) {
+                        *slot = qd.mul_add(k, *slot);
+                    }
                 }
-            }
-            for (i, slot) in row.iter_mut().enumerate() {
-                *slot = if i < len { *slot * scale } else { f32::NEG_INFINITY };
-            }
-            let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let m_new = max[r].max(tile_max);
-            let acc = &mut out[r * hd..(r + 1) * hd];
-            if m_new > max[r] {
-                let ms = (max[r] - m_new).exp();
-                acc.iter_mut().for_each(|a| *a *= ms);
-                sum[r] *= ms;
-            }
-            max[r] = m_new;
-            // ggml_vec_soft_max_f32: exp in place, 16-lane partial sums added in f64.
-            let mut tile_sum = 0f64;
-            for lanes in row.chunks_exact_mut(16) {
-                for p in lanes.iter_mut() {
-                    *p = super::ops::expf_v(*p - m_new);
+                for (i, slot) in row.iter_mut().enumerate() {
+                    *slot = if i < len { *slot * scale } else { f32::NEG_INFINITY };
                 }
-                tile_sum += reduce_add_16(lanes) as f64;
-            }
-            sum[r] = (sum[r] as f64 + tile_sum) as f32;
-            for (i, &p) in row.iter().enumerate().take(len) {
-                let v = &v_tile[i * hd..(i + 1) * hd];
-                for (a, &x) in acc.iter_mut().zip(v) {
-                    *a = p.mul_add(x, *a);
+                let (max, sum) = (&mut max[j * rep + r], &mut sum[j * rep + r]);
+                let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let m_new = max.max(tile_max);
+                let acc = &mut outs[j][r * hd..(r + 1) * hd];
+                if m_new > *max {
+                    let ms = (*max - m_new).exp();
+                    acc.iter_mut().for_each(|a| *a *= ms);
+                    *sum *= ms;
+                }
+                *max = m_new;
+                // ggml_vec_soft_max_f32: exp in place, 16-lane partial sums added in f64.
+                let mut tile_sum = 0f64;
+                for lanes in row.chunks_exact_mut(16) {
+                    for p in lanes.iter_mut() {
+                        *p = super::ops::expf_v(*p - m_new);
+                    }
+                    tile_sum += reduce_add_16(lanes) as f64;
+                }
+                *sum = (*sum as f64 + tile_sum) as f32;
+                for (i, &p) in row.iter().enumerate().take(len) {
+                    let v = &v_tile[i * hd..(i + 1) * hd];
+                    for (a, &x) in acc.iter_mut().zip(v) {
+                        *a = p.mul_add(x, *a);
+                    }
                 }
             }
         }
     }
-    for r in 0..rep {
-        let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
-        out[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= inv);
+    for (j, out) in outs.iter_mut().enumerate() {
+        for r in 0..rep {
+            let s = sum[j * rep + r];
+            let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+            out[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= inv);
+        }
     }
 }
 }
@@ -231,15 +271,11 @@ fn online_update(h: &mut Online, s: f32, v: &[f32]) {
     if s > h.max {
         ms = (h.max - s).exp();
         h.max = s;
-        for a in h.acc.iter_mut() {
-            *a = round_to_f16(*a * ms);
-        }
+        scale_round(&mut h.acc, ms);
     } else {
         vs = (s - h.max).exp();
     }
-    for (a, &x) in h.acc.iter_mut().zip(v) {
-        *a = round_to_f16(x.mul_add(vs, *a));
-    }
+    fma_round(&mut h.acc, v, vs);
     h.sum = h.sum.mul_add(ms, vs);
 }
 
@@ -347,6 +383,53 @@ mod tests {
                         "{kv_type} h{h} d{d}: {got} vs {want}"
                     );
                 }
+            }
+        }
+    }
+
+    /// A chunk of queries sharing K/V tiles gives each query the bits it gets alone.
+    #[test]
+    fn chunked_tiled_queries_match_single_queries_bit_for_bit() {
+        let geom = PageGeometry {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 64,
+            block_tokens: 16,
+            kv_type: KvType::F16,
+        };
+        let mut kv = KvPages::new(geom, 16).unwrap();
+        let table: Vec<u32> = (0..16).rev().collect();
+        let n = 150;
+        for p in 0..n {
+            let slot = table[p / 16] as usize * 16 + p % 16;
+            for (part, which) in [(0, Part::K), (1, Part::V)] {
+                let row: Vec<f32> = (0..64).map(|d| val(p, 0, d, part)).collect();
+                kv.write_row(0, slot, which, 0, &row);
+            }
+        }
+        let shape = AttnShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 64,
+        };
+        let toks: Vec<AttnToken<'_>> = (40..n)
+            .map(|pos| AttnToken {
+                block_table: &table,
+                pos,
+                tiled: true,
+            })
+            .collect();
+        let q: Vec<f32> = (0..toks.len() * 128)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)
+            .collect();
+        let mut together = vec![0f32; q.len()];
+        paged_attention(&kv, 0, &shape, &toks, &q, &mut together);
+        for (i, tok) in toks.iter().enumerate() {
+            let mut alone = vec![0f32; 128];
+            let one = [AttnToken { ..*tok }];
+            paged_attention(&kv, 0, &shape, &one, &q[i * 128..(i + 1) * 128], &mut alone);
+            for (a, b) in alone.iter().zip(&together[i * 128..(i + 1) * 128]) {
+                assert_eq!(a.to_bits(), b.to_bits(), "query at position {}", tok.pos);
             }
         }
     }
