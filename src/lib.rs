@@ -4,6 +4,7 @@
 //! (`model`), which reads and writes K/V through the paged pool (`kv`) using a compute
 //! backend (`backend`); the engine (`engine`) schedules sequences and samples tokens.
 
+#[macro_use]
 pub mod backend;
 pub mod config;
 pub mod engine;

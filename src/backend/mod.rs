@@ -1,3 +1,4 @@
 //! Compute backends. The CPU backend is always built; CUDA comes with the `cuda` feature.
 
+#[macro_use]
 pub mod cpu;

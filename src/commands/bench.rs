@@ -26,6 +26,14 @@ struct Report {
     n_gen: usize,
     prefill_tok_s: f64,
     decode_tok_s: f64,
+    /// Arithmetic prefill achieved (weights, logits of the last token and attention).
+    prefill_gflops: f64,
+    /// Bytes one-sequence decode read per second (every weight once per token, plus the K/V
+    /// rows attention reads).
+    decode_gbs: f64,
+    /// This machine's ceilings, measured by this command on the same threads.
+    peak_gflops: f64,
+    peak_gbs: f64,
     concurrency: Vec<Concurrency>,
     #[serde(skip_serializing_if = "Option::is_none")]
     shared_prefix: Option<SharedPrefix>,
@@ -129,6 +137,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .max(2 * (args.shared_prefix + 64));
         config.kv_memory_bytes = 2 * kv_bytes_for(&model, &args.compute, need);
     }
+    // Ceilings first, on an idle pool.
+    progress("machine peaks", 0, 2);
+    let peak_gflops = edgelm::backend::cpu::peak::peak_gflops();
+    progress("machine peaks", 1, 2);
+    let peak_gbs = edgelm::backend::cpu::peak::stream_copy_gbs();
+    progress("machine peaks", 2, 2);
+    let prefill_flops = args.n_prompt as f64 * model.block_flops_per_token()
+        + model.output_flops()
+        + (1..=args.n_prompt)
+            .map(|ctx| model.attention_flops(ctx))
+            .sum::<f64>();
+    // Decode starts after an 8-token prompt: the mean context is 8 + n_gen / 2.
+    let kv_row_bytes = args.compute.kv_type.row_bytes(model.config.head_dim).unwrap_or(0);
+    let kv_bytes_per_pos = 2 * model.config.n_layers * model.config.n_head_kv * kv_row_bytes;
+    let decode_bytes = (model.weight_bytes() + kv_bytes_per_pos * (8 + args.n_gen / 2)) as f64;
     let (engine, thread) = Engine::start(model, Vec::new(), config)?;
     let mut rng = Rng::new(0x5eed);
     let mut prompt =
@@ -225,13 +248,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
     engine.shutdown();
     let _ = thread.join();
 
+    let (prefill_tok_s, decode_tok_s) = (median(prefill), median(decode));
     let report = Report {
         threads,
         kv_type: args.compute.kv_type.to_string(),
         n_prompt: args.n_prompt,
         n_gen: args.n_gen,
-        prefill_tok_s: median(prefill),
-        decode_tok_s: median(decode),
+        prefill_tok_s,
+        decode_tok_s,
+        prefill_gflops: prefill_flops * prefill_tok_s / args.n_prompt as f64 / 1e9,
+        decode_gbs: decode_bytes * decode_tok_s / 1e9,
+        peak_gflops,
+        peak_gbs,
         concurrency,
         shared_prefix,
     };
@@ -244,12 +272,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
         report.threads, report.kv_type, args.repeats
     );
     println!(
-        "prefill  pp{:<5} {:>9.1} tok/s",
-        report.n_prompt, report.prefill_tok_s
+        "prefill  pp{:<5} {:>9.1} tok/s   {:>6.1} GFLOP/s = {:>4.1}% of {:.1} GFLOP/s (FMA loop peak)",
+        report.n_prompt,
+        report.prefill_tok_s,
+        report.prefill_gflops,
+        100.0 * report.prefill_gflops / report.peak_gflops,
+        report.peak_gflops
     );
     println!(
-        "decode   tg{:<5} {:>9.1} tok/s",
-        report.n_gen, report.decode_tok_s
+        "decode   tg{:<5} {:>9.1} tok/s   {:>6.1} GB/s    = {:>4.1}% of {:.1} GB/s (copy peak)",
+        report.n_gen,
+        report.decode_tok_s,
+        report.decode_gbs,
+        100.0 * report.decode_gbs / report.peak_gbs,
+        report.peak_gbs
     );
     let single = report
         .concurrency

@@ -48,4 +48,27 @@ impl Model {
         }
         total
     }
+
+    /// Multiply-add FLOPs (2 per weight) of one token through the transformer blocks.
+    pub fn block_flops_per_token(&self) -> f64 {
+        let w = &self.weights;
+        let mut macs = 0usize;
+        for l in &w.layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                macs += m.rows * m.cols;
+            }
+        }
+        2.0 * macs as f64
+    }
+
+    /// FLOPs of one row of logits (the output projection).
+    pub fn output_flops(&self) -> f64 {
+        2.0 * (self.weights.output.rows * self.weights.output.cols) as f64
+    }
+
+    /// Attention FLOPs of one query token over `ctx` positions (K·Q and P·V, every layer).
+    pub fn attention_flops(&self, ctx: usize) -> f64 {
+        let c = &self.config;
+        4.0 * (c.n_layers * c.n_head * c.head_dim * ctx) as f64
+    }
 }

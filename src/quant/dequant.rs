@@ -52,6 +52,8 @@ pub(crate) fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
     true
 }
 
+fma_dispatch! {
+// Also compiled for AVX2: quantized K/V pages decode through here on every attention read.
 fn q4_0(x: &[BlockQ4_0], y: &mut [f32]) {
     for (b, y) in x.iter().zip(y.chunks_exact_mut(QK)) {
         let d = f16_to_f32(b.d);
@@ -62,6 +64,7 @@ fn q4_0(x: &[BlockQ4_0], y: &mut [f32]) {
             y[j + QK / 2] = x1 as f32 * d;
         }
     }
+}
 }
 
 fn q4_1(x: &[BlockQ4_1], y: &mut [f32]) {
@@ -108,6 +111,8 @@ fn q5_1(x: &[BlockQ5_1], y: &mut [f32]) {
     }
 }
 
+fma_dispatch! {
+// Also compiled for AVX2: quantized K/V pages decode through here on every attention read.
 fn q8_0(x: &[BlockQ8_0], y: &mut [f32]) {
     for (b, y) in x.iter().zip(y.chunks_exact_mut(QK)) {
         let d = f16_to_f32(b.d);
@@ -115,6 +120,7 @@ fn q8_0(x: &[BlockQ8_0], y: &mut [f32]) {
             *y = q as f32 * d;
         }
     }
+}
 }
 
 /// ggml has no `dequantize_row_q8_1`; this is the obvious definition

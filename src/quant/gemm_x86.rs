@@ -72,7 +72,39 @@ macro_rules! panels {
                 _mm256_loadu_si256(p.as_ptr().cast())
             }
 
-            /// One R×T tile of Q4_1 × Q8_1 (see `simd_x86::q4_1_q8_1` for the order).
+            /// f16 scales of up to 4 tokens' blocks, converted in one instruction: lanes
+            /// 0..4 from `lo`, 4..8 from `hi` (unused lanes zero).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn token_scales<const T: usize>(lo: [u16; T], hi: [u16; T]) -> (__m128, __m128) {
+                let mut h = [0u16; 8];
+                h[..T].copy_from_slice(&lo);
+                h[4..4 + T].copy_from_slice(&hi);
+                let v = _mm256_cvtph_ps(_mm_set_epi16(
+                    h[7] as i16, h[6] as i16, h[5] as i16, h[4] as i16,
+                    h[3] as i16, h[2] as i16, h[1] as i16, h[0] as i16,
+                ));
+                (_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v))
+            }
+
+            /// Lane `t` of `v` in all 8 lanes.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn lane(v: __m128, t: usize) -> __m256 {
+                _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(t as i32))
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn lane_f32(v: __m128, t: usize) -> f32 {
+                let mut a = [0f32; 4];
+                _mm_storeu_ps(a.as_mut_ptr(), v);
+                a[t]
+            }
+
+            /// One R×T tile of Q4_1 × Q8_1 (see `simd_x86::q4_1_q8_1` for the order). The
+            /// scale products `d_w·d_x` and the `m·s` chains run T lanes at a time: each lane
+            /// is the same single f32 multiply or fused multiply-add as the per-pair code.
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn q4_1_tile<const R: usize, const T: usize>(
@@ -81,35 +113,40 @@ macro_rules! panels {
                 x: [&[BlockQ8_1]; T],
             ) -> [[f32; T]; R] {
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
-                let mut summs = [[0f32; T]; R];
+                let mut summs = [_mm_setzero_ps(); R];
                 for b in 0..nb {
-                    let mut wq = [_mm256_setzero_si256(); R];
-                    let mut wd = [0f32; R];
-                    let mut wm = [0f32; R];
-                    for r in 0..R {
+                    let mut xq = [_mm256_setzero_si256(); T];
+                    let mut xd = [0u16; T];
+                    let mut xs = [0u16; T];
+                    for t in 0..T {
                         // SAFETY (all get_unchecked here): the panel checked every row
                         // holds nb blocks.
-                        let blk = unsafe { w[r].get_unchecked(b) };
-                        wq[r] = nibbles(&blk.qs);
-                        wd[r] = h2f(blk.d);
-                        wm[r] = h2f(blk.m);
-                    }
-                    for t in 0..T {
                         let blk = unsafe { x[t].get_unchecked(b) };
-                        let xq = load32(&blk.qs);
-                        let (xd, xs) = (h2f(blk.d), h2f(blk.s));
-                        for r in 0..R {
-                            summs[r][t] = wm[r].mul_add(xs, summs[r][t]);
-                            let d = _mm256_set1_ps(wd[r] * xd);
-                            let xy = _mm256_cvtepi32_ps($dot_us8(wq[r], xq));
-                            acc[r][t] = _mm256_fmadd_ps(d, xy, acc[r][t]);
+                        xq[t] = load32(&blk.qs);
+                        xd[t] = u16::from_le_bytes(blk.d);
+                        xs[t] = u16::from_le_bytes(blk.s);
+                    }
+                    let (xd, xs) = token_scales(xd, xs);
+                    for r in 0..R {
+                        let blk = unsafe { w[r].get_unchecked(b) };
+                        let wq = nibbles(&blk.qs);
+                        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                            blk.d[0], blk.d[1], blk.m[0], blk.m[1],
+                        ])));
+                        let wd = _mm_permute_ps::<0x00>(dm);
+                        let wm = _mm_permute_ps::<0x55>(dm);
+                        summs[r] = _mm_fmadd_ps(wm, xs, summs[r]);
+                        let dd = _mm_mul_ps(wd, xd);
+                        for t in 0..T {
+                            let xy = _mm256_cvtepi32_ps($dot_us8(wq, xq[t]));
+                            acc[r][t] = _mm256_fmadd_ps(lane(dd, t), xy, acc[r][t]);
                         }
                     }
                 }
                 let mut out = [[0f32; T]; R];
                 for r in 0..R {
                     for t in 0..T {
-                        out[r][t] = hsum8(acc[r][t]) + summs[r][t];
+                        out[r][t] = hsum8(acc[r][t]) + lane_f32(summs[r], t);
                     }
                 }
                 out
@@ -125,25 +162,25 @@ macro_rules! panels {
             ) -> [[f32; T]; R] {
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 for b in 0..nb {
-                    let mut wabs = [_mm256_setzero_si256(); R];
-                    let mut wsig = [_mm256_setzero_si256(); R];
-                    let mut wd = [0f32; R];
-                    for r in 0..R {
-                        let blk = unsafe { w[r].get_unchecked(b) };
-                        wsig[r] = load32(&blk.qs);
-                        wabs[r] = _mm256_sign_epi8(wsig[r], wsig[r]);
-                        wd[r] = h2f(blk.d);
-                    }
+                    let mut xq = [_mm256_setzero_si256(); T];
+                    let mut xd = [0u16; T];
                     for t in 0..T {
                         let blk = unsafe { x[t].get_unchecked(b) };
-                        let xq = load32(&blk.qs);
-                        let xd = h2f(blk.d);
-                        for r in 0..R {
+                        xq[t] = load32(&blk.qs);
+                        xd[t] = u16::from_le_bytes(blk.d);
+                    }
+                    let (xd, _) = token_scales(xd, [0u16; T]);
+                    for r in 0..R {
+                        let blk = unsafe { w[r].get_unchecked(b) };
+                        let wsig = load32(&blk.qs);
+                        let wabs = _mm256_sign_epi8(wsig, wsig);
+                        let wd = _mm_set1_ps(h2f(blk.d));
+                        let dd = _mm_mul_ps(wd, xd);
+                        for t in 0..T {
                             // |w| × (x with w's sign): the signed products, as maddubs needs.
-                            let sy = _mm256_sign_epi8(xq, wsig[r]);
-                            let d = _mm256_set1_ps(wd[r] * xd);
-                            let q = _mm256_cvtepi32_ps($dot_us8(wabs[r], sy));
-                            acc[r][t] = _mm256_fmadd_ps(d, q, acc[r][t]);
+                            let sy = _mm256_sign_epi8(xq[t], wsig);
+                            let q = _mm256_cvtepi32_ps($dot_us8(wabs, sy));
+                            acc[r][t] = _mm256_fmadd_ps(lane(dd, t), q, acc[r][t]);
                         }
                     }
                 }
@@ -188,8 +225,8 @@ macro_rules! panel {
                     if rn == $rt && tn == $tt {
                         let v = $tile::<$rt, $tt>(
                             nb,
-                            std::array::from_fn(|i| wr(r0 + i)),
-                            std::array::from_fn(|j| xr(t0 + j)),
+                            rows_from(&wr, r0),
+                            rows_from(&xr, t0),
                         );
                         for (i, row) in v.iter().enumerate() {
                             for (j, &val) in row.iter().enumerate() {
@@ -201,7 +238,7 @@ macro_rules! panel {
                             let v = $tile::<1, $tt>(
                                 nb,
                                 [wr(r0 + i)],
-                                std::array::from_fn(|j| xr(t0 + j)),
+                                rows_from(&xr, t0),
                             );
                             for (j, &val) in v[0].iter().enumerate() {
                                 out[(t0 + j) * rows + r0 + i] = val;
@@ -212,7 +249,7 @@ macro_rules! panel {
                             if rn == $rt {
                                 let v = $tile::<$rt, 1>(
                                     nb,
-                                    std::array::from_fn(|i| wr(r0 + i)),
+                                    rows_from(&wr, r0),
                                     [xr(t0 + j)],
                                 );
                                 for (i, row) in v.iter().enumerate() {
@@ -232,6 +269,17 @@ macro_rules! panel {
             }
         }
     };
+}
+
+/// `[f(first), f(first + 1), …]` (what `array::from_fn` does, but inlined into the kernel:
+/// `from_fn`'s closure is not, inside a `target_feature` function).
+#[inline(always)]
+fn rows_from<'a, B, const N: usize>(f: &impl Fn(usize) -> &'a [B], first: usize) -> [&'a [B]; N] {
+    let mut out: [&[B]; N] = [&[]; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = f(first + i);
+    }
+    out
 }
 
 // AVX2 has 16 vector registers: 4×2 tiles keep the 8 accumulators and operands in them.

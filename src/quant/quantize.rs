@@ -47,10 +47,14 @@ fn amax(x: &[f32]) -> f32 {
         .fold(0.0f32, |a, &v| if a > v.abs() { a } else { v.abs() })
 }
 
+fma_dispatch! {
 /// Q8_0 as ggml-cpu's x86 path quantizes activations (`quantize_row_q8_0`): scale
 /// `d = amax/127`, multiplier `127/amax`, ties rounded to even. The reference C code uses
 /// `1/d` and `roundf`; the two differ in rare last-bit cases, and this model family is
 /// sensitive enough to such differences that we follow what the peer actually runs.
+///
+/// Compiled for AVX2 too (see `fma_dispatch`): round_ties_even becomes one vector instruction
+/// instead of a libm call per value.
 fn q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
     for (b, x) in y.iter_mut().zip(x.chunks_exact(QK)) {
         let (d, id) = scale_and_multiplier(amax(x));
@@ -60,7 +64,9 @@ fn q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
         }
     }
 }
+}
 
+fma_dispatch! {
 /// Q8_1 as ggml-cpu's x86 path does: Q8_0's rounding plus `s = f16(d * sum(qs))`.
 fn q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
     for (b, x) in y.iter_mut().zip(x.chunks_exact(QK)) {
@@ -73,6 +79,7 @@ fn q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
         }
         b.s = f32_to_f16(d * sum as f32);
     }
+}
 }
 
 #[inline(always)]

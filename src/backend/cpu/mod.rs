@@ -1,10 +1,11 @@
 //! The CPU backend: quantized matmul, paged attention and the small element-wise ops.
 
 #[macro_use]
-mod simd;
+pub(crate) mod simd;
 pub mod attention;
 mod f16_round;
 pub mod matmul;
 pub mod ops;
+pub mod peak;
 mod parallel;
 pub mod pool;

@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of edgelm against its peer, llama.cpp, on the same model and thread
+# count, in one run: prints metric / edgelm / llama.cpp / ratio / target and writes the same
+# as JSON to target/compare-peer.json.
+#
+#   scripts/compare-peer.sh [-m MODEL] [-t THREADS] [-r REPEATS]
+#
+# The peer is the llama.cpp vendored in the PyPI sdist of llama-cpp-python (pinned below),
+# built once with cmake into target/peer/ (about 10 minutes on 2 cores; later runs reuse it).
+# This is a benchmark, not a test: it exits 0 after printing whether or not the targets are
+# met, and non-zero only when something failed to build or run. Figures are only meaningful
+# on an otherwise idle machine (it warns when the load average says otherwise).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+model="models/SmolLM2-135M-Instruct.Q4_1.gguf"
+threads=2
+repeats=3
+usage() { echo "usage: $0 [-m MODEL] [-t THREADS] [-r REPEATS]" >&2; exit 2; }
+while getopts "m:t:r:h" opt; do
+    case "$opt" in
+        m) model="$OPTARG" ;;
+        t) threads="$OPTARG" ;;
+        r) repeats="$OPTARG" ;;
+        *) usage ;;
+    esac
+done
+shift $((OPTIND - 1))
+[ $# -eq 0 ] || usage
+case "$threads$repeats" in *[!0-9]*|"") usage ;; esac
+
+peer_pkg="llama-cpp-python"
+peer_version="0.3.36"
+peer_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+peer_dir="$root/target/peer"
+peer_src="$peer_dir/src/llama_cpp_python-$peer_version"
+peer_build="$peer_dir/build"
+llama_bench="$peer_build/bin/llama-bench"
+llama_batched_bench="$peer_build/bin/llama-batched-bench"
+out_json="$root/target/compare-peer.json"
+
+log() { echo "compare-peer: $*" >&2; }
+die() { echo "compare-peer: error: $*" >&2; exit 1; }
+
+# --- the model ---------------------------------------------------------------------------
+if [ ! -f "$model" ]; then
+    if [ "$model" = "models/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+        packaging/fetch-model.sh
+    else
+        die "model not found: $model"
+    fi
+fi
+
+# --- the peer: llama.cpp from the llama-cpp-python sdist ------------------------------------
+build_peer() {
+    local tools=()
+    command -v cmake >/dev/null || tools+=(cmake)
+    command -v c++ >/dev/null || tools+=(g++)
+    command -v make >/dev/null || tools+=(make)
+    if [ ${#tools[@]} -gt 0 ]; then
+        log "installing ${tools[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tools[@]}" >/dev/null
+    fi
+
+    mkdir -p "$peer_dir/dl" "$peer_dir/src"
+    local tarball="$peer_dir/dl/llama_cpp_python-$peer_version.tar.gz"
+    if [ ! -f "$tarball" ] || [ "$(sha256sum "$tarball" | cut -d' ' -f1)" != "$peer_sha256" ]; then
+        rm -f "$tarball"
+        log "downloading the $peer_pkg==$peer_version sdist"
+        # --no-binary for this package only: ':all:' would also build pip's build-backend
+        # dependencies (cmake among them) from source, which takes the better part of an hour.
+        if ! python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+                --no-binary "$peer_pkg" "$peer_pkg==$peer_version" -d "$peer_dir/dl" >&2 \
+                || [ ! -f "$tarball" ]; then
+            log "pip download failed; fetching the sdist URL from the PyPI simple index"
+            local url
+            url="$(curl -fsSL "https://pypi.org/simple/$peer_pkg/" \
+                | grep -o "https://[^\"#]*/llama_cpp_python-$peer_version\.tar\.gz" | head -n1)" \
+                || die "no sdist for $peer_pkg $peer_version in the PyPI simple index"
+            curl -fsSL -o "$tarball" "$url"
+        fi
+        local got
+        got="$(sha256sum "$tarball" | cut -d' ' -f1)"
+        [ "$got" = "$peer_sha256" ] || die "$tarball has SHA-256 $got, expected $peer_sha256"
+    fi
+    if [ ! -f "$peer_src/vendor/llama.cpp/CMakeLists.txt" ]; then
+        log "unpacking $(basename "$tarball")"
+        rm -rf "$peer_src"
+        tar -xzf "$tarball" -C "$peer_dir/src"
+        [ -f "$peer_src/vendor/llama.cpp/CMakeLists.txt" ] || die "no vendor/llama.cpp in the sdist"
+    fi
+
+    log "building llama-bench and llama-batched-bench into $peer_build (log: $peer_dir/build.log; ~10 min on 2 cores)"
+    local t0=$SECONDS
+    # The server (and its web UI, fetched at configure time), tests, OpenSSL and curl are off:
+    # only the two benchmark tools are built.
+    if ! {
+        cmake -S "$peer_src/vendor/llama.cpp" -B "$peer_build" \
+            -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CCACHE=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
+            -DLLAMA_BUILD_SERVER=OFF &&
+        cmake --build "$peer_build" --config Release -j "${PEER_BUILD_JOBS:-2}" \
+            --target llama-bench llama-batched-bench
+    } >"$peer_dir/build.log" 2>&1; then
+        tail -n 30 "$peer_dir/build.log" >&2
+        die "the llama.cpp build failed (full log: $peer_dir/build.log)"
+    fi
+    log "peer built in $((SECONDS - t0)) s"
+}
+
+if [ ! -x "$llama_bench" ] || [ ! -x "$llama_batched_bench" ]; then
+    build_peer
+fi
+[ -x "$llama_bench" ] && [ -x "$llama_batched_bench" ] || die "peer binaries missing after the build"
+
+# --- edgelm ------------------------------------------------------------------------------
+log "cargo build --release"
+cargo build --release --quiet
+edgelm="$root/target/release/edgelm"
+
+# --- run everything ----------------------------------------------------------------------
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+load="$(cut -d' ' -f1 /proc/loadavg)"
+if awk -v l="$load" 'BEGIN { exit !(l > 0.5) }'; then
+    log "warning: load average is $load before the benchmarks start; figures will be noisy"
+fi
+
+run() { # NAME CMD... : stdout to $work/NAME.out, stderr to $work/NAME.err
+    local name="$1"; shift
+    log "$name: $*"
+    local t0=$SECONDS
+    if ! "$@" >"$work/$name.out" 2>"$work/$name.err"; then
+        tail -n 20 "$work/$name.err" >&2
+        die "$name failed"
+    fi
+    log "$name: done in $((SECONDS - t0)) s"
+}
+
+run llama-bench "$llama_bench" -m "$model" -t "$threads" -p 512 -n 128 -r "$repeats" -o json
+for i in $(seq 1 "$repeats"); do
+    run "llama-batched-bench-$i" "$llama_batched_bench" -m "$model" -c 4096 -b 2048 -ub 512 \
+        -npp 128 -ntg 128 -npl 16 -t "$threads" --output-format jsonl
+done
+run edgelm-f16 "$edgelm" bench -m "$model" -t "$threads" -p 512 -n 128 --concurrency 1,4,16 \
+    --concurrency-prompt 128 --shared-prefix 0 -r "$repeats" --json
+run edgelm-q8_0 "$edgelm" bench -m "$model" -t "$threads" -p 512 -n 128 --concurrency 1 \
+    --concurrency-prompt 128 --shared-prefix 0 -r "$repeats" --kv-type q8_0 --json
+
+# --- compare -----------------------------------------------------------------------------
+python3 - "$work" "$out_json" "$model" "$threads" "$repeats" "$peer_pkg==$peer_version" "$load" <<'PY'
+import json, os, statistics, sys
+
+work, out_json, model, threads, repeats, peer, load = sys.argv[1:]
+
+def fail(msg):
+    sys.exit(f"compare-peer: error: {msg}")
+
+def read(name):
+    with open(os.path.join(work, name)) as f:
+        return f.read()
+
+# llama-bench -o json: an array of runs; pp512 has n_gen 0, tg128 has n_prompt 0.
+try:
+    lb = json.loads(read("llama-bench.out"))
+except ValueError as e:
+    fail(f"llama-bench printed no JSON ({e})")
+def lb_rate(n_prompt, n_gen):
+    for r in lb:
+        if r.get("n_prompt") == n_prompt and r.get("n_gen") == n_gen:
+            return float(r["avg_ts"])
+    fail(f"llama-bench: no run with n_prompt={n_prompt} n_gen={n_gen}")
+peer_pp, peer_tg = lb_rate(512, 0), lb_rate(0, 128)
+peer_build = {k: lb[0].get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
+
+# llama-batched-bench --output-format jsonl: one object per (pp, tg, pl); the median S_TG
+# over the repeated runs at pl = 16.
+s_tg = []
+for i in range(1, int(repeats) + 1):
+    text = read(f"llama-batched-bench-{i}.out") + "\n" + read(f"llama-batched-bench-{i}.err")
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"speed_tg"' in line:
+            r = json.loads(line)
+            if r.get("pl") == 16:
+                s_tg.append(float(r["speed_tg"]))
+if len(s_tg) != int(repeats):
+    fail(f"llama-batched-bench: expected {repeats} results at pl=16, got {len(s_tg)}")
+peer_tg16 = statistics.median(s_tg)
+
+ours = json.loads(read("edgelm-f16.out"))
+ours_q8 = json.loads(read("edgelm-q8_0.out"))
+conc = {c["sequences"]: float(c["decode_tok_s"]) for c in ours["concurrency"]}
+if 16 not in conc:
+    fail("edgelm bench reported no 16-sequence result")
+
+rows = [
+    # metric, edgelm, baseline, baseline name, target ratio
+    ("prefill pp512 (tok/s)", ours["prefill_tok_s"], peer_pp, "llama-bench pp512", 1.00),
+    ("decode tg128 (tok/s)", ours["decode_tok_s"], peer_tg, "llama-bench tg128", 1.10),
+    ("decode, 16 seqs aggregate (tok/s)", conc[16], peer_tg16,
+     "llama-batched-bench S_TG, B=16", 1.50),
+    ("decode tg128, q8_0 KV vs own f16 KV", ours_q8["decode_tok_s"], ours["decode_tok_s"],
+     "edgelm, f16 KV", 1.00),
+]
+info = [
+    (f"edgelm decode, {n} seqs aggregate (tok/s)", v) for n, v in sorted(conc.items()) if n != 16
+]
+
+result = {
+    "model": model,
+    "threads": int(threads),
+    "repeats": int(repeats),
+    "loadavg_at_start": float(load),
+    "peer": {"package": peer, **peer_build, "batched_bench_s_tg_runs": s_tg},
+    "rows": [
+        {"metric": m, "edgelm": round(a, 2), "baseline": round(b, 2), "baseline_is": bn,
+         "ratio": round(a / b, 3), "target": t, "meets_target": a / b >= t}
+        for m, a, b, bn, t in rows
+    ],
+    "info": {m: round(v, 2) for m, v in info},
+    "edgelm_f16": ours,
+    "edgelm_q8_0": ours_q8,
+    "llama_bench": lb,
+}
+os.makedirs(os.path.dirname(out_json), exist_ok=True)
+with open(out_json, "w") as f:
+    json.dump(result, f, indent=2)
+    f.write("\n")
+
+print(f"\nedgelm vs {peer} (llama.cpp {peer_build.get('build_commit')}), "
+      f"{os.path.basename(model)}, {threads} threads, {repeats} repeats")
+w = 38
+print(f"{'metric':<{w}} {'edgelm':>9} {'llama.cpp':>10} {'ratio':>7} {'target':>8}")
+print("-" * (w + 38))
+for r in result["rows"]:
+    peer_col = f"{r['baseline']:.1f}" + ("*" if r["baseline_is"].startswith("edgelm") else "")
+    mark = "ok" if r["meets_target"] else "MISS"
+    print(f"{r['metric']:<{w}} {r['edgelm']:>9.1f} {peer_col:>10} {r['ratio']:>7.2f} "
+          f"{'>=' + format(r['target'], '.2f'):>7} {mark}")
+for m, v in result["info"].items():
+    print(f"{m:<{w}} {v:>9.1f}")
+print("* baseline is edgelm itself with f16 KV pages (not llama.cpp)")
+print(f"written: {os.path.relpath(out_json)}")
+PY

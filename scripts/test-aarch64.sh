@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The quantization kernel tests on aarch64, under emulation: cross-builds the library's unit
+# tests for aarch64-unknown-linux-gnu (Debian's cross gcc links; the `onig` C code goes through
+# the cc crate with the same compiler) and runs the `quant::` tests under qemu-user, once per
+# emulated CPU model in EDGELM_QEMU_CPUS (default "max neoverse-n1"): `max` has every extension
+# qemu knows (NEON dotprod, i8mm, SVE2, ...), neoverse-n1 is the closest model to the Jetson
+# Orin's Cortex-A78AE (NEON dotprod and fp16, no i8mm, no SVE). The tests themselves take about
+# a second under emulation; the cross-build is the slow part.
+# Installs the rustup target and the apt packages when absent. Exits non-zero when a test fails
+# or when no quant test ran.
+#
+# The build goes to target/aarch64-cross/ (CARGO_TARGET_DIR overrides), so it never waits on
+# or invalidates the native build in target/.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+triple="aarch64-unknown-linux-gnu"
+sysroot="/usr/aarch64-linux-gnu"
+cpus="${EDGELM_QEMU_CPUS:-max neoverse-n1}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/aarch64-cross}"
+
+log() { echo "test-aarch64: $*" >&2; }
+
+# --- toolchain -----------------------------------------------------------------------------
+if ! rustup target list --installed | grep -qx "$triple"; then
+    log "rustup target add $triple"
+    rustup target add "$triple" >/dev/null
+fi
+if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null \
+        || [ ! -f "$sysroot/include/stdio.h" ] || [ ! -e "$sysroot/lib/ld-linux-aarch64.so.1" ]; then
+    log "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null
+fi
+
+# The linker comes from .cargo/config.toml (repeated here so that the script stands alone);
+# the cc crate (onig's C sources) gets the cross compiler explicitly.
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
+export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
+unset EDGELM_SIMD # the tests must see the NEON kernels, not the forced scalar path
+
+# --- what the emulated CPU reports -----------------------------------------------------------
+# The same runtime detection the crate uses (std's is_aarch64_feature_detected!).
+mkdir -p "$CARGO_TARGET_DIR"
+probe="$CARGO_TARGET_DIR/cpu-features"
+if [ ! -x "$probe" ]; then
+    cat >"$probe.rs" <<'RS'
+fn main() {
+    macro_rules! report { ($($f:tt),*) => {{
+        let (mut have, mut lack) = (Vec::new(), Vec::new());
+        $( if std::arch::is_aarch64_feature_detected!($f) { have.push($f) } else { lack.push($f) } )*
+        println!("  present: {}", have.join(" "));
+        println!("  absent:  {}", if lack.is_empty() { "-".to_string() } else { lack.join(" ") });
+    }} }
+    report!("neon", "dotprod", "i8mm", "fp16", "fhm", "rdm", "bf16", "sve", "sve2", "lse",
+            "crc", "aes", "sha2", "sha3", "rcpc");
+}
+RS
+    rustc --edition 2021 -O --target "$triple" -C linker=aarch64-linux-gnu-gcc \
+        -o "$probe" "$probe.rs"
+fi
+# Build once, then run the same test binary under each CPU model (the cargo runner in
+# .cargo/config.toml does the same for a plain `cargo test --target aarch64-unknown-linux-gnu`).
+log "cargo test --release --target $triple --lib --no-run"
+bin="$(cargo test --release --target "$triple" --lib --no-run --message-format=json-render-diagnostics \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+        print(m["executable"])
+')"
+[ -n "$bin" ] && [ -x "$bin" ] || { log "FAILED: no test binary from the cross-build"; exit 1; }
+
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+for cpu in $cpus; do
+    log "qemu-aarch64 -cpu $cpu: CPU features seen by the crate's runtime detection"
+    qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$probe" | tee "$out" >&2
+    grep -q "present:.* dotprod" "$out" || log "warning: CPU model '$cpu' has no NEON dotprod"
+
+    log "qemu-aarch64 -cpu $cpu ${bin#"$root"/} quant::"
+    set +e
+    qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$bin" quant:: 2>&1 | tee "$out"
+    status=${PIPESTATUS[0]}
+    set -e
+    if [ "$status" -ne 0 ]; then
+        log "FAILED on -cpu $cpu (the test binary exited $status)"
+        exit "$status"
+    fi
+    ran="$(grep -c '^test quant::.* \.\.\. ok$' "$out" || true)"
+    if [ "$ran" -eq 0 ] || ! grep -q '^test result: ok\. [1-9][0-9]* passed' "$out"; then
+        log "FAILED: no quant:: test ran on -cpu $cpu"
+        exit 1
+    fi
+    log "ok: $ran quant:: tests passed on emulated aarch64 (-cpu $cpu)"
+done

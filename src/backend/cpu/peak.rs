@@ -1,0 +1,107 @@
+//! This machine's own ceilings, for `edgelm bench` to report achieved throughput against:
+//! a tight FMA loop (peak arithmetic) and a STREAM-like copy (peak memory bandwidth), both
+//! on the compute pool's threads.
+
+use super::parallel::SharedSlice;
+use super::pool;
+use std::time::Instant;
+
+/// Peak f32 GFLOP/s of the pool's threads: independent FMA chains, enough to cover latency.
+pub fn peak_gflops() -> f64 {
+    const ITERS: usize = 4_000_000;
+    let threads = pool::threads();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let sink = std::sync::atomic::AtomicU32::new(0);
+        pool::parallel_for(threads, |_| {
+            let (flops_per_iter, v) = fma_loop(ITERS);
+            sink.fetch_add(v.to_bits() & 1, std::sync::atomic::Ordering::Relaxed);
+            debug_assert!(flops_per_iter > 0);
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        let per_iter = fma_loop(0).0;
+        best = best.max((threads * ITERS * per_iter) as f64 / secs / 1e9);
+    }
+    best
+}
+
+/// Returns (flops per iteration, a value depending on every FMA so none is optimised out).
+fn fma_loop(iters: usize) -> (usize, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { x86::fma_loop(iters) };
+    }
+    let mut acc = [1.0f32; 32];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = a.mul_add(0.999_999, 1e-7);
+        }
+    }
+    (64, std::hint::black_box(acc).iter().sum())
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// 12 independent 8-lane chains: two FMA pipes × four cycles of latency, with margin.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fma_loop(iters: usize) -> (usize, f32) {
+        let m = _mm256_set1_ps(0.999_999);
+        let c = _mm256_set1_ps(1e-7);
+        let mut acc = [_mm256_set1_ps(1.0); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm256_fmadd_ps(*a, m, c);
+            }
+        }
+        let mut out = [0f32; 8];
+        let mut s = _mm256_setzero_ps();
+        for a in acc {
+            s = _mm256_add_ps(s, a);
+        }
+        // SAFETY: `out` holds 8 f32.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
+        (12 * 8 * 2, out.iter().sum())
+    }
+}
+
+/// Memory bandwidth in GB/s (bytes read + bytes written per second) of a copy between two
+/// buffers far larger than the caches, split across the pool's threads; best of a few runs.
+pub fn stream_copy_gbs() -> f64 {
+    const BYTES: usize = 256 << 20;
+    let n = BYTES / 4;
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; n];
+    let tasks = pool::threads() * 4;
+    let chunk = n.div_ceil(tasks);
+    let mut best = 0f64;
+    for _ in 0..4 {
+        let out = SharedSlice::new(&mut dst);
+        let t0 = Instant::now();
+        pool::parallel_for(tasks, |t| {
+            let (a, b) = (t * chunk, ((t + 1) * chunk).min(n));
+            // SAFETY: task t alone writes a..b.
+            unsafe { out.slice_mut(a, b - a) }.copy_from_slice(&src[a..b]);
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        best = best.max(2.0 * BYTES as f64 / secs / 1e9);
+    }
+    std::hint::black_box(&dst);
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceilings_are_positive_and_finite() {
+        let g = peak_gflops();
+        let b = stream_copy_gbs();
+        assert!(g.is_finite() && g > 0.1, "{g} GFLOP/s");
+        assert!(b.is_finite() && b > 0.1, "{b} GB/s");
+    }
+}
