@@ -149,7 +149,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .map(|ctx| model.attention_flops(ctx))
             .sum::<f64>();
     // Decode starts after an 8-token prompt: the mean context is 8 + n_gen / 2.
-    let kv_row_bytes = args.compute.kv_type.row_bytes(model.config.head_dim).unwrap_or(0);
+    let kv_row_bytes = args
+        .compute
+        .kv_type
+        .row_bytes(model.config.head_dim)
+        .unwrap_or(0);
     let kv_bytes_per_pos = 2 * model.config.n_layers * model.config.n_head_kv * kv_row_bytes;
     let decode_bytes = (model.weight_bytes() + kv_bytes_per_pos * (8 + args.n_gen / 2)) as f64;
     let (engine, thread) = Engine::start(model, Vec::new(), config)?;

@@ -127,8 +127,10 @@ fn gemm_with(
 
 #[cfg(test)]
 mod tests {
+    use super::super::quantize_row;
+    #[cfg(target_arch = "x86_64")]
+    use super::super::simd_level;
     use super::super::test_util::{random_row, Rng};
-    use super::super::{quantize_row, simd_level};
     use super::*;
 
     /// Every tile shape and ragged edge, against the per-pair dot, bit for bit.

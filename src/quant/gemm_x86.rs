@@ -43,9 +43,7 @@ macro_rules! panels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn h2f(b: [u8; 2]) -> f32 {
-                _mm_cvtss_f32(_mm_cvtph_ps(
-                    _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
-                ))
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(b))))
             }
 
             /// ggml's `hsum_float_8`.
@@ -81,8 +79,14 @@ macro_rules! panels {
                 h[..T].copy_from_slice(&lo);
                 h[4..4 + T].copy_from_slice(&hi);
                 let v = _mm256_cvtph_ps(_mm_set_epi16(
-                    h[7] as i16, h[6] as i16, h[5] as i16, h[4] as i16,
-                    h[3] as i16, h[2] as i16, h[1] as i16, h[0] as i16,
+                    h[7] as i16,
+                    h[6] as i16,
+                    h[5] as i16,
+                    h[4] as i16,
+                    h[3] as i16,
+                    h[2] as i16,
+                    h[1] as i16,
+                    h[0] as i16,
                 ));
                 (_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v))
             }
@@ -129,8 +133,11 @@ macro_rules! panels {
                     let (xd, xs) = token_scales(xd, xs);
                     for r in 0..R {
                         let blk = unsafe { w[r].get_unchecked(b) };
+                        if T == 1 {
+                            _mm_prefetch::<_MM_HINT_T0>(w[r].as_ptr().wrapping_add(b + 8).cast());
+                        }
                         let wq = nibbles(&blk.qs);
-                        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+                        let dm = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes([
                             blk.d[0], blk.d[1], blk.m[0], blk.m[1],
                         ])));
                         let wd = _mm_permute_ps::<0x00>(dm);
@@ -172,6 +179,11 @@ macro_rules! panels {
                     let (xd, _) = token_scales(xd, [0u16; T]);
                     for r in 0..R {
                         let blk = unsafe { w[r].get_unchecked(b) };
+                        if T == 1 {
+                            // Decode streams the weights once: ask for them ahead (the
+                            // hardware prefetcher loses track of several rows in lockstep).
+                            _mm_prefetch::<_MM_HINT_T0>(w[r].as_ptr().wrapping_add(b + 8).cast());
+                        }
                         let wsig = load32(&blk.qs);
                         let wabs = _mm256_sign_epi8(wsig, wsig);
                         let wd = _mm_set1_ps(h2f(blk.d));
@@ -223,11 +235,7 @@ macro_rules! panel {
                 while r0 < rows {
                     let rn = (rows - r0).min($rt);
                     if rn == $rt && tn == $tt {
-                        let v = $tile::<$rt, $tt>(
-                            nb,
-                            rows_from(&wr, r0),
-                            rows_from(&xr, t0),
-                        );
+                        let v = $tile::<$rt, $tt>(nb, rows_from(&wr, r0), rows_from(&xr, t0));
                         for (i, row) in v.iter().enumerate() {
                             for (j, &val) in row.iter().enumerate() {
                                 out[(t0 + j) * rows + r0 + i] = val;
@@ -235,11 +243,7 @@ macro_rules! panel {
                         }
                     } else if tn == $tt {
                         for i in 0..rn {
-                            let v = $tile::<1, $tt>(
-                                nb,
-                                [wr(r0 + i)],
-                                rows_from(&xr, t0),
-                            );
+                            let v = $tile::<1, $tt>(nb, [wr(r0 + i)], rows_from(&xr, t0));
                             for (j, &val) in v[0].iter().enumerate() {
                                 out[(t0 + j) * rows + r0 + i] = val;
                             }
@@ -247,11 +251,7 @@ macro_rules! panel {
                     } else {
                         for j in 0..tn {
                             if rn == $rt {
-                                let v = $tile::<$rt, 1>(
-                                    nb,
-                                    rows_from(&wr, r0),
-                                    [xr(t0 + j)],
-                                );
+                                let v = $tile::<$rt, 1>(nb, rows_from(&wr, r0), [xr(t0 + j)]);
                                 for (i, row) in v.iter().enumerate() {
                                     out[(t0 + j) * rows + r0 + i] = row[0];
                                 }

@@ -209,6 +209,11 @@ fn detect() -> &'static Kernels {
     }
     #[cfg(target_arch = "aarch64")]
     {
+        if std::env::var_os("EDGELM_SIMD").is_none_or(|v| v != "neon")
+            && std::arch::is_aarch64_feature_detected!("dotprod")
+        {
+            return &simd_arm::NEON_DOTPROD;
+        }
         if std::arch::is_aarch64_feature_detected!("neon") {
             return &simd_arm::NEON;
         }
@@ -310,6 +315,38 @@ mod tests {
     /// Σ|w·x| (the scale rounding errors are proportional to).
     #[test]
     fn fast_paths_match_reference() {
+        let tables = fast_tables();
+        eprintln!(
+            "checking {:?} against the reference",
+            tables.iter().map(|k| k.name).collect::<Vec<_>>()
+        );
+        for k in tables {
+            check_table_against_reference(k);
+        }
+    }
+
+    /// Every fast table this CPU can run (so a machine with dotprod tests plain NEON too).
+    fn fast_tables() -> Vec<&'static Kernels> {
+        #[allow(unused_mut)]
+        let mut v: Vec<&'static Kernels> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+        {
+            v.push(&simd_x86::AVX2);
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            v.push(&simd_arm::NEON);
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                v.push(&simd_arm::NEON_DOTPROD);
+            }
+        }
+        v
+    }
+
+    fn check_table_against_reference(k: &Kernels) {
         let mut rng = Rng::new(0x5eed);
         for ty in WEIGHT_TYPES {
             let vt = ty.vec_dot_type();
@@ -332,13 +369,13 @@ mod tests {
                         .map(|(&a, &b)| (a as f64 * b as f64).abs())
                         .sum();
 
-                    let fast = vec_dot(ty, n, &w, &xq);
+                    let fast = dot_with(k, ty, n, &w, &xq);
                     let slow = reference::vec_dot(ty, n, &w, &xq);
                     let err = (fast as f64 - slow as f64).abs();
                     assert!(
                         err <= 1e-5 * scale + 1e-6 || err <= 1e-5 * (slow as f64).abs(),
                         "{ty} [{}] n={n}: fast {fast} ref {slow} (Σ|wx| {scale})",
-                        simd_level()
+                        k.name
                     );
                 }
             }

@@ -1,36 +1,43 @@
 //! NEON dot kernels for aarch64 (Q4_0, Q4_1, Q8_0; everything else uses the
-//! scalar reference). Modelled on ggml-cpu's arch/arm/quants.c, but using
-//! only baseline NEON (`vmull_s8` + pairwise adds) rather than the `sdot`
-//! instruction, whose intrinsic is not stable in Rust 1.85.
+//! scalar reference). Modelled on ggml-cpu's arch/arm/quants.c, in two
+//! variants chosen at run time: baseline NEON (`vmull_s8` + pairwise adds)
+//! and, where the CPU has it (`dotprod`, Armv8.2+: Cortex-A78AE in Jetson
+//! Orin, Neoverse, Apple), the `sdot` instruction. Its intrinsic is not
+//! stable in Rust, so it is issued with `asm!`.
 //!
-//! NEON is part of the aarch64 baseline, so these are safe to call on any
-//! aarch64 CPU; they are still `unsafe fn` because the intrinsics are, and
-//! `quant::detect` checks `is_aarch64_feature_detected!("neon")` anyway.
-//! The kernels only read inside the block slices they are given.
-//!
-//! Only compile-checked in CI-less development (`cargo check --target
-//! aarch64-unknown-linux-gnu`); the shared `fast_paths_match_reference` test
-//! in `quant::tests` exercises them when run on an aarch64 machine.
+//! NEON is part of the aarch64 baseline; the dotprod table is handed out
+//! only after `is_aarch64_feature_detected!("dotprod")`. The kernels only
+//! read inside the block slices they are given. CI runs the shared
+//! `fast_paths_match_reference` test for both tables under qemu-aarch64
+//! (`scripts/test-aarch64.sh`).
 
 use std::arch::aarch64::*;
+use std::arch::asm;
 
 use super::blocks::*;
 use super::{dot_ref, Kernels};
 
-pub(super) const NEON: Kernels = Kernels {
-    name: "neon",
-    q4_0: q4_0_q8_0,
-    q4_1: q4_1_q8_1,
-    q5_0: dot_ref::q5_0_q8_0,
-    q5_1: dot_ref::q5_1_q8_1,
-    q8_0: q8_0_q8_0,
-    q4_k: dot_ref::q4_k_q8_k,
-    q5_k: dot_ref::q5_k_q8_k,
-    q6_k: dot_ref::q6_k_q8_k,
-    f16: dot_ref::f16_f16,
-    bf16: dot_ref::bf16_bf16,
-    f32: dot_ref::f32_f32,
-};
+macro_rules! table {
+    ($name:literal, $module:ident) => {
+        Kernels {
+            name: $name,
+            q4_0: $module::q4_0_q8_0,
+            q4_1: $module::q4_1_q8_1,
+            q5_0: dot_ref::q5_0_q8_0,
+            q5_1: dot_ref::q5_1_q8_1,
+            q8_0: $module::q8_0_q8_0,
+            q4_k: dot_ref::q4_k_q8_k,
+            q5_k: dot_ref::q5_k_q8_k,
+            q6_k: dot_ref::q6_k_q8_k,
+            f16: dot_ref::f16_f16,
+            bf16: dot_ref::bf16_bf16,
+            f32: dot_ref::f32_f32,
+        }
+    };
+}
+
+pub(super) const NEON: Kernels = table!("neon", neon);
+pub(super) const NEON_DOTPROD: Kernels = table!("neon-dotprod", dotprod);
 
 /// Σ a[i]·b[i] over 16 signed bytes, as 4 i32 lanes (each lane holds the
 /// sum of 4 products; |sum| ≤ 4·128·128 fits easily).
@@ -50,59 +57,90 @@ unsafe fn nibbles(qs: &[u8; 16]) -> (uint8x16_t, uint8x16_t) {
     (vandq_u8(v, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(v))
 }
 
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x) = (cast::<BlockQ4_0>(w), cast::<BlockQ8_0>(x));
-    let s8b = vdupq_n_s8(8);
-    let mut acc = vdupq_n_f32(0.0);
-    for (a, b) in w.iter().zip(x) {
-        let (lo, hi) = nibbles(&a.qs);
-        let xl = vsubq_s8(vreinterpretq_s8_u8(lo), s8b);
-        let xh = vsubq_s8(vreinterpretq_s8_u8(hi), s8b);
-        let yl = vld1q_s8(b.qs.as_ptr());
-        let yh = vld1q_s8(b.qs.as_ptr().add(16));
-        let p = vaddq_s32(dot_i8x16(xl, yl), dot_i8x16(xh, yh));
-        let d = f16_to_f32(a.d) * f16_to_f32(b.d);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+/// The same 16-byte dot with `sdot` (lane j = Σ of products 4j..4j+4).
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn sdot_i8x16(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = vdupq_n_s32(0);
+    // SAFETY: `sdot` only reads the two vector registers and writes the accumulator; the
+    // CPU has it (this function is reached only through the dotprod table).
+    unsafe {
+        asm!(
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack)
+        );
     }
-    vaddvq_f32(acc)
+    acc
 }
 
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn q4_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x) = (cast::<BlockQ4_1>(w), cast::<BlockQ8_1>(x));
-    let mut acc = vdupq_n_f32(0.0);
-    let mut summs = 0f32;
-    for (a, b) in w.iter().zip(x) {
-        summs += f16_to_f32(a.m) * f16_to_f32(b.s);
-        // Nibbles are 0..15, so reinterpreting them as signed is exact.
-        let (lo, hi) = nibbles(&a.qs);
-        let yl = vld1q_s8(b.qs.as_ptr());
-        let yh = vld1q_s8(b.qs.as_ptr().add(16));
-        let p = vaddq_s32(
-            dot_i8x16(vreinterpretq_s8_u8(lo), yl),
-            dot_i8x16(vreinterpretq_s8_u8(hi), yh),
-        );
-        let d = f16_to_f32(a.d) * f16_to_f32(b.d);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
-    }
-    vaddvq_f32(acc) + summs
+/// The block kernels, once per variant (only the integer dot differs).
+macro_rules! kernels {
+    ($module:ident, $features:literal, $dot:ident) => {
+        mod $module {
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+                let (w, x) = (cast::<BlockQ4_0>(w), cast::<BlockQ8_0>(x));
+                let s8b = vdupq_n_s8(8);
+                let mut acc = vdupq_n_f32(0.0);
+                for (a, b) in w.iter().zip(x) {
+                    let (lo, hi) = nibbles(&a.qs);
+                    let xl = vsubq_s8(vreinterpretq_s8_u8(lo), s8b);
+                    let xh = vsubq_s8(vreinterpretq_s8_u8(hi), s8b);
+                    let yl = vld1q_s8(b.qs.as_ptr());
+                    let yh = vld1q_s8(b.qs.as_ptr().add(16));
+                    let p = vaddq_s32($dot(xl, yl), $dot(xh, yh));
+                    let d = f16_to_f32(a.d) * f16_to_f32(b.d);
+                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                }
+                vaddvq_f32(acc)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q4_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+                let (w, x) = (cast::<BlockQ4_1>(w), cast::<BlockQ8_1>(x));
+                let mut acc = vdupq_n_f32(0.0);
+                let mut summs = 0f32;
+                for (a, b) in w.iter().zip(x) {
+                    summs += f16_to_f32(a.m) * f16_to_f32(b.s);
+                    // Nibbles are 0..15, so reinterpreting them as signed is exact.
+                    let (lo, hi) = nibbles(&a.qs);
+                    let yl = vld1q_s8(b.qs.as_ptr());
+                    let yh = vld1q_s8(b.qs.as_ptr().add(16));
+                    let p = vaddq_s32(
+                        $dot(vreinterpretq_s8_u8(lo), yl),
+                        $dot(vreinterpretq_s8_u8(hi), yh),
+                    );
+                    let d = f16_to_f32(a.d) * f16_to_f32(b.d);
+                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                }
+                vaddvq_f32(acc) + summs
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn q8_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+                let (w, x) = (cast::<BlockQ8_0>(w), cast::<BlockQ8_0>(x));
+                let mut acc = vdupq_n_f32(0.0);
+                for (a, b) in w.iter().zip(x) {
+                    let p = vaddq_s32(
+                        $dot(vld1q_s8(a.qs.as_ptr()), vld1q_s8(b.qs.as_ptr())),
+                        $dot(
+                            vld1q_s8(a.qs.as_ptr().add(16)),
+                            vld1q_s8(b.qs.as_ptr().add(16)),
+                        ),
+                    );
+                    let d = f16_to_f32(a.d) * f16_to_f32(b.d);
+                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                }
+                vaddvq_f32(acc)
+            }
+        }
+    };
 }
 
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn q8_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let (w, x) = (cast::<BlockQ8_0>(w), cast::<BlockQ8_0>(x));
-    let mut acc = vdupq_n_f32(0.0);
-    for (a, b) in w.iter().zip(x) {
-        let p = vaddq_s32(
-            dot_i8x16(vld1q_s8(a.qs.as_ptr()), vld1q_s8(b.qs.as_ptr())),
-            dot_i8x16(
-                vld1q_s8(a.qs.as_ptr().add(16)),
-                vld1q_s8(b.qs.as_ptr().add(16)),
-            ),
-        );
-        let d = f16_to_f32(a.d) * f16_to_f32(b.d);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
-    }
-    vaddvq_f32(acc)
-}
+kernels!(neon, "neon", dot_i8x16);
+kernels!(dotprod, "neon,dotprod", sdot_i8x16);

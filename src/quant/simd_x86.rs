@@ -37,9 +37,7 @@ pub(super) const AVX2: Kernels = Kernels {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn h2f(b: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(
-        _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
-    ))
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(b))))
 }
 
 #[inline]
@@ -129,10 +127,10 @@ unsafe fn load32_at<T>(s: &[T], off: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scale_products(a: [[u8; 2]; 2], b: [[u8; 2]; 2]) -> (__m256, __m256) {
-    let fa = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+    let fa = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes([
         a[0][0], a[0][1], a[1][0], a[1][1],
     ])));
-    let fb = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([
+    let fb = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes([
         b[0][0], b[0][1], b[1][0], b[1][1],
     ])));
     let p = _mm_mul_ps(fa, fb);

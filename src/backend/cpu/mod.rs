@@ -6,6 +6,6 @@ pub mod attention;
 mod f16_round;
 pub mod matmul;
 pub mod ops;
-pub mod peak;
 mod parallel;
+pub mod peak;
 pub mod pool;

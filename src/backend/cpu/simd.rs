@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 /// True when this CPU has AVX2 and FMA (cached after the first call).
 #[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn has_avx2_fma() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
