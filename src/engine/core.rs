@@ -232,6 +232,8 @@ impl Engine {
             stats: stats.clone(),
             local: EngineStats::default(),
         };
+        engine.local.kv_pool_bytes = engine.pages.total_bytes();
+        engine.local.weight_bytes = engine.model.file_bytes();
         engine.publish();
         let handle = EngineHandle {
             tx,

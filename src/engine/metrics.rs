@@ -53,6 +53,9 @@ impl Histogram {
 
 #[derive(Clone, Debug)]
 pub struct EngineStats {
+    /// Bytes of the preallocated KV pool and of the weight matrices (fixed at start).
+    pub kv_pool_bytes: usize,
+    pub weight_bytes: usize,
     pub running: usize,
     pub waiting: usize,
     pub kv_blocks_total: usize,
@@ -76,6 +79,8 @@ pub struct EngineStats {
 impl Default for EngineStats {
     fn default() -> Self {
         EngineStats {
+            kv_pool_bytes: 0,
+            weight_bytes: 0,
             running: 0,
             waiting: 0,
             kv_blocks_total: 0,

@@ -37,6 +37,11 @@ impl Model {
         })
     }
 
+    /// Size of the model file (what mapping it can make resident).
+    pub fn file_bytes(&self) -> usize {
+        self.file.file_size() as usize
+    }
+
     /// Bytes of weight data a decode step reads (every matrix once).
     pub fn weight_bytes(&self) -> usize {
         let w = &self.weights;

@@ -23,6 +23,26 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         );
     };
     metric(
+        "edgelm_kv_pool_bytes",
+        "gauge",
+        "Bytes of the KV pool, allocated once at start.",
+        s.kv_pool_bytes as f64,
+    );
+    metric(
+        "edgelm_model_file_bytes",
+        "gauge",
+        "Bytes of the memory-mapped model file.",
+        s.weight_bytes as f64,
+    );
+    if let Some(rss) = resident_bytes() {
+        metric(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory of this process (weights mapped, KV pool touched, the rest).",
+            rss as f64,
+        );
+    }
+    metric(
         "edgelm_requests_running",
         "gauge",
         "Sequences in the running batch.",
@@ -123,4 +143,13 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         );
     }
     out
+}
+
+/// Resident set size from /proc (Linux); None elsewhere.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(1) as u64)
 }
