@@ -50,6 +50,9 @@ impl KvType {
 
     /// Reads a row back into f32 (`dst.len()` = head_dim).
     pub fn decode_row(self, src: &[u8], dst: &mut [f32]) {
+        if self == KvType::F16 {
+            return quant::f16_row_to_f32(src, dst);
+        }
         quant::dequantize_row(self.ggml(), src, dst).expect("page rows have the format's size");
     }
 }

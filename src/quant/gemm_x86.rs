@@ -59,8 +59,9 @@ macro_rules! panels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
-                let tmp = _mm_loadu_si128(qs.as_ptr().cast());
-                let bytes = _mm256_set_m128i(_mm_srli_epi16::<4>(tmp), tmp);
+                // Both halves from one broadcast load; the upper half shifted down a nibble.
+                let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr().cast()));
+                let bytes = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
                 _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F))
             }
 

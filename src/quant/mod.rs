@@ -280,6 +280,24 @@ pub fn vec_dot(ty: GgmlType, n: usize, w_row: &[u8], x_q: &[u8]) -> f32 {
     dot_with(kernels(), ty, n, w_row, x_q)
 }
 
+/// f16 values (little-endian bytes) to f32, `dst.len()` of them: the fast path K/V page rows
+/// take on every attention read.
+///
+/// # Panics
+/// If `src` holds fewer than `dst.len()` values.
+#[inline]
+pub fn f16_row_to_f32(src: &[u8], dst: &mut [f32]) {
+    assert!(src.len() >= dst.len() * 2, "f16 row too short");
+    #[cfg(target_arch = "x86_64")]
+    if kernels().name == "avx2" {
+        // SAFETY: the avx2 table is only chosen after detecting avx2, fma and f16c.
+        return unsafe { simd_x86::f16_row(src, dst) };
+    }
+    for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = blocks::f16_to_f32([s[0], s[1]]);
+    }
+}
+
 /// The scalar reference implementations (what the fast paths are tested
 /// against; a faithful transcription of ggml-cpu's generic C code).
 pub mod reference {
@@ -378,6 +396,21 @@ mod tests {
                         k.name
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_rows_convert_exactly() {
+        let mut rng = Rng::new(7);
+        for n in [0usize, 1, 7, 8, 9, 64, 67] {
+            let mut src = vec![0u8; 2 * n];
+            rng.fill(&mut src);
+            let mut got = vec![0f32; n];
+            f16_row_to_f32(&src, &mut got);
+            for (i, g) in got.iter().enumerate() {
+                let want = blocks::f16_to_f32([src[2 * i], src[2 * i + 1]]);
+                assert!(g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()));
             }
         }
     }

@@ -34,8 +34,26 @@ pub fn quantize_activations(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<
 pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
     let n_tok = x.len() / cols;
     debug_assert_eq!(out.len(), n_tok * rows);
-    let mut xq = Vec::new();
-    quantize_activations(ty, x, cols, &mut xq);
+    XQ.with_borrow_mut(|xq| {
+        quantize_activations(ty, x, cols, xq);
+        matmul_quantized(w, ty, rows, cols, xq, n_tok, out)
+    })
+}
+
+thread_local! {
+    /// Per-thread scratch for the quantized activations (reused, never shrunk).
+    static XQ: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn matmul_quantized(
+    w: &[u8],
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    xq: &[u8],
+    n_tok: usize,
+    out: &mut [f32],
+) {
     let w_row = ty.row_bytes(cols as u64).expect("checked at load") as usize;
     assert!(w.len() >= rows * w_row, "weight buffer too short");
 
@@ -47,22 +65,29 @@ pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: 
     pool::parallel_for(rows.div_ceil(chunk_rows), |c| {
         let r0 = c * chunk_rows;
         let r1 = (r0 + chunk_rows).min(rows);
-        let mut panel = vec![0f32; (r1 - r0) * n_tok];
-        quant::gemm(
-            ty,
-            cols,
-            &w[r0 * w_row..r1 * w_row],
-            r1 - r0,
-            &xq,
-            n_tok,
-            &mut panel,
-        );
-        for t in 0..n_tok {
-            // SAFETY: rows r0..r1 of every token belong to this task alone.
-            let dst = unsafe { shared.slice_mut(t * rows + r0, r1 - r0) };
-            dst.copy_from_slice(&panel[t * (r1 - r0)..(t + 1) * (r1 - r0)]);
+        let w_panel = &w[r0 * w_row..r1 * w_row];
+        if n_tok == 1 {
+            // One token: the panel is a contiguous run of the output.
+            // SAFETY: rows r0..r1 belong to this task alone.
+            let dst = unsafe { shared.slice_mut(r0, r1 - r0) };
+            quant::gemm(ty, cols, w_panel, r1 - r0, xq, 1, dst);
+            return;
         }
+        PANEL.with_borrow_mut(|panel| {
+            panel.resize((r1 - r0) * n_tok, 0.0);
+            quant::gemm(ty, cols, w_panel, r1 - r0, xq, n_tok, panel);
+            for t in 0..n_tok {
+                // SAFETY: rows r0..r1 of every token belong to this task alone.
+                let dst = unsafe { shared.slice_mut(t * rows + r0, r1 - r0) };
+                dst.copy_from_slice(&panel[t * (r1 - r0)..(t + 1) * (r1 - r0)]);
+            }
+        });
     });
+}
+
+thread_local! {
+    /// Per-thread scratch for one task's rows × tokens outputs (reused, never shrunk).
+    static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Gathers embedding rows for `tokens` into `out` (n_tok × cols).
