@@ -15,6 +15,11 @@ use std::arch::x86_64::*;
 
 use super::blocks::*;
 
+/// How far ahead decode prefetches weights: the same block `PREFETCH_ROWS` rows further on,
+/// i.e. a tile or two ahead. Rows are short (a few hundred bytes), so looking ahead within the
+/// row would not cover the memory latency.
+const PREFETCH_ROWS: usize = 32;
+
 /// Computes `out[t * rows + r]` for `r < rows`, `t < toks`; weight row `r` is
 /// `w[r * w_row..][..w_row]`, activation row `t` is `x[t * x_row..][..x_row]`, `nb` blocks each.
 pub(crate) type PanelFn =
@@ -135,7 +140,9 @@ macro_rules! panels {
                     for r in 0..R {
                         let blk = unsafe { w[r].get_unchecked(b) };
                         if T == 1 {
-                            _mm_prefetch::<_MM_HINT_T0>(w[r].as_ptr().wrapping_add(b + 8).cast());
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                w[r].as_ptr().wrapping_add(b + PREFETCH_ROWS * nb).cast(),
+                            );
                         }
                         let wq = nibbles(&blk.qs);
                         let dm = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes([
@@ -183,7 +190,9 @@ macro_rules! panels {
                         if T == 1 {
                             // Decode streams the weights once: ask for them ahead (the
                             // hardware prefetcher loses track of several rows in lockstep).
-                            _mm_prefetch::<_MM_HINT_T0>(w[r].as_ptr().wrapping_add(b + 8).cast());
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                w[r].as_ptr().wrapping_add(b + PREFETCH_ROWS * nb).cast(),
+                            );
                         }
                         let wsig = load32(&blk.qs);
                         let wabs = _mm256_sign_epi8(wsig, wsig);

@@ -430,7 +430,10 @@ mod tests {
     #[test]
     fn simd_level_is_stable_and_named() {
         let l = simd_level();
-        assert!(["avx2", "neon", "scalar"].contains(&l), "{l}");
+        assert!(
+            ["avx2", "neon", "neon-dotprod", "scalar"].contains(&l),
+            "{l}"
+        );
         assert_eq!(l, simd_level());
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2")
@@ -441,7 +444,8 @@ mod tests {
         }
         #[cfg(target_arch = "aarch64")]
         if std::env::var_os("EDGELM_SIMD").is_none() {
-            assert_eq!(l, "neon");
+            let dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
+            assert_eq!(l, if dotprod { "neon-dotprod" } else { "neon" });
         }
     }
 

@@ -60,7 +60,7 @@ fn matmul_quantized(
     // Tasks are panels of rows × all tokens: a panel's weights stay in cache while every
     // token passes over them. Enough panels for load balance, few enough to keep overhead low.
     let threads = pool::threads();
-    let chunk_rows = (rows / (threads * 8)).clamp(4, 64).next_multiple_of(4);
+    let chunk_rows = (rows / (threads * 16)).clamp(4, 64).next_multiple_of(4);
     let shared = SharedSlice::new(out);
     pool::parallel_for(rows.div_ceil(chunk_rows), |c| {
         let r0 = c * chunk_rows;
