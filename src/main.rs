@@ -20,20 +20,7 @@ fn default_log_level(cmd: &Command) -> String {
     }
 }
 
-/// Keeps the forward pass's per-step buffers (activations, logits: up to a few MiB) in the
-/// heap instead of fresh mmaps: otherwise every engine step pays page faults and page zeroing
-/// for them, which is measurable at decode speed. The heap's peak stays bounded by one step.
-fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes glibc allocator parameters; called before other threads start.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
-    }
-}
-
 fn main() {
-    tune_allocator();
     let cli = Cli::parse();
     env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or(default_log_level(&cli.command)),
