@@ -7,6 +7,8 @@
 //! dynamically from one counter, so a slow core never holds the others back. Calls from
 //! several threads at once are safe: whoever finds the pool busy runs its tasks inline.
 
+use std::any::Any;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -27,6 +29,9 @@ struct Shared {
     completed: AtomicUsize,
     sleepers: AtomicUsize,
     shutdown: AtomicBool,
+    /// The first panic of the current job's tasks, re-raised on the caller once every task
+    /// has finished (a worker never dies, and no task outlives the job it borrows from).
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
     park: Mutex<()>,
     wake: Condvar,
 }
@@ -85,6 +90,7 @@ impl Pool {
             completed: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
+            panic: Mutex::new(None),
             park: Mutex::new(()),
             wake: Condvar::new(),
         });
@@ -120,7 +126,7 @@ impl Pool {
         let generation = generation_of(s.claim.load(Relaxed)).wrapping_add(1) & GEN_MASK;
         s.claim.store(pack(generation, n_tasks as u64, 0), SeqCst);
         if s.sleepers.load(SeqCst) > 0 {
-            let _g = s.park.lock().unwrap_or_else(|e| e.into_inner());
+            let _g = lock(&s.park);
             s.wake.notify_all();
         }
         let mut done = run_tasks(s, generation);
@@ -129,7 +135,11 @@ impl Pool {
             std::hint::spin_loop();
             done = s.completed.load(Acquire);
         }
+        let panic = lock(&s.panic).take();
         drop(guard);
+        if let Some(p) = panic {
+            resume_unwind(p);
+        }
     }
 }
 
@@ -137,9 +147,13 @@ impl Drop for Pool {
     fn drop(&mut self) {
         let s = &*self.shared;
         s.shutdown.store(true, SeqCst);
-        let _g = s.park.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = lock(&s.park);
         s.wake.notify_all();
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 const FIELD_BITS: u32 = 20;
@@ -176,7 +190,9 @@ fn run_tasks(s: &Shared, generation: u64) -> usize {
         let job = s.job.load(Acquire);
         // SAFETY: see above; the pointer was stored from a live `Job` reference.
         let f: Job<'_> = unsafe { *(job as *const Job<'_>) };
-        f(idx as usize);
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(idx as usize))) {
+            lock(&s.panic).get_or_insert(p);
+        }
         completed = s.completed.fetch_add(1, AcqRel) + 1;
     }
 }
@@ -197,7 +213,7 @@ fn worker(s: &Shared) {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(256) && start.elapsed() > SPIN {
-                let mut parked = s.park.lock().unwrap_or_else(|e| e.into_inner());
+                let mut parked = lock(&s.park);
                 s.sleepers.fetch_add(1, SeqCst);
                 while generation_of(s.claim.load(SeqCst)) == seen && !s.shutdown.load(SeqCst) {
                     parked = s.wake.wait(parked).unwrap_or_else(|e| e.into_inner());
@@ -264,6 +280,26 @@ mod tests {
             c.join().unwrap();
         }
         assert_eq!(total.load(Relaxed), want);
+    }
+
+    #[test]
+    fn a_panicking_task_reaches_the_caller_and_the_pool_survives() {
+        let pool = Pool::new(2, || {});
+        for _ in 0..20 {
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                pool.run(8, &|i| {
+                    if i == 5 {
+                        panic!("task 5 failed");
+                    }
+                })
+            }));
+            assert!(r.is_err());
+            let hits = AtomicUsize::new(0);
+            pool.run(8, &|_| {
+                hits.fetch_add(1, Relaxed);
+            });
+            assert_eq!(hits.load(Relaxed), 8);
+        }
     }
 
     #[test]
