@@ -145,6 +145,8 @@ mod tests {
             let be = ty.block_elems().max(ty.vec_dot_type().block_elems());
             for (rows, toks, blocks) in [
                 (1, 1, 1),
+                (7, 1, 3),
+                (8, 1, 18),
                 (4, 4, 3),
                 (5, 3, 2),
                 (9, 7, 5),

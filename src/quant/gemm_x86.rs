@@ -20,6 +20,9 @@ use super::blocks::*;
 /// row would not cover the memory latency.
 const PREFETCH_ROWS: usize = 32;
 
+/// Weight rows per pass in decode's GEMV (one token): independent FMA chains and lookahead.
+const DECODE_ROWS: usize = 2;
+
 /// Computes `out[t * rows + r]` for `r < rows`, `t < toks`; weight row `r` is
 /// `w[r * w_row..][..w_row]`, activation row `t` is `x[t * x_row..][..x_row]`, `nb` blocks each.
 pub(crate) type PanelFn =
@@ -238,6 +241,21 @@ macro_rules! panel {
             assert!(w.len() >= rows * nb && x.len() >= toks * nb && out.len() >= rows * toks);
             let wr = |r: usize| &w[r * nb..(r + 1) * nb];
             let xr = |t: usize| &x[t * nb..(t + 1) * nb];
+            if toks == 1 {
+                // Decode's GEMV: DECODE_ROWS rows per pass over the one activation row.
+                let mut r0 = 0;
+                while r0 + DECODE_ROWS <= rows {
+                    let v = $tile::<DECODE_ROWS, 1>(nb, rows_from(&wr, r0), [xr(0)]);
+                    for (i, row) in v.iter().enumerate() {
+                        out[r0 + i] = row[0];
+                    }
+                    r0 += DECODE_ROWS;
+                }
+                for r in r0..rows {
+                    out[r] = $tile::<1, 1>(nb, [wr(r)], [xr(0)])[0][0];
+                }
+                return;
+            }
             let mut t0 = 0;
             while t0 < toks {
                 let tn = (toks - t0).min($tt);
