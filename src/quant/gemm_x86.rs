@@ -47,37 +47,11 @@ macro_rules! panels {
     ($module:ident, $features:literal, $dot_us8:ident, $rt:literal, $tt:literal) => {
         pub(crate) mod $module {
             use super::*;
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn h2f(b: [u8; 2]) -> f32 {
-                _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(b))))
-            }
-
-            /// ggml's `hsum_float_8`.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn hsum8(x: __m256) -> f32 {
-                let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
-                r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-                r = _mm_add_ss(r, _mm_movehdup_ps(r));
-                _mm_cvtss_f32(r)
-            }
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn nibbles(qs: &[u8; 16]) -> __m256i {
-                // Both halves from one broadcast load; the upper half shifted down a nibble.
-                let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr().cast()));
-                let bytes = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
-                _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F))
-            }
-
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn load32(p: &[i8; 32]) -> __m256i {
-                _mm256_loadu_si256(p.as_ptr().cast())
-            }
+            // The block helpers are the per-pair kernels' own (their AVX2 feature set is a
+            // subset of every variant's, so they inline here).
+            use crate::quant::simd_x86::{
+                bytes_from_nibbles_32 as nibbles, h2f, hsum_f32x8 as hsum8, load32,
+            };
 
             /// f16 scales of up to 4 tokens' blocks, converted in one instruction: lanes
             /// 0..4 from `lo`, 4..8 from `hi` (unused lanes zero).

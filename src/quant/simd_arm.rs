@@ -15,23 +15,17 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::blocks::*;
-use super::{dot_ref, Kernels};
+use super::Kernels;
 
+/// A variant's table: its own legacy-quant kernels, the scalar reference for the rest.
 macro_rules! table {
     ($name:literal, $module:ident) => {
         Kernels {
             name: $name,
             q4_0: $module::q4_0_q8_0,
             q4_1: $module::q4_1_q8_1,
-            q5_0: dot_ref::q5_0_q8_0,
-            q5_1: dot_ref::q5_1_q8_1,
             q8_0: $module::q8_0_q8_0,
-            q4_k: dot_ref::q4_k_q8_k,
-            q5_k: dot_ref::q5_k_q8_k,
-            q6_k: dot_ref::q6_k_q8_k,
-            f16: dot_ref::f16_f16,
-            bf16: dot_ref::bf16_bf16,
-            f32: dot_ref::f32_f32,
+            ..super::SCALAR
         }
     };
 }

@@ -36,13 +36,13 @@ pub(super) const AVX2: Kernels = Kernels {
 /// runtime feature check).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn h2f(b: [u8; 2]) -> f32 {
+pub(crate) unsafe fn h2f(b: [u8; 2]) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(b))))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_f32x8(x: __m256) -> f32 {
+pub(crate) unsafe fn hsum_f32x8(x: __m256) -> f32 {
     let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -60,9 +60,10 @@ unsafe fn hsum_f32x4(x: __m128) -> f32 {
 /// nibbles in 16..32 (the ggml legacy-quant element order).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bytes_from_nibbles_32(qs: &[u8; 16]) -> __m256i {
-    let tmp = _mm_loadu_si128(qs.as_ptr().cast());
-    let bytes = _mm256_set_m128i(_mm_srli_epi16::<4>(tmp), tmp);
+pub(crate) unsafe fn bytes_from_nibbles_32(qs: &[u8; 16]) -> __m256i {
+    // Both halves from one broadcast load; the upper half shifted down a nibble.
+    let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr().cast()));
+    let bytes = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
     _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F))
 }
 
@@ -105,7 +106,7 @@ unsafe fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load32(p: &[i8; 32]) -> __m256i {
+pub(crate) unsafe fn load32(p: &[i8; 32]) -> __m256i {
     _mm256_loadu_si256(p.as_ptr().cast())
 }
 
