@@ -2,7 +2,7 @@
 
 use super::{BatchMeta, Model};
 use crate::backend::cpu::attention::{paged_attention, AttnShape, AttnToken, TILE};
-use crate::backend::cpu::matmul::{embed, matmul};
+use crate::backend::cpu::matmul::{embed, matmul, matmul_fused, WeightRef};
 use crate::backend::cpu::ops::{
     add_bias, add_in_place, hadamard_64, rmsnorm, rope_apply, rope_cos_sin, silu_mul, HADAMARD_DIM,
 };
@@ -36,6 +36,12 @@ impl Model {
         let file = &*self.file;
         let mm = |m: &Mat, x: &[f32], out: &mut [f32]| {
             matmul(m.data(file), m.ty, m.rows, m.cols, x, out)
+        };
+        let weight = |m: &Mat| WeightRef {
+            w: m.data(file),
+            ty: m.ty,
+            rows: m.rows,
+            cols: m.cols,
         };
 
         let mut x = vec![0f32; n * e];
@@ -88,9 +94,11 @@ impl Model {
 
         for (li, lw) in w.layers.iter().enumerate() {
             rmsnorm(&x, &lw.attn_norm, cfg.rms_eps, &mut h);
-            mm(&lw.wq, &h, &mut q);
-            mm(&lw.wk, &h, &mut k);
-            mm(&lw.wv, &h, &mut v);
+            matmul_fused(
+                &[weight(&lw.wq), weight(&lw.wk), weight(&lw.wv)],
+                &h,
+                &mut [&mut q, &mut k, &mut v],
+            );
             if let Some(b) = &lw.bq {
                 add_bias(&mut q, b);
             }
@@ -138,8 +146,11 @@ impl Model {
             add_in_place(&mut x, &proj);
 
             rmsnorm(&x, &lw.ffn_norm, cfg.rms_eps, &mut h);
-            mm(&lw.w_gate, &h, &mut gate);
-            mm(&lw.w_up, &h, &mut up);
+            matmul_fused(
+                &[weight(&lw.w_gate), weight(&lw.w_up)],
+                &h,
+                &mut [&mut gate, &mut up],
+            );
             silu_mul(&mut gate, &up);
             mm(&lw.w_down, &gate, &mut proj);
             add_in_place(&mut x, &proj);

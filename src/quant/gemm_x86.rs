@@ -42,6 +42,32 @@ unsafe fn dot_us8_vnni(ax: __m256i, sy: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
 }
 
+/// Up to 4 tokens' scales for one block index, as f32: `d` (and Q8_1's `s`, the block's sum
+/// times d; zero for Q8_0). Lanes past the tile's tokens stay zero.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct TokenScales {
+    d: [f32; 4],
+    s: [f32; 4],
+}
+
+/// An activation block's f16 scale bits: (d, s).
+trait ActScales {
+    fn scales(&self) -> ([u8; 2], [u8; 2]);
+}
+
+impl ActScales for BlockQ8_1 {
+    fn scales(&self) -> ([u8; 2], [u8; 2]) {
+        (self.d, self.s)
+    }
+}
+
+impl ActScales for BlockQ8_0 {
+    fn scales(&self) -> ([u8; 2], [u8; 2]) {
+        (self.d, [0; 2])
+    }
+}
+
 /// Defines the panel kernels once per instruction-set variant.
 macro_rules! panels {
     ($module:ident, $features:literal, $dot_us8:ident, $rt:literal, $tt:literal) => {
@@ -53,32 +79,16 @@ macro_rules! panels {
                 bytes_from_nibbles_32 as nibbles, h2f, hsum_f32x8 as hsum8, load32,
             };
 
-            /// f16 scales of up to 4 tokens' blocks, converted in one instruction: lanes
-            /// 0..4 from `lo`, 4..8 from `hi` (unused lanes zero).
+            /// The 4 lanes of `v` in memory, to be broadcast by the load unit (a broadcast
+            /// from a register would take a shuffle-port slot per token).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn token_scales<const T: usize>(lo: [u16; T], hi: [u16; T]) -> (__m128, __m128) {
-                let mut h = [0u16; 8];
-                h[..T].copy_from_slice(&lo);
-                h[4..4 + T].copy_from_slice(&hi);
-                let v = _mm256_cvtph_ps(_mm_set_epi16(
-                    h[7] as i16,
-                    h[6] as i16,
-                    h[5] as i16,
-                    h[4] as i16,
-                    h[3] as i16,
-                    h[2] as i16,
-                    h[1] as i16,
-                    h[0] as i16,
-                ));
-                (_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v))
-            }
-
-            /// Lane `t` of `v` in all 8 lanes.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn lane(v: __m128, t: usize) -> __m256 {
-                _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(t as i32))
+            unsafe fn spill(v: __m128, a: &mut [f32; 4]) -> &[f32; 4] {
+                _mm_storeu_ps(a.as_mut_ptr(), v);
+                // Opaque to the optimiser, which would otherwise forward the store into
+                // register shuffles: the point is to read the lanes back through the load
+                // unit.
+                std::hint::black_box(a)
             }
 
             #[inline]
@@ -98,22 +108,20 @@ macro_rules! panels {
                 nb: usize,
                 w: [&[BlockQ4_1]; R],
                 x: [&[BlockQ8_1]; T],
+                scales: &[TokenScales],
             ) -> [[f32; T]; R] {
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 let mut summs = [_mm_setzero_ps(); R];
+                let mut dd_mem = [0f32; 4];
                 for b in 0..nb {
                     let mut xq = [_mm256_setzero_si256(); T];
-                    let mut xd = [0u16; T];
-                    let mut xs = [0u16; T];
                     for t in 0..T {
                         // SAFETY (all get_unchecked here): the panel checked every row
-                        // holds nb blocks.
-                        let blk = unsafe { x[t].get_unchecked(b) };
-                        xq[t] = load32(&blk.qs);
-                        xd[t] = u16::from_le_bytes(blk.d);
-                        xs[t] = u16::from_le_bytes(blk.s);
+                        // holds nb blocks, and `scales` holds nb entries.
+                        xq[t] = load32(&unsafe { x[t].get_unchecked(b) }.qs);
                     }
-                    let (xd, xs) = token_scales(xd, xs);
+                    let sc = unsafe { scales.get_unchecked(b) };
+                    let (xd, xs) = (_mm_loadu_ps(sc.d.as_ptr()), _mm_loadu_ps(sc.s.as_ptr()));
                     for r in 0..R {
                         let blk = unsafe { w[r].get_unchecked(b) };
                         if T == 1 {
@@ -129,9 +137,21 @@ macro_rules! panels {
                         let wm = _mm_permute_ps::<0x55>(dm);
                         summs[r] = _mm_fmadd_ps(wm, xs, summs[r]);
                         let dd = _mm_mul_ps(wd, xd);
+                        let dd_lanes = if T > 1 {
+                            spill(dd, &mut dd_mem)
+                        } else {
+                            &dd_mem
+                        };
                         for t in 0..T {
                             let xy = _mm256_cvtepi32_ps($dot_us8(wq, xq[t]));
-                            acc[r][t] = _mm256_fmadd_ps(lane(dd, t), xy, acc[r][t]);
+                            let ddt = if T > 1 {
+                                _mm256_broadcast_ss(&dd_lanes[t])
+                            } else {
+                                // One token: no shuffle pressure, and the round trip through
+                                // memory would sit on the critical path.
+                                _mm256_broadcastss_ps(dd)
+                            };
+                            acc[r][t] = _mm256_fmadd_ps(ddt, xy, acc[r][t]);
                         }
                     }
                 }
@@ -151,17 +171,16 @@ macro_rules! panels {
                 nb: usize,
                 w: [&[BlockQ8_0]; R],
                 x: [&[BlockQ8_0]; T],
+                scales: &[TokenScales],
             ) -> [[f32; T]; R] {
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
+                let mut dd_mem = [0f32; 4];
                 for b in 0..nb {
                     let mut xq = [_mm256_setzero_si256(); T];
-                    let mut xd = [0u16; T];
                     for t in 0..T {
-                        let blk = unsafe { x[t].get_unchecked(b) };
-                        xq[t] = load32(&blk.qs);
-                        xd[t] = u16::from_le_bytes(blk.d);
+                        xq[t] = load32(&unsafe { x[t].get_unchecked(b) }.qs);
                     }
-                    let (xd, _) = token_scales(xd, [0u16; T]);
+                    let xd = _mm_loadu_ps(unsafe { scales.get_unchecked(b) }.d.as_ptr());
                     for r in 0..R {
                         let blk = unsafe { w[r].get_unchecked(b) };
                         if T == 1 {
@@ -175,11 +194,23 @@ macro_rules! panels {
                         let wabs = _mm256_sign_epi8(wsig, wsig);
                         let wd = _mm_set1_ps(h2f(blk.d));
                         let dd = _mm_mul_ps(wd, xd);
+                        let dd_lanes = if T > 1 {
+                            spill(dd, &mut dd_mem)
+                        } else {
+                            &dd_mem
+                        };
                         for t in 0..T {
                             // |w| × (x with w's sign): the signed products, as maddubs needs.
                             let sy = _mm256_sign_epi8(xq[t], wsig);
                             let q = _mm256_cvtepi32_ps($dot_us8(wabs, sy));
-                            acc[r][t] = _mm256_fmadd_ps(lane(dd, t), q, acc[r][t]);
+                            let ddt = if T > 1 {
+                                _mm256_broadcast_ss(&dd_lanes[t])
+                            } else {
+                                // One token: no shuffle pressure, and the round trip through
+                                // memory would sit on the critical path.
+                                _mm256_broadcastss_ps(dd)
+                            };
+                            acc[r][t] = _mm256_fmadd_ps(ddt, q, acc[r][t]);
                         }
                     }
                 }
@@ -194,6 +225,31 @@ macro_rules! panels {
 
             panel!(q4_1, q4_1_tile, BlockQ4_1, BlockQ8_1, $features, $rt, $tt);
             panel!(q8_0, q8_0_tile, BlockQ8_0, BlockQ8_0, $features, $rt, $tt);
+
+            /// Each token's block scales as f32, converted once per panel rather than
+            /// once per tile row: per block, up to 4 tokens' `d` and `s` in one F16C
+            /// conversion, stored as one [`TokenScales`].
+            #[target_feature(enable = $features)]
+            unsafe fn token_scales<B: ActScales>(
+                nb: usize,
+                xs: &[&[B]],
+                out: &mut Vec<TokenScales>,
+            ) {
+                debug_assert!(xs.len() <= 4);
+                out.clear();
+                out.resize(nb, TokenScales::default());
+                for (b, sc) in out.iter_mut().enumerate() {
+                    let mut h = [0u16; 8];
+                    for (t, x) in xs.iter().enumerate() {
+                        let (d, s) = x[b].scales();
+                        h[t] = u16::from_le_bytes(d);
+                        h[4 + t] = u16::from_le_bytes(s);
+                    }
+                    let v = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast()));
+                    // SAFETY: TokenScales is 8 f32 (repr(C)).
+                    _mm256_storeu_ps((sc as *mut TokenScales).cast(), v);
+                }
+            }
         }
     };
 }
@@ -215,29 +271,34 @@ macro_rules! panel {
             assert!(w.len() >= rows * nb && x.len() >= toks * nb && out.len() >= rows * toks);
             let wr = |r: usize| &w[r * nb..(r + 1) * nb];
             let xr = |t: usize| &x[t * nb..(t + 1) * nb];
+            let mut sc = Vec::new();
             if toks == 1 {
                 // Decode's GEMV: DECODE_ROWS rows per pass over the one activation row.
+                token_scales(nb, &[xr(0)], &mut sc);
                 let mut r0 = 0;
                 while r0 + DECODE_ROWS <= rows {
-                    let v = $tile::<DECODE_ROWS, 1>(nb, rows_from(&wr, r0), [xr(0)]);
+                    let v = $tile::<DECODE_ROWS, 1>(nb, rows_from(&wr, r0), [xr(0)], &sc);
                     for (i, row) in v.iter().enumerate() {
                         out[r0 + i] = row[0];
                     }
                     r0 += DECODE_ROWS;
                 }
                 for r in r0..rows {
-                    out[r] = $tile::<1, 1>(nb, [wr(r)], [xr(0)])[0][0];
+                    out[r] = $tile::<1, 1>(nb, [wr(r)], [xr(0)], &sc)[0][0];
                 }
                 return;
             }
+            let mut sc1 = Vec::new();
             let mut t0 = 0;
             while t0 < toks {
                 let tn = (toks - t0).min($tt);
+                let group: Vec<&[$xb]> = (t0..t0 + tn).map(xr).collect();
+                token_scales(nb, &group, &mut sc);
                 let mut r0 = 0;
                 while r0 < rows {
                     let rn = (rows - r0).min($rt);
                     if rn == $rt && tn == $tt {
-                        let v = $tile::<$rt, $tt>(nb, rows_from(&wr, r0), rows_from(&xr, t0));
+                        let v = $tile::<$rt, $tt>(nb, rows_from(&wr, r0), rows_from(&xr, t0), &sc);
                         for (i, row) in v.iter().enumerate() {
                             for (j, &val) in row.iter().enumerate() {
                                 out[(t0 + j) * rows + r0 + i] = val;
@@ -245,21 +306,22 @@ macro_rules! panel {
                         }
                     } else if tn == $tt {
                         for i in 0..rn {
-                            let v = $tile::<1, $tt>(nb, [wr(r0 + i)], rows_from(&xr, t0));
+                            let v = $tile::<1, $tt>(nb, [wr(r0 + i)], rows_from(&xr, t0), &sc);
                             for (j, &val) in v[0].iter().enumerate() {
                                 out[(t0 + j) * rows + r0 + i] = val;
                             }
                         }
                     } else {
                         for j in 0..tn {
+                            token_scales(nb, &[xr(t0 + j)], &mut sc1);
                             if rn == $rt {
-                                let v = $tile::<$rt, 1>(nb, rows_from(&wr, r0), [xr(t0 + j)]);
+                                let v = $tile::<$rt, 1>(nb, rows_from(&wr, r0), [xr(t0 + j)], &sc1);
                                 for (i, row) in v.iter().enumerate() {
                                     out[(t0 + j) * rows + r0 + i] = row[0];
                                 }
                             } else {
                                 for i in 0..rn {
-                                    let v = $tile::<1, 1>(nb, [wr(r0 + i)], [xr(t0 + j)]);
+                                    let v = $tile::<1, 1>(nb, [wr(r0 + i)], [xr(t0 + j)], &sc1);
                                     out[(t0 + j) * rows + r0 + i] = v[0][0];
                                 }
                             }

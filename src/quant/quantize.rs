@@ -41,10 +41,22 @@ pub(crate) fn quantize(dot_ty: GgmlType, src: &[f32], dst: &mut [u8]) -> bool {
 }
 
 /// Largest |x| of a block, with C's `MAX(a, fabsf(v))` semantics.
+///
+/// Kept in 8 lanes and folded at the end: a maximum does not depend on the order it is taken
+/// in, and one running maximum would be a chain of 32 dependent compares per block.
 #[inline(always)]
 fn amax(x: &[f32]) -> f32 {
-    x.iter()
-        .fold(0.0f32, |a, &v| if a > v.abs() { a } else { v.abs() })
+    let max = |a: f32, v: f32| if a > v { a } else { v };
+    let mut lanes = [0.0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = max(*l, v.abs());
+        }
+    }
+    let head = lanes.iter().fold(0.0f32, |a, &l| max(a, l));
+    tail.iter().fold(head, |a, &v| max(a, v.abs()))
 }
 
 fma_dispatch! {
@@ -57,26 +69,94 @@ fma_dispatch! {
 /// instead of a libm call per value.
 fn q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
     for (b, x) in y.iter_mut().zip(x.chunks_exact(QK)) {
-        let (d, id) = scale_and_multiplier(amax(x));
+        let (d, _) = q8_block(x, &mut b.qs);
         b.d = f32_to_f16(d);
-        for (q, &v) in b.qs.iter_mut().zip(x) {
-            *q = (v * id).round_ties_even() as i8;
-        }
     }
 }
+}
+
+/// One block of 32 activations to int8 (ggml-cpu's x86 rounding): returns the scale `d` and
+/// the sum of the quantized values.
+#[inline(always)]
+fn q8_block(x: &[f32], qs: &mut [i8; QK]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::backend::cpu::simd::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2, FMA and F16C; `x` holds a whole block (chunks_exact).
+        return unsafe { q8_block_avx2(x, qs) };
+    }
+    q8_block_scalar(x, qs)
+}
+
+#[inline(always)]
+fn q8_block_scalar(x: &[f32], qs: &mut [i8; QK]) -> (f32, i32) {
+    let (d, id) = scale_and_multiplier(amax(x));
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+        sum += *q as i32;
+    }
+    (d, sum)
+}
+
+/// [`q8_block`] in AVX2, as ggml's `quantize_row_q8_0`/`_q8_1` do it: the same maximum (order
+/// does not change a maximum), the same multiply and round-to-nearest-even, an exact integer
+/// sum. LLVM does not vectorise the portable form well (the saturating `as i8`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_block_avx2(x: &[f32], qs: &mut [i8; QK]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    assert!(x.len() >= QK);
+    let p = x.as_ptr();
+    // SAFETY: 32 floats are in bounds (asserted).
+    let v = unsafe {
+        [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ]
+    };
+    let sign = _mm256_set1_ps(-0.0);
+    let abs = |a: __m256| _mm256_andnot_ps(sign, a);
+    let m = _mm256_max_ps(
+        _mm256_max_ps(abs(v[0]), abs(v[1])),
+        _mm256_max_ps(abs(v[2]), abs(v[3])),
+    );
+    let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    let (d, id) = scale_and_multiplier(amax);
+    let mul = _mm256_set1_ps(id);
+    let q = v.map(|a| {
+        _mm256_cvtps_epi32(_mm256_round_ps::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(_mm256_mul_ps(a, mul)))
+    });
+    let s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let s4 = _mm_add_epi32(
+        _mm256_extracti128_si256::<1>(s8),
+        _mm256_castsi256_si128(s8),
+    );
+    let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
+    // Narrow to bytes; the packs interleave 128-bit lanes, the permute restores the order.
+    let w16a = _mm256_packs_epi32(q[0], q[1]);
+    let w16b = _mm256_packs_epi32(q[2], q[3]);
+    let bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(w16a, w16b),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+    );
+    // SAFETY: `qs` is 32 bytes.
+    unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), bytes) };
+    (d, sum)
 }
 
 fma_dispatch! {
 /// Q8_1 as ggml-cpu's x86 path does: Q8_0's rounding plus `s = f16(d * sum(qs))`.
 fn q8_1(x: &[f32], y: &mut [BlockQ8_1]) {
     for (b, x) in y.iter_mut().zip(x.chunks_exact(QK)) {
-        let (d, id) = scale_and_multiplier(amax(x));
+        let (d, sum) = q8_block(x, &mut b.qs);
         b.d = f32_to_f16(d);
-        let mut sum = 0i32;
-        for (q, &v) in b.qs.iter_mut().zip(x) {
-            *q = (v * id).round_ties_even() as i8;
-            sum += *q as i32;
-        }
         b.s = f32_to_f16(d * sum as f32);
     }
 }
@@ -239,6 +319,35 @@ mod tests {
                 assert_eq!(s, b.bsum(j) as i32);
             }
             assert!(b.qs.iter().all(|&q| q != -128));
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q8_block_avx2_matches_scalar() {
+        use super::super::blocks::QK;
+        if !crate::backend::cpu::simd::has_avx2_fma() {
+            return;
+        }
+        let mut rng = Rng::new(7);
+        for case in 0..2000 {
+            let x: Vec<f32> = (0..QK)
+                .map(|i| match case % 4 {
+                    0 => 0.0,
+                    // Exact ties after scaling by 127/amax: multiples of amax/254.
+                    1 => ((i as f32) - 16.0) * 0.5 / 127.0 * 3.0,
+                    _ => rng.f32() * 10.0 - 5.0,
+                })
+                .collect();
+            let (mut a, mut b) = ([0i8; QK], [0i8; QK]);
+            // SAFETY: checked the features above.
+            let got = unsafe { super::q8_block_avx2(&x, &mut a) };
+            let want = super::q8_block_scalar(&x, &mut b);
+            assert_eq!(
+                (got.0.to_bits(), got.1, a),
+                (want.0.to_bits(), want.1, b),
+                "case {case}"
+            );
         }
     }
 

@@ -52,10 +52,60 @@ pub fn paged_attention(
     let hd = shape.head_dim;
     let rep = shape.n_head / shape.n_head_kv;
     let q_dim = shape.n_head * hd;
-    // Units of work: (token, KV head) for the per-row path; (chunk of up to `QUERY_CHUNK`
-    // consecutive tokens of one span, KV head) for the tiled path, so that each decoded K/V
-    // tile serves the whole chunk instead of being decoded again for every query.
-    let mut units: Vec<(usize, usize)> = Vec::new();
+    let (segments, units) = plan_units(tokens, shape.n_head_kv, rep, pool::threads());
+    let shared = SharedSlice::new(out);
+    pool::parallel_for(units.len(), |unit| {
+        for seg in &segments[units[unit].clone()] {
+            let heads = seg.heads.clone();
+            let head_range = |t: usize| {
+                let first = t * q_dim + (seg.kv_head * rep + heads.start) * hd;
+                first..first + heads.len() * hd
+            };
+            let q_g: Vec<&[f32]> = seg.tokens.clone().map(|t| &q[head_range(t)]).collect();
+            // SAFETY: this segment alone owns its tokens' output ranges for these heads.
+            let mut out_g: Vec<&mut [f32]> = seg
+                .tokens
+                .clone()
+                .map(|t| unsafe { shared.slice_mut(head_range(t).start, heads.len() * hd) })
+                .collect();
+            let (t0, t1) = (seg.tokens.start, seg.tokens.end);
+            if tokens[t0].tiled {
+                let (toks, m) = (&tokens[t0..t1], heads.len());
+                attend_chunk_tiled(kv, layer, seg.kv_head, toks, &q_g, m, hd, &mut out_g);
+            } else {
+                let m = heads.len();
+                attend_group(kv, layer, seg.kv_head, &tokens[t0], q_g[0], m, hd, out_g[0]);
+            }
+        }
+    });
+}
+
+/// A piece of attention work: some query heads of one KV head group, for a run of tokens.
+#[derive(Clone, Debug, PartialEq)]
+struct Segment {
+    tokens: std::ops::Range<usize>,
+    kv_head: usize,
+    /// Query heads within the group (`0..rep` for the whole group).
+    heads: std::ops::Range<usize>,
+}
+
+/// Splits the batch into segments and the segments into units of parallel work.
+///
+/// Normally one unit is one segment: (token, KV head) for the per-row path, (chunk of up to
+/// `QUERY_CHUNK` consecutive tokens of one span, KV head) for the tiled path, so that each
+/// decoded K/V tile serves the whole chunk. When the per-row work is too coarse to spread
+/// (one decoding sequence has only `n_head_kv` groups, often fewer than twice the threads),
+/// its query heads are instead dealt out in equal contiguous runs, one per thread.
+fn plan_units(
+    tokens: &[AttnToken<'_>],
+    n_head_kv: usize,
+    rep: usize,
+    threads: usize,
+) -> (Vec<Segment>, Vec<std::ops::Range<usize>>) {
+    let mut segments = Vec::new();
+    let mut units = Vec::new();
+    let row_tokens: Vec<usize> = (0..tokens.len()).filter(|&t| !tokens[t].tiled).collect();
+    let split_heads = threads > 1 && row_tokens.len() * n_head_kv < 2 * threads;
     let mut t = 0;
     while t < tokens.len() {
         let mut end = t + 1;
@@ -68,25 +118,44 @@ pub fn paged_attention(
                 end += 1;
             }
         }
-        units.push((t, end));
+        if !tokens[t].tiled && split_heads {
+            t = end;
+            continue;
+        }
+        for kv_head in 0..n_head_kv {
+            units.push(segments.len()..segments.len() + 1);
+            segments.push(Segment {
+                tokens: t..end,
+                kv_head,
+                heads: 0..rep,
+            });
+        }
         t = end;
     }
-    let shared = SharedSlice::new(out);
-    pool::parallel_for(units.len() * shape.n_head_kv, |unit| {
-        let (t0, t1) = units[unit / shape.n_head_kv];
-        let g = unit % shape.n_head_kv;
-        let head_range = |t: usize| t * q_dim + g * rep * hd..t * q_dim + (g + 1) * rep * hd;
-        let q_g: Vec<&[f32]> = (t0..t1).map(|t| &q[head_range(t)]).collect();
-        // SAFETY: this unit alone owns its tokens' output ranges for KV head g.
-        let mut out_g: Vec<&mut [f32]> = (t0..t1)
-            .map(|t| unsafe { shared.slice_mut(head_range(t).start, rep * hd) })
-            .collect();
-        if tokens[t0].tiled {
-            attend_chunk_tiled(kv, layer, g, &tokens[t0..t1], &q_g, rep, hd, &mut out_g);
-        } else {
-            attend_group(kv, layer, g, &tokens[t0], q_g[0], rep, hd, out_g[0]);
+    if split_heads {
+        // Flatten (token, query head) and give each thread one contiguous run of it.
+        let total = row_tokens.len() * n_head_kv * rep;
+        let parts = threads.min(total);
+        for part in 0..parts {
+            let (lo, hi) = (part * total / parts, (part + 1) * total / parts);
+            let first = segments.len();
+            let mut f = lo;
+            while f < hi {
+                let (tok_i, head) = (f / (n_head_kv * rep), f % (n_head_kv * rep));
+                let (kv_head, h0) = (head / rep, head % rep);
+                let h1 = rep.min(h0 + hi - f);
+                let t = row_tokens[tok_i];
+                segments.push(Segment {
+                    tokens: t..t + 1,
+                    kv_head,
+                    heads: h0..h1,
+                });
+                f += h1 - h0;
+            }
+            units.push(first..segments.len());
         }
-    });
+    }
+    (segments, units)
 }
 
 /// Queries of one span that share each decoded K/V tile in the tiled path.
@@ -284,28 +353,83 @@ fn online_update(h: &mut Online, s: f32, v: &[f32]) {
 /// `_mm512_reduce_add_ps` does; a tail beyond whole 64s is added in f64.
 #[inline(always)]
 fn dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { dot_f16_ggml_avx2(x, y) };
+    }
+    dot_f16_ggml_scalar(x, y)
+}
+
+/// The portable form of [`dot_f16_ggml`], written lane by lane.
+fn dot_f16_ggml_scalar(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len();
     let main = n - n % 64;
     let mut acc = [[0f32; 16]; 4];
-    for base in (0..main).step_by(64) {
+    for (xc, yc) in x[..main].chunks_exact(64).zip(y[..main].chunks_exact(64)) {
         for (j, a) in acc.iter_mut().enumerate() {
             for (l, lane) in a.iter_mut().enumerate() {
-                let i = base + j * 16 + l;
-                *lane = x[i].mul_add(y[i], *lane);
+                *lane = xc[j * 16 + l].mul_add(yc[j * 16 + l], *lane);
             }
         }
     }
-    let mut sum = if main > 0 {
-        let v: [f32; 16] =
-            std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let v: [f32; 16] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let head = if main > 0 {
         reduce_add_16(&v) as f64
     } else {
         0.0
     };
-    for i in main..n {
-        sum += (x[i] * y[i]) as f64;
+    dot_tail(head, &x[main..], &y[main..])
+}
+
+/// Adds the products past the whole 64s in f64, as ggml does.
+#[inline(always)]
+fn dot_tail(mut sum: f64, x: &[f32], y: &[f32]) -> f32 {
+    for (&a, &b) in x.iter().zip(y) {
+        sum += (a * b) as f64;
     }
     sum as f32
+}
+
+/// [`dot_f16_ggml`] in AVX2: each 16-lane accumulator is two 8-lane registers, so every lane
+/// sees the same FMA chain and the reduction the same additions as the scalar form. (LLVM
+/// does not vectorise the scalar form: it unrolls the 16 lanes into scalar FMAs.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f16_ggml_avx2(x: &[f32], y: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = x.len().min(y.len());
+    let main = n - n % 64;
+    let (xp, yp) = (x.as_ptr(), y.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut base = 0;
+    while base < main {
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: base + 8k + 8 <= main <= both lengths.
+            let (xv, yv) = unsafe {
+                (
+                    _mm256_loadu_ps(xp.add(base + 8 * k)),
+                    _mm256_loadu_ps(yp.add(base + 8 * k)),
+                )
+            };
+            *a = _mm256_fmadd_ps(xv, yv, *a);
+        }
+        base += 64;
+    }
+    // acc[2j] holds lanes 0..8 of accumulator j, acc[2j + 1] lanes 8..16.
+    let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    let t8 = _mm256_add_ps(hi, lo);
+    let t4 = _mm_add_ps(_mm256_extractf128_ps::<1>(t8), _mm256_castps256_ps128(t8));
+    let mut l = [0f32; 4];
+    // SAFETY: `l` holds four f32.
+    unsafe { _mm_storeu_ps(l.as_mut_ptr(), t4) };
+    let head = if main > 0 {
+        ((l[0] + l[2]) + (l[1] + l[3])) as f64
+    } else {
+        0.0
+    };
+    dot_tail(head, &x[main..n], &y[main..n])
 }
 
 #[cfg(test)]
@@ -431,6 +555,60 @@ mod tests {
             for (a, b) in alone.iter().zip(&together[i * 128..(i + 1) * 128]) {
                 assert_eq!(a.to_bits(), b.to_bits(), "query at position {}", tok.pos);
             }
+        }
+    }
+
+    #[test]
+    fn one_decoding_token_splits_its_heads_evenly_across_threads() {
+        let table = [0u32];
+        let tok = [AttnToken {
+            block_table: &table,
+            pos: 3,
+            tiled: false,
+        }];
+        let (segs, units) = plan_units(&tok, 3, 3, 2);
+        assert_eq!(units.len(), 2);
+        let heads = |u: &std::ops::Range<usize>| -> usize {
+            segs[u.clone()].iter().map(|s| s.heads.len()).sum()
+        };
+        assert_eq!((heads(&units[0]), heads(&units[1])), (4, 5));
+        // Every (KV head, query head) exactly once.
+        let mut seen: Vec<(usize, usize)> = segs
+            .iter()
+            .flat_map(|s| s.heads.clone().map(move |h| (s.kv_head, h)))
+            .collect();
+        seen.sort();
+        let want: Vec<(usize, usize)> = (0..3).flat_map(|g| (0..3).map(move |h| (g, h))).collect();
+        assert_eq!(seen, want);
+        // Plenty of groups: one unit per (token, KV head), whole groups.
+        let many: Vec<AttnToken> = (0..4)
+            .map(|p| AttnToken {
+                block_table: &table,
+                pos: p,
+                tiled: false,
+            })
+            .collect();
+        let (segs, units) = plan_units(&many, 3, 3, 2);
+        assert_eq!(units.len(), 12);
+        assert!(segs
+            .iter()
+            .all(|s| s.heads == (0..3) && s.tokens.len() == 1));
+    }
+
+    #[test]
+    fn f16_dot_simd_matches_scalar_bit_for_bit() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            f16::from_f32(((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0).to_f32()
+        };
+        for n in [1, 7, 63, 64, 65, 100, 128, 130, 256] {
+            let x: Vec<f32> = (0..n).map(|_| next()).collect();
+            let y: Vec<f32> = (0..n).map(|_| next()).collect();
+            let want = dot_f16_ggml_scalar(&x, &y);
+            assert_eq!(dot_f16_ggml(&x, &y).to_bits(), want.to_bits(), "n = {n}");
         }
     }
 

@@ -30,58 +30,114 @@ pub fn quantize_activations(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<
     row_bytes
 }
 
+/// One weight matrix of a (fused) matmul: `rows` rows of type `ty`, each `cols` wide.
+#[derive(Clone, Copy)]
+pub struct WeightRef<'a> {
+    pub w: &'a [u8],
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
 /// `w` is `rows` rows of type `ty`, each `cols` wide; `x` is n_tok × cols; `out` n_tok × rows.
 pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
+    matmul_fused(&[WeightRef { w, ty, rows, cols }], x, &mut [out]);
+}
+
+/// Several matrices applied to the same input (Q/K/V, gate/up) as one parallel loop: the
+/// input is quantized once per dot format, and the threads meet once instead of once per
+/// matrix, which matters for one decoding token, where each matrix is only a few µs of work.
+/// `outs[i]` is n_tok × `mats[i].rows`.
+pub fn matmul_fused(mats: &[WeightRef<'_>], x: &[f32], outs: &mut [&mut [f32]]) {
+    assert_eq!(mats.len(), outs.len());
+    let Some(first) = mats.first() else { return };
+    let cols = first.cols;
+    assert!(
+        mats.iter().all(|m| m.cols == cols),
+        "fused matrices share their input"
+    );
     let n_tok = x.len() / cols;
-    debug_assert_eq!(out.len(), n_tok * rows);
+    for (m, out) in mats.iter().zip(outs.iter()) {
+        debug_assert_eq!(out.len(), n_tok * m.rows);
+        let w_row = m.ty.row_bytes(cols as u64).expect("checked at load") as usize;
+        assert!(m.w.len() >= m.rows * w_row, "weight buffer too short");
+    }
     XQ.with_borrow_mut(|xq| {
-        quantize_activations(ty, x, cols, xq);
-        matmul_quantized(w, ty, rows, cols, xq, n_tok, out)
+        // One quantized copy of the input per distinct dot format (usually just one).
+        let mut formats: Vec<(GgmlType, usize)> = Vec::new();
+        for m in mats {
+            let dot_ty = m.ty.vec_dot_type();
+            if !formats.iter().any(|&(t, _)| t == dot_ty) {
+                let at = formats.len();
+                if xq.len() <= at {
+                    xq.push(Vec::new());
+                }
+                quantize_activations(m.ty, x, cols, &mut xq[at]);
+                formats.push((dot_ty, at));
+            }
+        }
+        let xq_of = |ty: GgmlType| {
+            let at = formats
+                .iter()
+                .find(|&&(t, _)| t == ty.vec_dot_type())
+                .expect("quantized")
+                .1;
+            &xq[at][..]
+        };
+        // Tasks are panels of rows × all tokens: a panel's weights stay in cache while every
+        // token passes over them. Enough panels for load balance, few enough to keep the
+        // overhead low.
+        let total_rows: usize = mats.iter().map(|m| m.rows).sum();
+        let chunk_rows = (total_rows / (pool::threads() * 16))
+            .clamp(4, 64)
+            .next_multiple_of(4);
+        let tasks: Vec<(usize, usize)> = mats
+            .iter()
+            .enumerate()
+            .flat_map(|(i, m)| (0..m.rows).step_by(chunk_rows).map(move |r0| (i, r0)))
+            .collect();
+        let shared: Vec<SharedSlice<f32>> = outs.iter_mut().map(|o| SharedSlice::new(o)).collect();
+        pool::parallel_for(tasks.len(), |task| {
+            let (i, r0) = tasks[task];
+            let m = &mats[i];
+            let r1 = (r0 + chunk_rows).min(m.rows);
+            run_panel(m, xq_of(m.ty), n_tok, r0..r1, shared[i]);
+        });
     })
 }
 
 thread_local! {
-    /// Per-thread scratch for the quantized activations (reused, never shrunk).
-    static XQ: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread scratch for the quantized activations, one buffer per dot format in use
+    /// (reused, never shrunk).
+    static XQ: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn matmul_quantized(
-    w: &[u8],
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
+/// Rows `r` of `m` against every token, written into `out` (n_tok × m.rows).
+fn run_panel(
+    m: &WeightRef<'_>,
     xq: &[u8],
     n_tok: usize,
-    out: &mut [f32],
+    r: std::ops::Range<usize>,
+    out: SharedSlice<f32>,
 ) {
-    let w_row = ty.row_bytes(cols as u64).expect("checked at load") as usize;
-    assert!(w.len() >= rows * w_row, "weight buffer too short");
-
-    // Tasks are panels of rows × all tokens: a panel's weights stay in cache while every
-    // token passes over them. Enough panels for load balance, few enough to keep overhead low.
-    let threads = pool::threads();
-    let chunk_rows = (rows / (threads * 16)).clamp(4, 64).next_multiple_of(4);
-    let shared = SharedSlice::new(out);
-    pool::parallel_for(rows.div_ceil(chunk_rows), |c| {
-        let r0 = c * chunk_rows;
-        let r1 = (r0 + chunk_rows).min(rows);
-        let w_panel = &w[r0 * w_row..r1 * w_row];
-        if n_tok == 1 {
-            // One token: the panel is a contiguous run of the output.
-            // SAFETY: rows r0..r1 belong to this task alone.
-            let dst = unsafe { shared.slice_mut(r0, r1 - r0) };
-            quant::gemm(ty, cols, w_panel, r1 - r0, xq, 1, dst);
-            return;
+    let w_row = m.ty.row_bytes(m.cols as u64).expect("checked at load") as usize;
+    let (r0, r1) = (r.start, r.end);
+    let w_panel = &m.w[r0 * w_row..r1 * w_row];
+    if n_tok == 1 {
+        // One token: the panel is a contiguous run of the output.
+        // SAFETY: rows r0..r1 belong to this task alone.
+        let dst = unsafe { out.slice_mut(r0, r1 - r0) };
+        quant::gemm(m.ty, m.cols, w_panel, r1 - r0, xq, 1, dst);
+        return;
+    }
+    PANEL.with_borrow_mut(|panel| {
+        panel.resize((r1 - r0) * n_tok, 0.0);
+        quant::gemm(m.ty, m.cols, w_panel, r1 - r0, xq, n_tok, panel);
+        for t in 0..n_tok {
+            // SAFETY: rows r0..r1 of every token belong to this task alone.
+            let dst = unsafe { out.slice_mut(t * m.rows + r0, r1 - r0) };
+            dst.copy_from_slice(&panel[t * (r1 - r0)..(t + 1) * (r1 - r0)]);
         }
-        PANEL.with_borrow_mut(|panel| {
-            panel.resize((r1 - r0) * n_tok, 0.0);
-            quant::gemm(ty, cols, w_panel, r1 - r0, xq, n_tok, panel);
-            for t in 0..n_tok {
-                // SAFETY: rows r0..r1 of every token belong to this task alone.
-                let dst = unsafe { shared.slice_mut(t * rows + r0, r1 - r0) };
-                dst.copy_from_slice(&panel[t * (r1 - r0)..(t + 1) * (r1 - r0)]);
-            }
-        });
     });
 }
 
@@ -103,6 +159,64 @@ pub fn embed(w: &[u8], ty: GgmlType, cols: usize, tokens: &[u32], out: &mut [f32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fused_matmul_matches_separate_matmuls_bit_for_bit() {
+        let cols = 64;
+        let n_tok = 3;
+        let x: Vec<f32> = (0..n_tok * cols)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut bytes = |n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng as u8
+                })
+                .collect()
+        };
+        // Q8_0 and Q4_1 take different dot formats (q8_0, q8_1): both get quantized.
+        let mut weights = Vec::new();
+        for (ty, rows) in [
+            (GgmlType::Q8_0, 9),
+            (GgmlType::Q4_1, 5),
+            (GgmlType::Q8_0, 4),
+        ] {
+            let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
+            let mut w = bytes(rows * row_bytes);
+            // Keep every block's f16 scale finite and small.
+            let block = ty.block_bytes();
+            for b in w.chunks_exact_mut(block) {
+                b[0..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                if ty == GgmlType::Q4_1 {
+                    b[2..4].copy_from_slice(&half::f16::from_f32(-0.02).to_le_bytes());
+                }
+            }
+            weights.push((ty, rows, w));
+        }
+        let mats: Vec<WeightRef> = weights
+            .iter()
+            .map(|(ty, rows, w)| WeightRef {
+                w,
+                ty: *ty,
+                rows: *rows,
+                cols,
+            })
+            .collect();
+        let mut fused: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; n_tok * m.rows]).collect();
+        let mut refs: Vec<&mut [f32]> = fused.iter_mut().map(|v| &mut v[..]).collect();
+        matmul_fused(&mats, &x, &mut refs);
+        for (m, got) in mats.iter().zip(&fused) {
+            let mut want = vec![0f32; n_tok * m.rows];
+            matmul(m.w, m.ty, m.rows, cols, &x, &mut want);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got), bits(&want));
+            assert!(got.iter().any(|&v| v != 0.0));
+        }
+    }
 
     #[test]
     fn f32_matmul_matches_naive() {
