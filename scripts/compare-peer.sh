@@ -182,15 +182,18 @@ run() { # NAME CMD... : stdout to $work/NAME.out, stderr to $work/NAME.err
     fi
 }
 
-run llama-bench "$llama_bench" -m "$model" -t "$threads" -p 512 -n 128 -r "$repeats" -o json
+# The engines take turns, one round of every step at a time, so that both see the same states
+# of a machine whose speed drifts over minutes (shared hosts do); each figure is the median
+# over the rounds.
 for i in $(seq 1 "$repeats"); do
+    run "llama-bench-$i" "$llama_bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o json
     run "llama-batched-bench-$i" "$llama_batched_bench" -m "$model" -c 4096 -b 2048 -ub 512 \
         -npp 128 -ntg 128 -npl 16 -t "$threads" --output-format jsonl
+    run "edgelm-f16-$i" "$edgelm" bench -m "$model" -t "$threads" -p 512 -n 128 \
+        --concurrency 1,4,16 --concurrency-prompt 128 --shared-prefix 0 -r 1 --json
+    run "edgelm-q8_0-$i" "$edgelm" bench -m "$model" -t "$threads" -p 512 -n 128 --concurrency 1 \
+        --concurrency-prompt 128 --shared-prefix 0 -r 1 --kv-type q8_0 --json
 done
-run edgelm-f16 "$edgelm" bench -m "$model" -t "$threads" -p 512 -n 128 --concurrency 1,4,16 \
-    --concurrency-prompt 128 --shared-prefix 0 -r "$repeats" --json
-run edgelm-q8_0 "$edgelm" bench -m "$model" -t "$threads" -p 512 -n 128 --concurrency 1 \
-    --concurrency-prompt 128 --shared-prefix 0 -r "$repeats" --kv-type q8_0 --json
 
 # --- compare -----------------------------------------------------------------------------
 python3 - "$work" "$out_json" "$model" "$threads" "$repeats" "$peer_pkg==$peer_version" "$load" <<'PY'
@@ -205,25 +208,32 @@ def read(name):
     with open(os.path.join(work, name)) as f:
         return f.read()
 
-# llama-bench -o json: an array of runs; pp512 has n_gen 0, tg128 has n_prompt 0. The median
-# of its per-repeat samples (samples_ts), as edgelm bench reports medians; its mean (avg_ts)
-# is kept in the JSON. One stalled repeat on a busy machine drags a mean down a long way.
-try:
-    lb = json.loads(read("llama-bench.out"))
-except ValueError as e:
-    fail(f"llama-bench printed no JSON ({e})")
-def lb_rate(n_prompt, n_gen):
-    for r in lb:
-        if r.get("n_prompt") == n_prompt and r.get("n_gen") == n_gen:
-            return float(statistics.median(r.get("samples_ts") or [r["avg_ts"]]))
-    fail(f"llama-bench: no run with n_prompt={n_prompt} n_gen={n_gen}")
-peer_pp, peer_tg = lb_rate(512, 0), lb_rate(0, 128)
-peer_build = {k: lb[0].get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
+rounds = range(1, int(repeats) + 1)
+med = statistics.median
 
-# llama-batched-bench --output-format jsonl: one object per (pp, tg, pl); the median S_TG
-# over the repeated runs at pl = 16.
+# llama-bench -o json: an array of runs; pp512 has n_gen 0, tg128 has n_prompt 0; one sample
+# per round.
+lb = []
+for i in rounds:
+    try:
+        lb.append(json.loads(read(f"llama-bench-{i}.out")))
+    except ValueError as e:
+        fail(f"llama-bench round {i} printed no JSON ({e})")
+def lb_rate(n_prompt, n_gen):
+    samples = []
+    for runs in lb:
+        found = [float(r["avg_ts"]) for r in runs
+                 if r.get("n_prompt") == n_prompt and r.get("n_gen") == n_gen]
+        if not found:
+            fail(f"llama-bench: no run with n_prompt={n_prompt} n_gen={n_gen}")
+        samples.append(found[0])
+    return med(samples), samples
+(peer_pp, peer_pp_runs), (peer_tg, peer_tg_runs) = lb_rate(512, 0), lb_rate(0, 128)
+peer_build = {k: lb[0][0].get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
+
+# llama-batched-bench --output-format jsonl: one object per (pp, tg, pl); S_TG at pl = 16.
 s_tg = []
-for i in range(1, int(repeats) + 1):
+for i in rounds:
     text = read(f"llama-batched-bench-{i}.out") + "\n" + read(f"llama-batched-bench-{i}.err")
     for line in text.splitlines():
         line = line.strip()
@@ -233,13 +243,23 @@ for i in range(1, int(repeats) + 1):
                 s_tg.append(float(r["speed_tg"]))
 if len(s_tg) != int(repeats):
     fail(f"llama-batched-bench: expected {repeats} results at pl=16, got {len(s_tg)}")
-peer_tg16 = statistics.median(s_tg)
+peer_tg16 = med(s_tg)
 
-ours = json.loads(read("edgelm-f16.out"))
-ours_q8 = json.loads(read("edgelm-q8_0.out"))
-conc = {c["sequences"]: float(c["decode_tok_s"]) for c in ours["concurrency"]}
+# edgelm bench --json, one round each: medians over the rounds.
+ours_runs = [json.loads(read(f"edgelm-f16-{i}.out")) for i in rounds]
+ours_q8_runs = [json.loads(read(f"edgelm-q8_0-{i}.out")) for i in rounds]
+def ours_med(runs, key):
+    return med(float(r[key]) for r in runs)
+conc_runs = {}
+for r in ours_runs:
+    for c in r["concurrency"]:
+        conc_runs.setdefault(c["sequences"], []).append(float(c["decode_tok_s"]))
+conc = {n: med(v) for n, v in conc_runs.items()}
 if 16 not in conc:
     fail("edgelm bench reported no 16-sequence result")
+ours = {"prefill_tok_s": ours_med(ours_runs, "prefill_tok_s"),
+        "decode_tok_s": ours_med(ours_runs, "decode_tok_s")}
+ours_q8 = {"decode_tok_s": ours_med(ours_q8_runs, "decode_tok_s")}
 
 rows = [
     # metric, edgelm, baseline, baseline name, target ratio
@@ -266,7 +286,8 @@ result = {
     "threads": int(threads),
     "repeats": int(repeats),
     "loadavg_at_start": float(load),
-    "peer": {"package": peer, **peer_build, "batched_bench_s_tg_runs": s_tg},
+    "peer": {"package": peer, **peer_build, "pp512_runs": peer_pp_runs,
+             "tg128_runs": peer_tg_runs, "batched_bench_s_tg_runs": s_tg},
     "rows": [
         {"metric": m, "edgelm": round(a, 2), "baseline": round(b, 2), "baseline_is": bn,
          "ratio": round(a / b, 3), "target": t, "meets_target": a / b >= t,
@@ -275,9 +296,9 @@ result = {
     ],
     "steps": steps,
     "info": {m: round(v, 2) for m, v in info},
-    "edgelm_f16": ours,
-    "edgelm_q8_0": ours_q8,
-    "llama_bench": lb,
+    "edgelm_f16_runs": ours_runs,
+    "edgelm_q8_0_runs": ours_q8_runs,
+    "llama_bench_runs": lb,
 }
 os.makedirs(os.path.dirname(out_json), exist_ok=True)
 with open(out_json, "w") as f:

@@ -195,18 +195,49 @@ fn attend_group(
             acc: vec![0.0; hd],
         })
         .collect();
-    let mut k_row = vec![0f32; hd];
-    let mut v_row = vec![0f32; hd];
+    // One KV block at a time, in three passes that each keep the arithmetic of the one-position
+    // loop: every score of the block (independent dot products), then each head's softmax
+    // factors (a running maximum, then exps that no longer wait on each other), then the
+    // accumulator updates in position order.
+    let mut k_tile = vec![0f32; bt * hd];
+    let mut v_tile = vec![0f32; bt * hd];
+    let mut scores = vec![0f32; rep * bt];
+    let mut factors = vec![(0f32, 0f32); bt];
     for (bi, &block) in tok.block_table.iter().enumerate().take(n_ctx.div_ceil(bt)) {
         let k_rows = kv.head_rows(layer, block as usize, Part::K, kv_head);
         let v_rows = kv.head_rows(layer, block as usize, Part::V, kv_head);
-        for s in 0..(n_ctx - bi * bt).min(bt) {
-            let k_bytes = &k_rows[s * row_bytes..(s + 1) * row_bytes];
-            kv_type.decode_row(&v_rows[s * row_bytes..(s + 1) * row_bytes], &mut v_row);
-            kv_type.decode_row(k_bytes, &mut k_row);
-            for (r, h) in heads.iter_mut().enumerate() {
-                let dot = dot_f16_ggml(&k_row, &q16[r * hd..(r + 1) * hd]);
-                online_update(h, dot * scale, &v_row);
+        let len = (n_ctx - bi * bt).min(bt);
+        for s in 0..len {
+            let bytes = s * row_bytes..(s + 1) * row_bytes;
+            kv_type.decode_row(&k_rows[bytes.clone()], &mut k_tile[s * hd..(s + 1) * hd]);
+            kv_type.decode_row(&v_rows[bytes], &mut v_tile[s * hd..(s + 1) * hd]);
+        }
+        for r in 0..rep {
+            let q = &q16[r * hd..(r + 1) * hd];
+            for s in 0..len {
+                scores[r * bt + s] = dot_f16_ggml(&k_tile[s * hd..(s + 1) * hd], q) * scale;
+            }
+        }
+        for (r, h) in heads.iter_mut().enumerate() {
+            // (ms, vs) per position: a new maximum rescales what came before by ms and adds
+            // the value at weight 1; otherwise the value is added at weight vs.
+            let mut max = h.max;
+            for (f, &sc) in factors.iter_mut().zip(&scores[r * bt..r * bt + len]) {
+                *f = if sc > max {
+                    let ms = (max - sc).exp();
+                    max = sc;
+                    (ms, 1.0)
+                } else {
+                    (1.0, (sc - max).exp())
+                };
+            }
+            h.max = max;
+            for (s, &(ms, vs)) in factors.iter().enumerate().take(len) {
+                if ms != 1.0 {
+                    scale_round(&mut h.acc, ms);
+                }
+                fma_round(&mut h.acc, &v_tile[s * hd..(s + 1) * hd], vs);
+                h.sum = h.sum.mul_add(ms, vs);
             }
         }
     }
@@ -329,23 +360,6 @@ fn reduce_add_16(v: &[f32]) -> f32 {
     let t8: [f32; 8] = std::array::from_fn(|l| v[l + 8] + v[l]);
     let t4: [f32; 4] = std::array::from_fn(|l| t8[l + 4] + t8[l]);
     (t4[0] + t4[2]) + (t4[1] + t4[3])
-}
-
-/// One position of the online softmax: rescale on a new maximum, then add `v · e^(s-max)`,
-/// the accumulator rounded to f16 after every update, as ggml keeps it.
-#[inline(always)]
-fn online_update(h: &mut Online, s: f32, v: &[f32]) {
-    let mut ms = 1.0f32;
-    let mut vs = 1.0f32;
-    if s > h.max {
-        ms = (h.max - s).exp();
-        h.max = s;
-        scale_round(&mut h.acc, ms);
-    } else {
-        vs = (s - h.max).exp();
-    }
-    fma_round(&mut h.acc, v, vs);
-    h.sum = h.sum.mul_add(ms, vs);
 }
 
 /// Dot product of two f16-valued rows in ggml's AVX-512 order: four accumulators of 16
