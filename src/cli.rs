@@ -31,9 +31,18 @@ pub enum Command {
     Bench(BenchArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(ServeArgs),
-    /// Validate firmware profiles: every error names the key and its line.
+    /// Firmware profiles: `edgelm config check FILE...`.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Validate firmware profiles (same as `config check`).
     #[command(name = "config-check", alias = "check-config")]
     ConfigCheck(ConfigCheckArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// Validate firmware profiles: every error names the key and its line; exit 1 on any.
+    Check(ConfigCheckArgs),
 }
 
 #[derive(Args, Debug)]

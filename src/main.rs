@@ -4,7 +4,7 @@ mod cli;
 mod commands;
 
 use clap::Parser;
-use cli::{Cli, Command};
+use cli::{Cli, Command, ConfigCommand};
 
 /// The server logs at its profile's level (info by default); one-shot commands stay quiet.
 /// `RUST_LOG` overrides both.
@@ -49,7 +49,9 @@ fn main() {
         Command::KvPlan(a) => commands::kv_plan::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),
-        Command::ConfigCheck(a) => commands::serve::check(a),
+        Command::ConfigCheck(a) | Command::Config(ConfigCommand::Check(a)) => {
+            commands::serve::check(a)
+        }
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace noise.

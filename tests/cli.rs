@@ -283,7 +283,7 @@ fn shipped_profiles_pass_and_broken_ones_name_the_key() {
         .collect();
     assert!(!profiles.is_empty());
     for p in &profiles {
-        run_ok(edgelm().arg("config-check").arg(p));
+        run_ok(edgelm().args(["config", "check"]).arg(p));
     }
     let dir = std::env::temp_dir().join(format!("edgelm-profiles-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
