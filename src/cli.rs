@@ -37,6 +37,25 @@ pub enum Command {
     /// Validate firmware profiles (same as `config check`).
     #[command(name = "config-check", alias = "check-config")]
     ConfigCheck(ConfigCheckArgs),
+    /// Field diagnostics: CPU, memory, disk, GPU, Jetson, model, profile, KV plan, port and a
+    /// short generation; exit 1 when any check fails.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Firmware profile (TOML) [default: /etc/edgelm/profile.toml when present].
+    #[arg(short = 'c', long)]
+    pub config: Option<PathBuf>,
+    /// GGUF model to check [default: the profile's model.path].
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Print one JSON object instead of the text report.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a support bundle (report, redacted profile, logs, metrics, version).
+    #[arg(long, value_name = "OUT.tar.gz")]
+    pub bundle: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -52,6 +52,11 @@ fn main() {
         Command::ConfigCheck(a) | Command::Config(ConfigCommand::Check(a)) => {
             commands::serve::check(a)
         }
+        Command::Doctor(a) => match commands::doctor::run(a) {
+            Ok(true) => Ok(()),
+            Ok(false) => std::process::exit(1),
+            Err(e) => Err(e),
+        },
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace noise.

@@ -1,6 +1,7 @@
 //! One module per subcommand; each turns validated flags into work and output.
 
 pub mod bench;
+pub mod doctor;
 pub mod generate;
 pub mod inspect;
 pub mod kv_plan;
