@@ -13,4 +13,5 @@ pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod server;
+pub mod systemd;
 pub mod tokenizer;

@@ -36,11 +36,26 @@ fn tune_allocator() {
 fn main() {
     tune_allocator();
     let cli = Cli::parse();
-    env_logger::Builder::from_env(
+    let journal = edgelm::systemd::under_journal();
+    let mut logger = env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or(default_log_level(&cli.command)),
-    )
-    .target(env_logger::Target::Stderr)
-    .init();
+    );
+    logger.target(env_logger::Target::Stderr);
+    if journal {
+        // Under systemd the journal stamps each line itself; a `<N>` prefix (sd-daemon(3))
+        // gives it the priority.
+        logger.format(|buf, record| {
+            use std::io::Write;
+            writeln!(
+                buf,
+                "{}{}: {}",
+                edgelm::systemd::syslog_prefix(record.level()),
+                record.target(),
+                record.args()
+            )
+        });
+    }
+    logger.init();
     let result = match cli.command {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
@@ -60,7 +75,8 @@ fn main() {
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace noise.
-        eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+        let prefix = if journal { "<3>" } else { "" };
+        eprintln!("{prefix}error: {}", format!("{e:#}").replace('\n', " "));
         std::process::exit(1);
     }
 }

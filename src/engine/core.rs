@@ -13,9 +13,9 @@ use crate::model::{BatchMeta, Logits, Model};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -254,15 +254,26 @@ impl Engine {
 
     fn run(mut self, rx: Receiver<Command>) {
         let mut shutting_down = false;
+        // systemd's watchdog is fed from here, so a wedged loop stops the pings.
+        let mut watchdog = crate::systemd::Watchdog::from_env();
         loop {
-            // Idle: block for work. Busy: take what arrived, then step.
+            if let Some(w) = watchdog.as_mut() {
+                w.ping();
+            }
+            // Idle: block for work (waking to ping the watchdog). Busy: take what arrived,
+            // then step.
             if self.sched.is_idle() {
                 if shutting_down {
                     break;
                 }
-                match rx.recv() {
+                let cmd = match &watchdog {
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    Some(w) => rx.recv_timeout(w.due_in().max(Duration::from_millis(1))),
+                };
+                match cmd {
                     Ok(cmd) => shutting_down |= self.apply(cmd),
-                    Err(_) => break,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
             }
             while let Ok(cmd) = rx.try_recv() {

@@ -10,7 +10,7 @@ use super::Ready;
 use crate::engine::{Event, GenParams, RequestId, TokenLogprob};
 use serde_json::{json, Value};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub enum Flavor {
     Completion { echo: Vec<String> },
@@ -45,8 +45,33 @@ struct Usage {
     cached: usize,
 }
 
+/// How a request ended, for its log line.
+pub struct Outcome {
+    /// The finish reasons ("stop", "length", several joined by '+'), or what cut it short.
+    pub result: String,
+    /// Tokens generated for the client, all choices together.
+    pub completion_tokens: usize,
+    pub first_token: Option<Instant>,
+}
+
+fn outcome(result: &str, choices: &[Choice], first_token: Option<Instant>) -> Outcome {
+    let result = if result.is_empty() {
+        let mut reasons: Vec<&str> = choices.iter().map(|c| c.finish.unwrap_or("none")).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        reasons.join("+")
+    } else {
+        result.to_string()
+    };
+    Outcome {
+        result,
+        completion_tokens: choices.iter().map(|c| c.tokens.len()).sum(),
+        first_token,
+    }
+}
+
 /// Errors before the response starts come back with the response, so they can be sent.
-pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, RawResponse)> {
+pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<Outcome, (ApiError, RawResponse)> {
     let n = job.params.n;
     let mut ids: Vec<RequestId> = Vec::new();
     let (tx, rx) = mpsc::channel::<(usize, Event)>();
@@ -89,8 +114,10 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
         },
     ) else {
         cancel_all(&ids);
-        return Ok(()); // the client went away before the first byte
+        return Ok(outcome(GONE, &choices, None)); // the client went away before the first byte
     };
+    let mut first_token: Option<Instant> = None;
+    let mut cut_short = "";
     let mut done = 0;
     let mut first_chunk_sent = vec![false; total];
     let heartbeat = Duration::from_millis(if job.stream { 1000 } else { 250 });
@@ -101,7 +128,7 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
             // (valid before JSON) now and then is how a vanished client shows itself.
             if body.chunk(b" ").is_err() {
                 cancel_all(&ids);
-                return Ok(());
+                return Ok(outcome(GONE, &choices, first_token));
             }
             last_write = std::time::Instant::now();
         }
@@ -117,12 +144,15 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
                 };
                 if body.chunk(beat).is_err() {
                     cancel_all(&ids);
-                    return Ok(());
+                    return Ok(outcome(GONE, &choices, first_token));
                 }
                 last_write = std::time::Instant::now();
                 continue;
             }
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => {
+                cut_short = "engine stopped";
+                break;
+            }
         };
         let mut out: Vec<(usize, String, Option<TokenLogprob>, Option<&'static str>)> = Vec::new();
         match ev {
@@ -136,6 +166,7 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
                 token,
                 logprob,
             } => {
+                first_token.get_or_insert_with(Instant::now);
                 let ci = pi * n + index;
                 let c = &mut choices[ci];
                 if c.finish.is_some() {
@@ -180,6 +211,7 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
             }
             Event::Error(e) => {
                 cancel_all(&ids);
+                let failed = format!("failed ({e})");
                 let err = ApiError::internal(e);
                 let _ = if job.stream {
                     body.sse(&err.body())
@@ -187,7 +219,7 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
                     body.chunk(err.body().as_bytes())
                 };
                 let _ = body.finish();
-                return Ok(());
+                return Ok(outcome(&failed, &choices, first_token));
             }
         }
         if job.stream {
@@ -205,7 +237,7 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
                 for e in events {
                     if body.sse(&e.to_string()).is_err() {
                         cancel_all(&ids);
-                        return Ok(());
+                        return Ok(outcome(GONE, &choices, first_token));
                     }
                 }
             }
@@ -244,11 +276,15 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<(), (ApiError, 
         let v = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": choices_json, "usage": usage_json});
         body.chunk(v.to_string().as_bytes())
     };
-    if write.is_ok() {
-        let _ = body.finish();
+    if write.is_ok() && body.finish().is_ok() {
+        Ok(outcome(cut_short, &choices, first_token))
+    } else {
+        Ok(outcome(GONE, &choices, first_token))
     }
-    Ok(())
 }
+
+/// The outcome of a request whose client went away before it was answered.
+const GONE: &str = "cancelled (client gone)";
 
 fn piece(ready: &Ready, t: u32) -> String {
     ready.tokenizer.token_piece(t)

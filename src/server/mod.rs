@@ -11,6 +11,7 @@ mod text;
 
 use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::model::Model;
+use crate::systemd;
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use api::{
     ChatRequest, CompletionRequest, DetokenizeRequest, Limits, PromptInput, TokenizeRequest,
@@ -338,9 +339,21 @@ impl Server {
         let started = Instant::now();
         let id = job.id.clone();
         let n_prompt: usize = job.prompts.iter().map(|p| p.len()).sum();
-        generate::run(ready, job, resp)?;
+        let out = generate::run(ready, job, resp).inspect_err(|(e, _)| {
+            log::info!(
+                "{id}: rejected ({} {}), prompt_tokens={n_prompt}",
+                e.status,
+                e.reason()
+            );
+        })?;
+        let ttft = out
+            .first_token
+            .map(|t| format!("{:.3}s", t.duration_since(started).as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
         log::info!(
-            "{id}: {n_prompt} prompt tokens, done in {:.3} s",
+            "{id}: {}, prompt_tokens={n_prompt} completion_tokens={} ttft={ttft} duration={:.3}s",
+            out.result,
+            out.completion_tokens,
             started.elapsed().as_secs_f64()
         );
         Ok(())
@@ -575,17 +588,26 @@ pub fn serve(
         servers.push(Arc::new(http));
     }
     log::info!("listening on http://{}", config.addr);
+    let addr = config.addr;
     let server = Server::new(config);
+    systemd::notify(&["STATUS=loading the model"]);
     let loader = {
         let server = server.clone();
         std::thread::spawn(move || match server.load() {
             Ok(engine_thread) => {
                 log::info!("model loaded; ready");
+                // Listening since before the load, engine running, /health answers 200 now:
+                // only at this point is the service up for systemd (Type=notify).
+                if server.is_ready() {
+                    let model = server.ready().map(|r| r.model_name.as_str()).unwrap_or("");
+                    systemd::notify(&["READY=1", &format!("STATUS=serving {model} on {addr}")]);
+                }
                 Some(engine_thread)
             }
             Err(e) => {
                 log::error!("cannot load the model: {e:#}");
                 server.set_load_error(format!("{e:#}"));
+                systemd::notify(&[&format!("STATUS=cannot load the model: {e:#}")]);
                 None
             }
         })
@@ -614,6 +636,17 @@ pub fn serve(
     }
     // Draining: /health says 503 and new work is refused while in-flight requests finish.
     server.drain();
+    if stop.load(Ordering::Relaxed) {
+        log::info!(
+            "stopping: draining {} in-flight requests (at most {} s)",
+            server.in_flight(),
+            drain_timeout.as_secs()
+        );
+        systemd::notify(&[
+            "STOPPING=1",
+            &format!("STATUS=draining {} in-flight requests", server.in_flight()),
+        ]);
+    }
     let t0 = Instant::now();
     while server.in_flight() > 0 && t0.elapsed() < drain_timeout {
         std::thread::sleep(std::time::Duration::from_millis(20));
