@@ -105,7 +105,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 fn total_ram_bytes() -> Option<u64> {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: sysinfo only writes the struct we pass, which is plain old data.
+        // SAFETY: libc::sysinfo is plain integers and padding: all-zero bytes are a valid value.
         let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
         // SAFETY: `info` is a valid, writable sysinfo struct for the duration of the call.
         if unsafe { libc::sysinfo(&mut info) } == 0 {
