@@ -43,6 +43,8 @@ pub struct EngineSection {
     pub block_size: usize,
     pub max_seqs: usize,
     pub max_batched_tokens: usize,
+    /// MiB of RAM to leave free for the OS (and the GPU on unified-memory boards); 0: no check.
+    pub reserve_mib: usize,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -82,6 +84,7 @@ impl Default for EngineSection {
             block_size: 16,
             max_seqs: 16,
             max_batched_tokens: 512,
+            reserve_mib: 0,
         }
     }
 }
@@ -101,69 +104,237 @@ impl Profile {
         Self::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 
-    /// Parses and validates; errors name the key and the line.
+    /// Parses and validates; errors name the key (`section.key`) and the line.
     pub fn parse(text: &str) -> Result<Profile, String> {
-        let profile: Profile = toml::from_str(text).map_err(|e| one_line(&e.to_string()))?;
-        let line_of = |key: &str| {
-            text.lines()
-                .position(|l| {
-                    l.trim_start().starts_with(key)
-                        && l.trim_start()[key.len()..].trim_start().starts_with('=')
-                })
-                .map(|i| format!(" (line {})", i + 1))
-                .unwrap_or_default()
-        };
-        let bad = |key: &str, why: &str| {
-            Err(format!(
-                "{key}{}: {why}",
-                line_of(key.rsplit('.').next().unwrap_or(key))
-            ))
-        };
-        let e = &profile.engine;
-        let s = &profile.server;
-        if !matches!(e.backend.as_str(), "cpu" | "cuda" | "auto") {
-            return bad("engine.backend", "must be \"cpu\", \"cuda\" or \"auto\"");
+        let profile: Profile = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+        profile
+            .check()
+            .map_err(|(key, why)| format!("{key}{}: {why}", line_suffix(text, key)))?;
+        Ok(profile)
+    }
+
+    /// Validates values set after parsing (command-line overrides); errors name the key.
+    pub fn validate(&self) -> Result<(), String> {
+        self.check().map_err(|(key, why)| format!("{key}: {why}"))
+    }
+
+    /// The first out-of-range value, as (`section.key`, why).
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        fn bad(key: &'static str, why: impl Into<String>) -> Result<(), (&'static str, String)> {
+            Err((key, why.into()))
         }
-        if e.threads > 1024 {
-            return bad("engine.threads", "must be 0 (all cores) to 1024");
+        let m = &self.model;
+        let s = &self.server;
+        let e = &self.engine;
+        if m.path.as_os_str().is_empty() {
+            return bad("model.path", "must not be empty");
         }
-        if e.kv_memory_mib == 0 || e.kv_memory_mib > 1 << 20 {
-            return bad("engine.kv_memory_mib", "must be 1 to 1048576");
+        if s.host.trim().is_empty() {
+            return bad("server.host", "must not be empty");
         }
-        if !(1..=256).contains(&e.block_size) {
-            return bad("engine.block_size", "must be 1 to 256 tokens");
-        }
-        if !(1..=1024).contains(&e.max_seqs) {
-            return bad("engine.max_seqs", "must be 1 to 1024");
-        }
-        if !(1..=65_536).contains(&e.max_batched_tokens) {
-            return bad("engine.max_batched_tokens", "must be 1 to 65536");
+        if s.host.parse::<std::net::IpAddr>().is_err() && !is_hostname(&s.host) {
+            return bad(
+                "server.host",
+                format!("{:?} is neither an IP address nor a host name", s.host),
+            );
         }
         if s.port == 0 {
             return bad("server.port", "must be 1 to 65535");
         }
-        if s.host.is_empty() {
-            return bad("server.host", "must not be empty");
+        if !s.api_key_env.is_empty() && !is_env_name(&s.api_key_env) {
+            return bad(
+                "server.api_key_env",
+                format!(
+                    "{:?} is not an environment variable name (letters, digits and _, not \
+                     starting with a digit; \"\" for no API key)",
+                    s.api_key_env
+                ),
+            );
         }
-        if s.max_queue > 100_000 {
-            return bad("server.max_queue", "must be at most 100000");
+        if s.max_queue > MAX_QUEUE {
+            return bad("server.max_queue", format!("must be 0 to {MAX_QUEUE}"));
         }
-        if !(1..=1 << 20).contains(&s.body_limit_kib) {
-            return bad("server.body_limit_kib", "must be 1 to 1048576");
+        if !(1..=MAX_BODY_KIB).contains(&s.body_limit_kib) {
+            return bad(
+                "server.body_limit_kib",
+                format!("must be 1 to {MAX_BODY_KIB}"),
+            );
         }
-        if s.drain_seconds > 3600 {
-            return bad("server.drain_seconds", "must be at most 3600");
+        if s.drain_seconds > MAX_DRAIN_SECONDS {
+            return bad(
+                "server.drain_seconds",
+                format!(
+                    "must be 0 to {MAX_DRAIN_SECONDS} (edgelm.service stops the server after \
+                     TimeoutStopSec=45s; raise both together)"
+                ),
+            );
+        }
+        if !matches!(e.backend.as_str(), "cpu" | "cuda" | "auto") {
+            return bad("engine.backend", "must be \"cpu\", \"cuda\" or \"auto\"");
+        }
+        if e.threads > MAX_THREADS {
+            return bad(
+                "engine.threads",
+                format!("must be 0 (all cores) to {MAX_THREADS}"),
+            );
+        }
+        if !(1..=MAX_MIB).contains(&e.kv_memory_mib) {
+            return bad("engine.kv_memory_mib", format!("must be 1 to {MAX_MIB}"));
+        }
+        if e.reserve_mib > MAX_MIB {
+            return bad("engine.reserve_mib", format!("must be 0 to {MAX_MIB}"));
+        }
+        if !e.block_size.is_power_of_two() || e.block_size > MAX_BLOCK_SIZE {
+            return bad(
+                "engine.block_size",
+                format!("must be a power of two from 1 to {MAX_BLOCK_SIZE} tokens"),
+            );
+        }
+        if !(1..=MAX_SEQS).contains(&e.max_seqs) {
+            return bad("engine.max_seqs", format!("must be 1 to {MAX_SEQS}"));
+        }
+        if !(1..=MAX_BATCHED_TOKENS).contains(&e.max_batched_tokens) {
+            return bad(
+                "engine.max_batched_tokens",
+                format!("must be 1 to {MAX_BATCHED_TOKENS}"),
+            );
+        }
+        if e.max_batched_tokens < e.max_seqs {
+            return bad(
+                "engine.max_batched_tokens",
+                format!(
+                    "must be at least engine.max_seqs ({}): every running sequence decodes one \
+                     token per step",
+                    e.max_seqs
+                ),
+            );
         }
         if !matches!(
-            profile.log.level.as_str(),
+            self.log.level.as_str(),
             "error" | "warn" | "info" | "debug" | "trace"
         ) {
             return bad("log.level", "must be error, warn, info, debug or trace");
         }
-        if profile.model.path.as_os_str().is_empty() {
-            return bad("model.path", "must not be empty");
+        Ok(())
+    }
+
+    /// Start-up memory check: the model file, the KV pool and `engine.reserve_mib` (left free
+    /// for the OS and, on unified-memory boards, the GPU) must fit in `total_bytes` of RAM.
+    /// A `reserve_mib` of 0 turns the check off.
+    pub fn check_memory(&self, model_bytes: u64, total_bytes: u64) -> Result<(), String> {
+        let e = &self.engine;
+        if e.reserve_mib == 0 {
+            return Ok(());
         }
-        Ok(profile)
+        let mib = |b: u64| b.div_ceil(1 << 20);
+        let need = mib(model_bytes) + e.kv_memory_mib as u64 + e.reserve_mib as u64;
+        if need > mib(total_bytes) {
+            return Err(format!(
+                "engine.reserve_mib: model ({} MiB) + engine.kv_memory_mib ({}) + \
+                 engine.reserve_mib ({}) = {need} MiB exceeds this machine's {} MiB of RAM; \
+                 lower kv_memory_mib or use a smaller model",
+                mib(model_bytes),
+                e.kv_memory_mib,
+                e.reserve_mib,
+                mib(total_bytes)
+            ));
+        }
+        Ok(())
+    }
+}
+
+const MAX_THREADS: usize = 1024;
+const MAX_MIB: usize = 1 << 20;
+const MAX_BLOCK_SIZE: usize = 256;
+const MAX_SEQS: usize = 1024;
+const MAX_BATCHED_TOKENS: usize = 65_536;
+const MAX_QUEUE: usize = 100_000;
+const MAX_BODY_KIB: usize = 1 << 20;
+const MAX_DRAIN_SECONDS: u64 = 600;
+
+fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn is_hostname(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+}
+
+/// Strips a `# comment` (outside quotes is good enough for keys and headers).
+fn code(line: &str) -> &str {
+    line.split('#').next().unwrap_or("").trim()
+}
+
+/// `[section]` on this line, if it is a table header.
+fn header(line: &str) -> Option<&str> {
+    let l = code(line);
+    l.strip_prefix('[')?.strip_suffix(']').map(str::trim)
+}
+
+/// The bare key this line assigns (`key = ...`), if any.
+fn assigned_key(line: &str) -> Option<&str> {
+    let (k, _) = code(line).split_once('=')?;
+    let k = k.trim().trim_matches('"');
+    (!k.is_empty()).then_some(k)
+}
+
+/// " (line N)" for `section.key`: the line that sets it under `[section]` (or as a dotted
+/// key at the top level); empty if the text does not show where.
+fn line_suffix(text: &str, dotted: &str) -> String {
+    let (section, key) = dotted.split_once('.').unwrap_or(("", dotted));
+    let mut current = "";
+    for (i, line) in text.lines().enumerate() {
+        if let Some(h) = header(line) {
+            current = h;
+            continue;
+        }
+        let Some(k) = assigned_key(line) else {
+            continue;
+        };
+        if (current == section && k == key) || (current.is_empty() && k == dotted) {
+            return format!(" (line {})", i + 1);
+        }
+    }
+    String::new()
+}
+
+/// A TOML parse or type error as one line, led by the `section.key` it is about when the
+/// error's position is on a `key = value` line or a `[section]` header.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = one_line(e.message());
+    let Some(span) = e.span() else {
+        return one_line(&e.to_string());
+    };
+    let start = span.start.min(text.len());
+    let line_no = text[..start].matches('\n').count() + 1;
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let column = text[line_start..start].chars().count() + 1;
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let section = text[..line_start]
+        .lines()
+        .rev()
+        .find_map(header)
+        .unwrap_or("");
+    let key = match (header(line), assigned_key(line)) {
+        (Some(h), _) => Some(h.to_string()),
+        (None, Some(k)) if section.is_empty() => Some(k.to_string()),
+        (None, Some(k)) => Some(format!("{section}.{k}")),
+        (None, None) => None,
+    };
+    match key {
+        Some(k) => format!("{k} (line {line_no}, column {column}): {msg}"),
+        None => format!("line {line_no}, column {column}: {msg}: {:?}", line.trim()),
     }
 }
 
@@ -192,5 +363,63 @@ mod tests {
         assert!(err.contains("kv_typo") && err.contains("line 2"), "{err}");
         let err = Profile::parse("[engine]\nkv_type = \"q3\"\n").unwrap_err();
         assert!(err.contains("q3"), "{err}");
+    }
+
+    #[test]
+    fn lines_are_found_in_the_right_section() {
+        // The key is looked up under its own section header.
+        let text = "[model]\npath = \"m.gguf\"\n\n[engine]\nthreads = 5000\n";
+        let err = Profile::parse(text).unwrap_err();
+        assert!(err.starts_with("engine.threads (line 5)"), "{err}");
+        let err =
+            Profile::parse("[engine]\nblock_size = 16\n\n[server]\nport = \"x\"\n").unwrap_err();
+        assert!(err.starts_with("server.port (line 5, column 8)"), "{err}");
+        let err = Profile::parse("[engine]\nthreads = 1\nthreads = 2\n").unwrap_err();
+        assert!(err.starts_with("engine.threads (line 3"), "{err}");
+        let err = Profile::parse("[engine\n").unwrap_err();
+        assert!(err.starts_with("line 1, column"), "{err}");
+        let err = Profile::parse("engine.max_seqs = 0\n").unwrap_err();
+        assert!(err.starts_with("engine.max_seqs (line 1)"), "{err}");
+    }
+
+    #[test]
+    fn value_checks() {
+        for (text, key) in [
+            ("[engine]\nblock_size = 24\n", "engine.block_size"),
+            ("[engine]\nblock_size = 512\n", "engine.block_size"),
+            (
+                "[engine]\nmax_seqs = 64\nmax_batched_tokens = 32\n",
+                "engine.max_batched_tokens",
+            ),
+            ("[server]\napi_key_env = \"MY-KEY\"\n", "server.api_key_env"),
+            ("[server]\nhost = \"my host\"\n", "server.host"),
+            ("[server]\ndrain_seconds = 601\n", "server.drain_seconds"),
+            ("[model]\npath = \"\"\n", "model.path"),
+        ] {
+            let err = Profile::parse(text).unwrap_err();
+            assert!(err.starts_with(key), "{text}: {err}");
+        }
+        for host in ["0.0.0.0", "::", "localhost", "edge-box.lan"] {
+            let text = format!("[server]\nhost = \"{host}\"\n");
+            assert!(Profile::parse(&text).is_ok(), "{host}");
+        }
+        let mut p = Profile::default();
+        p.server.port = 0;
+        assert_eq!(p.validate().unwrap_err(), "server.port: must be 1 to 65535");
+    }
+
+    #[test]
+    fn memory_reserve() {
+        let mut p = Profile::default();
+        let gib = 1u64 << 30;
+        assert!(
+            p.check_memory(100 * gib, gib).is_ok(),
+            "0 disables the check"
+        );
+        p.engine.reserve_mib = 1024;
+        p.engine.kv_memory_mib = 1024;
+        assert!(p.check_memory(gib, 4 * gib).is_ok());
+        let err = p.check_memory(3 * gib, 4 * gib).unwrap_err();
+        assert!(err.starts_with("engine.reserve_mib"), "{err}");
     }
 }

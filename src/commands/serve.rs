@@ -44,6 +44,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(d) = args.drain_seconds {
         p.server.drain_seconds = d;
     }
+    p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     if p.engine.backend == "cuda" {
         log::warn!("this build has no CUDA backend; serving on the CPU");
     }
@@ -61,8 +62,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("cannot resolve {}:{}", p.server.host, p.server.port))?
         .next()
         .context("no address to listen on")?;
-    if !p.model.path.exists() {
-        anyhow::bail!("model {} does not exist", p.model.path.display());
+    let model_bytes = match std::fs::metadata(&p.model.path) {
+        Ok(m) => m.len(),
+        Err(_) => anyhow::bail!("model {} does not exist", p.model.path.display()),
+    };
+    if let Some(total) = total_ram_bytes() {
+        p.check_memory(model_bytes, total)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     let api_key = args
         .api_key
@@ -92,6 +98,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
         profile: profile_name,
     };
     serve(config, stop, Duration::from_secs(p.server.drain_seconds))
+}
+
+/// Physical RAM from sysinfo(2), which works where /proc/meminfo is hidden (the systemd unit's
+/// ProcSubset=pid).
+fn total_ram_bytes() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: libc::sysinfo is plain integers and padding: all-zero bytes are a valid value.
+        let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a valid, writable sysinfo struct for the duration of the call.
+        if unsafe { libc::sysinfo(&mut info) } == 0 {
+            return Some(info.totalram as u64 * info.mem_unit.max(1) as u64);
+        }
+    }
+    None
 }
 
 /// `edgelm config-check FILE...`: exit 1 naming the key and line of the first error per file.
