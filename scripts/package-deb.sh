@@ -21,14 +21,12 @@ sysdir=${EDGELM_SYSTEMD_DIR:-systemd}
 model_name=${EDGELM_MODEL_NAME:-SmolLM2-135M-Instruct.Q4_1.gguf}
 binary=target/static/$arch/edgelm
 
-# Default profile: an arch-specific one when the tree has it, else the generic CPU profile.
+# Default profile: the generic CPU box on amd64; on arm64 the smallest Jetson (Orin Nano
+# 8 GB), whose budgets are safe on any Orin. All profiles are installed under
+# /etc/edgelm/profiles/ to pick another.
 if [ -z "${EDGELM_PROFILE:-}" ]; then
     EDGELM_PROFILE=firmware-configs/x86-cpu.toml
-    if [ "$arch" = arm64 ]; then
-        for p in firmware-configs/jetson-orin-cpu.toml firmware-configs/arm64-cpu.toml; do
-            [ -f "$p" ] && { EDGELM_PROFILE=$p; break; }
-        done
-    fi
+    [ "$arch" = arm64 ] && EDGELM_PROFILE=firmware-configs/orin-nano-8gb.toml
 fi
 
 for f in edgelm.service edgelm.sysusers edgelm.tmpfiles edgelm.default; do

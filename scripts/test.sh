@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and end-to-end tests on the real model (Rust),
 # the quantization kernels again on emulated aarch64 (NEON, NEON dotprod; scripts/test-aarch64.sh),
-# then the HTTP end-to-end tests with the official OpenAI Python client, curl and Chromium.
+# the static amd64/arm64 binaries the packages ship (scripts/build-static.sh), then the
+# end-to-end tests: HTTP with the official OpenAI Python client, curl and Chromium; the systemd
+# notify protocol and unit; the static binaries (arm64 under qemu), .debs (lintian) and the
+# offline bundle installed into a fresh root with no network.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -11,4 +14,5 @@ cargo clippy --release --all-targets -- -D warnings
 cargo build --release
 cargo test --release -- --test-threads=1
 scripts/test-aarch64.sh
+scripts/build-static.sh
 python3 -m pytest -q tests/e2e
