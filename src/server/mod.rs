@@ -360,116 +360,15 @@ impl Server {
     }
 
     fn parse_job(&self, ready: &Ready, path: &str, body: &[u8]) -> Result<Job, ApiError> {
-        let text = std::str::from_utf8(body)
-            .map_err(|_| ApiError::bad_request("the request body is not valid UTF-8"))?;
-        let value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
         let id_num = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let vocab = ready.tokenizer.vocab_size();
-        if path == "/v1/completions" {
-            api::check_keys(&value, api::COMPLETION_KEYS)?;
-            let req: CompletionRequest = serde_json::from_value(value)
-                .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
-            let mut v = api::validate_sampling(&req.sampling, None, &ready.limits)?;
-            let logprobs = api::check_logprobs(req.logprobs, &ready.limits, "logprobs")?;
-            let prompts: Vec<Vec<u32>> = match &req.prompt {
-                PromptInput::Text(t) => vec![encode(ready, t)?],
-                PromptInput::TextBatch(ts) => ts
-                    .iter()
-                    .map(|t| encode(ready, t))
-                    .collect::<Result<_, _>>()?,
-                PromptInput::Tokens(ids) => vec![api::token_ids(ids, vocab)?],
-                PromptInput::TokenBatch(b) => b
-                    .iter()
-                    .map(|ids| api::token_ids(ids, vocab))
-                    .collect::<Result<_, _>>()?,
-            };
-            if prompts.is_empty() || prompts.len() > 16 {
-                return Err(
-                    ApiError::bad_request("prompt must hold 1 to 16 prompts").param("prompt")
-                );
-            }
-            if prompts.iter().any(|p| p.is_empty()) {
-                return Err(ApiError::bad_request("the prompt is empty").param("prompt"));
-            }
-            if prompts.len() * v.params.n > ready.limits.max_n {
-                return Err(ApiError::bad_request(format!(
-                    "prompts × n exceeds {}",
-                    ready.limits.max_n
-                ))
-                .param("n"));
-            }
-            let echo = req.echo.unwrap_or(false);
-            if echo && logprobs.is_some() {
-                v.params.prompt_logprobs = logprobs;
-            }
-            v.params.logprobs = logprobs;
-            let echo_text = if echo {
-                prompts
-                    .iter()
-                    .map(|p| ready.tokenizer.decode(p, true))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            Ok(Job {
-                id: format!("cmpl-{id_num}"),
-                created: unix_now(),
-                prompts,
-                params: v.params,
-                stop: v.stop,
-                stream: v.stream,
-                include_usage: v.include_usage,
-                logprobs,
-                flavor: Flavor::Completion { echo: echo_text },
-            })
-        } else {
-            api::check_keys(&value, api::CHAT_KEYS)?;
-            let req: ChatRequest = serde_json::from_value(value)
-                .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
-            let Some(tmpl) = &ready.chat else {
-                return Err(ApiError::bad_request(
-                    "this model has no chat template; use /v1/completions",
-                ));
-            };
-            if req.messages.is_empty() {
-                return Err(ApiError::bad_request("messages must not be empty").param("messages"));
-            }
-            let mut v =
-                api::validate_sampling(&req.sampling, req.max_completion_tokens, &ready.limits)?;
-            let msgs = chat_messages(&req.messages)?;
-            let prompt_text = tmpl
-                .render(&msgs, true)
-                .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
-            let prompt = encode(ready, &prompt_text)?;
-            let logprobs = if req.logprobs.unwrap_or(false) {
-                Some(
-                    api::check_logprobs(
-                        req.top_logprobs.or(Some(0)),
-                        &ready.limits,
-                        "top_logprobs",
-                    )?
-                    .unwrap_or(0),
-                )
-            } else if req.top_logprobs.is_some() {
-                return Err(ApiError::bad_request("top_logprobs needs logprobs: true")
-                    .param("top_logprobs"));
-            } else {
-                None
-            };
-            v.params.logprobs = logprobs;
-            Ok(Job {
-                id: format!("chatcmpl-{id_num}"),
-                created: unix_now(),
-                prompts: vec![prompt],
-                params: v.params,
-                stop: v.stop,
-                stream: v.stream,
-                include_usage: v.include_usage,
-                logprobs,
-                flavor: Flavor::Chat,
-            })
-        }
+        parse_request(
+            &ready.tokenizer,
+            ready.chat.as_ref(),
+            &ready.limits,
+            path,
+            body,
+            id_num,
+        )
     }
 
     fn status_json(&self, ready: &Ready) -> serde_json::Value {
@@ -500,13 +399,155 @@ impl Server {
     }
 }
 
+/// Parses and validates a /v1/completions (`path`) or /v1/chat/completions body into a job:
+/// everything a generation request goes through before it reaches the engine.
+fn parse_request(
+    tokenizer: &Tokenizer,
+    chat: Option<&ChatTemplate>,
+    limits: &Limits,
+    path: &str,
+    body: &[u8],
+    id_num: u64,
+) -> Result<Job, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request("the request body is not valid UTF-8"))?;
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
+    let vocab = tokenizer.vocab_size();
+    if path == "/v1/completions" {
+        api::check_keys(&value, api::COMPLETION_KEYS)?;
+        let req: CompletionRequest = serde_json::from_value(value)
+            .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+        let mut v = api::validate_sampling(&req.sampling, None, limits)?;
+        let logprobs = api::check_logprobs(req.logprobs, limits, "logprobs")?;
+        let prompts: Vec<Vec<u32>> = match &req.prompt {
+            PromptInput::Text(t) => vec![encode(tokenizer, t)?],
+            PromptInput::TextBatch(ts) => ts
+                .iter()
+                .map(|t| encode(tokenizer, t))
+                .collect::<Result<_, _>>()?,
+            PromptInput::Tokens(ids) => vec![api::token_ids(ids, vocab)?],
+            PromptInput::TokenBatch(b) => b
+                .iter()
+                .map(|ids| api::token_ids(ids, vocab))
+                .collect::<Result<_, _>>()?,
+        };
+        if prompts.is_empty() || prompts.len() > 16 {
+            return Err(
+                ApiError::bad_request("prompt must hold 1 to 16 prompts").param("prompt")
+            );
+        }
+        if prompts.iter().any(|p| p.is_empty()) {
+            return Err(ApiError::bad_request("the prompt is empty").param("prompt"));
+        }
+        if prompts.len() * v.params.n > limits.max_n {
+            return Err(ApiError::bad_request(format!(
+                "prompts × n exceeds {}",
+                limits.max_n
+            ))
+            .param("n"));
+        }
+        let echo = req.echo.unwrap_or(false);
+        if echo && logprobs.is_some() {
+            v.params.prompt_logprobs = logprobs;
+        }
+        v.params.logprobs = logprobs;
+        let echo_text = if echo {
+            prompts
+                .iter()
+                .map(|p| tokenizer.decode(p, true))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Job {
+            id: format!("cmpl-{id_num}"),
+            created: unix_now(),
+            prompts,
+            params: v.params,
+            stop: v.stop,
+            stream: v.stream,
+            include_usage: v.include_usage,
+            logprobs,
+            flavor: Flavor::Completion { echo: echo_text },
+        })
+    } else {
+        api::check_keys(&value, api::CHAT_KEYS)?;
+        let req: ChatRequest = serde_json::from_value(value)
+            .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+        let Some(tmpl) = chat else {
+            return Err(ApiError::bad_request(
+                "this model has no chat template; use /v1/completions",
+            ));
+        };
+        if req.messages.is_empty() {
+            return Err(ApiError::bad_request("messages must not be empty").param("messages"));
+        }
+        let mut v =
+            api::validate_sampling(&req.sampling, req.max_completion_tokens, limits)?;
+        let msgs = chat_messages(&req.messages)?;
+        let prompt_text = tmpl
+            .render(&msgs, true)
+            .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
+        let prompt = encode(tokenizer, &prompt_text)?;
+        let logprobs = if req.logprobs.unwrap_or(false) {
+            Some(
+                api::check_logprobs(
+                    req.top_logprobs.or(Some(0)),
+                    limits,
+                    "top_logprobs",
+                )?
+                .unwrap_or(0),
+            )
+        } else if req.top_logprobs.is_some() {
+            return Err(ApiError::bad_request("top_logprobs needs logprobs: true")
+                .param("top_logprobs"));
+        } else {
+            None
+        };
+        v.params.logprobs = logprobs;
+        Ok(Job {
+            id: format!("chatcmpl-{id_num}"),
+            created: unix_now(),
+            prompts: vec![prompt],
+            params: v.params,
+            stop: v.stop,
+            stream: v.stream,
+            include_usage: v.include_usage,
+            logprobs,
+            flavor: Flavor::Chat,
+        })
+    }
+}
+
+
+/// Fuzzing entry (not an API): [`parse_request`] with the server's default limits, as the
+/// `request_json` fuzz target drives it. `Err` carries the HTTP status of the rejection.
+#[doc(hidden)]
+pub fn fuzz_parse_request(
+    tokenizer: &Tokenizer,
+    chat: Option<&ChatTemplate>,
+    path: &str,
+    body: &[u8],
+) -> Result<(), u16> {
+    let limits = Limits {
+        max_n: 16,
+        max_stop: 16,
+        max_stop_len: 256,
+        max_logprobs: 20,
+        default_max_tokens: 16,
+    };
+    parse_request(tokenizer, chat, &limits, path, body, 0)
+        .map(|_| ())
+        .map_err(|e| e.status)
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn encode(ready: &Ready, text: &str) -> Result<Vec<u32>, ApiError> {
-    ready
-        .tokenizer
+fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
+    tokenizer
         .encode(text, true)
         .map_err(|e| ApiError::bad_request(e.to_string()).param("prompt"))
 }

@@ -20,6 +20,14 @@ pub struct ChatTemplate {
 
 const TEMPLATE_NAME: &str = "chat";
 
+/// Instructions one render may execute. Real chat templates spend tens per message, so
+/// this admits prompts of hundreds of thousands of messages, yet a template that loops
+/// without end (`range` nested in `range`) fails with an error instead of hanging the
+/// request thread.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+/// Nesting depth of macros, includes and recursive loops (minijinja's own default is 500).
+pub const TEMPLATE_RECURSION_LIMIT: usize = 100;
+
 impl ChatTemplate {
     pub fn new(source: &str, bos_token: String, eos_token: String) -> Result<ChatTemplate> {
         let mut env = Environment::new();
@@ -36,6 +44,8 @@ impl ChatTemplate {
         // Jinja2 as HF configures it: trim_blocks and lstrip_blocks are on.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_recursion_limit(TEMPLATE_RECURSION_LIMIT);
         env.add_template_owned(TEMPLATE_NAME.to_string(), source.to_string())
             .map_err(|e| anyhow!("chat template does not compile: {e}"))?;
         Ok(ChatTemplate {
@@ -77,6 +87,21 @@ mod tests {
             t.render(&msgs, true).unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn endless_template_runs_out_of_fuel() {
+        let src = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src, String::new(), String::new()).unwrap();
+        let err = t.render(&[], false).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
+    }
+
+    #[test]
+    fn deep_recursion_is_an_error() {
+        let src = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        let t = ChatTemplate::new(src, String::new(), String::new()).unwrap();
+        assert!(t.render(&[], false).is_err());
     }
 
     #[test]

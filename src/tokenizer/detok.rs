@@ -14,20 +14,44 @@ impl StreamDecoder {
     }
 
     /// Adds a token's bytes and returns the text that is now complete (possibly empty).
+    ///
+    /// Invalid sequences become U+FFFD exactly as `String::from_utf8_lossy` would replace
+    /// them in the whole stream, so the concatenated output never depends on how the bytes
+    /// were split into tokens; only an unfinished character at the end is held back.
     pub fn push(&mut self, bytes: &[u8]) -> String {
         self.pending.extend_from_slice(bytes);
-        let valid = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            Err(e) => match e.error_len() {
-                // An invalid sequence (not just an unfinished one) can never complete:
-                // emit it as U+FFFD rather than stalling the stream forever.
-                Some(_) => return self.flush_lossy(),
-                None => e.valid_up_to(),
-            },
-        };
-        let rest = self.pending.split_off(valid);
-        let done = std::mem::replace(&mut self.pending, rest);
-        String::from_utf8(done).expect("prefix checked as valid UTF-8")
+        let mut out = String::new();
+        let mut start = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[start..]) {
+                Ok(s) => {
+                    out.push_str(s);
+                    start = self.pending.len();
+                    break;
+                }
+                Err(e) => {
+                    let valid = start + e.valid_up_to();
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[start..valid])
+                            .expect("prefix checked as valid UTF-8"),
+                    );
+                    match e.error_len() {
+                        // An invalid sequence can never complete: replace it, go on.
+                        Some(n) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            start = valid + n;
+                        }
+                        // An unfinished character at the end: wait for its other bytes.
+                        None => {
+                            start = valid;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending.drain(..start);
+        out
     }
 
     /// Ends the stream: whatever is still held back is emitted, lossily if it is incomplete.
@@ -71,5 +95,35 @@ mod tests {
         let mut d = StreamDecoder::new();
         assert_eq!(d.push(&[0xff, b'a']), "\u{fffd}a");
         assert_eq!(d.pending_len(), 0);
+    }
+
+    /// Found while writing the `tokenizer_roundtrip` fuzz target (its oracle: stream output ==
+    /// lossy decoding of all the bytes): an invalid byte followed by the start
+    /// of a character in one push used to flush both lossily, so the character completed by
+    /// the next token came out as two U+FFFD instead of itself.
+    #[test]
+    fn invalid_byte_does_not_swallow_the_next_character() {
+        let mut d = StreamDecoder::new();
+        let mut out = d.push(&[0xff, 0xe2, 0x82]);
+        out += &d.push(&[0xac, b'!']);
+        out += &d.finish();
+        assert_eq!(out, "\u{fffd}€!");
+        assert_eq!(out, String::from_utf8_lossy(&[0xff, 0xe2, 0x82, 0xac, b'!']));
+    }
+
+    #[test]
+    fn matches_lossy_decoding_for_any_split() {
+        let bytes: &[u8] = &[b'a', 0xf0, 0x9f, 0x9a, 0xff, 0xc3, 0xa9, 0xe2, 0x28, 0xa1, 0xf0];
+        let want = String::from_utf8_lossy(bytes);
+        for cut1 in 0..=bytes.len() {
+            for cut2 in cut1..=bytes.len() {
+                let mut d = StreamDecoder::new();
+                let mut out = d.push(&bytes[..cut1]);
+                out += &d.push(&bytes[cut1..cut2]);
+                out += &d.push(&bytes[cut2..]);
+                out += &d.finish();
+                assert_eq!(out, want, "split at {cut1},{cut2}");
+            }
+        }
     }
 }

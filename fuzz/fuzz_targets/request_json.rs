@@ -1,0 +1,28 @@
+//! Arbitrary request bodies through the /v1/completions and /v1/chat/completions parsing and
+//! validation (`server::parse_request`: JSON, unknown keys, sampling ranges, prompts, token
+//! ids, chat messages through the reference chat template, tokenization), with the reference
+//! model's tokenizer and no engine. Every input is accepted or rejected with a 4xx; no panic.
+//! The first byte picks the endpoint.
+
+#![no_main]
+
+#[path = "common.rs"]
+mod common;
+
+use edgelm::server::fuzz_parse_request;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&first, body)) = data.split_first() else {
+        return;
+    };
+    let r = common::reference();
+    let path = if first & 1 == 0 {
+        "/v1/completions"
+    } else {
+        "/v1/chat/completions"
+    };
+    if let Err(status) = fuzz_parse_request(&r.tokenizer, Some(&r.chat), path, body) {
+        assert!((400..500).contains(&status), "{path}: status {status}");
+    }
+});
