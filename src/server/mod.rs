@@ -433,19 +433,15 @@ fn parse_request(
                 .collect::<Result<_, _>>()?,
         };
         if prompts.is_empty() || prompts.len() > 16 {
-            return Err(
-                ApiError::bad_request("prompt must hold 1 to 16 prompts").param("prompt")
-            );
+            return Err(ApiError::bad_request("prompt must hold 1 to 16 prompts").param("prompt"));
         }
         if prompts.iter().any(|p| p.is_empty()) {
             return Err(ApiError::bad_request("the prompt is empty").param("prompt"));
         }
         if prompts.len() * v.params.n > limits.max_n {
-            return Err(ApiError::bad_request(format!(
-                "prompts × n exceeds {}",
-                limits.max_n
-            ))
-            .param("n"));
+            return Err(
+                ApiError::bad_request(format!("prompts × n exceeds {}", limits.max_n)).param("n"),
+            );
         }
         let echo = req.echo.unwrap_or(false);
         if echo && logprobs.is_some() {
@@ -453,10 +449,7 @@ fn parse_request(
         }
         v.params.logprobs = logprobs;
         let echo_text = if echo {
-            prompts
-                .iter()
-                .map(|p| tokenizer.decode(p, true))
-                .collect()
+            prompts.iter().map(|p| tokenizer.decode(p, true)).collect()
         } else {
             Vec::new()
         };
@@ -483,8 +476,7 @@ fn parse_request(
         if req.messages.is_empty() {
             return Err(ApiError::bad_request("messages must not be empty").param("messages"));
         }
-        let mut v =
-            api::validate_sampling(&req.sampling, req.max_completion_tokens, limits)?;
+        let mut v = api::validate_sampling(&req.sampling, req.max_completion_tokens, limits)?;
         let msgs = chat_messages(&req.messages)?;
         let prompt_text = tmpl
             .render(&msgs, true)
@@ -492,16 +484,13 @@ fn parse_request(
         let prompt = encode(tokenizer, &prompt_text)?;
         let logprobs = if req.logprobs.unwrap_or(false) {
             Some(
-                api::check_logprobs(
-                    req.top_logprobs.or(Some(0)),
-                    limits,
-                    "top_logprobs",
-                )?
-                .unwrap_or(0),
+                api::check_logprobs(req.top_logprobs.or(Some(0)), limits, "top_logprobs")?
+                    .unwrap_or(0),
             )
         } else if req.top_logprobs.is_some() {
-            return Err(ApiError::bad_request("top_logprobs needs logprobs: true")
-                .param("top_logprobs"));
+            return Err(
+                ApiError::bad_request("top_logprobs needs logprobs: true").param("top_logprobs")
+            );
         } else {
             None
         };
@@ -519,7 +508,6 @@ fn parse_request(
         })
     }
 }
-
 
 /// Fuzzing entry (not an API): [`parse_request`] with the server's default limits, as the
 /// `request_json` fuzz target drives it. `Err` carries the HTTP status of the rejection.
@@ -706,4 +694,69 @@ pub fn serve(
         let _ = engine_thread.join();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference() -> (Tokenizer, ChatTemplate) {
+        let file = crate::gguf::GgufFile::open(crate::gguf::test_model_path()).unwrap();
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        let chat = ChatTemplate::new(
+            tok.chat_template().unwrap(),
+            tok.special_text(tok.bos),
+            tok.special_text(tok.eos),
+        )
+        .unwrap();
+        (tok, chat)
+    }
+
+    #[test]
+    fn parse_request_accepts_and_rejects() {
+        let (tok, chat) = reference();
+        let p =
+            |path: &str, body: &str| fuzz_parse_request(&tok, Some(&chat), path, body.as_bytes());
+        assert_eq!(
+            p("/v1/completions", r#"{"prompt":"Hi","max_tokens":3}"#),
+            Ok(())
+        );
+        assert_eq!(
+            p(
+                "/v1/completions",
+                r#"{"prompt":[1,2],"echo":true,"logprobs":2}"#
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            p(
+                "/v1/chat/completions",
+                r#"{"messages":[{"role":"user","content":"Hi"}]}"#
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            p("/v1/completions", r#"{"prompt":"Hi","bogus":1}"#),
+            Err(400)
+        );
+        assert_eq!(p("/v1/completions", r#"{"prompt":[49152]}"#), Err(400));
+        assert_eq!(p("/v1/completions", "\u{0}"), Err(400));
+        assert_eq!(
+            p(
+                "/v1/chat/completions",
+                r#"{"messages":[{"role":"wizard","content":"x"}]}"#
+            ),
+            Err(400)
+        );
+        assert_eq!(p("/v1/chat/completions", r#"{"messages":[]}"#), Err(400));
+        assert_eq!(
+            fuzz_parse_request(
+                &tok,
+                None,
+                "/v1/chat/completions",
+                br#"{"messages":[{"role":"user","content":"Hi"}]}"#
+            ),
+            Err(400)
+        );
+    }
 }

@@ -91,7 +91,8 @@ mod tests {
 
     #[test]
     fn endless_template_runs_out_of_fuel() {
-        let src = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+        let src =
+            "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
         let t = ChatTemplate::new(src, String::new(), String::new()).unwrap();
         let err = t.render(&[], false).unwrap_err().to_string();
         assert!(err.contains("fuel"), "{err}");

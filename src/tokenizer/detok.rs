@@ -108,12 +108,17 @@ mod tests {
         out += &d.push(&[0xac, b'!']);
         out += &d.finish();
         assert_eq!(out, "\u{fffd}€!");
-        assert_eq!(out, String::from_utf8_lossy(&[0xff, 0xe2, 0x82, 0xac, b'!']));
+        assert_eq!(
+            out,
+            String::from_utf8_lossy(&[0xff, 0xe2, 0x82, 0xac, b'!'])
+        );
     }
 
     #[test]
     fn matches_lossy_decoding_for_any_split() {
-        let bytes: &[u8] = &[b'a', 0xf0, 0x9f, 0x9a, 0xff, 0xc3, 0xa9, 0xe2, 0x28, 0xa1, 0xf0];
+        let bytes: &[u8] = &[
+            b'a', 0xf0, 0x9f, 0x9a, 0xff, 0xc3, 0xa9, 0xe2, 0x28, 0xa1, 0xf0,
+        ];
         let want = String::from_utf8_lossy(bytes);
         for cut1 in 0..=bytes.len() {
             for cut2 in cut1..=bytes.len() {
