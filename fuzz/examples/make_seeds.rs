@@ -4,11 +4,13 @@
 //!
 //! cargo +nightly run --example make_seeds   (from fuzz/)
 
-use edgelm::gguf::{GgufWriter, Value, Array};
+use edgelm::gguf::{Array, GgufWriter, Value};
 use edgelm::quant::GgmlType;
 
 fn f32s(n: usize) -> Vec<u8> {
-    (0..n).flat_map(|i| (0.01 * i as f32).to_le_bytes()).collect()
+    (0..n)
+        .flat_map(|i| (0.01 * i as f32).to_le_bytes())
+        .collect()
 }
 
 fn tiny_model() -> GgufWriter {
@@ -66,7 +68,12 @@ fn tiny_model() -> GgufWriter {
         ("ffn_down.weight", vec![ff, e]),
     ] {
         let n: u64 = dims.iter().product();
-        w = w.tensor(format!("blk.0.{name}"), &dims, GgmlType::F32, f32s(n as usize));
+        w = w.tensor(
+            format!("blk.0.{name}"),
+            &dims,
+            GgmlType::F32,
+            f32s(n as usize),
+        );
     }
     w
 }
@@ -78,7 +85,11 @@ fn main() {
     let file = edgelm::gguf::GgufFile::from_bytes(model.clone()).expect("seed parses");
     edgelm::model::Model::from_file(std::sync::Arc::new(file)).expect("seed loads as a model");
     std::fs::write(dir.join("tiny-model"), &model).unwrap();
-    std::fs::write(dir.join("tiny-model-v2"), tiny_model().version(2).to_bytes()).unwrap();
+    std::fs::write(
+        dir.join("tiny-model-v2"),
+        tiny_model().version(2).to_bytes(),
+    )
+    .unwrap();
     std::fs::write(
         dir.join("header-only"),
         GgufWriter::new()

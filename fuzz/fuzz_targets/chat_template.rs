@@ -74,7 +74,9 @@ fuzz_target!(|input: Input| match input {
         add_generation_prompt,
     } => {
         let (msgs, known_roles) = messages(msgs);
-        let r = common::reference().chat.render(&msgs, add_generation_prompt);
+        let r = common::reference()
+            .chat
+            .render(&msgs, add_generation_prompt);
         if known_roles {
             let text = r.expect("the reference template renders any server-accepted roles");
             for m in &msgs {

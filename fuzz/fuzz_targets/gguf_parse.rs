@@ -27,11 +27,9 @@ fuzz_target!(|data: &[u8]| {
         }
         let _ = tok.decode(&[0, 1, 2, u32::MAX], false);
         if let Some(src) = tok.chat_template() {
-            if let Ok(t) = ChatTemplate::new(
-                src,
-                tok.special_text(tok.bos),
-                tok.special_text(tok.eos),
-            ) {
+            if let Ok(t) =
+                ChatTemplate::new(src, tok.special_text(tok.bos), tok.special_text(tok.eos))
+            {
                 let _ = t.render(&[], true);
             }
         }

@@ -695,3 +695,68 @@ pub fn serve(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference() -> (Tokenizer, ChatTemplate) {
+        let file = crate::gguf::GgufFile::open(crate::gguf::test_model_path()).unwrap();
+        let tok = Tokenizer::from_gguf(&file).unwrap();
+        let chat = ChatTemplate::new(
+            tok.chat_template().unwrap(),
+            tok.special_text(tok.bos),
+            tok.special_text(tok.eos),
+        )
+        .unwrap();
+        (tok, chat)
+    }
+
+    #[test]
+    fn parse_request_accepts_and_rejects() {
+        let (tok, chat) = reference();
+        let p =
+            |path: &str, body: &str| fuzz_parse_request(&tok, Some(&chat), path, body.as_bytes());
+        assert_eq!(
+            p("/v1/completions", r#"{"prompt":"Hi","max_tokens":3}"#),
+            Ok(())
+        );
+        assert_eq!(
+            p(
+                "/v1/completions",
+                r#"{"prompt":[1,2],"echo":true,"logprobs":2}"#
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            p(
+                "/v1/chat/completions",
+                r#"{"messages":[{"role":"user","content":"Hi"}]}"#
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            p("/v1/completions", r#"{"prompt":"Hi","bogus":1}"#),
+            Err(400)
+        );
+        assert_eq!(p("/v1/completions", r#"{"prompt":[49152]}"#), Err(400));
+        assert_eq!(p("/v1/completions", "\u{0}"), Err(400));
+        assert_eq!(
+            p(
+                "/v1/chat/completions",
+                r#"{"messages":[{"role":"wizard","content":"x"}]}"#
+            ),
+            Err(400)
+        );
+        assert_eq!(p("/v1/chat/completions", r#"{"messages":[]}"#), Err(400));
+        assert_eq!(
+            fuzz_parse_request(
+                &tok,
+                None,
+                "/v1/chat/completions",
+                br#"{"messages":[{"role":"user","content":"Hi"}]}"#
+            ),
+            Err(400)
+        );
+    }
+}
