@@ -204,6 +204,20 @@ pub struct ComputeArgs {
     pub max_batched_tokens: usize,
 }
 
+impl ComputeArgs {
+    /// The engine settings a firmware profile gives (`threads = 0`: every available core).
+    pub fn from_profile(e: &edgelm::config::EngineSection) -> ComputeArgs {
+        ComputeArgs {
+            threads: (e.threads > 0).then_some(e.threads),
+            kv_type: e.kv_type,
+            block_size: e.block_size,
+            kv_memory_mib: Some(e.kv_memory_mib),
+            max_seqs: e.max_seqs,
+            max_batched_tokens: e.max_batched_tokens,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]

@@ -48,14 +48,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if p.engine.backend == "cuda" {
         log::warn!("this build has no CUDA backend; serving on the CPU");
     }
-    let compute = ComputeArgs {
-        threads: (p.engine.threads > 0).then_some(p.engine.threads),
-        kv_type: p.engine.kv_type,
-        block_size: p.engine.block_size,
-        kv_memory_mib: Some(p.engine.kv_memory_mib),
-        max_seqs: p.engine.max_seqs,
-        max_batched_tokens: p.engine.max_batched_tokens,
-    };
+    let compute = ComputeArgs::from_profile(&p.engine);
     init_threads(&compute)?;
     let addr = (p.server.host.as_str(), p.server.port)
         .to_socket_addrs()

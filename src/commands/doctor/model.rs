@@ -2,6 +2,8 @@
 //! the profile and memory; a short greedy generation as a self-test.
 
 use super::{human, Check, Context};
+use crate::cli::ComputeArgs;
+use crate::commands::{engine_config, init_threads, kv_bytes_for};
 use edgelm::engine::{Engine, EngineConfig, Event, GenParams, SamplingParams};
 use edgelm::gguf::GgufFile;
 use edgelm::kv::plan::KvPlan;
@@ -338,28 +340,24 @@ pub fn self_test(ctx: &Context, model_ok: bool) -> Check {
 fn generate(ctx: &Context, mut c: Check) -> anyhow::Result<Check> {
     let e = &ctx.profile.engine;
     let start = Instant::now();
-    let threads = if e.threads == 0 {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    } else {
-        e.threads
+    // One sequence, through the same thread-pool set-up as `serve`.
+    let compute = ComputeArgs {
+        max_seqs: 1,
+        ..ComputeArgs::from_profile(e)
     };
-    edgelm::backend::cpu::pool::init(threads, edgelm::backend::cpu::pool::lower_thread_priority);
+    let threads = init_threads(&compute)?;
     let model = Arc::new(Model::load(&ctx.model_path)?);
     let tok = Tokenizer::from_gguf(&model.file)?;
     let ids = tok.encode(SELF_TEST_PROMPT, true)?;
     let load_s = start.elapsed().as_secs_f64();
-    // One sequence: a pool just big enough for it.
-    let geom = model.config.page_geometry(e.kv_type, e.block_size);
-    let blocks = (ids.len() + SELF_TEST_TOKENS).div_ceil(e.block_size) + 1;
+    // A pool just big enough for the one sequence (plus a spare block).
     let config = EngineConfig {
-        kv_type: e.kv_type,
-        block_tokens: e.block_size,
-        kv_memory_bytes: geom.block_bytes() * blocks,
-        max_seqs: 1,
-        max_batched_tokens: e.max_batched_tokens,
-        max_context: 0,
+        kv_memory_bytes: kv_bytes_for(
+            &model,
+            &compute,
+            ids.len() + SELF_TEST_TOKENS + e.block_size,
+        ),
+        ..engine_config(&compute)
     };
     let (engine, thread) = Engine::start(model.clone(), tok.eog_tokens().to_vec(), config)?;
     let params = GenParams {
