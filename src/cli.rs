@@ -29,6 +29,9 @@ pub enum Command {
     KvPlan(KvPlanArgs),
     /// Throughput benchmark: prefill, decode, and aggregate decode at several concurrencies.
     Bench(BenchArgs),
+    /// Drive a running OpenAI-compatible server (edgelm or another) with a seeded workload and
+    /// report throughput, TTFT, inter-token latency and errors.
+    Loadgen(crate::commands::loadgen::LoadgenArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(ServeArgs),
     /// Firmware profiles: `edgelm config check FILE...`.
@@ -93,6 +96,10 @@ pub struct ServeArgs {
     /// Running sequences at most [profile: engine.max_seqs].
     #[arg(long = "max-seqs")]
     pub max_seqs: Option<usize>,
+    /// While streams decode, a step carrying prefill may take at most this many times a
+    /// decode-only step; 0: off [profile: engine.prefill_pacing].
+    #[arg(long = "prefill-pacing")]
+    pub prefill_pacing: Option<f64>,
     /// Requests that may wait beyond the running batch before new ones get 429 [profile: server.max_queue].
     #[arg(long = "max-queue")]
     pub max_queue: Option<usize>,
@@ -202,6 +209,10 @@ pub struct ComputeArgs {
     /// Tokens one engine step processes at most (decodes first, then prefill chunks).
     #[arg(long = "max-batched-tokens", default_value_t = 512)]
     pub max_batched_tokens: usize,
+    /// While sequences decode, a step carrying prefill may take at most this many times a
+    /// decode-only step (0: off).
+    #[arg(long = "prefill-pacing", default_value_t = edgelm::engine::DEFAULT_PREFILL_PACING)]
+    pub prefill_pacing: f64,
 }
 
 impl ComputeArgs {
@@ -214,6 +225,7 @@ impl ComputeArgs {
             kv_memory_mib: Some(e.kv_memory_mib),
             max_seqs: e.max_seqs,
             max_batched_tokens: e.max_batched_tokens,
+            prefill_pacing: e.prefill_pacing,
         }
     }
 }

@@ -45,6 +45,9 @@ pub struct EngineSection {
     pub max_batched_tokens: usize,
     /// MiB of RAM to leave free for the OS (and the GPU on unified-memory boards); 0: no check.
     pub reserve_mib: usize,
+    /// While streams decode, a step that also prefills may take at most this many times a
+    /// decode-only step (bounds their inter-token latency during long prompts); 0: off.
+    pub prefill_pacing: f64,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -85,6 +88,7 @@ impl Default for EngineSection {
             max_seqs: 16,
             max_batched_tokens: 512,
             reserve_mib: 0,
+            prefill_pacing: crate::engine::DEFAULT_PREFILL_PACING,
         }
     }
 }
@@ -198,6 +202,9 @@ impl Profile {
                 "engine.max_batched_tokens",
                 format!("must be 1 to {MAX_BATCHED_TOKENS}"),
             );
+        }
+        if !(e.prefill_pacing == 0.0 || (1.0..=100.0).contains(&e.prefill_pacing)) {
+            return bad("engine.prefill_pacing", "must be 0 (off) or 1 to 100");
         }
         if e.max_batched_tokens < e.max_seqs {
             return bad(

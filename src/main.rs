@@ -63,6 +63,7 @@ fn main() {
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::KvPlan(a) => commands::kv_plan::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Loadgen(a) => commands::loadgen::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::ConfigCheck(a) | Command::Config(ConfigCommand::Check(a)) => {
             commands::serve::check(a)
@@ -76,7 +77,13 @@ fn main() {
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace noise.
         let prefix = if journal { "<3>" } else { "" };
-        eprintln!("{prefix}error: {}", format!("{e:#}").replace('\n', " "));
+        // A write error (stderr on a full disk) must not turn exit 1 into a panic's 101.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "{prefix}error: {}",
+            format!("{e:#}").replace('\n', " ")
+        );
         std::process::exit(1);
     }
 }

@@ -37,6 +37,7 @@ fn start(
         max_seqs,
         max_batched_tokens,
         max_context: 0,
+        prefill_pacing: 0.0,
     };
     Engine::start(m, tok.eog_tokens().to_vec(), config).unwrap()
 }

@@ -5,6 +5,7 @@ pub mod doctor;
 pub mod generate;
 pub mod inspect;
 pub mod kv_plan;
+pub mod loadgen;
 pub mod perplexity;
 pub mod serve;
 pub mod tokenize;
@@ -34,6 +35,7 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
         max_seqs: c.max_seqs,
         max_batched_tokens: c.max_batched_tokens,
         max_context: 0,
+        prefill_pacing: c.prefill_pacing,
     }
 }
 

@@ -38,6 +38,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(m) = args.max_seqs {
         p.engine.max_seqs = m;
     }
+    if let Some(x) = args.prefill_pacing {
+        p.engine.prefill_pacing = x;
+    }
     if let Some(q) = args.max_queue {
         p.server.max_queue = q;
     }

@@ -3,6 +3,7 @@
 //! lines: schedule → run → postprocess → emit.
 
 use super::metrics::{EngineStats, SharedStats};
+use super::pacer::PrefillPacer;
 use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
 use super::sampler::{log_softmax, top_logprobs, Sampler};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
@@ -17,6 +18,13 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// Prompt tokens a paced step carries at least, so a long prompt always progresses (at long
+/// context one token of prefill can cost as much as a whole decode step on a small CPU).
+const PACED_MIN_CHUNK: usize = 4;
+
+/// The default for [`EngineConfig::prefill_pacing`].
+pub const DEFAULT_PREFILL_PACING: f64 = 2.0;
+
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub kv_type: KvType,
@@ -27,6 +35,9 @@ pub struct EngineConfig {
     pub max_batched_tokens: usize,
     /// Context limit (0: the model's own).
     pub max_context: usize,
+    /// While sequences decode, a step carrying prefill may take at most this many times a
+    /// decode-only step (see `pacer`); 0 or 1: prefill takes the whole step budget.
+    pub prefill_pacing: f64,
 }
 
 impl Default for EngineConfig {
@@ -38,6 +49,7 @@ impl Default for EngineConfig {
             max_seqs: 16,
             max_batched_tokens: 512,
             max_context: 0,
+            prefill_pacing: DEFAULT_PREFILL_PACING,
         }
     }
 }
@@ -151,6 +163,7 @@ pub struct Engine {
     arrivals: u64,
     stats: SharedStats,
     local: EngineStats,
+    pacer: PrefillPacer,
 }
 
 impl Engine {
@@ -231,6 +244,7 @@ impl Engine {
             arrivals: 0,
             stats: stats.clone(),
             local: EngineStats::default(),
+            pacer: PrefillPacer::new(config.prefill_pacing, PACED_MIN_CHUNK),
         };
         engine.local.kv_pool_bytes = engine.pages.total_bytes();
         engine.local.weight_bytes = engine.model.file_bytes();
@@ -340,7 +354,10 @@ impl Engine {
 
     /// One engine step.
     fn step(&mut self) {
-        let batch = self.sched.schedule();
+        let pacer = &self.pacer;
+        let batch = self
+            .sched
+            .schedule_paced(|decodes, left| pacer.prefill_budget(decodes, left));
         if batch.spans.is_empty() {
             return;
         }
@@ -357,7 +374,15 @@ impl Engine {
                 span.logits,
             );
         }
-        let logits = match self.model.forward(&meta, &mut self.pages) {
+        let started = Instant::now();
+        let result = self.model.forward(&meta, &mut self.pages);
+        let decodes = batch.spans.iter().filter(|s| s.len == 1).count();
+        self.pacer.observe(
+            decodes,
+            batch.num_tokens() - decodes,
+            started.elapsed().as_secs_f64(),
+        );
+        let logits = match result {
             Ok(l) => l,
             Err(e) => {
                 // Should be unreachable (everything was validated); never take the engine down.

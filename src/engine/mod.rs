@@ -2,6 +2,7 @@
 
 mod core;
 pub mod metrics;
+mod pacer;
 pub mod request;
 mod rng;
 pub mod sampler;
@@ -9,7 +10,7 @@ pub mod scheduler;
 pub mod sequence;
 mod session;
 
-pub use self::core::{Engine, EngineConfig, EngineHandle, EngineLimits};
+pub use self::core::{Engine, EngineConfig, EngineHandle, EngineLimits, DEFAULT_PREFILL_PACING};
 pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};

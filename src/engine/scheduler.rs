@@ -134,8 +134,17 @@ impl Scheduler {
         self.seqs.insert(child.id, child);
     }
 
-    /// Plans the next step.
+    /// Plans the next step with the whole token budget open to prefill.
     pub fn schedule(&mut self) -> ScheduledBatch {
+        self.schedule_paced(|_, left| left)
+    }
+
+    /// Plans the next step; `prefill_budget(decodes, left)` caps the prompt tokens it carries
+    /// once `decodes` one-token spans are in and `left` tokens of the budget remain.
+    pub fn schedule_paced(
+        &mut self,
+        prefill_budget: impl FnOnce(usize, usize) -> usize,
+    ) -> ScheduledBatch {
         let mut batch = ScheduledBatch::default();
         let mut budget = self.config.max_batched_tokens;
 
@@ -173,6 +182,8 @@ impl Scheduler {
                 }
             }
         }
+
+        budget = prefill_budget(batch.spans.len(), budget).min(budget);
 
         // 2. Prefill chunks for running sequences part-way through their tokens.
         for id in self.running.clone() {
@@ -439,6 +450,29 @@ mod tests {
             s.remove(id);
         }
         assert_eq!(s.pool.used(), 0);
+    }
+
+    #[test]
+    fn paced_prefill_is_capped_only_while_sequences_decode() {
+        let mut s = sched(4096, 512);
+        s.add(Sequence::new(0, 0, 0, vec![1; 20], 4000));
+        let pace = |decodes: usize, left: usize| if decodes > 0 { 24 } else { left };
+        // Nobody decodes yet: the first prompt takes the whole budget.
+        let b = s.schedule_paced(pace);
+        assert_eq!(b.num_tokens(), 20);
+        s.commit(&b);
+        s.get_mut(0).unwrap().tokens.push(5);
+        s.add(Sequence::new(1, 1, 1, vec![2; 1000], 4000));
+        let b = s.schedule_paced(|decodes, left| {
+            assert_eq!((decodes, left), (1, 511));
+            pace(decodes, left)
+        });
+        assert_eq!(
+            b.num_tokens(),
+            1 + 24,
+            "one decode and a paced prefill chunk"
+        );
+        s.commit(&b);
     }
 
     #[test]

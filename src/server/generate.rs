@@ -284,7 +284,7 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<Outcome, (ApiEr
 }
 
 /// The outcome of a request whose client went away before it was answered.
-const GONE: &str = "cancelled (client gone)";
+pub const GONE: &str = "cancelled (client gone)";
 
 fn piece(ready: &Ready, t: u32) -> String {
     ready.tokenizer.token_piece(t)

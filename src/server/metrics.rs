@@ -42,6 +42,22 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
             rss as f64,
         );
     }
+    if let Some(fds) = open_fds() {
+        metric(
+            "process_open_fds",
+            "gauge",
+            "Open file descriptors (sockets included): flat while serving, or something leaks.",
+            fds as f64,
+        );
+    }
+    if let Some(threads) = thread_count() {
+        metric(
+            "process_threads",
+            "gauge",
+            "OS threads of this process.",
+            threads as f64,
+        );
+    }
     metric(
         "edgelm_requests_running",
         "gauge",
@@ -143,6 +159,19 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         );
     }
     out
+}
+
+/// Open descriptors from /proc (Linux); None elsewhere.
+fn open_fds() -> Option<usize> {
+    Some(std::fs::read_dir("/proc/self/fd").ok()?.count())
+}
+
+/// Threads from /proc (Linux); None elsewhere.
+fn thread_count() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:")?.trim().parse().ok())
 }
 
 /// Resident set size from /proc (Linux); None elsewhere.

@@ -60,12 +60,19 @@ pub struct Server {
     errors: Mutex<BTreeMap<&'static str, u64>>,
 }
 
-fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// One of the SO_REUSEPORT listening sockets (see `serve`). The first binds without
+/// SO_REUSEPORT and turns it on only once bound: any socket already on the port, another
+/// edgelm's included, makes that bind fail, where a second edgelm started by mistake would
+/// otherwise join the first one's group and silently take a share of its connections. The
+/// others bind with it and join the first one's group. SO_REUSEADDR: a restart right after a
+/// crash binds despite connections in TIME_WAIT.
+fn reuseport_listener(addr: SocketAddr, first: bool) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
+    socket.set_reuse_port(!first)?;
     socket.bind(&addr.into())?;
+    socket.set_reuse_port(true)?;
     socket.listen(1024)?;
     Ok(socket.into())
 }
@@ -162,8 +169,13 @@ impl Server {
     }
 
     fn count_error(&self, e: &ApiError) {
+        self.count(e.reason());
+    }
+
+    /// One more request under `edgelm_request_errors_total{reason}`.
+    fn count(&self, reason: &'static str) {
         if let Ok(mut m) = self.errors.lock() {
-            *m.entry(e.reason()).or_default() += 1;
+            *m.entry(reason).or_default() += 1;
         }
     }
 
@@ -350,6 +362,10 @@ impl Server {
             .first_token
             .map(|t| format!("{:.3}s", t.duration_since(started).as_secs_f64()))
             .unwrap_or_else(|| "-".into());
+        if out.result == generate::GONE {
+            // The client left (queued, prefilling or decoding): its work was cancelled.
+            self.count("cancelled");
+        }
         log::info!(
             "{id}: {}, prompt_tokens={n_prompt} completion_tokens={} ttft={ttft} duration={:.3}s",
             out.result,
@@ -609,8 +625,8 @@ pub fn serve(
     // threads. Several servers, each on its own SO_REUSEPORT socket (the kernel spreads
     // connections across them), multiply that head start.
     let mut servers = Vec::new();
-    for _ in 0..ACCEPTORS {
-        let l = reuseport_listener(config.addr)
+    for i in 0..ACCEPTORS {
+        let l = reuseport_listener(config.addr, i == 0)
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
         let http = tiny_http::Server::from_listener(l, None)
             .map_err(|e| anyhow::anyhow!("cannot serve: {e}"))?;
@@ -680,6 +696,7 @@ pub fn serve(
     while server.in_flight() > 0 && t0.elapsed() < drain_timeout {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let cut_short = server.in_flight();
     accepting.store(false, Ordering::Relaxed);
     for a in acceptors {
         let _ = a.join();
@@ -690,7 +707,16 @@ pub fn serve(
     if let Some(ready) = server.ready() {
         ready.engine.shutdown();
     }
-    if let Ok(Some(engine_thread)) = loader.join() {
+    let engine_thread = loader.join().ok().flatten();
+    if cut_short > 0 {
+        // The drain time is over. The engine would finish every running request before it
+        // stops, however long they are: returning instead ends the process now, closing the
+        // connections of the requests still in flight.
+        log::warn!(
+            "drain time ({} s) over: {cut_short} in-flight requests cut short",
+            drain_timeout.as_secs()
+        );
+    } else if let Some(engine_thread) = engine_thread {
         let _ = engine_thread.join();
     }
     Ok(())

@@ -1,0 +1,197 @@
+//! Head-of-line blocking: streams decode undisturbed for a while, then a burst of long prompts
+//! arrives. A server that prefills in small chunks between decode steps keeps the streams'
+//! inter-token latency close to what it was; one that prefills whole prompts stalls them.
+
+use super::client::{self, Outcome, Target};
+use super::stats::Percentiles;
+use super::workload::{Endpoint, Planned, Workload};
+use super::LoadgenArgs;
+use anyhow::{bail, Result};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Serialize)]
+pub struct HolReport {
+    pub streams: usize,
+    pub burst: usize,
+    pub long_prompt_tokens: Option<usize>,
+    /// Inter-token latency of the streams before the burst, and while it was being served.
+    pub itl_before: Percentiles,
+    pub itl_during: Percentiles,
+    /// p99 during / p99 before.
+    pub p99_ratio: f64,
+    pub burst_seconds: f64,
+    pub burst_latency: Percentiles,
+    pub failed: usize,
+    pub errors: Vec<String>,
+}
+
+impl HolReport {
+    pub fn print(&self) {
+        println!(
+            "head-of-line: {} decoding streams, burst of {} prompts of {} tokens, served in {:.1} s",
+            self.streams,
+            self.burst,
+            self.long_prompt_tokens.map_or("?".into(), |n| n.to_string()),
+            self.burst_seconds
+        );
+        println!("{}", self.itl_before.line("ITL before the burst"));
+        println!("{}", self.itl_during.line("ITL during the burst"));
+        println!(
+            "p99 inter-token latency ratio (during / before): {:.2}",
+            self.p99_ratio
+        );
+        println!("{}", self.burst_latency.line("long prompt latency"));
+        for e in &self.errors {
+            println!("  error: {e}");
+        }
+    }
+}
+
+/// Token arrival times, one list per request.
+type Timelines = Arc<Mutex<Vec<Vec<Instant>>>>;
+
+pub fn run(target: &Target, w: &Workload, args: &LoadgenArgs) -> Result<HolReport> {
+    let mut stream_target = target.clone();
+    stream_target.temperature = 0.0;
+    stream_target.ignore_eos = true; // streams must keep decoding through the whole burst
+    let timelines: Timelines = Arc::default();
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let run_start = Instant::now();
+    let workers: Vec<_> = (0..args.hol_streams)
+        .map(|k| {
+            let (t, tl, errs, stop) = (
+                stream_target.clone(),
+                timelines.clone(),
+                errors.clone(),
+                stop.clone(),
+            );
+            let text = w.prompt(&short(k)).1;
+            std::thread::spawn(move || {
+                // Restart the stream whenever it reaches max_tokens, until told to stop.
+                while !stop.load(Ordering::Relaxed) {
+                    let slot = {
+                        let mut v = tl.lock().expect("timelines");
+                        v.push(Vec::new());
+                        v.len() - 1
+                    };
+                    let p = short(k);
+                    let body = client::body(&t, &p, None, &text);
+                    let rec = client::send(&t, &p, &body, run_start, |at| {
+                        tl.lock().expect("timelines")[slot].push(at);
+                        !stop.load(Ordering::Relaxed)
+                    });
+                    if let Outcome::Failed(kind) = rec.outcome {
+                        errs.lock().expect("errors").push(format!("stream: {kind}"));
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                }
+            })
+        })
+        .collect();
+
+    // Warm up: every stream has produced tokens; then the undisturbed window.
+    let warm_deadline = Instant::now() + Duration::from_secs(120);
+    while count_streams_with_tokens(&timelines, 3) < args.hol_streams {
+        if Instant::now() > warm_deadline {
+            stop.store(true, Ordering::Relaxed);
+            bail!(
+                "the {} streams did not all start within 120 s",
+                args.hol_streams
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let before_start = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(args.hol_baseline));
+    let burst_start = Instant::now();
+
+    let mut long_target = target.clone();
+    long_target.temperature = 0.0;
+    let burst: Vec<_> = (0..args.hol_burst)
+        .map(|i| {
+            let t = long_target.clone();
+            let p = Planned {
+                index: 2_000_000 + i,
+                at_s: 0.0,
+                endpoint: Endpoint::Completions,
+                stream: false,
+                system: None,
+                words: args.long_tokens,
+                long: true,
+                max_tokens: 4,
+                disconnect_after: None,
+            };
+            let text = w.prompt(&p).1;
+            std::thread::spawn(move || {
+                let body = client::body(&t, &p, None, &text);
+                client::send(&t, &p, &body, run_start, |_| true)
+            })
+        })
+        .collect();
+    let burst_records: Vec<_> = burst.into_iter().filter_map(|h| h.join().ok()).collect();
+    let burst_end = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    for h in workers {
+        let _ = h.join();
+    }
+
+    let lines = timelines.lock().expect("timelines");
+    let gaps = |from: Instant, to: Instant| {
+        Percentiles::of(lines.iter().flat_map(|tl| {
+            tl.windows(2)
+                .filter(move |g| g[0] >= from && g[1] <= to)
+                .map(|g| (g[1] - g[0]).as_secs_f64())
+        }))
+    };
+    let itl_before = gaps(before_start, burst_start);
+    // Gaps that end inside the burst (a gap spanning its start counts: the stall it measures
+    // began when the burst arrived).
+    let itl_during = Percentiles::of(lines.iter().flat_map(|tl| {
+        tl.windows(2)
+            .filter(|g| g[1] > burst_start && g[1] <= burst_end)
+            .map(|g| (g[1] - g[0]).as_secs_f64())
+    }));
+    let mut errors = std::mem::take(&mut *errors.lock().expect("errors"));
+    for r in &burst_records {
+        if let Outcome::Failed(kind) = &r.outcome {
+            errors.push(format!("long prompt: {kind}"));
+        }
+    }
+    Ok(HolReport {
+        streams: args.hol_streams,
+        burst: args.hol_burst,
+        long_prompt_tokens: burst_records.iter().find_map(|r| r.prompt_tokens),
+        p99_ratio: itl_during.p99 / itl_before.p99,
+        itl_before,
+        itl_during,
+        burst_seconds: (burst_end - burst_start).as_secs_f64(),
+        burst_latency: Percentiles::of(burst_records.iter().map(|r| r.latency)),
+        failed: errors.len(),
+        errors,
+    })
+}
+
+/// The k-th decoding stream: a short prompt and a long generation.
+fn short(k: usize) -> Planned {
+    Planned {
+        index: 1_000_000 + k,
+        at_s: 0.0,
+        endpoint: Endpoint::Completions,
+        stream: true,
+        system: None,
+        words: 24,
+        long: false,
+        max_tokens: 512,
+        disconnect_after: None,
+    }
+}
+
+fn count_streams_with_tokens(tl: &Timelines, n: usize) -> usize {
+    let v = tl.lock().expect("timelines");
+    v.iter().filter(|t| t.len() >= n).count()
+}
