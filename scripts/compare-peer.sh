@@ -5,8 +5,8 @@
 #
 #   scripts/compare-peer.sh [-m MODEL] [-t THREADS] [-r REPEATS]
 #
-# The peer is the llama.cpp vendored in the PyPI sdist of llama-cpp-python (pinned below),
-# built once with cmake into target/peer/ (about 10 minutes on 2 cores; later runs reuse it).
+# The peer is the llama.cpp vendored in the PyPI sdist of llama-cpp-python, built once by
+# scripts/build-peer.sh into target/peer/ (about 10 minutes on 2 cores; later runs reuse it).
 # This is a benchmark, not a test: it exits 0 after printing whether or not the targets are
 # met, and non-zero only when something failed to build or run. Figures are only meaningful
 # on an otherwise idle machine: each step first waits for one (COMPARE_IDLE_WAIT_S, default
@@ -33,11 +33,8 @@ shift $((OPTIND - 1))
 case "$threads$repeats" in *[!0-9]*|"") usage ;; esac
 
 peer_pkg="llama-cpp-python"
-peer_version="0.3.36"
-peer_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-peer_dir="$root/target/peer"
-peer_src="$peer_dir/src/llama_cpp_python-$peer_version"
-peer_build="$peer_dir/build"
+peer_version="$(sed -n 's/^peer_version="\(.*\)"$/\1/p' scripts/build-peer.sh)"  # one pin, there
+peer_build="$root/target/peer/build"
 llama_bench="$peer_build/bin/llama-bench"
 llama_batched_bench="$peer_build/bin/llama-batched-bench"
 out_json="$root/target/compare-peer.json"
@@ -54,69 +51,8 @@ if [ ! -f "$model" ]; then
     fi
 fi
 
-# --- the peer: llama.cpp from the llama-cpp-python sdist ------------------------------------
-build_peer() {
-    local tools=()
-    command -v cmake >/dev/null || tools+=(cmake)
-    command -v c++ >/dev/null || tools+=(g++)
-    command -v make >/dev/null || tools+=(make)
-    if [ ${#tools[@]} -gt 0 ]; then
-        log "installing ${tools[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tools[@]}" >/dev/null
-    fi
-
-    mkdir -p "$peer_dir/dl" "$peer_dir/src"
-    local tarball="$peer_dir/dl/llama_cpp_python-$peer_version.tar.gz"
-    if [ ! -f "$tarball" ] || [ "$(sha256sum "$tarball" | cut -d' ' -f1)" != "$peer_sha256" ]; then
-        rm -f "$tarball"
-        log "downloading the $peer_pkg==$peer_version sdist"
-        # --no-binary for this package only: ':all:' would also build pip's build-backend
-        # dependencies (cmake among them) from source, which takes the better part of an hour.
-        if ! python3 -m pip download --quiet --disable-pip-version-check --no-deps \
-                --no-binary "$peer_pkg" "$peer_pkg==$peer_version" -d "$peer_dir/dl" >&2 \
-                || [ ! -f "$tarball" ]; then
-            log "pip download failed; fetching the sdist URL from the PyPI simple index"
-            local url
-            url="$(curl -fsSL "https://pypi.org/simple/$peer_pkg/" \
-                | grep -o "https://[^\"#]*/llama_cpp_python-$peer_version\.tar\.gz" | head -n1)" \
-                || die "no sdist for $peer_pkg $peer_version in the PyPI simple index"
-            curl -fsSL -o "$tarball" "$url"
-        fi
-        local got
-        got="$(sha256sum "$tarball" | cut -d' ' -f1)"
-        [ "$got" = "$peer_sha256" ] || die "$tarball has SHA-256 $got, expected $peer_sha256"
-    fi
-    if [ ! -f "$peer_src/vendor/llama.cpp/CMakeLists.txt" ]; then
-        log "unpacking $(basename "$tarball")"
-        rm -rf "$peer_src"
-        tar -xzf "$tarball" -C "$peer_dir/src"
-        [ -f "$peer_src/vendor/llama.cpp/CMakeLists.txt" ] || die "no vendor/llama.cpp in the sdist"
-    fi
-
-    log "building llama-bench and llama-batched-bench into $peer_build (log: $peer_dir/build.log; ~10 min on 2 cores)"
-    local t0=$SECONDS
-    # The server (and its web UI, fetched at configure time), tests, OpenSSL and curl are off:
-    # only the two benchmark tools are built.
-    if ! {
-        cmake -S "$peer_src/vendor/llama.cpp" -B "$peer_build" \
-            -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CCACHE=OFF \
-            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
-            -DLLAMA_BUILD_SERVER=OFF &&
-        cmake --build "$peer_build" --config Release -j "${PEER_BUILD_JOBS:-2}" \
-            --target llama-bench llama-batched-bench
-    } >"$peer_dir/build.log" 2>&1; then
-        tail -n 30 "$peer_dir/build.log" >&2
-        die "the llama.cpp build failed (full log: $peer_dir/build.log)"
-    fi
-    log "peer built in $((SECONDS - t0)) s"
-}
-
-if [ ! -x "$llama_bench" ] || [ ! -x "$llama_batched_bench" ]; then
-    build_peer
-fi
-[ -x "$llama_bench" ] && [ -x "$llama_batched_bench" ] || die "peer binaries missing after the build"
+# --- the peer: llama.cpp from the llama-cpp-python sdist (built once) ----------------------
+scripts/build-peer.sh llama-bench llama-batched-bench
 
 # --- edgelm ------------------------------------------------------------------------------
 log "cargo build --release"

@@ -4,7 +4,9 @@
 # the static amd64/arm64 binaries the packages ship (scripts/build-static.sh), then the
 # end-to-end tests: HTTP with the official OpenAI Python client, curl and Chromium; the systemd
 # notify protocol and unit; the static binaries (arm64 under qemu), .debs (lintian) and the
-# offline bundle installed into a fresh root with no network.
+# offline bundle installed into a fresh root with no network; the fault tests and the load
+# generator; last, each cargo-fuzz target briefly (EDGELM_FUZZ_SECONDS, default 20) from the
+# checked-in corpus.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,3 +18,4 @@ cargo test --release -- --test-threads=1
 scripts/test-aarch64.sh
 scripts/build-static.sh
 python3 -m pytest -q tests/e2e
+scripts/fuzz.sh "${EDGELM_FUZZ_SECONDS:-20}"

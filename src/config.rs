@@ -30,6 +30,9 @@ pub struct ServerSection {
     pub max_queue: usize,
     pub body_limit_kib: usize,
     pub drain_seconds: u64,
+    /// A new request that would wait longer than this many seconds in the queue (at the rate
+    /// requests have been finishing) gets 429; 0: only max_queue bounds the queue.
+    pub max_queue_wait_s: f64,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -73,6 +76,7 @@ impl Default for ServerSection {
             max_queue: 64,
             body_limit_kib: 1024,
             drain_seconds: 30,
+            max_queue_wait_s: 5.0,
         }
     }
 }
@@ -154,6 +158,9 @@ impl Profile {
                     s.api_key_env
                 ),
             );
+        }
+        if !(0.0..=3600.0).contains(&s.max_queue_wait_s) {
+            return bad("server.max_queue_wait_s", "must be 0 (off) to 3600 seconds");
         }
         if s.max_queue > MAX_QUEUE {
             return bad("server.max_queue", format!("must be 0 to {MAX_QUEUE}"));

@@ -41,6 +41,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(x) = args.prefill_pacing {
         p.engine.prefill_pacing = x;
     }
+    if let Some(w) = args.max_queue_wait {
+        p.server.max_queue_wait_s = w;
+    }
     if let Some(q) = args.max_queue {
         p.server.max_queue = q;
     }
@@ -90,6 +93,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         engine: engine_config(&compute),
         api_key,
         max_queue: p.server.max_queue,
+        max_queue_wait: std::time::Duration::from_secs_f64(p.server.max_queue_wait_s),
         body_limit: p.server.body_limit_kib * 1024,
         profile: profile_name,
     };

@@ -9,6 +9,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Seconds for the Retry-After header (429s).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -19,6 +21,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -34,6 +37,7 @@ impl ApiError {
             kind: "authentication_error",
             param: None,
             code: Some("invalid_api_key"),
+            retry_after: None,
         }
     }
 
@@ -44,6 +48,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: Some("not_found"),
+            retry_after: None,
         }
     }
 
@@ -54,6 +59,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: Some("method_not_allowed"),
+            retry_after: None,
         }
     }
 
@@ -64,16 +70,23 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: Some("request_too_large"),
+            retry_after: None,
         }
     }
 
-    pub fn overloaded() -> ApiError {
+    /// 429: the queue is full, or a new request would wait too long in it.
+    pub fn overloaded(retry_after_s: u64, queue_full: bool) -> ApiError {
         ApiError {
             status: 429,
-            message: "the server is at capacity; retry shortly".into(),
+            message: if queue_full {
+                format!("the server is at capacity (queue full); retry in {retry_after_s} s")
+            } else {
+                format!("the server is busy (the queue would make this request wait too long); retry in {retry_after_s} s")
+            },
             kind: "rate_limit_error",
             param: None,
             code: Some("queue_full"),
+            retry_after: Some(retry_after_s),
         }
     }
 
@@ -84,6 +97,7 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: Some("unavailable"),
+            retry_after: None,
         }
     }
 
@@ -94,6 +108,7 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 

@@ -2,6 +2,7 @@
 //! work to the single engine thread through its channels; nothing of the engine sits behind
 //! a lock here (its published stats are a read-only copy).
 
+mod admission;
 mod api;
 mod error;
 mod generate;
@@ -13,6 +14,7 @@ use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::model::Model;
 use crate::systemd;
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use admission::Admission;
 use api::{
     ChatRequest, CompletionRequest, DetokenizeRequest, Limits, PromptInput, TokenizeRequest,
 };
@@ -36,6 +38,9 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// Requests waiting beyond the running batch before new ones get 429.
     pub max_queue: usize,
+    /// A new request that would wait longer than this in the queue (at the recent rate of
+    /// finishing requests) gets 429; zero: only `max_queue` bounds the queue.
+    pub max_queue_wait: std::time::Duration,
     pub body_limit: usize,
     pub profile: String,
 }
@@ -56,6 +61,7 @@ pub struct Server {
     draining: AtomicBool,
     started: Instant,
     in_flight: AtomicUsize,
+    admission: Admission,
     next_id: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -90,6 +96,11 @@ fn unix_now() -> u64 {
 impl Server {
     pub fn new(config: ServeConfig) -> Arc<Server> {
         Arc::new(Server {
+            admission: Admission::new(
+                config.engine.max_seqs,
+                config.max_queue,
+                config.max_queue_wait,
+            ),
             config,
             ready: OnceLock::new(),
             load_error: OnceLock::new(),
@@ -208,10 +219,9 @@ impl Server {
         };
         if let Err((e, resp)) = result {
             self.count_error(&e);
-            let retry = if e.status == 429 {
-                vec![("Retry-After", "1".to_string())]
-            } else {
-                Vec::new()
+            let retry = match e.retry_after {
+                Some(s) => vec![("Retry-After", s.to_string())],
+                None => Vec::new(),
             };
             let _ = resp.send(e.status, "application/json", &retry, e.body().as_bytes());
         }
@@ -335,19 +345,21 @@ impl Server {
             Ok(j) => j,
             Err(e) => return Err((e, resp)),
         };
-        // Back-pressure: the running batch plus a bounded queue; past that, 429.
-        let cap = self.config.engine.max_seqs + self.config.max_queue;
-        if self.in_flight.fetch_add(1, Ordering::SeqCst) >= cap {
+        // Back-pressure: the running batch plus a queue bounded in requests and in expected
+        // wait; past that, 429.
+        let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if let Err(r) = self.admission.check(before, Instant::now()) {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            return Err((ApiError::overloaded(), resp));
+            return Err((ApiError::overloaded(r.retry_after_s, r.queue_full), resp));
         }
-        struct Guard<'a>(&'a AtomicUsize);
+        struct Guard<'a>(&'a Server);
         impl Drop for Guard<'_> {
             fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::SeqCst);
+                self.0.admission.finished(Instant::now());
+                self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        let _guard = Guard(&self.in_flight);
+        let _guard = Guard(self);
         let started = Instant::now();
         let id = job.id.clone();
         let n_prompt: usize = job.prompts.iter().map(|p| p.len()).sum();

@@ -36,6 +36,7 @@ class Server:
             defaults.pop(flag, None)
         args = [str(BINARY), "serve", "-m", str(MODEL), "--port", str(self.port), "--drain-seconds", "10",
                 *[x for kv in defaults.items() for x in kv], *extra]
+        self.env = env
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -69,12 +70,26 @@ class Server:
         raise AssertionError(f"server not idle after {timeout}s: {m}")
 
     def stop(self):
+        """Every server a test starts must end idle (0 KV blocks in use, nothing running or
+        waiting) and exit 0 on SIGTERM: nothing lost, nothing leaked."""
+        if self.proc.poll() is None:
+            key = (getattr(self, "env", None) or {}).get("EDGELM_API_KEY")
+            try:
+                self.wait_idle(headers={"Authorization": f"Bearer {key}"} if key else None)
+            except BaseException:
+                self.proc.kill()
+                self.proc.wait()
+                self.log.close()
+                raise
         self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
         self.log.close()
+        assert self.proc.returncode == 0, f"server exited with {self.proc.returncode} on SIGTERM"
+
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Builds the peer, llama.cpp, from the llama.cpp vendored in the PyPI sdist of llama-cpp-python
+# (pinned and SHA-256-checked below) into target/peer/build/bin, once: later calls find the
+# binaries and return at once. Used by scripts/compare-peer.sh and scripts/reliability.sh.
+#
+#   scripts/build-peer.sh [TARGET...]   (default: llama-bench llama-batched-bench llama-server)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(llama-bench llama-batched-bench llama-server)
+
+peer_pkg="llama-cpp-python"
+peer_version="0.3.36"
+peer_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+peer_dir="$root/target/peer"
+peer_src="$peer_dir/src/llama_cpp_python-$peer_version"
+peer_build="$peer_dir/build"
+
+log() { echo "build-peer: $*" >&2; }
+die() { echo "build-peer: error: $*" >&2; exit 1; }
+
+# --- the peer: llama.cpp from the llama-cpp-python sdist ------------------------------------
+build_peer() {
+    local tools=()
+    command -v cmake >/dev/null || tools+=(cmake)
+    command -v c++ >/dev/null || tools+=(g++)
+    command -v make >/dev/null || tools+=(make)
+    if [ ${#tools[@]} -gt 0 ]; then
+        log "installing ${tools[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tools[@]}" >/dev/null
+    fi
+
+    mkdir -p "$peer_dir/dl" "$peer_dir/src"
+    local tarball="$peer_dir/dl/llama_cpp_python-$peer_version.tar.gz"
+    if [ ! -f "$tarball" ] || [ "$(sha256sum "$tarball" | cut -d' ' -f1)" != "$peer_sha256" ]; then
+        rm -f "$tarball"
+        log "downloading the $peer_pkg==$peer_version sdist"
+        # --no-binary for this package only: ':all:' would also build pip's build-backend
+        # dependencies (cmake among them) from source, which takes the better part of an hour.
+        if ! python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+                --no-binary "$peer_pkg" "$peer_pkg==$peer_version" -d "$peer_dir/dl" >&2 \
+                || [ ! -f "$tarball" ]; then
+            log "pip download failed; fetching the sdist URL from the PyPI simple index"
+            local url
+            url="$(curl -fsSL "https://pypi.org/simple/$peer_pkg/" \
+                | grep -o "https://[^\"#]*/llama_cpp_python-$peer_version\.tar\.gz" | head -n1)" \
+                || die "no sdist for $peer_pkg $peer_version in the PyPI simple index"
+            curl -fsSL -o "$tarball" "$url"
+        fi
+        local got
+        got="$(sha256sum "$tarball" | cut -d' ' -f1)"
+        [ "$got" = "$peer_sha256" ] || die "$tarball has SHA-256 $got, expected $peer_sha256"
+    fi
+    if [ ! -f "$peer_src/vendor/llama.cpp/CMakeLists.txt" ]; then
+        log "unpacking $(basename "$tarball")"
+        rm -rf "$peer_src"
+        tar -xzf "$tarball" -C "$peer_dir/src"
+        [ -f "$peer_src/vendor/llama.cpp/CMakeLists.txt" ] || die "no vendor/llama.cpp in the sdist"
+    fi
+
+    log "building ${targets[*]} into $peer_build (log: $peer_dir/build.log; ~10 min on 2 cores)"
+    local t0=$SECONDS
+    # Tests, OpenSSL and curl are off, and so is the server's web UI (its prebuilt assets
+    # would be fetched from the network at configure time); llama-server still builds.
+    if ! {
+        cmake -S "$peer_src/vendor/llama.cpp" -B "$peer_build" \
+            -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CCACHE=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
+            -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF &&
+        cmake --build "$peer_build" --config Release -j "${PEER_BUILD_JOBS:-2}" \
+            --target "${targets[@]}"
+    } >>"$peer_dir/build.log" 2>&1; then
+        tail -n 30 "$peer_dir/build.log" >&2
+        die "the llama.cpp build failed (full log: $peer_dir/build.log)"
+    fi
+    log "peer built in $((SECONDS - t0)) s"
+}
+
+missing=()
+for t in "${targets[@]}"; do
+    [ -x "$peer_build/bin/$t" ] || missing+=("$t")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    targets=("${missing[@]}")
+    build_peer
+fi
+for t in "${targets[@]}"; do
+    [ -x "$peer_build/bin/$t" ] || die "$t missing after the build"
+done
+
