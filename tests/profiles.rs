@@ -7,12 +7,13 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 /// Every key of the schema; the device profiles set them all.
-const KEYS: [&str; 16] = [
+const KEYS: [&str; 18] = [
     "model.path",
     "server.host",
     "server.port",
     "server.api_key_env",
     "server.max_queue",
+    "server.max_queue_wait_s",
     "server.body_limit_kib",
     "server.drain_seconds",
     "engine.backend",
@@ -23,6 +24,7 @@ const KEYS: [&str; 16] = [
     "engine.block_size",
     "engine.max_seqs",
     "engine.max_batched_tokens",
+    "engine.prefill_pacing",
     "log.level",
 ];
 
@@ -165,6 +167,10 @@ fn mutations() -> Vec<Mutation> {
         m("server.max_queue", "max_queue = 1000000"),
         m("server.body_limit_kib", "body_limit_kib = 0"),
         m("server.drain_seconds", "drain_seconds = 100000"),
+        m("server.max_queue_wait_s", "max_queue_wait_s = -1.0"),
+        m("server.max_queue_wait_s", "max_queue_wait_s = \"5\""),
+        m("engine.prefill_pacing", "prefill_pacing = 0.5"),
+        m("engine.prefill_pacing", "prefill_pacing = 1000.0"),
         m("engine.backend", "backend = \"tpu\""),
         m("log.level", "level = \"loud\""),
         m("server.host", "host = \"\""),

@@ -489,6 +489,15 @@ def test_serving_continues_when_log_writes_fail():
         srv.stop()
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_fatal_error_with_stderr_on_a_full_disk_still_exits_1():
+    # The one-line error cannot be written; the exit code must still say "error", not panic (101).
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([str(BINARY), "serve", "-m", "/nonexistent/model.gguf"], stdout=full, stderr=full,
+                           timeout=15)
+    assert r.returncode == 1
+
+
 # 8. The port is taken -------------------------------------------------------------------------
 
 def test_port_taken_by_another_process():
