@@ -24,17 +24,21 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, *extra: str, env: dict | None = None):
+    def __init__(self, *extra: str, env: dict | None = None, port: int | None = None, model: Path = MODEL,
+                 output: str | None = None):
+        """`edgelm serve` on the reference model with test defaults that EXTRA flags override; it
+        returns once /health says 200. OUTPUT: where stdout/stderr go (default a log file in
+        target/test-artifacts)."""
         assert BINARY.exists(), f"{BINARY} missing: cargo build --release first"
-        assert MODEL.exists(), f"{MODEL} missing: run packaging/fetch-model.sh"
-        self.port = free_port()
+        assert Path(model).exists() or model != MODEL, f"{MODEL} missing: run packaging/fetch-model.sh"
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.log = open(ARTIFACTS / f"server-{self.port}.log", "w")
-        defaults = {"-t": "2", "--kv-memory-mib": "128", "--max-seqs": "16"}
+        self.log = open(output or ARTIFACTS / f"server-{self.port}.log", "w")
+        defaults = {"-t": "2", "--kv-memory-mib": "128", "--max-seqs": "16", "--drain-seconds": "10"}
         for flag in extra[::2]:
             defaults.pop(flag, None)
-        args = [str(BINARY), "serve", "-m", str(MODEL), "--port", str(self.port), "--drain-seconds", "10",
+        args = [str(BINARY), "serve", "-m", str(model), "--port", str(self.port),
                 *[x for kv in defaults.items() for x in kv], *extra]
         self.env = env
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
@@ -46,8 +50,13 @@ class Server:
             except httpx.HTTPError:
                 pass
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            time.sleep(0.1)
+                self.log.close()
+                tail = Path(self.log.name).read_text()[-2000:] if self.log.name != "/dev/full" else ""
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {tail}")
+            time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
         raise RuntimeError("server did not become ready")
 
     def metrics(self, headers=None) -> dict:

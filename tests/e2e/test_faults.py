@@ -22,36 +22,7 @@ LINGER_RST = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s: close() s
 
 
 class FaultServer(Server):
-    """conftest's Server with the port, the model and where its output goes chosen by the test."""
-
-    def __init__(self, *extra: str, port: int | None = None, model: Path = MODEL, env: dict | None = None,
-                 output: str | None = None):
-        assert BINARY.exists(), f"{BINARY} missing: cargo build --release first"
-        self.port = port or free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.log = open(output or ARTIFACTS / f"server-faults-{self.port}.log", "w")
-        defaults = {"-t": "2", "--kv-memory-mib": "128", "--max-seqs": "16", "--drain-seconds": "10"}
-        for flag in extra[::2]:
-            defaults.pop(flag, None)
-        args = [str(BINARY), "serve", "-m", str(model), "--port", str(self.port),
-                *[x for kv in defaults.items() for x in kv], *extra]
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                self.log.close()
-                tail = Path(self.log.name).read_text()[-2000:] if self.log.name != "/dev/full" else ""
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {tail}")
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("server did not become ready")
+    """conftest's Server with the fault tests' helpers."""
 
     def cancelled(self) -> float:
         """Requests whose client went away (queued, prefilling or decoding)."""

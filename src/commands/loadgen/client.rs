@@ -82,6 +82,24 @@ pub struct Record {
     pub completion_tokens: usize,
 }
 
+impl Record {
+    /// A request about to be sent (or given up on) `sent_s` seconds into the run.
+    pub fn new(p: &Planned, sent_s: f64) -> Record {
+        Record {
+            index: p.index,
+            sent_s,
+            outcome: Outcome::Ok,
+            stream: p.stream,
+            long: p.long,
+            ttft: None,
+            itl: Vec::new(),
+            latency: 0.0,
+            prompt_tokens: None,
+            completion_tokens: 0,
+        }
+    }
+}
+
 /// The body for a planned request.
 pub fn body(t: &Target, p: &Planned, system: Option<&str>, text: &str) -> Value {
     let mut b = match p.endpoint {
@@ -139,18 +157,7 @@ pub fn send(
         Endpoint::Chat => "/v1/chat/completions",
     };
     let start = Instant::now();
-    let mut rec = Record {
-        index: p.index,
-        sent_s: (start - run_start).as_secs_f64(),
-        outcome: Outcome::Ok,
-        stream: p.stream,
-        long: p.long,
-        ttft: None,
-        itl: Vec::new(),
-        latency: 0.0,
-        prompt_tokens: None,
-        completion_tokens: 0,
-    };
+    let mut rec = Record::new(p, (start - run_start).as_secs_f64());
     let result = exchange(t, p, path, body, start, &mut rec, &mut on_token);
     rec.latency = start.elapsed().as_secs_f64();
     rec.outcome = match result {
@@ -340,18 +347,7 @@ mod tests {
     }
 
     fn record() -> Record {
-        Record {
-            index: 0,
-            sent_s: 0.0,
-            outcome: Outcome::Ok,
-            stream: true,
-            long: false,
-            ttft: None,
-            itl: vec![],
-            latency: 0.0,
-            prompt_tokens: None,
-            completion_tokens: 0,
-        }
+        Record::new(&planned(1, None), 0.0)
     }
 
     fn chunk(text: &str, finish: Option<&str>) -> String {

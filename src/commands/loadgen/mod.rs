@@ -341,16 +341,8 @@ fn open_loop(
 
 fn overrun(p: &Planned, start: Instant) -> Record {
     Record {
-        index: p.index,
-        sent_s: start.elapsed().as_secs_f64(),
         outcome: Outcome::Failed("client_overrun".into()),
-        stream: p.stream,
-        long: p.long,
-        ttft: None,
-        itl: Vec::new(),
-        latency: 0.0,
-        prompt_tokens: None,
-        completion_tokens: 0,
+        ..Record::new(p, start.elapsed().as_secs_f64())
     }
 }
 
