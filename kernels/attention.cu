@@ -15,6 +15,9 @@
 
 #define ATT_WARPS 4
 #define ATT_MAX_REP 8 // query heads per KV head at most (the host checks)
+// __launch_bounds__(128, 1) below: without the minimum-blocks hint ptxas picked 72-96 registers
+// for some of these kernels and spilled (sm_90); with it, 123-255 registers and no spill.
+// Occupancy tuning waits for a GPU to measure on.
 
 // DPL consecutive values of one page row from dimension d0 (d0 a multiple of DPL), dequantized
 // as src/kv/page_format.rs `decode_row` does.
@@ -171,7 +174,7 @@ __device__ __forceinline__ void attention_body(
 }
 
 #define ATTENTION_KERNEL(NAME, KT, D)                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) NAME(                         \
+    extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS, 1) NAME(                      \
         const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,    \
         const int *__restrict__ block_tables, const int *__restrict__ table_offsets,           \
         const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,    \

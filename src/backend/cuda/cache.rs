@@ -12,7 +12,11 @@ use std::path::{Path, PathBuf};
 
 /// Where PTX files are cached (not created here), or `None` without any usable variable.
 pub fn cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     let base = var("EDGELM_CACHE_DIR")
         .or_else(|| var("CACHE_DIRECTORY"))
         .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("edgelm")))

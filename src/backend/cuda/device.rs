@@ -3,9 +3,9 @@
 
 use super::cache::{cache_dir, cached_ptx};
 use super::kernels::FILES;
+use super::no_panic;
 use super::nvrtc::nvrtc_version;
 use super::probe::{driver_version, probe, DeviceInfo};
-use super::no_panic;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;

@@ -16,10 +16,7 @@ impl KernelFile {
     /// The program NVRTC compiles: the common header, then the file (with `#line` so that
     /// compiler messages name the file's own lines).
     pub fn source(&self) -> String {
-        format!(
-            "{COMMON}\n#line 1 \"{}.cu\"\n{}",
-            self.name, self.body
-        )
+        format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name, self.body)
     }
 }
 
@@ -38,7 +35,13 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("quantize", ["quantize_q8_1"]),
     kernel_file!(
         "gemv",
-        ["gemv_q4_0", "gemv_q4_1", "gemv_q8_0", "gemv_q4_k", "gemv_q6_k"]
+        [
+            "gemv_q4_0",
+            "gemv_q4_1",
+            "gemv_q8_0",
+            "gemv_q4_k",
+            "gemv_q6_k"
+        ]
     ),
     kernel_file!("norm", ["rmsnorm"]),
     kernel_file!("rope", ["rope", "hadamard_64"]),
@@ -82,7 +85,9 @@ mod tests {
             for func in f.functions {
                 let defined = f.body.contains(&format!("void {func}("))
                     || f.body.contains(&format!("KERNEL({func},"))
-                    || f.body.lines().any(|l| l.trim_start().starts_with(&format!("{func}(")));
+                    || f.body
+                        .lines()
+                        .any(|l| l.trim_start().starts_with(&format!("{func}(")));
                 assert!(defined, "{func} is not defined in kernels/{}.cu", f.name);
             }
         }
@@ -94,7 +99,10 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let name = entry.unwrap().file_name().into_string().unwrap();
             if let Some(stem) = name.strip_suffix(".cu") {
-                assert!(FILES.iter().any(|f| f.name == stem), "kernels/{name} is not in FILES");
+                assert!(
+                    FILES.iter().any(|f| f.name == stem),
+                    "kernels/{name} is not in FILES"
+                );
             }
         }
     }

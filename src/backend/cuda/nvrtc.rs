@@ -69,6 +69,7 @@ pub(crate) fn options_for(arch: Arch) -> Vec<String> {
 
 /// Compiles one kernel file to PTX text for `arch`. Errors carry NVRTC's log.
 pub fn compile_ptx(file: &KernelFile, arch: Arch) -> Result<String, String> {
+    nvrtc_version()?;
     let src = file.source();
     no_panic("libnvrtc could not be loaded", || {
         let opts = CompileOptions {
@@ -89,16 +90,33 @@ fn describe(file: &KernelFile, arch: Arch, e: cudarc::nvrtc::CompileError) -> St
             file.name,
             log.to_string_lossy()
         ),
-        other => format!("NVRTC failed on kernels/{}.cu for {arch}: {other:?}", file.name),
+        other => format!(
+            "NVRTC failed on kernels/{}.cu for {arch}: {other:?}",
+            file.name
+        ),
     }
 }
 
 /// NVRTC's version, e.g. "12.6" (part of the PTX cache key: another compiler, other PTX).
+/// Fails when libnvrtc cannot be found.
 pub fn nvrtc_version() -> Result<String, String> {
+    use cudarc::nvrtc::sys;
     no_panic("libnvrtc could not be loaded", || {
-        cudarc::nvrtc::result::version()
-            .map(|(major, minor)| format!("{major}.{minor}"))
-            .map_err(|e| format!("nvrtcVersion failed: {e:?}"))
+        // SAFETY: only tries to open the library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(
+                "libnvrtc.so not found (install the CUDA toolkit's NVRTC, or point \
+                        LD_LIBRARY_PATH at it)"
+                    .into(),
+            );
+        }
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: writes two ints.
+        let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+        if r != sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(format!("nvrtcVersion failed: {r:?}"));
+        }
+        Ok(format!("{major}.{minor}"))
     })
 }
 

@@ -1,8 +1,8 @@
 //! Is there a usable CUDA device, and what is it? Every failure is an error string that says
 //! why (no driver library, no device, driver too old, ...), for one clear log line.
 
-use super::nvrtc::Arch;
 use super::no_panic;
+use super::nvrtc::Arch;
 use cudarc::driver::result;
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 
@@ -55,7 +55,9 @@ pub fn probe(ordinal: usize) -> Result<DeviceInfo, String> {
             return Err("the driver reports no CUDA device".into());
         }
         if ordinal >= count as usize {
-            return Err(format!("no CUDA device {ordinal} (the driver reports {count})"));
+            return Err(format!(
+                "no CUDA device {ordinal} (the driver reports {count})"
+            ));
         }
         let dev = result::device::get(ordinal as i32)
             .map_err(|e| format!("cuDeviceGet failed: {}", driver_error(e)))?;
@@ -111,8 +113,8 @@ fn driver_error(e: cudarc::driver::DriverError) -> String {
     use cudarc::driver::sys::CUresult::*;
     match e.0 {
         CUDA_ERROR_NO_DEVICE => "no CUDA-capable device is detected".into(),
-        CUDA_ERROR_INSUFFICIENT_DRIVER => {
-            "the installed NVIDIA driver is older than the CUDA runtime edgelm was built for".into()
+        CUDA_ERROR_SYSTEM_DRIVER_MISMATCH => {
+            "the NVIDIA kernel module and libcuda are different versions".into()
         }
         CUDA_ERROR_NOT_INITIALIZED => "the CUDA driver is not initialized".into(),
         other => format!("{other:?}"),
