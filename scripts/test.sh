@@ -5,17 +5,20 @@
 # end-to-end tests: HTTP with the official OpenAI Python client, curl and Chromium; the systemd
 # notify protocol and unit; the static binaries (arm64 under qemu), .debs (lintian) and the
 # offline bundle installed into a fresh root with no network; the fault tests and the load
-# generator; last, each cargo-fuzz target briefly (EDGELM_FUZZ_SECONDS, default 20) from the
-# checked-in corpus.
+# generator; the CUDA kernels compiled by NVRTC for sm_87/sm_90 and checked by ptxas for spills,
+# with the `cuda` build's CPU fallback (scripts/check-kernels.sh; no GPU needed); last, each
+# cargo-fuzz target briefly (EDGELM_FUZZ_SECONDS, default 20) from the checked-in corpus.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packaging/fetch-model.sh
 cargo fmt --check
 cargo clippy --release --all-targets -- -D warnings
+cargo clippy --release --features cuda --all-targets -- -D warnings
 cargo build --release
 cargo test --release -- --test-threads=1
 scripts/test-aarch64.sh
 scripts/build-static.sh
 python3 -m pytest -q tests/e2e
+scripts/check-kernels.sh
 scripts/fuzz.sh "${EDGELM_FUZZ_SECONDS:-20}"

@@ -217,6 +217,9 @@ pub struct ComputeArgs {
     /// decode-only step (0: off).
     #[arg(long = "prefill-pacing", default_value_t = edgelm::engine::DEFAULT_PREFILL_PACING)]
     pub prefill_pacing: f64,
+    /// Compute backend: cpu, cuda or auto (cuda and auto fall back to the CPU, saying why).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
+    pub backend: String,
 }
 
 impl ComputeArgs {
@@ -230,6 +233,7 @@ impl ComputeArgs {
             max_seqs: e.max_seqs,
             max_batched_tokens: e.max_batched_tokens,
             prefill_pacing: e.prefill_pacing,
+            backend: e.backend.clone(),
         }
     }
 }

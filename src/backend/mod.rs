@@ -2,3 +2,6 @@
 
 #[macro_use]
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod select;

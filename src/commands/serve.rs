@@ -51,9 +51,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         p.server.drain_seconds = d;
     }
     p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
-    if p.engine.backend == "cuda" {
-        log::warn!("this build has no CUDA backend; serving on the CPU");
-    }
+    edgelm::backend::select::resolve(&p.engine.backend, "serving");
     let compute = ComputeArgs::from_profile(&p.engine);
     init_threads(&compute)?;
     let addr = (p.server.host.as_str(), p.server.port)

@@ -1,0 +1,250 @@
+// gemv.cu: quantized weight matrix x q8_1 activations, for decode (one token) and small decode
+// batches (up to GEMV_MAX_TOK tokens share each weight load).
+//
+// y[t * rows + r] = sum over the row's blocks of dot(W[r], a[t]); W is rows x cols in ggml blocks
+// (row-major, rows contiguous, read in place), a is n_tok rows of cols/32 q8_1 blocks
+// (quantize.cu). One warp per output row, GEMV_WARPS rows per thread block: launch with
+// blockDim.x = 32 * GEMV_WARPS and gridDim.x = ceil(rows / GEMV_WARPS).
+//
+// Each lane takes "units" of the row in turn: half a block for Q4_0/Q4_1/Q8_0 (16 weights), a
+// 16-weight slice of two sub-blocks for Q4_K, a 64-weight slice for Q6_K. Integer dot products
+// use dp4a; each unit's weights are loaded once into registers and used for every token.
+
+#define GEMV_WARPS 4
+#define GEMV_MAX_TOK 8
+
+#define M4 0x0F0F0F0F
+#define ONES 0x01010101
+
+// ---- Q4_0: x = d * (q - 8); 18-byte blocks, 2-byte aligned ---------------------------------
+struct UnitQ4_0 {
+    float d;
+    int q0, q1; // 8 bytes of packed nibbles
+    int blk, h;
+};
+
+__device__ __forceinline__ UnitQ4_0 load_q4_0(const u8 *row, int unit) {
+    UnitQ4_0 u;
+    u.blk = unit >> 1;
+    u.h = unit & 1;
+    const u8 *b = row + (long long)u.blk * BYTES_Q4_0;
+    u.d = f16_to_f32(ld_u16(b));
+    u.q0 = ld_i32_a2(b + 2 + 8 * u.h);
+    u.q1 = ld_i32_a2(b + 2 + 8 * u.h + 4);
+    return u;
+}
+
+__device__ __forceinline__ float dot_q4_0(const UnitQ4_0 &u, const u8 *act) {
+    const Q8_1 a = q8_1_at(act, u.blk);
+    // Low nibbles are values 8h..8h+8, high nibbles values 16+8h..16+8h+8.
+    const int a0 = ld_i32_a4(a.qs + 8 * u.h), a1 = ld_i32_a4(a.qs + 8 * u.h + 4);
+    const int a4 = ld_i32_a4(a.qs + 16 + 8 * u.h), a5 = ld_i32_a4(a.qs + 16 + 8 * u.h + 4);
+    int sumi = dp4a(u.q0 & M4, a0, 0);
+    sumi = dp4a(u.q1 & M4, a1, sumi);
+    sumi = dp4a((int)(((u32)u.q0 >> 4) & M4), a4, sumi);
+    sumi = dp4a((int)(((u32)u.q1 >> 4) & M4), a5, sumi);
+    int suma = dp4a(ONES, a0, 0);
+    suma = dp4a(ONES, a1, suma);
+    suma = dp4a(ONES, a4, suma);
+    suma = dp4a(ONES, a5, suma);
+    return u.d * a.d * (float)(sumi - 8 * suma);
+}
+
+// ---- Q4_1: x = d * q + m; 20-byte blocks, 4-byte aligned -----------------------------------
+struct UnitQ4_1 {
+    float d, m;
+    int q0, q1;
+    int blk, h;
+};
+
+__device__ __forceinline__ UnitQ4_1 load_q4_1(const u8 *row, int unit) {
+    UnitQ4_1 u;
+    u.blk = unit >> 1;
+    u.h = unit & 1;
+    const u8 *b = row + (long long)u.blk * BYTES_Q4_1;
+    u.d = f16_to_f32(ld_u16(b));
+    u.m = f16_to_f32(ld_u16(b + 2));
+    u.q0 = ld_i32_a4(b + 4 + 8 * u.h);
+    u.q1 = ld_i32_a4(b + 4 + 8 * u.h + 4);
+    return u;
+}
+
+__device__ __forceinline__ float dot_q4_1(const UnitQ4_1 &u, const u8 *act) {
+    const Q8_1 a = q8_1_at(act, u.blk);
+    const int a0 = ld_i32_a4(a.qs + 8 * u.h), a1 = ld_i32_a4(a.qs + 8 * u.h + 4);
+    const int a4 = ld_i32_a4(a.qs + 16 + 8 * u.h), a5 = ld_i32_a4(a.qs + 16 + 8 * u.h + 4);
+    int sumi = dp4a(u.q0 & M4, a0, 0);
+    sumi = dp4a(u.q1 & M4, a1, sumi);
+    sumi = dp4a((int)(((u32)u.q0 >> 4) & M4), a4, sumi);
+    sumi = dp4a((int)(((u32)u.q1 >> 4) & M4), a5, sumi);
+    // The minimum meets the whole block's activation sum once (s = d * sum(qs)), as on the CPU.
+    const float min_term = u.h == 0 ? u.m * a.s : 0.0f;
+    return fmaf(u.d * a.d, (float)sumi, min_term);
+}
+
+// ---- Q8_0: x = d * q; 34-byte blocks, 2-byte aligned ---------------------------------------
+struct UnitQ8_0 {
+    float d;
+    int q[4];
+    int blk, h;
+};
+
+__device__ __forceinline__ UnitQ8_0 load_q8_0(const u8 *row, int unit) {
+    UnitQ8_0 u;
+    u.blk = unit >> 1;
+    u.h = unit & 1;
+    const u8 *b = row + (long long)u.blk * BYTES_Q8_0;
+    u.d = f16_to_f32(ld_u16(b));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) u.q[i] = ld_i32_a2(b + 2 + 16 * u.h + 4 * i);
+    return u;
+}
+
+__device__ __forceinline__ float dot_q8_0(const UnitQ8_0 &u, const u8 *act) {
+    const Q8_1 a = q8_1_at(act, u.blk);
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sumi = dp4a(u.q[i], ld_i32_a4(a.qs + 16 * u.h + 4 * i), sumi);
+    return u.d * a.d * (float)sumi;
+}
+
+// ---- Q4_K: 256-value super-blocks of 8 sub-blocks with 6-bit scales and mins ---------------
+// x = d * sc[s] * q - dmin * m[s]; qs[32j..32j+32] holds sub-block 2j (low nibbles) and 2j+1
+// (high nibbles). A unit is (super-block, j, half h): 16 values of each of the two sub-blocks.
+struct UnitQ4_K {
+    float d0, d1;   // d * sc for the two sub-blocks
+    float m0, m1;   // dmin * m
+    int q[4];
+    int sb, j, h;
+};
+
+__device__ __forceinline__ UnitQ4_K load_q4_k(const u8 *row, int unit) {
+    UnitQ4_K u;
+    u.sb = unit >> 3;
+    u.j = (unit >> 1) & 3;
+    u.h = unit & 1;
+    const u8 *b = row + (long long)u.sb * BYTES_Q4_K;
+    const float d = f16_to_f32(ld_u16(b));
+    const float dmin = f16_to_f32(ld_u16(b + 2));
+    const u8 *sc = b + 4;
+    // get_scale_min_k4 for sub-blocks 2j and 2j+1 (src/quant/blocks.rs unpack_scale_min_k4).
+    int s[2], m[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int js = 2 * u.j + k;
+        if (js < 4) {
+            s[k] = sc[js] & 63;
+            m[k] = sc[js + 4] & 63;
+        } else {
+            s[k] = (sc[js + 4] & 0xF) | ((sc[js - 4] >> 6) << 4);
+            m[k] = (sc[js + 4] >> 4) | ((sc[js] >> 6) << 4);
+        }
+    }
+    u.d0 = d * (float)s[0];
+    u.d1 = d * (float)s[1];
+    u.m0 = dmin * (float)m[0];
+    u.m1 = dmin * (float)m[1];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) u.q[i] = ld_i32_a4(b + 16 + 32 * u.j + 16 * u.h + 4 * i);
+    return u;
+}
+
+__device__ __forceinline__ float dot_q4_k(const UnitQ4_K &u, const u8 *act) {
+    const Q8_1 a0 = q8_1_at(act, (long long)u.sb * 8 + 2 * u.j);
+    const Q8_1 a1 = q8_1_at(act, (long long)u.sb * 8 + 2 * u.j + 1);
+    int s0 = 0, s1 = 0, t0 = 0, t1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int x0 = ld_i32_a4(a0.qs + 16 * u.h + 4 * i);
+        const int x1 = ld_i32_a4(a1.qs + 16 * u.h + 4 * i);
+        s0 = dp4a(u.q[i] & M4, x0, s0);
+        s1 = dp4a((int)(((u32)u.q[i] >> 4) & M4), x1, s1);
+        t0 = dp4a(ONES, x0, t0);
+        t1 = dp4a(ONES, x1, t1);
+    }
+    return a0.d * (u.d0 * (float)s0 - u.m0 * (float)t0) +
+           a1.d * (u.d1 * (float)s1 - u.m1 * (float)t1);
+}
+
+// ---- Q6_K: 256-value super-blocks, 6-bit quants (4 low bits in ql, 2 high in qh), 16 int8
+// scales, d last; 210-byte blocks, 2-byte aligned. x = d * sc * (q - 32). A unit is
+// (super-block, half n, group g): for l in 16g..16g+16, the values 128n + l + 32k, k = 0..3.
+struct UnitQ6_K {
+    float d;
+    float sc[4];
+    int ql_a[4], ql_b[4], qh[4];
+    int sb, n, g;
+};
+
+__device__ __forceinline__ UnitQ6_K load_q6_k(const u8 *row, int unit) {
+    UnitQ6_K u;
+    u.sb = unit >> 2;
+    u.n = (unit >> 1) & 1;
+    u.g = unit & 1;
+    const u8 *b = row + (long long)u.sb * BYTES_Q6_K;
+    u.d = f16_to_f32(ld_u16(b + 208));
+    const i8 *scales = (const i8 *)(b + 192) + 8 * u.n + u.g;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) u.sc[k] = (float)scales[2 * k];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u.ql_a[i] = ld_i32_a2(b + 64 * u.n + 16 * u.g + 4 * i);
+        u.ql_b[i] = ld_i32_a2(b + 64 * u.n + 32 + 16 * u.g + 4 * i);
+        u.qh[i] = ld_i32_a2(b + 128 + 32 * u.n + 16 * u.g + 4 * i);
+    }
+    return u;
+}
+
+__device__ __forceinline__ float dot_q6_k(const UnitQ6_K &u, const u8 *act) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const Q8_1 a = q8_1_at(act, (long long)u.sb * 8 + 4 * u.n + k);
+        int sumi = 0, suma = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 ql = (u32)((k & 1) ? u.ql_b[i] : u.ql_a[i]);
+            const u32 lo = (k < 2 ? ql : ql >> 4) & M4;
+            const u32 hi = (((u32)u.qh[i] >> (2 * k)) & 0x03030303u) << 4;
+            const int x = ld_i32_a4(a.qs + 16 * u.g + 4 * i);
+            sumi = dp4a((int)(lo | hi), x, sumi);
+            suma = dp4a(ONES, x, suma);
+        }
+        sum = fmaf(a.d * u.sc[k], (float)(sumi - 32 * suma), sum);
+    }
+    return u.d * sum;
+}
+
+// ---- the kernels ---------------------------------------------------------------------------
+// A macro rather than a template so each extern "C" entry point has one obvious body.
+#define GEMV_KERNEL(NAME, UNIT, LOAD, DOT, UNITS_PER_ROW, ROW_BYTES)                           \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                              \
+        NAME(const u8 *__restrict__ w, const u8 *__restrict__ act, float *__restrict__ y,      \
+             int rows, int cols, int n_tok) {                                                  \
+        const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);                          \
+        const int lane = threadIdx.x & 31;                                                     \
+        if (row >= rows) return;                                                               \
+        const int units = (UNITS_PER_ROW);                                                     \
+        const u8 *wr = w + (long long)row * (long long)(ROW_BYTES);                            \
+        const long long act_row = (long long)(cols / QK) * BYTES_Q8_1;                         \
+        float acc[GEMV_MAX_TOK];                                                               \
+        _Pragma("unroll") for (int t = 0; t < GEMV_MAX_TOK; ++t) acc[t] = 0.0f;                \
+        for (int unit = lane; unit < units; unit += WARP) {                                    \
+            const UNIT u = LOAD(wr, unit);                                                     \
+            _Pragma("unroll") for (int t = 0; t < GEMV_MAX_TOK; ++t) {                         \
+                if (t < n_tok) acc[t] += DOT(u, act + t * act_row);                            \
+            }                                                                                  \
+        }                                                                                      \
+        _Pragma("unroll") for (int t = 0; t < GEMV_MAX_TOK; ++t) {                             \
+            if (t < n_tok) {                                                                   \
+                const float s = warp_sum(acc[t]);                                              \
+                if (lane == 0) y[(long long)t * rows + row] = s;                               \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+GEMV_KERNEL(gemv_q4_0, UnitQ4_0, load_q4_0, dot_q4_0, 2 * (cols / QK), (cols / QK) * BYTES_Q4_0)
+GEMV_KERNEL(gemv_q4_1, UnitQ4_1, load_q4_1, dot_q4_1, 2 * (cols / QK), (cols / QK) * BYTES_Q4_1)
+GEMV_KERNEL(gemv_q8_0, UnitQ8_0, load_q8_0, dot_q8_0, 2 * (cols / QK), (cols / QK) * BYTES_Q8_0)
+GEMV_KERNEL(gemv_q4_k, UnitQ4_K, load_q4_k, dot_q4_k, 8 * (cols / QK_K), (cols / QK_K) * BYTES_Q4_K)
+GEMV_KERNEL(gemv_q6_k, UnitQ6_K, load_q6_k, dot_q6_k, 4 * (cols / QK_K), (cols / QK_K) * BYTES_Q6_K)
