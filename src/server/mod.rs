@@ -713,13 +713,15 @@ pub fn serve(
     for a in acceptors {
         let _ = a.join();
     }
+    // A stop that came while the model was loading waits for the load to end (it cannot be
+    // interrupted), then stops the engine it started: only after the join is that certain.
+    let engine_thread = loader.join().ok().flatten();
     if let Some(err) = server.load_error.get() {
         anyhow::bail!("cannot load the model: {err}");
     }
     if let Some(ready) = server.ready() {
         ready.engine.shutdown();
     }
-    let engine_thread = loader.join().ok().flatten();
     if cut_short > 0 {
         // The drain time is over. The engine would finish every running request before it
         // stops, however long they are: returning instead ends the process now, closing the

@@ -323,6 +323,25 @@ def test_sigterm_drain_is_bounded_by_drain_seconds():
 
 # 4. SIGKILL, then a restart on the same port --------------------------------------------------
 
+def test_sigterm_while_starting_up_exits_promptly():
+    # systemd may stop the unit while the model is still loading: the load cannot be cut short,
+    # but the engine it starts must be stopped too (it once kept the process alive for good).
+    for delay in (0.0, 0.02, 0.05, 0.1, 0.3):
+        port = free_port()
+        proc = subprocess.Popen([str(BINARY), "serve", "-m", str(MODEL), "--port", str(port), "-t", "2",
+                                 "--kv-memory-mib", "16"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"SIGTERM {delay} s after start: still running 15 s later")
+        # Before the handler is installed the default action ends it (-SIGTERM); after, a drain.
+        assert rc in (0, -signal.SIGTERM), (delay, rc)
+
+
 def test_sigkill_then_immediate_restart_on_the_same_port():
     srv = FaultServer()
     port = srv.port
