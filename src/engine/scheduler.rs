@@ -185,32 +185,16 @@ impl Scheduler {
 
         budget = prefill_budget(batch.spans.len(), budget).min(budget);
 
-        // 2. Prefill chunks for running sequences part-way through their tokens, the fewest
-        //    left first: a short prompt admitted behind a 4,000-token one gets its first token
-        //    a step or two later, not after the whole long prefill. While requests wait for a
-        //    free slot, a chunk takes at most half of what is left, so the head of the queue
-        //    is admitted in the same step.
-        let mut prefilling: Vec<SeqId> = self
-            .running
-            .iter()
-            .copied()
-            .filter(|id| {
-                let s = &self.seqs[id];
-                !s.is_decoding() && s.pending() > 0 && !batch.spans.iter().any(|sp| sp.seq == *id)
-            })
-            .collect();
-        prefilling.sort_by_key(|id| (self.seqs[id].pending(), self.seqs[id].arrival));
-        let admitting = !self.waiting.is_empty() && self.running.len() < self.config.max_seqs;
-        for id in prefilling {
+        // 2. Prefill chunks for running sequences part-way through their tokens.
+        for id in self.running.clone() {
             if budget == 0 {
                 break;
             }
-            let share = if admitting {
-                budget.div_ceil(2)
-            } else {
-                budget
-            };
-            let len = self.seqs[&id].pending().min(share);
+            let s = &self.seqs[&id];
+            if s.is_decoding() || s.pending() == 0 || batch.spans.iter().any(|sp| sp.seq == id) {
+                continue;
+            }
+            let len = s.pending().min(budget);
             if let Grow::Ok = self.grow(id, len, &mut batch) {
                 batch.spans.push(self.prefill_span(id, len));
                 budget -= len;
@@ -465,43 +449,6 @@ mod tests {
         for id in (0..8).chain([100]) {
             s.remove(id);
         }
-        assert_eq!(s.pool.used(), 0);
-    }
-
-    #[test]
-    fn a_short_prompt_is_not_stuck_behind_a_long_prefill() {
-        let budget = 64;
-        let mut s = sched(4096, budget);
-        s.add(Sequence::new(
-            0,
-            0,
-            0,
-            (0..4000).map(|t| t % 900).collect(),
-            4100,
-        ));
-        for _ in 0..3 {
-            step(&mut s, 7);
-        }
-        s.add(Sequence::new(1, 1, 1, vec![3; 40], 100));
-        // Admitted at once with half the step, then served first: decoding within two steps.
-        let b = step(&mut s, 7);
-        assert!(
-            b.spans.iter().any(|sp| sp.seq == 1),
-            "admitted in the first step"
-        );
-        assert!(
-            b.spans.iter().any(|sp| sp.seq == 0),
-            "the long prompt still progresses"
-        );
-        step(&mut s, 7);
-        assert!(s.get(1).unwrap().is_decoding());
-        // The long one keeps going and finishes.
-        while !s.get(0).unwrap().is_decoding() {
-            let b = step(&mut s, 7);
-            assert!(b.spans.iter().any(|sp| sp.seq == 0));
-        }
-        s.remove(0);
-        s.remove(1);
         assert_eq!(s.pool.used(), 0);
     }
 
