@@ -189,8 +189,7 @@ pub fn run(args: LoadgenArgs) -> Result<()> {
     );
     target.model = match &args.model {
         Some(m) => m.clone(),
-        None => target
-            .first_model()
+        None => model_when_ready(&target)
             .map_err(|e| anyhow::anyhow!("{}: {e}", args.url))
             .context("cannot reach the server")?,
     };
@@ -382,6 +381,19 @@ fn closed_loop(
     let mut v = std::mem::take(&mut *records.lock().expect("records lock"));
     v.sort_by_key(|r| r.index);
     v
+}
+
+/// The served model's name, waiting up to 60 s for a server that is still loading (503).
+fn model_when_ready(t: &Target) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match t.first_model() {
+            Err(e) if e.contains("answered 503") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// A short greedy stream's time to first token, or None if it failed.
