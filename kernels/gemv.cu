@@ -23,13 +23,23 @@ struct UnitQ4_0 {
     int blk, h;
 };
 
-// Eight 4-bit weights of a half block (two packed words) against their int8 activations: the low
-// nibbles meet a0/a1, the high nibbles a4/a5.
-__device__ __forceinline__ int nibble_dot(int q0, int q1, int a0, int a1, int a4, int a5) {
-    int sumi = dp4a(q0 & M4, a0, 0);
-    sumi = dp4a(q1 & M4, a1, sumi);
-    sumi = dp4a((int)(((u32)q0 >> 4) & M4), a4, sumi);
-    return dp4a((int)(((u32)q1 >> 4) & M4), a5, sumi);
+// The int8 activations half `h` of a 4-bit block meets: its low nibbles are values 8h..8h+8
+// (a0, a1), its high nibbles values 16+8h..16+8h+8 (a4, a5).
+struct ActHalf {
+    int a0, a1, a4, a5;
+};
+
+__device__ __forceinline__ ActHalf act_half(const Q8_1 &a, int h) {
+    return {ld_i32_a4(a.qs + 8 * h), ld_i32_a4(a.qs + 8 * h + 4), ld_i32_a4(a.qs + 16 + 8 * h),
+            ld_i32_a4(a.qs + 16 + 8 * h + 4)};
+}
+
+// Eight 4-bit weights of a half block (two packed words) against their int8 activations.
+__device__ __forceinline__ int nibble_dot(int q0, int q1, const ActHalf &x) {
+    int sumi = dp4a(q0 & M4, x.a0, 0);
+    sumi = dp4a(q1 & M4, x.a1, sumi);
+    sumi = dp4a((int)(((u32)q0 >> 4) & M4), x.a4, sumi);
+    return dp4a((int)(((u32)q1 >> 4) & M4), x.a5, sumi);
 }
 
 __device__ __forceinline__ UnitQ4_0 load_q4_0(const u8 *row, int unit) {
@@ -45,14 +55,12 @@ __device__ __forceinline__ UnitQ4_0 load_q4_0(const u8 *row, int unit) {
 
 __device__ __forceinline__ float dot_q4_0(const UnitQ4_0 &u, const u8 *act) {
     const Q8_1 a = q8_1_at(act, u.blk);
-    // Low nibbles are values 8h..8h+8, high nibbles values 16+8h..16+8h+8.
-    const int a0 = ld_i32_a4(a.qs + 8 * u.h), a1 = ld_i32_a4(a.qs + 8 * u.h + 4);
-    const int a4 = ld_i32_a4(a.qs + 16 + 8 * u.h), a5 = ld_i32_a4(a.qs + 16 + 8 * u.h + 4);
-    const int sumi = nibble_dot(u.q0, u.q1, a0, a1, a4, a5);
-    int suma = dp4a(ONES, a0, 0);
-    suma = dp4a(ONES, a1, suma);
-    suma = dp4a(ONES, a4, suma);
-    suma = dp4a(ONES, a5, suma);
+    const ActHalf x = act_half(a, u.h);
+    const int sumi = nibble_dot(u.q0, u.q1, x);
+    int suma = dp4a(ONES, x.a0, 0);
+    suma = dp4a(ONES, x.a1, suma);
+    suma = dp4a(ONES, x.a4, suma);
+    suma = dp4a(ONES, x.a5, suma);
     return u.d * a.d * (float)(sumi - 8 * suma);
 }
 
@@ -77,9 +85,8 @@ __device__ __forceinline__ UnitQ4_1 load_q4_1(const u8 *row, int unit) {
 
 __device__ __forceinline__ float dot_q4_1(const UnitQ4_1 &u, const u8 *act) {
     const Q8_1 a = q8_1_at(act, u.blk);
-    const int a0 = ld_i32_a4(a.qs + 8 * u.h), a1 = ld_i32_a4(a.qs + 8 * u.h + 4);
-    const int a4 = ld_i32_a4(a.qs + 16 + 8 * u.h), a5 = ld_i32_a4(a.qs + 16 + 8 * u.h + 4);
-    const int sumi = nibble_dot(u.q0, u.q1, a0, a1, a4, a5);
+    const ActHalf x = act_half(a, u.h);
+    const int sumi = nibble_dot(u.q0, u.q1, x);
     // The minimum meets the whole block's activation sum once (s = d * sum(qs)), as on the CPU.
     const float min_term = u.h == 0 ? u.m * a.s : 0.0f;
     return fmaf(u.d * a.d, (float)sumi, min_term);

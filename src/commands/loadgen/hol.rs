@@ -141,21 +141,18 @@ pub fn run(target: &Target, w: &Workload, args: &LoadgenArgs) -> Result<HolRepor
     }
 
     let lines = timelines.lock().expect("timelines");
-    let gaps = |from: Instant, to: Instant| {
+    // Gaps between consecutive tokens of one request, (previous, this) kept if `keep` says so.
+    let gaps = |keep: &dyn Fn(Instant, Instant) -> bool| {
         Percentiles::of(lines.iter().flat_map(|tl| {
             tl.windows(2)
-                .filter(move |g| g[0] >= from && g[1] <= to)
+                .filter(move |g| keep(g[0], g[1]))
                 .map(|g| (g[1] - g[0]).as_secs_f64())
         }))
     };
-    let itl_before = gaps(before_start, burst_start);
+    let itl_before = gaps(&|prev, this| prev >= before_start && this <= burst_start);
     // Gaps that end inside the burst (a gap spanning its start counts: the stall it measures
     // began when the burst arrived).
-    let itl_during = Percentiles::of(lines.iter().flat_map(|tl| {
-        tl.windows(2)
-            .filter(|g| g[1] > burst_start && g[1] <= burst_end)
-            .map(|g| (g[1] - g[0]).as_secs_f64())
-    }));
+    let itl_during = gaps(&|_, this| this > burst_start && this <= burst_end);
     let mut errors = std::mem::take(&mut *errors.lock().expect("errors"));
     for r in &burst_records {
         if let Outcome::Failed(kind) = &r.outcome {
