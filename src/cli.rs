@@ -100,8 +100,8 @@ pub struct ServeArgs {
     /// decode-only step; 0: off [profile: engine.prefill_pacing].
     #[arg(long = "prefill-pacing")]
     pub prefill_pacing: Option<f64>,
-    /// Seconds a new request may expect to wait in the queue before it gets 429 instead; 0: no
-    /// bound [profile: server.max_queue_wait_s].
+    /// Seconds a new request may expect to wait before its prompt starts (behind the requests
+    /// not yet started) before it gets 429 instead; 0: no bound [profile: server.max_queue_wait_s].
     #[arg(long = "max-queue-wait")]
     pub max_queue_wait: Option<f64>,
     /// Requests that may wait beyond the running batch before new ones get 429 [profile: server.max_queue].

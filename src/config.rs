@@ -30,8 +30,9 @@ pub struct ServerSection {
     pub max_queue: usize,
     pub body_limit_kib: usize,
     pub drain_seconds: u64,
-    /// A new request that would wait longer than this many seconds in the queue (at the rate
-    /// requests have been finishing) gets 429; 0: only max_queue bounds the queue.
+    /// A new request that would wait longer than this many seconds before its prompt starts
+    /// (the requests not yet started, at the recent time between first tokens) gets 429; 0:
+    /// only max_queue bounds the queue.
     pub max_queue_wait_s: f64,
 }
 

@@ -3,7 +3,7 @@
 //! Every step it fills a token budget: first one token for each running sequence that is
 //! decoding (so decodes never wait behind a long prompt), then prefill chunks — running
 //! sequences that are part-way through their prompt, then waiting ones admitted first come
-//! first served. When a block cannot be had, the newest running sequence is preempted by
+//! first served, in two lanes: long prompts and the rest (see `Lanes`). When a block cannot be had, the newest running sequence is preempted by
 //! recompute: its blocks are released (they stay in the prefix cache) and it is re-queued at
 //! the front. Only after a step is planned does the engine run it and `commit` the result.
 
@@ -18,6 +18,82 @@ pub struct SchedulerConfig {
     pub max_seqs: usize,
     /// Tokens one forward pass may process at most (decodes plus prefill chunks).
     pub max_batched_tokens: usize,
+}
+
+/// A prompt with more than this many steps' worth of tokens left is long (see `Lanes`).
+pub const LONG_PROMPT_STEPS: usize = 4;
+
+impl SchedulerConfig {
+    /// Prompts with more tokens than this left to compute take the long lane.
+    pub fn long_prompt_tokens(&self) -> usize {
+        LONG_PROMPT_STEPS * self.max_batched_tokens
+    }
+}
+
+/// Prefill in two lanes, each first come first served: prompts longer than
+/// `long_prompt_tokens` (by their whole length, so a long prompt stays in its lane to the end),
+/// and the rest. When both have work, steps alternate between them: the long lane's turn gives
+/// it the whole prefill budget, the short lane's turn gives the short prompts what they need
+/// and the long lane the rest. So a burst of 4,000-token prompts slows a short request to about
+/// half speed instead of holding it for the whole burst (tens of seconds on a small CPU), a
+/// long prompt is never starved, and its chunks stay as large as the budget allows (each chunk
+/// re-reads the prompt's whole cache in attention: halving the chunks would cost more).
+struct Lanes {
+    short_left: usize,
+    long_left: usize,
+    /// Both lanes had work (the turn passes to the other lane).
+    contended: bool,
+}
+
+impl Lanes {
+    /// `candidates`: (long?, tokens pending) of every prompt that may get a chunk this step;
+    /// `long_turn`: whose turn it is when both lanes have work.
+    fn new(
+        budget: usize,
+        long_turn: bool,
+        candidates: impl Iterator<Item = (bool, usize)>,
+    ) -> Lanes {
+        let (mut short, mut any_long) = (0usize, false);
+        for (long, pending) in candidates {
+            if long {
+                any_long = true;
+            } else {
+                short += pending;
+            }
+        }
+        let contended = any_long && short > 0;
+        let short_left = if contended && long_turn {
+            0
+        } else {
+            short.min(budget)
+        };
+        Lanes {
+            short_left,
+            long_left: budget - short_left,
+            contended,
+        }
+    }
+
+    fn lane(&mut self, long: bool) -> &mut usize {
+        if long {
+            &mut self.long_left
+        } else {
+            &mut self.short_left
+        }
+    }
+
+    fn has_room(&mut self, long: bool) -> bool {
+        *self.lane(long) > 0
+    }
+
+    /// Tokens a prompt with `pending` left may take now.
+    fn allow(&mut self, long: bool, pending: usize) -> usize {
+        pending.min(*self.lane(long))
+    }
+
+    fn take(&mut self, long: bool, len: usize) {
+        *self.lane(long) -= len;
+    }
 }
 
 /// One sequence's share of a step.
@@ -58,6 +134,8 @@ pub struct Scheduler {
     waiting: VecDeque<SeqId>,
     /// In admission order.
     running: Vec<SeqId>,
+    /// Whether the long prefill lane has the next contended step (see `Lanes`).
+    long_turn: bool,
     pub counters: SchedulerCounters,
 }
 
@@ -76,6 +154,7 @@ impl Scheduler {
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            long_turn: false,
             counters: SchedulerCounters::default(),
         }
     }
@@ -185,35 +264,70 @@ impl Scheduler {
 
         budget = prefill_budget(batch.spans.len(), budget).min(budget);
 
-        // 2. Prefill chunks for running sequences part-way through their tokens.
-        for id in self.running.clone() {
-            if budget == 0 {
-                break;
-            }
-            let s = &self.seqs[&id];
-            if s.is_decoding() || s.pending() == 0 || batch.spans.iter().any(|sp| sp.seq == id) {
+        // 2. Prefill chunks for running sequences part-way through their tokens, oldest first,
+        // in two lanes (see `Lanes`) shared with the waiting sequences step 3 may admit.
+        let prefilling: Vec<SeqId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| {
+                let s = &self.seqs[id];
+                !s.is_decoding() && s.pending() > 0 && !batch.spans.iter().any(|sp| sp.seq == *id)
+            })
+            .collect();
+        let room = self.config.max_seqs.saturating_sub(self.running.len());
+        let admissible = self
+            .waiting
+            .iter()
+            .filter(|&&id| !self.waits_for_prefix(id))
+            .take(room);
+        let mut lanes = Lanes::new(
+            budget,
+            self.long_turn,
+            prefilling
+                .iter()
+                .chain(admissible)
+                .map(|id| (self.is_long(*id), self.seqs[id].pending())),
+        );
+        for id in prefilling {
+            let long = self.is_long(id);
+            let len = lanes.allow(long, self.seqs[&id].pending());
+            if len == 0 {
                 continue;
             }
-            let len = s.pending().min(budget);
             if let Grow::Ok = self.grow(id, len, &mut batch) {
                 batch.spans.push(self.prefill_span(id, len));
-                budget -= len;
+                lanes.take(long, len);
             }
         }
 
-        // 3. Admit waiting sequences, first come first served: the head is never overtaken.
-        while budget > 0 && self.running.len() < self.config.max_seqs {
-            let Some(&id) = self.waiting.front() else {
-                break;
-            };
+        // 3. Admit waiting sequences, first come first served within each lane: a short
+        // prompt is never held up behind a long one that cannot start yet, nor the reverse.
+        let mut lane_closed = [false; 2];
+        let mut i = 0;
+        while i < self.waiting.len()
+            && self.running.len() < self.config.max_seqs
+            && !(lane_closed[0] && lane_closed[1])
+        {
+            let id = self.waiting[i];
+            let long = self.is_long(id);
+            if lane_closed[usize::from(long)] {
+                i += 1;
+                continue;
+            }
+            if !lanes.has_room(long) || self.waits_for_prefix(id) {
+                lane_closed[usize::from(long)] = true;
+                i += 1;
+                continue;
+            }
             self.attach_cached_prefix(id);
-            let len = self.seqs[&id].pending().min(budget);
+            let len = lanes.allow(long, self.seqs[&id].pending());
             match self.grow(id, len, &mut batch) {
                 Grow::Ok => {
-                    self.waiting.pop_front();
+                    self.waiting.remove(i);
                     self.running.push(id);
                     batch.spans.push(self.prefill_span(id, len));
-                    budget -= len;
+                    lanes.take(long, len);
                 }
                 Grow::NoBlock => {
                     // Give the cache hits back until blocks free up.
@@ -227,6 +341,10 @@ impl Scheduler {
             }
         }
 
+        if lanes.contended {
+            self.long_turn = !self.long_turn;
+        }
+
         // Liveness: if nothing at all could run while sequences hold blocks, force the newest
         // out (the thrash bound yields to making progress).
         if batch.spans.is_empty() && !self.running.is_empty() {
@@ -237,6 +355,37 @@ impl Scheduler {
             }
         }
         batch
+    }
+
+    /// Whether `id`'s prompt takes the long lane (see `Lanes`).
+    fn is_long(&self, id: SeqId) -> bool {
+        self.seqs[&id].prompt_len > self.config.long_prompt_tokens()
+    }
+
+    /// Whether waiting sequence `id` starts with whole blocks that a running sequence is still
+    /// prefilling: then it waits until they reach the prefix cache rather than compute them a
+    /// second time (requests sharing a long system prompt).
+    fn waits_for_prefix(&self, id: SeqId) -> bool {
+        let bt = self.pool.block_tokens();
+        let s = &self.seqs[&id];
+        if s.num_computed > 0 || !s.block_table.is_empty() || s.want_prompt_logits {
+            return false;
+        }
+        self.running.iter().any(|r| {
+            let r = &self.seqs[r];
+            if r.is_decoding() || r.pending() == 0 {
+                return false;
+            }
+            let shared = r
+                .tokens
+                .iter()
+                .zip(&s.tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            // The last token is always computed anew, so only blocks before it count.
+            let usable = shared.min(s.tokens.len().saturating_sub(1)) / bt;
+            usable > r.num_computed / bt
+        })
     }
 
     fn prefill_span(&self, id: SeqId, len: usize) -> ScheduledSpan {
@@ -450,6 +599,92 @@ mod tests {
             s.remove(id);
         }
         assert_eq!(s.pool.used(), 0);
+    }
+
+    #[test]
+    fn a_long_prompt_takes_turns_with_the_prompts_behind_it() {
+        let budget = 256;
+        let mut s = sched(4096, budget);
+        s.add(Sequence::new(
+            0,
+            0,
+            0,
+            (0..4000).map(|t| t % 900).collect(),
+            4100,
+        ));
+        step(&mut s, 7);
+        // A short prompt arrives behind it: the lanes take turns, whole steps each.
+        s.add(Sequence::new(1, 1, 1, vec![5; 300], 400));
+        let len_of =
+            |b: &ScheduledBatch, id| b.spans.iter().find(|sp| sp.seq == id).map(|sp| sp.len);
+        let (mut short_steps, mut long_steps) = (0, 0);
+        while !s.get(1).unwrap().is_decoding() {
+            let b = step(&mut s, 7);
+            match (len_of(&b, 0), len_of(&b, 1)) {
+                (Some(l), None) => {
+                    assert_eq!(l, budget, "the long lane's turn: the whole budget");
+                    long_steps += 1;
+                }
+                (long, Some(short)) => {
+                    assert_eq!(
+                        short + long.unwrap_or(0),
+                        budget,
+                        "what the short one leaves goes to the long one"
+                    );
+                    short_steps += 1;
+                }
+                other => panic!("a step with {other:?}"),
+            }
+        }
+        assert_eq!(short_steps, 2, "300 tokens in two short-lane turns");
+        assert!(
+            long_steps <= 2,
+            "the long one had {long_steps} turns meanwhile"
+        );
+        // Alone again, the long prompt takes whole steps.
+        let b = step(&mut s, 7);
+        assert_eq!(
+            len_of(&b, 0),
+            Some(budget - 1),
+            "the short one decodes one token"
+        );
+
+        // One that starts like the long prompt waits for its blocks to be cached instead.
+        let mut s = sched(4096, budget);
+        let long: Vec<u32> = (0..4000).map(|t| t % 900).collect();
+        s.add(Sequence::new(0, 0, 0, long.clone(), 4100));
+        step(&mut s, 7);
+        s.add(Sequence::new(1, 1, 1, long[..300].to_vec(), 400));
+        let b = step(&mut s, 7);
+        assert_eq!(len_of(&b, 0), Some(budget));
+        assert_eq!(len_of(&b, 1), None);
+        // Its 18 whole blocks are cached now: it computes only the rest.
+        let b = step(&mut s, 7);
+        assert_eq!(len_of(&b, 1), Some(300 - 18 * 16));
+        assert_eq!(s.get(1).unwrap().cached_tokens, 18 * 16);
+    }
+
+    #[test]
+    fn a_short_prompt_is_not_queued_behind_long_ones_that_cannot_start() {
+        let budget = 256;
+        let mut s = sched(8192, budget);
+        for i in 0..3u64 {
+            let tokens = (0..4000).map(|t| (t * (i as u32 + 2)) % 900 + 1).collect();
+            s.add(Sequence::new(i, i, i, tokens, 4100));
+        }
+        step(&mut s, 7);
+        assert_eq!(s.num_waiting(), 2, "the first long prompt fills the step");
+        s.add(Sequence::new(9, 9, 9, vec![5; 40], 100));
+        let mut steps = 0;
+        while !s.get(9).unwrap().is_decoding() {
+            step(&mut s, 7);
+            steps += 1;
+        }
+        assert!(steps <= 2, "the short prompt took {steps} steps to prefill");
+        assert!(
+            s.num_waiting() >= 1,
+            "long ones still queue behind the first, in their lane"
+        );
     }
 
     #[test]

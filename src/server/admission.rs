@@ -1,22 +1,56 @@
-//! Admission: who may join the queue. Past the running batch, requests wait; a request is
-//! refused (429 with Retry-After) when the queue is full, or when at the rate requests have
-//! been finishing lately it would wait longer than `max_wait` before it even starts. The
-//! second bound is what lets an overloaded box recover within seconds once the load stops:
-//! its queue never holds more than a few seconds of work, whatever its length in requests.
+//! Admission: who may come in. A request is refused (429 with Retry-After) when the requests
+//! in flight fill the running batch plus the queue, or when a backlog stands between it and
+//! its first token that would make it wait longer than `max_wait` before its prompt starts.
+//!
+//! The expected wait is the number of admitted requests that have not had a first token yet
+//! times the recent *start service time*: for each request that got its first token, the
+//! shorter of its own time to first token and the time since the previous first token (the
+//! classic departure-based service time of a queue: when a backlog exists, first tokens come
+//! one service time apart; when none does, a request's own TTFT is its service). This counts
+//! what really stands between a new request and its first token — requests still queued *or*
+//! still prefilling inside the running batch — at the rate the engine gets through them now,
+//! whatever mix of prompt lengths and decodes it carries. So an overloaded box holds only a
+//! few seconds of unstarted work, which is what lets it recover within seconds once the load
+//! stops. Two things keep a box that is merely busy from refusing anyone:
+//! - Long prompts (over `long_prompt` tokens) do not count: the scheduler serves them in a
+//!   lane of their own beside the others (`engine::scheduler::Lanes`), so nobody waits
+//!   for them. A burst of 4,000-token prompts does not shut out short requests.
+//! - The backlog must be standing, not a momentary burst: the oldest unstarted request must
+//!   already have waited the bound itself (CoDel's rule: act on a delay that persists, not on
+//!   a queue that is long for a moment). A handful of requests arriving together at a lightly
+//!   loaded box are queued, not refused.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How far back finished requests count towards the service rate.
-const WINDOW: Duration = Duration::from_secs(30);
+/// Start service times older than this stop counting.
+const WINDOW: Duration = Duration::from_secs(60);
+/// The service time is averaged over this many recent first tokens at most, so that it
+/// follows a change of load within seconds.
+const SAMPLES: usize = 16;
+/// Fewer samples than this: no estimate yet (only the count bound applies).
+const MIN_SAMPLES: usize = 3;
 
 pub struct Admission {
-    running_slots: usize,
-    max_queue: usize,
-    /// Zero: no bound on the predicted wait.
+    /// Requests in flight at most (running batch plus queue).
+    max_in_flight: usize,
+    /// Zero: no bound on the expected wait.
     max_wait: Duration,
-    finished: Mutex<VecDeque<Instant>>,
+    /// Prompts over this many tokens do not count towards the backlog.
+    long_prompt: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    next_ticket: u64,
+    /// Admitted requests without a first token yet, not counting long prompts: ticket number
+    /// (in arrival order) → arrival.
+    unstarted: BTreeMap<u64, Instant>,
+    last_first_token: Option<Instant>,
+    /// (when, start service time in seconds), newest last.
+    samples: VecDeque<(Instant, f64)>,
 }
 
 /// Why a request was refused, and when to come back.
@@ -26,63 +60,125 @@ pub struct Refused {
     pub queue_full: bool,
 }
 
+/// An admitted request. `first_token` when its first token comes; dropping it (answered,
+/// failed or abandoned) lets the admission forget it.
+pub struct Ticket<'a> {
+    admission: &'a Admission,
+    number: u64,
+    arrived: Instant,
+    started: bool,
+}
+
 impl Admission {
-    pub fn new(running_slots: usize, max_queue: usize, max_wait: Duration) -> Admission {
+    pub fn new(
+        running_slots: usize,
+        max_queue: usize,
+        max_wait: Duration,
+        long_prompt: usize,
+    ) -> Admission {
         Admission {
-            running_slots,
-            max_queue,
+            max_in_flight: running_slots + max_queue,
             max_wait,
-            finished: Mutex::new(VecDeque::new()),
+            long_prompt,
+            state: Mutex::new(State::default()),
         }
     }
 
-    /// Whether one more request may come in while `in_flight` are already in.
-    pub fn check(&self, in_flight: usize, now: Instant) -> Result<(), Refused> {
-        let ahead = (in_flight + 1).saturating_sub(self.running_slots);
-        let rate = self.service_rate(now);
-        let wait_s = rate.map(|r| ahead as f64 / r);
-        let retry_after_s = wait_s.map_or(1, |w| w.ceil().clamp(1.0, 60.0) as u64);
-        if in_flight >= self.running_slots + self.max_queue {
+    /// Admits one more request of `prompt_tokens` while `in_flight` are already in, or says
+    /// why not.
+    pub fn admit(
+        &self,
+        in_flight: usize,
+        prompt_tokens: usize,
+        now: Instant,
+    ) -> Result<Ticket<'_>, Refused> {
+        let mut st = self.state();
+        let service = st.service_time(now);
+        let wait_s = service.map(|s| st.unstarted.len() as f64 * s);
+        if in_flight >= self.max_in_flight {
             return Err(Refused {
-                retry_after_s,
+                retry_after_s: wait_s.map_or(1, |w| w.ceil().clamp(1.0, 60.0) as u64),
                 queue_full: true,
             });
         }
-        if ahead > 0 && !self.max_wait.is_zero() {
-            if let Some(w) = wait_s.filter(|&w| w > self.max_wait.as_secs_f64()) {
-                return Err(Refused {
-                    retry_after_s: (w - self.max_wait.as_secs_f64()).ceil().clamp(1.0, 60.0) as u64,
-                    queue_full: false,
-                });
-            }
+        let bound = self.max_wait.as_secs_f64();
+        let standing =
+            st.unstarted.values().next().is_some_and(|&oldest| {
+                now.saturating_duration_since(oldest).as_secs_f64() >= bound
+            });
+        if let Some(w) = wait_s.filter(|&w| bound > 0.0 && w > bound && standing) {
+            return Err(Refused {
+                // When enough of the backlog ahead will have started.
+                retry_after_s: (w - bound).ceil().clamp(1.0, 60.0) as u64,
+                queue_full: false,
+            });
         }
-        Ok(())
+        let number = st.next_ticket;
+        st.next_ticket += 1;
+        if prompt_tokens <= self.long_prompt {
+            st.unstarted.insert(number, now);
+        }
+        Ok(Ticket {
+            admission: self,
+            number,
+            arrived: now,
+            started: false,
+        })
     }
 
-    /// A request left (answered, failed or abandoned): its slot is free again.
-    pub fn finished(&self, now: Instant) {
-        if let Ok(mut f) = self.finished.lock() {
-            f.push_back(now);
-            while f.front().is_some_and(|&t| now.duration_since(t) > WINDOW) {
-                f.pop_front();
-            }
-        }
+    /// The state, even after a panic elsewhere poisoned the lock (it stays consistent: every
+    /// update is a single step).
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Requests finished per second lately; None until some have.
-    fn service_rate(&self, now: Instant) -> Option<f64> {
-        let f = self.finished.lock().ok()?;
-        let recent: Vec<Instant> = f
+    #[cfg(test)]
+    fn unstarted(&self) -> usize {
+        self.state().unstarted.len()
+    }
+}
+
+impl State {
+    /// Mean recent start service time. Plain mean, no trimming: under a backlog first tokens
+    /// come in clusters (prompts finishing in the same step) with long gaps between, and only
+    /// the mean of the gaps is the rate at which requests start.
+    fn service_time(&self, now: Instant) -> Option<f64> {
+        let recent: Vec<f64> = self
+            .samples
             .iter()
-            .copied()
-            .filter(|&t| now.duration_since(t) <= WINDOW)
+            .filter(|(t, _)| now.duration_since(*t) <= WINDOW)
+            .map(|&(_, s)| s)
             .collect();
-        // Too few to tell a rate from (a server that just started, or one idle for a while).
-        if recent.len() < 3 {
-            return None;
+        (recent.len() >= MIN_SAMPLES).then(|| recent.iter().sum::<f64>() / recent.len() as f64)
+    }
+}
+
+impl Ticket<'_> {
+    /// The request's first token came at `now`.
+    pub fn first_token(&mut self, now: Instant) {
+        if std::mem::replace(&mut self.started, true) {
+            return;
         }
-        let span = now.duration_since(recent[0]).as_secs_f64().max(1.0);
-        Some(recent.len() as f64 / span)
+        let mut st = self.admission.state();
+        st.unstarted.remove(&self.number);
+        let own = now.saturating_duration_since(self.arrived);
+        let since_previous = st
+            .last_first_token
+            .map_or(own, |t| now.saturating_duration_since(t));
+        st.last_first_token = Some(now);
+        st.samples
+            .push_back((now, own.min(since_previous).as_secs_f64()));
+        while st.samples.len() > SAMPLES {
+            st.samples.pop_front();
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.started {
+            self.admission.state().unstarted.remove(&self.number);
+        }
     }
 }
 
@@ -90,49 +186,105 @@ impl Admission {
 mod tests {
     use super::*;
 
+    const S: Duration = Duration::from_secs(1);
+    const LONG: usize = 2048;
+
+    fn admission(slots: usize, queue: usize, wait_s: u64) -> Admission {
+        Admission::new(slots, queue, Duration::from_secs(wait_s), LONG)
+    }
+
     #[test]
-    fn the_count_bound_holds_without_a_rate() {
-        let a = Admission::new(2, 3, Duration::from_secs(5));
+    fn the_count_bound_holds_without_an_estimate() {
+        let a = admission(2, 3, 5);
         let now = Instant::now();
-        for in_flight in 0..5 {
-            assert_eq!(a.check(in_flight, now), Ok(()));
-        }
-        let r = a.check(5, now).unwrap_err();
+        let tickets: Vec<_> = (0..5).map(|i| a.admit(i, 100, now).unwrap()).collect();
+        let r = a.admit(5, 100, now).err().unwrap();
         assert!(r.queue_full && r.retry_after_s >= 1);
+        assert_eq!(a.unstarted(), 5);
+        drop(tickets);
+        assert_eq!(a.unstarted(), 0, "abandoned tickets are forgotten");
+    }
+
+    /// Ten requests arrive at `t0` and the first four start 2 s apart.
+    fn backlog(a: &Admission, t0: Instant) -> Vec<Ticket<'_>> {
+        let mut tickets: Vec<_> = (0..10).map(|i| a.admit(i, 100, t0).unwrap()).collect();
+        for (i, t) in tickets.iter_mut().take(4).enumerate() {
+            t.first_token(t0 + 2 * S * (i as u32 + 1));
+        }
+        tickets
     }
 
     #[test]
-    fn a_queue_longer_than_the_wait_bound_is_refused() {
-        let a = Admission::new(2, 100, Duration::from_secs(5));
+    fn a_standing_backlog_longer_than_the_bound_is_refused() {
+        let a = admission(16, 100, 5);
         let t0 = Instant::now();
-        // One request finished every 2 s for 20 s: 0.5 per second.
-        for i in 0..10 {
-            a.finished(t0 + Duration::from_secs(2 * i));
-        }
-        let now = t0 + Duration::from_secs(20);
-        assert_eq!(a.check(0, now), Ok(()), "a free slot: no wait");
-        // With 2 running and 2 queued, the next waits 3 / 0.5 = 6 s > 5 s.
-        assert_eq!(a.check(3, now), Ok(()), "2 ahead: 4 s");
-        let r = a.check(4, now).unwrap_err();
+        let mut first = backlog(&a, t0);
+        let now = t0 + 8 * S;
+        // 6 unstarted at 2 s each: 12 s > 5 s, and the oldest has waited 8 s.
+        let r = a.admit(10, 100, now).err().unwrap();
         assert!(!r.queue_full);
-        assert_eq!(r.retry_after_s, 1);
-        // No bound on the wait: only the count.
-        let unbounded = Admission::new(2, 100, Duration::ZERO);
-        for i in 0..10 {
-            unbounded.finished(t0 + Duration::from_secs(2 * i));
+        assert_eq!(r.retry_after_s, 7);
+        // Once all but two have started, 2 × 2 s = 4 s: admitted.
+        for (i, t) in first.iter_mut().skip(4).take(4).enumerate() {
+            t.first_token(now + 2 * S * (i as u32 + 1));
         }
-        assert_eq!(unbounded.check(50, now), Ok(()));
+        assert!(a.admit(10, 100, now + 16 * S).is_ok());
+        // No bound on the wait: only the count.
+        let unbounded = admission(16, 100, 0);
+        let _held = backlog(&unbounded, t0);
+        assert!(unbounded.admit(10, 100, now).is_ok());
     }
 
     #[test]
-    fn old_completions_stop_counting() {
-        let a = Admission::new(1, 100, Duration::from_secs(1));
+    fn long_prompts_do_not_count_towards_the_backlog() {
+        let a = admission(16, 100, 5);
         let t0 = Instant::now();
-        for i in 0..5 {
-            a.finished(t0 + Duration::from_millis(100 * i));
+        let _first = backlog(&a, t0);
+        let now = t0 + 8 * S;
+        assert!(a.admit(10, 100, now).is_err());
+        // The same backlog of 4,000-token prompts: the scheduler serves others beside them.
+        let b = admission(16, 100, 5);
+        let mut long: Vec<_> = (0..10).map(|i| b.admit(i, 4000, t0).unwrap()).collect();
+        for (i, t) in long.iter_mut().take(4).enumerate() {
+            t.first_token(t0 + 2 * S * (i as u32 + 1));
         }
-        assert!(a.check(10, t0 + Duration::from_secs(1)).is_err());
-        // Long after, the rate is unknown again and only the count bound applies.
-        assert_eq!(a.check(10, t0 + Duration::from_secs(120)), Ok(()));
+        assert_eq!(b.unstarted(), 0);
+        assert!(b.admit(10, 100, now).is_ok());
+    }
+
+    #[test]
+    fn a_momentary_burst_at_light_load_is_queued_not_refused() {
+        let a = admission(16, 100, 5);
+        let t0 = Instant::now();
+        // Requests a few seconds apart, each starting 0.3 s after it came: no backlog.
+        for i in 0..10u32 {
+            let at = t0 + 3 * S * i;
+            let mut t = a.admit(0, 100, at).unwrap();
+            t.first_token(at + Duration::from_millis(300));
+        }
+        let now = t0 + 31 * S;
+        // 20 arrive together: the last expects 19 × 0.3 s = 5.7 s, over the bound, but nobody
+        // has waited yet: all are admitted.
+        let held: Vec<_> = (0..20).map(|i| a.admit(i, 100, now)).collect();
+        assert!(held.iter().all(Result::is_ok));
+        // Two seconds on, none started: not yet standing. Six seconds on, it is, and the next
+        // is refused.
+        assert!(a.admit(20, 100, now + 2 * S).is_ok());
+        assert!(a.admit(21, 100, now + 6 * S).is_err());
+    }
+
+    #[test]
+    fn old_service_times_stop_counting() {
+        let a = admission(1, 100, 1);
+        let t0 = Instant::now();
+        for i in 0..5u32 {
+            let mut t = a.admit(0, 100, t0).unwrap();
+            t.first_token(t0 + 10 * S * (i + 1));
+        }
+        // One unstarted for a second at 10 s each: over the 1 s bound.
+        let _queued = a.admit(0, 100, t0 + 51 * S).unwrap();
+        assert!(a.admit(1, 100, t0 + 52 * S).is_err());
+        // Long after, there is no estimate and only the count bound applies.
+        assert!(a.admit(1, 100, t0 + 200 * S).is_ok());
     }
 }

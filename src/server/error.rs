@@ -74,14 +74,14 @@ impl ApiError {
         }
     }
 
-    /// 429: the queue is full, or a new request would wait too long in it.
+    /// 429: the queue is full, or a new request would wait too long for its turn.
     pub fn overloaded(retry_after_s: u64, queue_full: bool) -> ApiError {
         ApiError {
             status: 429,
             message: if queue_full {
                 format!("the server is at capacity (queue full); retry in {retry_after_s} s")
             } else {
-                format!("the server is busy (the queue would make this request wait too long); retry in {retry_after_s} s")
+                format!("the server is busy (the requests not yet started ahead of this one would make it wait too long); retry in {retry_after_s} s")
             },
             kind: "rate_limit_error",
             param: None,

@@ -70,8 +70,14 @@ fn outcome(result: &str, choices: &[Choice], first_token: Option<Instant>) -> Ou
     }
 }
 
+/// Runs a job and writes its answer; `on_first_token` is told when the first token came.
 /// Errors before the response starts come back with the response, so they can be sent.
-pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<Outcome, (ApiError, RawResponse)> {
+pub fn run(
+    ready: &Ready,
+    job: Job,
+    resp: RawResponse,
+    on_first_token: &mut dyn FnMut(Instant),
+) -> Result<Outcome, (ApiError, RawResponse)> {
     let n = job.params.n;
     let mut ids: Vec<RequestId> = Vec::new();
     let (tx, rx) = mpsc::channel::<(usize, Event)>();
@@ -166,7 +172,11 @@ pub fn run(ready: &Ready, job: Job, resp: RawResponse) -> Result<Outcome, (ApiEr
                 token,
                 logprob,
             } => {
-                first_token.get_or_insert_with(Instant::now);
+                if first_token.is_none() {
+                    let now = Instant::now();
+                    first_token = Some(now);
+                    on_first_token(now);
+                }
                 let ci = pi * n + index;
                 let c = &mut choices[ci];
                 if c.finish.is_some() {

@@ -100,6 +100,8 @@ impl Server {
                 config.engine.max_seqs,
                 config.max_queue,
                 config.max_queue_wait,
+                // Prompts the scheduler serves in its long lane, beside the others.
+                crate::engine::scheduler::LONG_PROMPT_STEPS * config.engine.max_batched_tokens,
             ),
             config,
             ready: OnceLock::new(),
@@ -345,25 +347,28 @@ impl Server {
             Ok(j) => j,
             Err(e) => return Err((e, resp)),
         };
-        // Back-pressure: the running batch plus a queue bounded in requests and in expected
-        // wait; past that, 429.
+        // Back-pressure: the running batch plus a queue bounded in requests, and a backlog of
+        // unstarted requests bounded in expected wait; past that, 429.
         let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
-        if let Err(r) = self.admission.check(before, Instant::now()) {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            return Err((ApiError::overloaded(r.retry_after_s, r.queue_full), resp));
-        }
+        let n_prompt: usize = job.prompts.iter().map(|p| p.len()).sum();
+        let mut ticket = match self.admission.admit(before, n_prompt, Instant::now()) {
+            Ok(t) => t,
+            Err(r) => {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                return Err((ApiError::overloaded(r.retry_after_s, r.queue_full), resp));
+            }
+        };
         struct Guard<'a>(&'a Server);
         impl Drop for Guard<'_> {
             fn drop(&mut self) {
-                self.0.admission.finished(Instant::now());
                 self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
             }
         }
         let _guard = Guard(self);
         let started = Instant::now();
         let id = job.id.clone();
-        let n_prompt: usize = job.prompts.iter().map(|p| p.len()).sum();
-        let out = generate::run(ready, job, resp).inspect_err(|(e, _)| {
+        let mut on_first_token = |at: Instant| ticket.first_token(at);
+        let out = generate::run(ready, job, resp, &mut on_first_token).inspect_err(|(e, _)| {
             log::info!(
                 "{id}: rejected ({} {}), prompt_tokens={n_prompt}",
                 e.status,

@@ -88,6 +88,41 @@ def test_overload_gets_429_with_retry_after():
         srv.stop()
 
 
+def test_a_standing_backlog_gets_429_before_the_queue_is_full():
+    # The queue (64) never fills here: the refusals come from the expected wait before a prompt
+    # starts (requests not yet started x the recent time between first tokens, > 1 s).
+    srv = Server("--max-queue-wait", "1")
+    try:
+        for _ in range(3):  # a few first tokens, so the server knows its service time
+            assert httpx.post(srv.base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+        prompt = "Rivers carry water from the mountains down to the sea. " * 25  # ~300 tokens
+        results = []
+        def go(i):
+            # Each prompt its own from the first token: no prefix-cache hits.
+            r = httpx.post(srv.base + "/v1/completions", json={"prompt": f"{i}. {prompt}", "max_tokens": 8}, timeout=300)
+            results.append((r.status_code, r.headers.get("retry-after"), r.json()))
+        threads = []
+        for i in range(40):  # ~13 s of prefill on 2 cores arriving over 4 s
+            threads.append(threading.Thread(target=go, args=(i,)))
+            threads[-1].start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join()
+        statuses = [s for s, _, _ in results]
+        refused = [(ra, body) for s, ra, body in results if s == 429]
+        assert refused and statuses.count(200) >= 5, statuses
+        assert not [s for s in statuses if s >= 500], statuses
+        for retry_after, body in refused:
+            assert retry_after and int(retry_after) >= 1
+            assert body["error"]["type"] == "rate_limit_error"
+            assert "wait too long" in body["error"]["message"], body
+        # Once the backlog has drained, the box serves again at once.
+        srv.wait_idle()
+        assert httpx.post(srv.base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+    finally:
+        srv.stop()
+
+
 def test_api_key_is_required_except_for_health():
     srv = Server(env={"EDGELM_API_KEY": "s3cret"})
     try:

@@ -80,6 +80,8 @@ pub struct Record {
     pub latency: f64,
     pub prompt_tokens: Option<usize>,
     pub completion_tokens: usize,
+    /// Seconds the server asked to wait before retrying (a 429's Retry-After).
+    pub retry_after_s: Option<u64>,
 }
 
 impl Record {
@@ -96,6 +98,7 @@ impl Record {
             latency: 0.0,
             prompt_tokens: None,
             completion_tokens: 0,
+            retry_after_s: None,
         }
     }
 }
@@ -187,6 +190,11 @@ fn exchange(
     let status = resp.status().as_u16();
     if status != 200 {
         let retry_after = resp.headers().contains_key("retry-after");
+        rec.retry_after_s = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
         let text = resp.body_mut().read_to_string().map_err(kind_of)?;
         let parsed: Option<Value> = serde_json::from_str(&text).ok();
         if parsed

@@ -371,7 +371,13 @@ fn closed_loop(
                     break;
                 }
                 let rec = send_planned(&t, &w, &w.planned(i), start);
+                // A client told to come back later does, as OpenAI's clients do, rather
+                // than hammering the server with refused requests.
+                let pause = rec.retry_after_s.map(Duration::from_secs);
                 records.lock().expect("records lock").push(rec);
+                if let Some(p) = pause {
+                    std::thread::sleep(p.min(deadline.saturating_duration_since(Instant::now())));
+                }
             })
         })
         .collect();

@@ -152,6 +152,7 @@ mod tests {
             latency: 0.5,
             prompt_tokens: Some(10),
             completion_tokens: tokens,
+            retry_after_s: None,
         };
         let records = vec![
             rec(Outcome::Ok, 4),
