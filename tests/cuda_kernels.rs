@@ -11,6 +11,9 @@ use edgelm::backend::cuda::{compile_ptx, nvrtc_version, probe, Arch, CudaDevice,
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The GEMM and sampler device tests.
+mod cuda_device;
+
 const ARCHES: [Arch; 2] = [Arch::new(8, 7), Arch::new(9, 0)];
 
 /// With `EDGELM_PTX_OUT` set, the PTX goes to `$EDGELM_PTX_OUT/sm_XY/<file>.ptx` for ptxas.
@@ -58,6 +61,31 @@ fn every_kernel_compiles_for_sm87_and_sm90() {
         "{kernels} kernel compilations for {} architectures",
         ARCHES.len()
     );
+}
+
+/// The code for GPUs older than the kernels' targets compiles too: sm_61 (Pascal, the oldest
+/// the probe accepts: dp4a) and sm_75 (Turing), where gemm.cu emulates the int8 MMA with dp4a.
+/// Not checked by ptxas: no such device is a target, so their register use is not tuned.
+#[test]
+fn every_kernel_compiles_for_pre_ampere_gpus() {
+    nvrtc_version().unwrap_or_else(|e| {
+        panic!("this test needs libnvrtc (scripts/check-kernels.sh provides it): {e}")
+    });
+    let mut failures = Vec::new();
+    for arch in [Arch::new(6, 1), Arch::new(7, 5)] {
+        for file in FILES {
+            match compile_ptx(file, arch) {
+                Err(e) => failures.push(e),
+                Ok(ptx) => failures.extend(
+                    file.functions
+                        .iter()
+                        .filter(|f| !ptx.contains(&format!(".entry {f}(")))
+                        .map(|f| format!("{arch}: no entry {f} in kernels/{}.cu", file.name)),
+                ),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
 /// The reference model, fetched by packaging/fetch-model.sh (`EDGELM_MODEL` overrides: the

@@ -43,6 +43,16 @@ pub const FILES: &[KernelFile] = &[
             "gemv_q6_k"
         ]
     ),
+    kernel_file!(
+        "gemm",
+        [
+            "gemm_q4_0",
+            "gemm_q4_1",
+            "gemm_q8_0",
+            "gemm_q4_k",
+            "gemm_q6_k"
+        ]
+    ),
     kernel_file!("norm", ["rmsnorm"]),
     kernel_file!("rope", ["rope", "hadamard_64"]),
     kernel_file!("elementwise", ["silu_mul", "add_inplace"]),
@@ -59,7 +69,7 @@ pub const FILES: &[KernelFile] = &[
             "attention_q4_0_d128",
         ]
     ),
-    kernel_file!("sample", ["argmax_rows"]),
+    kernel_file!("sample", ["argmax_rows", "sample_rows"]),
 ];
 
 /// The kernels whose speed matters most (matmul and attention): CI fails when ptxas reports a

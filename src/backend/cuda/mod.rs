@@ -1,5 +1,6 @@
 //! The CUDA backend's foundation (feature `cuda`): device probe, kernel sources, NVRTC
-//! compilation with an on-disk PTX cache, and module loading.
+//! compilation with an on-disk PTX cache, module loading, and the launch shapes of the matmul
+//! and sampling kernels.
 //!
 //! cudarc loads `libcuda` and `libnvrtc` at run time (`dynamic-loading`), so a `cuda` build needs
 //! no CUDA toolkit to build and starts on a machine without a GPU; [`probe`] then says why there
@@ -10,6 +11,7 @@
 mod cache;
 mod device;
 pub mod kernels;
+pub mod launch;
 mod nvrtc;
 mod probe;
 

@@ -1,0 +1,36 @@
+//! Device tests of the GEMM and the sampler (part of tests/cuda_kernels.rs, so that
+//! `packaging/gpu-check.sh` carries them to a GPU machine with the rest). Each needs a CUDA
+//! device and is `#[ignore]`d elsewhere.
+
+mod gemm;
+mod sample;
+
+use edgelm::backend::cuda::CudaDevice;
+
+fn open() -> CudaDevice {
+    let dev = CudaDevice::open(0).unwrap_or_else(|e| panic!("no usable CUDA device: {e}"));
+    eprintln!("{}", dev.info.summary());
+    dev
+}
+
+/// xorshift64: reproducible test data.
+struct Xs(u64);
+
+impl Xs {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    fn sym(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    /// Roughly normal (sum of four uniforms), mean 0, standard deviation about 1.15.
+    fn normal(&mut self) -> f32 {
+        (0..4).map(|_| self.sym()).sum()
+    }
+}
