@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The quantization kernel tests on aarch64, under emulation: cross-builds the library's unit
-# tests for aarch64-unknown-linux-gnu (Debian's cross gcc links; the `onig` C code goes through
-# the cc crate with the same compiler) and runs the `quant::` tests under qemu-user, once per
-# emulated CPU model in EDGELM_QEMU_CPUS (default "max neoverse-n1 cortex-a72"): `max` has
+# The aarch64 (Jetson) checks, on an x86 host: cross-builds the library's unit tests for
+# aarch64-unknown-linux-gnu with the `cuda` feature (Debian's cross gcc links; the `onig` C code
+# goes through the cc crate with the same compiler; cudarc loads libcuda/libnvrtc at run time,
+# so the cuda build needs nothing CUDA here) and runs the `quant::` tests under qemu-user, once
+# per emulated CPU model in EDGELM_QEMU_CPUS (default "max neoverse-n1 cortex-a72"): `max` has
 # every extension qemu knows (NEON dotprod, i8mm, SVE2, ...); neoverse-n1 is the closest model
 # to the Jetson Orin's Cortex-A78AE (NEON dotprod and fp16, no i8mm, no SVE); cortex-a72 has
-# plain NEON only, so the kernels chosen at run time without dotprod are covered too. The
-# tests take about a second per CPU under emulation; the cross-build is the slow part.
+# plain NEON only, so the kernels chosen at run time without dotprod are covered too. The same
+# binary then runs the `backend::cuda::` tests once (kernel list, PTX cache, launch shapes), and
+# `cargo clippy --features cuda --all-targets` lints the aarch64 cuda build (the Jetson's
+# target; EDGELM_AARCH64_CLIPPY=0 skips it). The tests take about a second per CPU under
+# emulation; the cross-build is the slow part.
 # Installs the rustup target and the apt packages when absent. Exits non-zero when a test fails
 # or when no quant test ran.
 #
@@ -65,8 +69,10 @@ RS
 fi
 # Build once, then run the same test binary under each CPU model (the cargo runner in
 # .cargo/config.toml does the same for a plain `cargo test --target aarch64-unknown-linux-gnu`).
-log "cargo test --release --target $triple --lib --no-run"
-bin="$(cargo test --release --target "$triple" --lib --no-run --message-format=json-render-diagnostics \
+# With `--features cuda`: one cross-build covers the quant kernels and the cuda feature.
+log "cargo test --release --target $triple --features cuda --lib --no-run"
+bin="$(cargo test --release --target "$triple" --features cuda --lib --no-run \
+    --message-format=json-render-diagnostics \
     | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -101,6 +107,24 @@ for cpu in $cpus; do
         log "ok: $ran quant:: tests passed on emulated aarch64 (-cpu $cpu)"
     fi
 done
+
+# The cuda feature's library tests need no GPU (no test here opens libcuda or libnvrtc).
+log "qemu-aarch64 -cpu max ${bin#"$root"/} backend::cuda::"
+set +e
+qemu-aarch64 -cpu max -L "$sysroot" "$bin" backend::cuda:: 2>&1 | tee "$out"
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ] || ! grep -q '^test result: ok\. [1-9][0-9]* passed' "$out"; then
+    log "FAILED: the backend::cuda:: tests on emulated aarch64 (exit $status)"
+    failed+=("backend::cuda")
+fi
+
+if [ "${EDGELM_AARCH64_CLIPPY:-1}" != 0 ]; then
+    log "cargo clippy --target $triple --features cuda --all-targets -- -D warnings"
+    cargo clippy --quiet --target "$triple" --features cuda --all-targets -- -D warnings \
+        || failed+=("clippy")
+fi
+
 if [ ${#failed[@]} -gt 0 ]; then
     log "FAILED on: ${failed[*]}"
     exit 1
