@@ -116,7 +116,12 @@ impl EngineHandle {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
-        let req = Request { id, prompt, params };
+        let req = Request {
+            id,
+            prompt,
+            params,
+            submitted: std::time::Instant::now(),
+        };
         self.tx
             .send(Command::Submit(Box::new(req), tx))
             .map_err(|_| anyhow::anyhow!("the engine has stopped"))?;
@@ -330,6 +335,7 @@ impl Engine {
         self.arrivals += 1;
         let max_len = (req.prompt.len() + p.max_tokens).min(self.context);
         let mut seq = Sequence::new(id, req.id, self.arrivals, req.prompt.clone(), max_len);
+        seq.arrived = req.submitted;
         seq.want_prompt_logits = p.prompt_logprobs.is_some();
         seq.forks_pending = p.n - 1;
         self.samplers.insert(id, Sampler::new(p.sampling.clone()));

@@ -40,6 +40,8 @@ pub struct Request {
     pub id: RequestId,
     pub prompt: Vec<u32>,
     pub params: GenParams,
+    /// When the client submitted it (the engine takes it in only between steps).
+    pub submitted: std::time::Instant,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 
 use super::request::RequestId;
 use crate::kv::block_hash;
+use std::time::Instant;
 
 pub type SeqId = u64;
 
@@ -32,6 +33,10 @@ pub struct Sequence {
     pub preemptions: u32,
     /// Computed tokens since the last preemption (the thrash bound needs progress first).
     pub progress_since_preempt: usize,
+    /// When the request came in.
+    pub arrived: Instant,
+    /// When the scheduler first found it decoding (about its first token).
+    pub decoding_since: Option<Instant>,
 }
 
 impl Sequence {
@@ -59,6 +64,8 @@ impl Sequence {
             forks_pending: 0,
             preemptions: 0,
             progress_since_preempt: 0,
+            arrived: Instant::now(),
+            decoding_since: None,
         }
     }
 

@@ -6,7 +6,10 @@
 use super::{vec_dot, GgmlType};
 
 #[cfg(target_arch = "x86_64")]
-use super::gemm_x86::{self, PanelFn};
+use super::{
+    gemm_avx512,
+    gemm_x86::{self, PanelFn},
+};
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2" or "none" (per-pair dots).
 pub fn gemm_level() -> &'static str {
@@ -36,11 +39,20 @@ const AVX2: Panels = Panels {
     q8_0: Some(gemm_x86::avx2::q8_0),
 };
 
+/// AVX-512 VNNI in 256-bit registers only (the 512-bit panels' fallback for short groups;
+/// `EDGELM_SIMD=avx512-256` selects it alone, for comparison).
+#[cfg(target_arch = "x86_64")]
+const VNNI_256: Panels = Panels {
+    name: "avx512-vnni-256",
+    q4_1: Some(gemm_x86::vnni::q4_1),
+    q8_0: Some(gemm_x86::vnni::q8_0),
+};
+
 #[cfg(target_arch = "x86_64")]
 const VNNI: Panels = Panels {
     name: "avx512-vnni",
-    q4_1: Some(gemm_x86::vnni::q4_1),
-    q8_0: Some(gemm_x86::vnni::q8_0),
+    q4_1: Some(gemm_avx512::q4_1),
+    q8_0: Some(gemm_avx512::q8_0),
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -59,7 +71,11 @@ fn detect() -> &'static Panels {
     #[cfg(target_arch = "x86_64")]
     {
         if forced != "avx2" && has_vnni() {
-            return &VNNI;
+            return if forced == "avx512-256" {
+                &VNNI_256
+            } else {
+                &VNNI
+            };
         }
         // `simd_level` is "avx2" here: avx2, fma and f16c were detected.
         return &AVX2;
@@ -152,6 +168,11 @@ mod tests {
                 (9, 7, 5),
                 (3, 9, 1),
                 (8, 2, 18),
+                (4, 8, 3),
+                (5, 8, 1),
+                (9, 17, 5),
+                (64, 16, 18),
+                (3, 23, 48),
             ] {
                 let n = be * blocks;
                 let w: Vec<u8> = (0..rows)
@@ -195,6 +216,7 @@ mod tests {
         if simd_level() == "avx2" {
             check_panels(&AVX2);
             if has_vnni() {
+                check_panels(&VNNI_256);
                 check_panels(&VNNI);
             } else {
                 eprintln!("no AVX-512 VNNI on this CPU: its panels are not exercised");

@@ -21,6 +21,8 @@ mod dequant;
 mod dot_ref;
 mod gemm;
 #[cfg(target_arch = "x86_64")]
+mod gemm_avx512;
+#[cfg(target_arch = "x86_64")]
 mod gemm_x86;
 mod quantize;
 #[cfg(target_arch = "aarch64")]
