@@ -294,6 +294,8 @@ fn attend_group_quantized(
         .collect();
     let mut k_tile = vec![0f32; bt * hd];
     let mut v_tile = vec![0f32; bt * hd];
+    let mut scores = vec![0f32; rep * bt];
+    let mut factors = vec![(0f32, 0f32); bt];
     for (bi, &block) in tok.block_table.iter().enumerate().take(n_ctx.div_ceil(bt)) {
         let len = (n_ctx - bi * bt).min(bt);
         // A head's rows of one block are contiguous and whole blocks of the format.
@@ -301,20 +303,27 @@ fn attend_group_quantized(
         let v_rows = kv.head_rows(layer, block as usize, Part::V, kv_head);
         kv_type.decode_row(&k_rows[..len * row_bytes], &mut k_tile[..len * hd]);
         kv_type.decode_row(&v_rows[..len * row_bytes], &mut v_tile[..len * hd]);
-        for (k, v) in k_tile
-            .chunks_exact(hd)
-            .zip(v_tile.chunks_exact(hd))
-            .take(len)
-        {
-            for (r, h) in heads.iter_mut().enumerate() {
-                let sc = dot_f32(k, &q_g[r * hd..(r + 1) * hd]) * scale;
-                let (ms, vs) = if sc > h.max {
-                    let ms = (h.max - sc).exp();
-                    h.max = sc;
+        // As in the f16 path: the block's scores, then each head's softmax factors (exps
+        // that do not wait on each other), then the accumulator updates in position order.
+        for (r, sc) in scores.chunks_exact_mut(bt).enumerate() {
+            let q = &q_g[r * hd..(r + 1) * hd];
+            for (s, k) in sc.iter_mut().zip(k_tile.chunks_exact(hd)).take(len) {
+                *s = dot_f32(k, q) * scale;
+            }
+        }
+        for (r, h) in heads.iter_mut().enumerate() {
+            let mut max = h.max;
+            for (f, &sc) in factors.iter_mut().zip(&scores[r * bt..r * bt + len]) {
+                *f = if sc > max {
+                    let ms = (max - sc).exp();
+                    max = sc;
                     (ms, 1.0)
                 } else {
-                    (1.0, (sc - h.max).exp())
+                    (1.0, (sc - max).exp())
                 };
+            }
+            h.max = max;
+            for (&(ms, vs), v) in factors.iter().zip(v_tile.chunks_exact(hd)).take(len) {
                 if ms != 1.0 {
                     h.acc.iter_mut().for_each(|a| *a *= ms);
                 }
