@@ -15,10 +15,9 @@
 //!
 //! Quantized pages (q8_0, q4_0) have no peer arithmetic to match: in the per-row path each
 //! block's K and V rows are dequantized (one call per block) and scored and accumulated in
-//! plain f32, without f16's rounding steps, so quantized pages decode at least as fast as
-//! f16 ones. (Quantizing the query to q8_0 for an integer K·Q, as ggml does, was faster
-//! still but flipped confident tokens against f16 pages.) In the tiled path they are
-//! dequantized row by row as they are read and go through f16's arithmetic.
+//! plain f32, without f16's rounding steps. (Quantizing the query to q8_0 for an integer K·Q,
+//! as ggml does, was faster but flipped confident tokens against f16 pages.) In the tiled
+//! path they are dequantized row by row as they are read and go through f16's arithmetic.
 
 use super::f16_round::{fma_round, scale_round};
 use super::parallel::SharedSlice;
@@ -76,18 +75,6 @@ pub fn paged_attention(
             if tokens[t0].tiled {
                 let (toks, m) = (&tokens[t0..t1], heads.len());
                 attend_chunk_tiled(kv, layer, seg.kv_head, toks, &q_g, m, hd, &mut out_g);
-            } else if kv.geometry().kv_type != KvType::F16 {
-                let m = heads.len();
-                attend_group_quantized(
-                    kv,
-                    layer,
-                    seg.kv_head,
-                    &tokens[t0],
-                    q_g[0],
-                    m,
-                    hd,
-                    out_g[0],
-                );
             } else {
                 let m = heads.len();
                 attend_group(kv, layer, seg.kv_head, &tokens[t0], q_g[0], m, hd, out_g[0]);
@@ -202,8 +189,15 @@ fn attend_group(
     let row_bytes = geom.row_bytes();
     let n_ctx = tok.pos + 1;
     let scale = 1.0 / (hd as f32).sqrt();
+    // f16 pages follow ggml's f16 arithmetic (the peer's greedy tokens depend on it);
+    // quantized pages have no peer arithmetic to match and run in plain f32.
+    let f16_numerics = kv_type == KvType::F16;
     // The query as ggml multiplies it with f16 K: rounded to f16.
-    let q16: Vec<f32> = q_g.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+    let q: Vec<f32> = if f16_numerics {
+        q_g.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+    } else {
+        q_g.to_vec()
+    };
     let mut heads: Vec<Online> = (0..rep)
         .map(|_| Online {
             max: f32::NEG_INFINITY,
@@ -227,10 +221,13 @@ fn attend_group(
         // the format: the block's rows convert in one call each for K and V.
         kv_type.decode_row(&k_rows[..len * row_bytes], &mut k_tile[..len * hd]);
         kv_type.decode_row(&v_rows[..len * row_bytes], &mut v_tile[..len * hd]);
-        for r in 0..rep {
-            let q = &q16[r * hd..(r + 1) * hd];
-            for s in 0..len {
-                scores[r * bt + s] = dot_f16_ggml(&k_tile[s * hd..(s + 1) * hd], q) * scale;
+        for (r, sc) in scores.chunks_exact_mut(bt).enumerate() {
+            let q = &q[r * hd..(r + 1) * hd];
+            let pairs = sc.iter_mut().zip(k_tile.chunks_exact(hd)).take(len);
+            if f16_numerics {
+                pairs.for_each(|(s, k)| *s = dot_f16_ggml(k, q) * scale);
+            } else {
+                pairs.for_each(|(s, k)| *s = dot_f32(k, q) * scale);
             }
         }
         for (r, h) in heads.iter_mut().enumerate() {
@@ -247,90 +244,22 @@ fn attend_group(
                 };
             }
             h.max = max;
-            for (s, &(ms, vs)) in factors.iter().enumerate().take(len) {
-                if ms != 1.0 {
-                    scale_round(&mut h.acc, ms);
-                }
-                fma_round(&mut h.acc, &v_tile[s * hd..(s + 1) * hd], vs);
-                h.sum = h.sum.mul_add(ms, vs);
-            }
-        }
-    }
-    for (r, h) in heads.iter().enumerate() {
-        let inv = if h.sum == 0.0 { 0.0 } else { 1.0 / h.sum };
-        for (o, &a) in out[r * hd..(r + 1) * hd].iter_mut().zip(&h.acc) {
-            *o = a * inv;
-        }
-    }
-}
-}
-
-/// The per-row path over quantized pages (see the module comment): one token, the `rep`
-/// query heads of `q_g` that share KV head `kv_head`, positions in order with an online
-/// softmax, everything in f32.
-#[allow(clippy::too_many_arguments)]
-fn attend_group_quantized(
-    kv: &KvPages,
-    layer: usize,
-    kv_head: usize,
-    tok: &AttnToken<'_>,
-    q_g: &[f32],
-    rep: usize,
-    hd: usize,
-    out: &mut [f32],
-) {
-    let geom = kv.geometry();
-    let kv_type = geom.kv_type;
-    let bt = geom.block_tokens;
-    let row_bytes = geom.row_bytes();
-    let n_ctx = tok.pos + 1;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut heads: Vec<Online> = (0..rep)
-        .map(|_| Online {
-            max: f32::NEG_INFINITY,
-            sum: 0.0,
-            acc: vec![0.0; hd],
-        })
-        .collect();
-    let mut k_tile = vec![0f32; bt * hd];
-    let mut v_tile = vec![0f32; bt * hd];
-    let mut scores = vec![0f32; rep * bt];
-    let mut factors = vec![(0f32, 0f32); bt];
-    for (bi, &block) in tok.block_table.iter().enumerate().take(n_ctx.div_ceil(bt)) {
-        let len = (n_ctx - bi * bt).min(bt);
-        // A head's rows of one block are contiguous and whole blocks of the format.
-        let k_rows = kv.head_rows(layer, block as usize, Part::K, kv_head);
-        let v_rows = kv.head_rows(layer, block as usize, Part::V, kv_head);
-        kv_type.decode_row(&k_rows[..len * row_bytes], &mut k_tile[..len * hd]);
-        kv_type.decode_row(&v_rows[..len * row_bytes], &mut v_tile[..len * hd]);
-        // As in the f16 path: the block's scores, then each head's softmax factors (exps
-        // that do not wait on each other), then the accumulator updates in position order.
-        for (r, sc) in scores.chunks_exact_mut(bt).enumerate() {
-            let q = &q_g[r * hd..(r + 1) * hd];
-            for (s, k) in sc.iter_mut().zip(k_tile.chunks_exact(hd)).take(len) {
-                *s = dot_f32(k, q) * scale;
-            }
-        }
-        for (r, h) in heads.iter_mut().enumerate() {
-            let mut max = h.max;
-            for (f, &sc) in factors.iter_mut().zip(&scores[r * bt..r * bt + len]) {
-                *f = if sc > max {
-                    let ms = (max - sc).exp();
-                    max = sc;
-                    (ms, 1.0)
-                } else {
-                    (1.0, (sc - max).exp())
-                };
-            }
-            h.max = max;
             for (&(ms, vs), v) in factors.iter().zip(v_tile.chunks_exact(hd)).take(len) {
-                if ms != 1.0 {
-                    h.acc.iter_mut().for_each(|a| *a *= ms);
+                if f16_numerics {
+                    if ms != 1.0 {
+                        scale_round(&mut h.acc, ms);
+                    }
+                    fma_round(&mut h.acc, v, vs);
+                    h.sum = h.sum.mul_add(ms, vs);
+                } else {
+                    if ms != 1.0 {
+                        h.acc.iter_mut().for_each(|a| *a *= ms);
+                    }
+                    for (a, &x) in h.acc.iter_mut().zip(v) {
+                        *a += x * vs;
+                    }
+                    h.sum = h.sum * ms + vs;
                 }
-                for (a, &x) in h.acc.iter_mut().zip(v) {
-                    *a += x * vs;
-                }
-                h.sum = h.sum * ms + vs;
             }
         }
     }
@@ -340,6 +269,7 @@ fn attend_group_quantized(
             *o = a * inv;
         }
     }
+}
 }
 
 /// A dot product in eight independent partial sums (so it vectorises without reassociation
