@@ -1,22 +1,33 @@
 //! The CUDA backend's foundation (feature `cuda`): device probe, kernel sources, NVRTC
 //! compilation with an on-disk PTX cache, module loading, and the launch shapes of the matmul
-//! and sampling kernels.
+//! and sampling kernels, and the model's forward pass on the device ([`CudaExecutor`]: weights,
+//! KV pool, workspace, decode graphs).
 //!
 //! cudarc loads `libcuda` and `libnvrtc` at run time (`dynamic-loading`), so a `cuda` build needs
 //! no CUDA toolkit to build and starts on a machine without a GPU; [`probe`] then says why there
-//! is no device and the caller serves on the CPU. The model's forward pass does not run on the
-//! GPU yet: [`CudaDevice::open`] compiles and loads every kernel, which is what a GPU machine can
-//! check today (`packaging/gpu-check.sh`).
+//! is no device and the caller serves on the CPU. None of this has run on a GPU yet:
+//! `packaging/gpu-check.sh` carries the device tests to one.
 
 mod cache;
 mod device;
+mod forward;
+mod graphs;
 pub mod kernels;
+mod kv_pool;
 pub mod launch;
+mod mem;
 mod nvrtc;
+mod ops;
 mod probe;
+mod step_meta;
+mod weights;
+mod workspace;
 
 pub use cache::{cache_dir, cache_key};
 pub use device::CudaDevice;
+pub use forward::{CudaExecutor, ExecutorConfig, StepOut, Want};
+pub use kv_pool::{blocks_for, KvBudget};
+pub use weights::check_supported;
 pub use kernels::{KernelFile, FILES};
 pub use nvrtc::{compile_ptx, nvrtc_version, Arch};
 pub use probe::{probe, DeviceInfo};

@@ -1,0 +1,399 @@
+//! One typed launch per kernel the forward pass uses: argument order, grid and block as the
+//! header comment of each `kernels/*.cu` file states them. Every pointer is a raw device
+//! address (see `mem.rs` for why), every launch goes on the executor's one stream, nothing here
+//! allocates or synchronises, so a sequence of these calls can be captured into a CUDA graph.
+// Each launch takes its kernel's argument list: splitting it into structs would only hide the
+// correspondence with the .cu signature.
+#![allow(clippy::too_many_arguments)]
+
+use super::device::CudaDevice;
+use super::launch::{argmax_config, gemm_config, gemv_config, matmul_kernel, sample_config};
+use crate::kv::KvType;
+use crate::quant::GgmlType;
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+
+type Ptr = CUdeviceptr;
+
+/// Threads per block of the element-wise kernels (any multiple of 32 works for them).
+const THREADS: usize = 256;
+/// kernels/attention.cu ATT_WARPS.
+const ATT_THREADS: usize = 32 * 4;
+/// kernels/norm.cu NORM_THREADS.
+const NORM_THREADS: usize = 256;
+
+fn cfg1(threads: usize, block: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (threads.div_ceil(block).max(1) as u32, 1, 1),
+        block_dim: (block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn err(name: &str, e: cudarc::driver::DriverError) -> String {
+    format!("launching {name} failed: {e:?}")
+}
+
+/// The kernels the forward pass launches, looked up once.
+pub struct Ops {
+    quantize: CudaFunction,
+    rmsnorm: CudaFunction,
+    rope: CudaFunction,
+    hadamard: CudaFunction,
+    silu_mul: CudaFunction,
+    add: CudaFunction,
+    embed: CudaFunction,
+    kv_append: CudaFunction,
+    kv_copy: CudaFunction,
+    attention: CudaFunction,
+    argmax: CudaFunction,
+    sample: CudaFunction,
+    /// (weight type, gemv?) -> kernel.
+    matmul: Vec<(GgmlType, bool, CudaFunction)>,
+}
+
+impl Ops {
+    /// Looks up every kernel a model with pages of `kv_type` and heads of `head_dim` needs.
+    pub fn new(dev: &CudaDevice, kv_type: KvType, head_dim: usize) -> Result<Ops, String> {
+        let f = |name: &str| {
+            dev.function(name)
+                .cloned()
+                .ok_or_else(|| format!("kernel {name} is not loaded"))
+        };
+        let attention = format!("attention_{}_d{head_dim}", kv_type.name());
+        let mut matmul = Vec::new();
+        use GgmlType::*;
+        for ty in [Q4_0, Q4_1, Q8_0, Q4_K, Q6_K] {
+            for (gemv, n) in [(true, 1), (false, 64)] {
+                let name = matmul_kernel(ty, n).expect("a CUDA matmul type");
+                matmul.push((ty, gemv, f(name)?));
+            }
+        }
+        Ok(Ops {
+            quantize: f("quantize_q8_1")?,
+            rmsnorm: f("rmsnorm")?,
+            rope: f("rope")?,
+            hadamard: f("hadamard_64")?,
+            silu_mul: f("silu_mul")?,
+            add: f("add_inplace")?,
+            embed: f("embed")?,
+            kv_append: f("kv_append")?,
+            kv_copy: f("kv_copy_block")?,
+            attention: f(&attention)?,
+            argmax: f("argmax_rows")?,
+            sample: f("sample_rows")?,
+            matmul,
+        })
+    }
+
+    /// act (q8_1, rows x cols/32 blocks) <- x (rows x cols f32).
+    pub fn quantize(&self, s: &CudaStream, x: Ptr, act: Ptr, rows: usize, cols: usize) -> Result<(), String> {
+        let (r, c) = (rows as i32, cols as i32);
+        // SAFETY: quantize_q8_1(const float *x, u8 *y, int rows, int cols); one warp per block
+        // of 32 values; the caller sized both buffers.
+        unsafe {
+            s.launch_builder(&self.quantize)
+                .arg(&x)
+                .arg(&act)
+                .arg(&r)
+                .arg(&c)
+                .launch(cfg1(rows * cols, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("quantize_q8_1", e))
+    }
+
+    /// y (n_tok x rows) <- W (rows x cols, type `ty`) times the q8_1 activations: the GEMV up
+    /// to GEMV_MAX_TOK tokens, the GEMM above.
+    pub fn matmul(
+        &self,
+        s: &CudaStream,
+        ty: GgmlType,
+        w: Ptr,
+        act: Ptr,
+        y: Ptr,
+        rows: usize,
+        cols: usize,
+        n_tok: usize,
+    ) -> Result<(), String> {
+        let name = matmul_kernel(ty, n_tok).ok_or_else(|| format!("no CUDA matmul for {ty}"))?;
+        let gemv = name.starts_with("gemv");
+        let f = &self
+            .matmul
+            .iter()
+            .find(|(t, g, _)| *t == ty && *g == gemv)
+            .ok_or_else(|| format!("{name} not loaded"))?
+            .2;
+        let cfg = if gemv {
+            gemv_config(rows)
+        } else {
+            gemm_config(rows, n_tok)
+        };
+        let (r, c, n) = (rows as i32, cols as i32, n_tok as i32);
+        // SAFETY: gemv_*/gemm_*(const u8 *w, const u8 *act, float *y, int rows, int cols,
+        // int n_tok), launch shapes from launch.rs.
+        unsafe {
+            s.launch_builder(f)
+                .arg(&w)
+                .arg(&act)
+                .arg(&y)
+                .arg(&r)
+                .arg(&c)
+                .arg(&n)
+                .launch(cfg)
+        }
+        .map(drop)
+        .map_err(|e| err(name, e))
+    }
+
+    /// out (rows x n) <- RMSNorm(x) * w. `out` may be `x`.
+    pub fn rmsnorm(&self, s: &CudaStream, x: Ptr, w: Ptr, out: Ptr, rows: usize, n: usize, eps: f32) -> Result<(), String> {
+        let n = n as i32;
+        // SAFETY: rmsnorm(const float *x, const float *w, float *out, int n, float eps); one
+        // block of NORM_THREADS per row.
+        unsafe {
+            s.launch_builder(&self.rmsnorm)
+                .arg(&x)
+                .arg(&w)
+                .arg(&out)
+                .arg(&n)
+                .arg(&eps)
+                .launch(LaunchConfig {
+                    grid_dim: (rows as u32, 1, 1),
+                    block_dim: (NORM_THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+        }
+        .map(drop)
+        .map_err(|e| err("rmsnorm", e))
+    }
+
+    /// RoPE in place on x (n_tok x n_heads x head_dim) from the (cos, sin) table cs.
+    pub fn rope(&self, s: &CudaStream, x: Ptr, cs: Ptr, n_tok: usize, n_heads: usize, head_dim: usize, n_rot: usize, neox: bool) -> Result<(), String> {
+        let total = n_tok * n_heads * (n_rot / 2);
+        if total == 0 {
+            return Ok(());
+        }
+        let (t, h, d, r, nx) = (n_tok as i32, n_heads as i32, head_dim as i32, n_rot as i32, neox as i32);
+        // SAFETY: rope(float *x, const float *cs, int n_tok, int n_heads, int head_dim,
+        // int n_rot, int neox); one thread per (token, head, pair).
+        unsafe {
+            s.launch_builder(&self.rope)
+                .arg(&x)
+                .arg(&cs)
+                .arg(&t)
+                .arg(&h)
+                .arg(&d)
+                .arg(&r)
+                .arg(&nx)
+                .launch(cfg1(total, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("rope", e))
+    }
+
+    /// The 64-wide Walsh-Hadamard rotation of every chunk of x (`values` a multiple of 64).
+    pub fn hadamard(&self, s: &CudaStream, x: Ptr, values: usize) -> Result<(), String> {
+        let chunks = (values / 64) as i64;
+        // SAFETY: hadamard_64(float *x, long long n_chunks); one warp per chunk, 8 warps per
+        // block (HAD_WARPS_MAX is 32).
+        unsafe {
+            s.launch_builder(&self.hadamard)
+                .arg(&x)
+                .arg(&chunks)
+                .launch(cfg1(chunks as usize * 32, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("hadamard_64", e))
+    }
+
+    /// gate <- silu(gate) * up over n values.
+    pub fn silu_mul(&self, s: &CudaStream, gate: Ptr, up: Ptr, n: usize) -> Result<(), String> {
+        let n64 = n as i64;
+        // SAFETY: silu_mul(float *gate, const float *up, long long n).
+        unsafe {
+            s.launch_builder(&self.silu_mul)
+                .arg(&gate)
+                .arg(&up)
+                .arg(&n64)
+                .launch(cfg1(n, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("silu_mul", e))
+    }
+
+    /// x += y over n values.
+    pub fn add(&self, s: &CudaStream, x: Ptr, y: Ptr, n: usize) -> Result<(), String> {
+        let n64 = n as i64;
+        // SAFETY: add_inplace(float *x, const float *y, long long n).
+        unsafe {
+            s.launch_builder(&self.add)
+                .arg(&x)
+                .arg(&y)
+                .arg(&n64)
+                .launch(cfg1(n, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("add_inplace", e))
+    }
+
+    /// out (n_tok x cols) <- rows tokens[t] of the embedding table w (type ty).
+    pub fn embed(&self, s: &CudaStream, w: Ptr, ty: GgmlType, row_bytes: usize, cols: usize, tokens: Ptr, out: Ptr, n_tok: usize) -> Result<(), String> {
+        let (t, rb, c) = (ty.id() as i32, row_bytes as i64, cols as i32);
+        // SAFETY: embed(const u8 *w, int ty, long long row_bytes, int cols, const int *tokens,
+        // float *out); grid (ceil(cols / block), n_tok).
+        unsafe {
+            s.launch_builder(&self.embed)
+                .arg(&w)
+                .arg(&t)
+                .arg(&rb)
+                .arg(&c)
+                .arg(&tokens)
+                .arg(&out)
+                .launch(LaunchConfig {
+                    grid_dim: (cols.div_ceil(THREADS) as u32, n_tok as u32, 1),
+                    block_dim: (THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+        }
+        .map(drop)
+        .map_err(|e| err("embed", e))
+    }
+
+    /// Writes n_tok tokens' K and V rows (n_tok x kv_heads x head_dim each) into their slots.
+    pub fn kv_append(&self, s: &CudaStream, k: Ptr, v: Ptr, slots: Ptr, n_tok: usize, pages: Ptr, layer: usize, blocks: usize, kv_heads: usize, head_dim: usize, block_tokens: usize, kv_type: KvType) -> Result<(), String> {
+        let warps = n_tok * 2 * kv_heads * (head_dim / 32);
+        let args = [n_tok, layer, blocks, kv_heads, head_dim, block_tokens].map(|v| v as i32);
+        let kt = kv_type_id(kv_type);
+        // SAFETY: kv_append(const float *k, const float *v, const int *slots, int n_tok,
+        // u8 *pages, int layer, int blocks, int kv_heads, int head_dim, int block_tokens,
+        // int kv_type); one warp per (token, part, head, 32 values).
+        unsafe {
+            s.launch_builder(&self.kv_append)
+                .arg(&k)
+                .arg(&v)
+                .arg(&slots)
+                .arg(&args[0])
+                .arg(&pages)
+                .arg(&args[1])
+                .arg(&args[2])
+                .arg(&args[3])
+                .arg(&args[4])
+                .arg(&args[5])
+                .arg(&kt)
+                .launch(cfg1(warps * 32, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("kv_append", e))
+    }
+
+    /// Copies every layer's rows of block src to block dst.
+    pub fn kv_copy_block(&self, s: &CudaStream, pages: Ptr, layers: usize, blocks: usize, span: usize, src: usize, dst: usize) -> Result<(), String> {
+        let (l, b, sp, sr, d) = (layers as i32, blocks as i32, span as i64, src as i32, dst as i32);
+        // SAFETY: kv_copy_block(u8 *pages, int layers, int blocks, long long span, int src,
+        // int dst); one thread per 16-bit word per layer.
+        unsafe {
+            s.launch_builder(&self.kv_copy)
+                .arg(&pages)
+                .arg(&l)
+                .arg(&b)
+                .arg(&sp)
+                .arg(&sr)
+                .arg(&d)
+                .launch(cfg1(layers * span / 2, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("kv_copy_block", e))
+    }
+
+    /// out (n_tok x n_head x head_dim) <- causal attention of q over the paged K/V.
+    pub fn attention(&self, s: &CudaStream, q: Ptr, out: Ptr, pages: Ptr, tables: Ptr, table_offsets: Ptr, positions: Ptr, n_tok: usize, layer: usize, blocks: usize, n_head: usize, kv_heads: usize, block_tokens: usize, scale: f32) -> Result<(), String> {
+        let a = [layer, blocks, n_head, kv_heads, block_tokens].map(|v| v as i32);
+        // SAFETY: attention_*(const float *q, float *out, const u8 *pages,
+        // const int *block_tables, const int *table_offsets, const int *positions, int layer,
+        // int blocks, int n_head, int kv_heads, int block_tokens, float scale); one block of
+        // 32 * ATT_WARPS threads per (token, KV head).
+        unsafe {
+            s.launch_builder(&self.attention)
+                .arg(&q)
+                .arg(&out)
+                .arg(&pages)
+                .arg(&tables)
+                .arg(&table_offsets)
+                .arg(&positions)
+                .arg(&a[0])
+                .arg(&a[1])
+                .arg(&a[2])
+                .arg(&a[3])
+                .arg(&a[4])
+                .arg(&scale)
+                .launch(LaunchConfig {
+                    grid_dim: ((n_tok * kv_heads) as u32, 1, 1),
+                    block_dim: (ATT_THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+        }
+        .map(drop)
+        .map_err(|e| err("attention", e))
+    }
+
+    /// out[r] <- argmax of logits row r (rows x n).
+    pub fn argmax(&self, s: &CudaStream, logits: Ptr, n: usize, out: Ptr, rows: usize) -> Result<(), String> {
+        let n = n as i32;
+        // SAFETY: argmax_rows(const float *logits, int n, u32 *out); one block per row.
+        unsafe {
+            s.launch_builder(&self.argmax)
+                .arg(&logits)
+                .arg(&n)
+                .arg(&out)
+                .launch(argmax_config(rows))
+        }
+        .map(drop)
+        .map_err(|e| err("argmax_rows", e))
+    }
+
+    /// out[r] <- a token drawn from row r with the parameters params[r] (SampleRow layout).
+    pub fn sample(&self, s: &CudaStream, logits: Ptr, n: usize, params: Ptr, out: Ptr, rows: usize) -> Result<(), String> {
+        let n = n as i32;
+        // SAFETY: sample_rows(const float *logits, int n, const SampleRow *params, u32 *out);
+        // one block per row.
+        unsafe {
+            s.launch_builder(&self.sample)
+                .arg(&logits)
+                .arg(&n)
+                .arg(&params)
+                .arg(&out)
+                .launch(sample_config(rows))
+        }
+        .map(drop)
+        .map_err(|e| err("sample_rows", e))
+    }
+}
+
+/// kernels/common.cuh KV_F16 / KV_Q8_0 / KV_Q4_0.
+fn kv_type_id(t: KvType) -> i32 {
+    match t {
+        KvType::F16 => 0,
+        KvType::Q8_0 => 1,
+        KvType::Q4_0 => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_type_ids_are_common_cuh() {
+        let src = super::super::kernels::COMMON;
+        for (t, name) in [(KvType::F16, "KV_F16"), (KvType::Q8_0, "KV_Q8_0"), (KvType::Q4_0, "KV_Q4_0")] {
+            assert!(src.contains(&format!("#define {name} {}", kv_type_id(t))), "{name}");
+        }
+        let att = super::super::kernels::file_of("attention_f16_d64").unwrap().body;
+        assert!(att.contains(&format!("#define ATT_WARPS {}", ATT_THREADS / 32)));
+        let norm = super::super::kernels::file_of("rmsnorm").unwrap().body;
+        assert!(norm.contains(&format!("#define NORM_THREADS {NORM_THREADS}")));
+        let rope = super::super::kernels::file_of("hadamard_64").unwrap().body;
+        assert!(rope.contains("#define HAD_WARPS_MAX 32") && THREADS / 32 <= 32);
+    }
+}

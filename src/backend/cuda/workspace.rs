@@ -1,0 +1,163 @@
+//! Every buffer a forward pass needs, allocated once at start-up for the largest step the
+//! engine can schedule (`max_batched_tokens`), so no step allocates device memory, and so the
+//! addresses a captured decode graph holds stay valid for the executor's life.
+
+use super::mem::DeviceBuf;
+use crate::model::ModelConfig;
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::CudaContext;
+use std::sync::Arc;
+
+/// Sizes the workspace is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Tokens per forward pass.
+    pub tokens: usize,
+    /// Logit rows computed per output-projection launch (and sampled at once).
+    pub logit_rows: usize,
+    /// Block-table entries per step, all sequences together (the padding table included).
+    pub table_entries: usize,
+}
+
+impl Caps {
+    /// `max_tokens` per step, at most `max_seqs` sequences per step, sequences of at most
+    /// `context` tokens in blocks of `block_tokens`. Decode steps are padded up to a power of
+    /// two (a graph bucket), so the token capacity covers `max_seqs` rounded up too.
+    pub fn new(max_tokens: usize, max_seqs: usize, context: usize, block_tokens: usize) -> Caps {
+        let bucket_max = max_seqs.max(1).next_power_of_two();
+        let tokens = max_tokens.max(bucket_max).max(1);
+        let logit_rows = bucket_max.max(64).min(tokens);
+        let seqs = max_seqs.max(1).min(tokens);
+        let table_entries = seqs * (context.div_ceil(block_tokens.max(1)) + 1) + 1;
+        Caps {
+            tokens,
+            logit_rows,
+            table_entries,
+        }
+    }
+
+    /// i32 entries of the per-step metadata image (see [`Meta`]).
+    pub fn meta_ints(&self) -> usize {
+        4 * self.tokens + self.table_entries
+    }
+}
+
+/// Where each i32 array of a step's metadata lives inside the one `meta` buffer: tokens,
+/// positions, KV slots and block-table offsets (one per token, at fixed offsets), then the
+/// concatenated block tables.
+#[derive(Clone, Copy, Debug)]
+pub struct Meta {
+    pub tokens: CUdeviceptr,
+    pub positions: CUdeviceptr,
+    pub slots: CUdeviceptr,
+    pub table_offsets: CUdeviceptr,
+    pub tables: CUdeviceptr,
+}
+
+pub struct Workspace {
+    pub caps: Caps,
+    /// Residual stream, n x n_embd.
+    pub x: DeviceBuf,
+    /// Normed input to a matmul, n x n_embd.
+    pub h: DeviceBuf,
+    pub q: DeviceBuf,
+    pub k: DeviceBuf,
+    pub v: DeviceBuf,
+    pub attn: DeviceBuf,
+    /// Output of wo / w_down (n x n_embd); also the gathered rows for the logits.
+    pub proj: DeviceBuf,
+    pub gate: DeviceBuf,
+    pub up: DeviceBuf,
+    /// q8_1 activations of the widest matmul input.
+    pub act: DeviceBuf,
+    /// logit_rows x vocab.
+    pub logits: DeviceBuf,
+    /// Per-token (cos, sin) RoPE table, n x n_rot/2 pairs.
+    pub cs: DeviceBuf,
+    /// The i32 metadata image ([`Meta`]).
+    pub meta_buf: DeviceBuf,
+    /// logit_rows SampleRows (32 bytes each).
+    pub sample_params: DeviceBuf,
+    /// logit_rows sampled token ids.
+    pub sampled: DeviceBuf,
+}
+
+impl Workspace {
+    pub fn new(ctx: &Arc<CudaContext>, cfg: &ModelConfig, caps: Caps) -> Result<Workspace, String> {
+        let t = caps.tokens;
+        let f32s = |n: usize| DeviceBuf::zeroed(ctx, n * 4);
+        let widest = cfg.n_embd.max(cfg.n_ff).max(cfg.q_dim());
+        Ok(Workspace {
+            caps,
+            x: f32s(t * cfg.n_embd)?,
+            h: f32s(t * cfg.n_embd)?,
+            q: f32s(t * cfg.q_dim())?,
+            k: f32s(t * cfg.kv_dim())?,
+            v: f32s(t * cfg.kv_dim())?,
+            attn: f32s(t * cfg.q_dim())?,
+            proj: f32s(t * cfg.n_embd)?,
+            gate: f32s(t * cfg.n_ff)?,
+            up: f32s(t * cfg.n_ff)?,
+            act: DeviceBuf::zeroed(ctx, t * widest.div_ceil(32) * 36)?,
+            logits: f32s(caps.logit_rows * cfg.vocab_size)?,
+            cs: f32s(t * cfg.n_rot.max(2))?,
+            meta_buf: DeviceBuf::zeroed(ctx, caps.meta_ints() * 4)?,
+            sample_params: DeviceBuf::zeroed(ctx, caps.logit_rows * 32)?,
+            sampled: DeviceBuf::zeroed(ctx, caps.logit_rows * 4)?,
+        })
+    }
+
+    pub fn meta(&self) -> Meta {
+        let base = self.meta_buf.ptr();
+        let t = self.caps.tokens as u64 * 4;
+        Meta {
+            tokens: base,
+            positions: base + t,
+            slots: base + 2 * t,
+            table_offsets: base + 3 * t,
+            tables: base + 4 * t,
+        }
+    }
+
+    /// Device bytes of the whole workspace.
+    pub fn bytes(&self) -> usize {
+        [
+            &self.x,
+            &self.h,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.proj,
+            &self.gate,
+            &self.up,
+            &self.act,
+            &self.logits,
+            &self.cs,
+            &self.meta_buf,
+            &self.sample_params,
+            &self.sampled,
+        ]
+        .iter()
+        .map(|b| b.bytes())
+        .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_cover_padded_decode_and_every_table() {
+        let c = Caps::new(512, 16, 8192, 16);
+        assert_eq!(c.tokens, 512);
+        assert_eq!(c.logit_rows, 64);
+        assert_eq!(c.table_entries, 16 * 513 + 1);
+        // 12 sequences decode as a bucket of 16, beyond a 12-token step budget.
+        let c = Caps::new(12, 12, 256, 16);
+        assert_eq!(c.tokens, 16);
+        assert_eq!(c.logit_rows, 16);
+        assert_eq!(c.meta_ints(), 4 * 16 + c.table_entries);
+    }
+}
