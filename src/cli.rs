@@ -220,6 +220,9 @@ pub struct ComputeArgs {
     /// Compute backend: cpu, cuda or auto (cuda and auto fall back to the CPU, saying why).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
     pub backend: String,
+    /// CUDA: MiB of device memory the KV pool leaves free (it takes all the rest).
+    #[arg(long = "gpu-reserve-mib", default_value_t = edgelm::engine::DEFAULT_GPU_RESERVE_MIB)]
+    pub gpu_reserve_mib: usize,
 }
 
 impl ComputeArgs {
@@ -234,6 +237,7 @@ impl ComputeArgs {
             max_batched_tokens: e.max_batched_tokens,
             prefill_pacing: e.prefill_pacing,
             backend: e.backend.clone(),
+            gpu_reserve_mib: e.gpu_reserve_mib,
         }
     }
 }

@@ -49,6 +49,9 @@ pub struct EngineSection {
     pub max_batched_tokens: usize,
     /// MiB of RAM to leave free for the OS (and the GPU on unified-memory boards); 0: no check.
     pub reserve_mib: usize,
+    /// CUDA: MiB of device memory the KV pool leaves free (the pool takes all the rest, in one
+    /// allocation at start-up; `kv_memory_mib` sizes the CPU's pool only).
+    pub gpu_reserve_mib: usize,
     /// While streams decode, a step that also prefills may take at most this many times a
     /// decode-only step (bounds their inter-token latency during long prompts); 0: off.
     pub prefill_pacing: f64,
@@ -93,6 +96,7 @@ impl Default for EngineSection {
             max_seqs: 16,
             max_batched_tokens: 512,
             reserve_mib: 0,
+            gpu_reserve_mib: crate::engine::DEFAULT_GPU_RESERVE_MIB,
             prefill_pacing: crate::engine::DEFAULT_PREFILL_PACING,
         }
     }
@@ -195,6 +199,9 @@ impl Profile {
         }
         if e.reserve_mib > MAX_MIB {
             return bad("engine.reserve_mib", format!("must be 0 to {MAX_MIB}"));
+        }
+        if e.gpu_reserve_mib > MAX_MIB {
+            return bad("engine.gpu_reserve_mib", format!("must be 0 to {MAX_MIB}"));
         }
         if !e.block_size.is_power_of_two() || e.block_size > MAX_BLOCK_SIZE {
             return bad(

@@ -38,6 +38,7 @@ fn start(
         max_batched_tokens,
         max_context: 0,
         prefill_pacing: 0.0,
+        ..EngineConfig::default()
     };
     Engine::start(m, tok.eog_tokens().to_vec(), config).unwrap()
 }

@@ -7,7 +7,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 /// Every key of the schema; the device profiles set them all.
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 19] = [
     "model.path",
     "server.host",
     "server.port",
@@ -21,6 +21,7 @@ const KEYS: [&str; 18] = [
     "engine.kv_type",
     "engine.kv_memory_mib",
     "engine.reserve_mib",
+    "engine.gpu_reserve_mib",
     "engine.block_size",
     "engine.max_seqs",
     "engine.max_batched_tokens",
@@ -157,6 +158,7 @@ fn mutations() -> Vec<Mutation> {
         m("engine.kv_memory_mib", "kv_memory_mib = 0"),
         m("engine.kv_memory_mib", "kv_memory_mib = 1.5"),
         m("engine.reserve_mib", "reserve_mib = -5"),
+        m("engine.gpu_reserve_mib", "gpu_reserve_mib = 99999999"),
         m("engine.block_size", "block_size = 0"),
         m("engine.block_size", "block_size = 24"),
         m("engine.block_size", "block_size = 1024"),

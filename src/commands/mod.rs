@@ -36,6 +36,9 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
         max_batched_tokens: c.max_batched_tokens,
         max_context: 0,
         prefill_pacing: c.prefill_pacing,
+        // The command has resolved (and logged) the backend already; this is the same answer.
+        backend: edgelm::backend::select::resolve_quietly(&c.backend),
+        gpu_reserve_bytes: c.gpu_reserve_mib << 20,
     }
 }
 

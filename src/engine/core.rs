@@ -2,14 +2,16 @@
 //! threads talk to it only through channels (`EngineHandle`). One step is nano-vllm's four
 //! lines: schedule → run → postprocess → emit.
 
+use super::executor::{Executor, ExecutorPlan};
 use super::metrics::{EngineStats, SharedStats};
 use super::pacer::PrefillPacer;
 use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
 use super::sampler::{log_softmax, top_logprobs, Sampler};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
+use crate::backend::select::Backend;
 use crate::kv::plan::KvPlan;
-use crate::kv::{BlockPool, KvPages, KvType};
+use crate::kv::{BlockPool, KvType};
 use crate::model::{BatchMeta, Logits, Model};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
@@ -38,7 +40,15 @@ pub struct EngineConfig {
     /// While sequences decode, a step carrying prefill may take at most this many times a
     /// decode-only step (see `pacer`); 0 or 1: prefill takes the whole step budget.
     pub prefill_pacing: f64,
+    /// What runs the steps (`select::resolve`); CUDA falls back to the CPU if it cannot start.
+    pub backend: Backend,
+    /// CUDA: device memory the KV pool leaves free (its size is everything else; the CPU pool
+    /// is `kv_memory_bytes`).
+    pub gpu_reserve_bytes: usize,
 }
+
+/// The default for [`EngineConfig::gpu_reserve_bytes`].
+pub const DEFAULT_GPU_RESERVE_MIB: usize = 512;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -50,6 +60,8 @@ impl Default for EngineConfig {
             max_batched_tokens: 512,
             max_context: 0,
             prefill_pacing: DEFAULT_PREFILL_PACING,
+            backend: Backend::Cpu,
+            gpu_reserve_bytes: DEFAULT_GPU_RESERVE_MIB << 20,
         }
     }
 }
@@ -157,7 +169,7 @@ struct RequestState {
 
 pub struct Engine {
     model: Arc<Model>,
-    pages: KvPages,
+    exec: Executor,
     sched: Scheduler,
     requests: HashMap<RequestId, RequestState>,
     seq_request: HashMap<SeqId, RequestId>,
@@ -202,16 +214,30 @@ impl Engine {
             0 => cfg.context_length,
             c => c.min(cfg.context_length),
         };
-        let pages = KvPages::new(geom, blocks)?;
-        let plan = KvPlan::new(&geom, cfg.n_head, pages.total_bytes(), context, 512);
+        let exec = Executor::start(
+            &model,
+            &ExecutorPlan {
+                backend: config.backend,
+                geom,
+                cpu_blocks: blocks,
+                max_tokens: config.max_batched_tokens,
+                max_seqs: config.max_seqs,
+                context,
+                gpu_reserve_bytes: config.gpu_reserve_bytes,
+            },
+        )?;
+        // The CUDA pool sizes itself from the device's free memory.
+        let blocks = exec.blocks();
+        let plan = KvPlan::new(&geom, cfg.n_head, exec.kv_bytes(), context, 512);
         log::info!(
-            "KV pool: {} blocks of {} tokens, {} bytes per block ({} KiB per token... {} B/token), {} MiB in all, {}",
+            "KV pool{}: {} blocks of {} tokens, {} bytes per block ({} KiB per token... {} B/token), {} MiB in all, {}",
+            if exec.is_cuda() { " (device memory)" } else { "" },
             blocks,
             config.block_tokens,
             geom.block_bytes(),
             geom.bytes_per_token() / 1024,
             geom.bytes_per_token(),
-            pages.total_bytes() >> 20,
+            exec.kv_bytes() >> 20,
             config.kv_type
         );
         log::info!(
@@ -238,7 +264,7 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let mut engine = Engine {
             model,
-            pages,
+            exec,
             sched,
             requests: HashMap::new(),
             seq_request: HashMap::new(),
@@ -251,7 +277,7 @@ impl Engine {
             local: EngineStats::default(),
             pacer: PrefillPacer::new(config.prefill_pacing, PACED_MIN_CHUNK),
         };
-        engine.local.kv_pool_bytes = engine.pages.total_bytes();
+        engine.local.kv_pool_bytes = engine.exec.kv_bytes();
         engine.local.weight_bytes = engine.model.file_bytes();
         engine.publish();
         let handle = EngineHandle {
@@ -367,8 +393,11 @@ impl Engine {
         if batch.spans.is_empty() {
             return;
         }
+        let mut failed = None;
         for &(src, dst) in &batch.copies {
-            self.pages.copy_block(src as usize, dst as usize);
+            if let Err(e) = self.exec.copy_block(src as usize, dst as usize) {
+                failed = Some(e);
+            }
         }
         let mut meta = BatchMeta::default();
         for span in &batch.spans {
@@ -381,15 +410,27 @@ impl Engine {
             );
         }
         let started = Instant::now();
-        let result = self.model.forward(&meta, &mut self.pages);
+        // On the GPU, greedy rows are sampled there and only token ids come back.
+        let greedy = self.exec.is_cuda() && self.all_greedy(&batch);
+        let result = match failed {
+            Some(e) => Err(e),
+            None if greedy => self
+                .exec
+                .forward_greedy(&self.model, &meta)
+                .map(StepOutput::Tokens),
+            None => self
+                .exec
+                .forward(&self.model, &meta)
+                .map(StepOutput::Logits),
+        };
         let decodes = batch.spans.iter().filter(|s| s.len == 1).count();
         self.pacer.observe(
             decodes,
             batch.num_tokens() - decodes,
             started.elapsed().as_secs_f64(),
         );
-        let logits = match result {
-            Ok(l) => l,
+        let out = match result {
+            Ok(o) => o,
             Err(e) => {
                 // Should be unreachable (everything was validated); never take the engine down.
                 log::error!("forward pass failed: {e:#}");
@@ -409,7 +450,54 @@ impl Engine {
         };
         self.sched.commit(&batch);
         self.local.steps += 1;
-        self.postprocess(&batch, &logits);
+        match out {
+            StepOutput::Logits(logits) => self.postprocess(&batch, &logits),
+            StepOutput::Tokens(tokens) => self.postprocess_tokens(&batch, &tokens),
+        }
+    }
+
+    /// Can every logits row of `batch` be reduced to its argmax where it was computed: one row
+    /// per span (no prompt logprobs), greedy sampling without penalties, no logprobs, no forks?
+    fn all_greedy(&self, batch: &ScheduledBatch) -> bool {
+        batch.spans.iter().all(|span| {
+            if span.logits == Logits::None {
+                return true;
+            }
+            let (Some(s), Some(rid)) = (self.sched.get(span.seq), self.seq_request.get(&span.seq))
+            else {
+                return false;
+            };
+            let Some(st) = self.requests.get(rid) else {
+                return false;
+            };
+            let p = &st.params.sampling;
+            span.logits == Logits::Last
+                && s.forks_pending == 0
+                && st.params.logprobs.is_none()
+                && p.temperature <= 0.0
+                && p.repetition_penalty == 1.0
+                && p.presence_penalty == 0.0
+                && p.frequency_penalty == 0.0
+        })
+    }
+
+    /// [`Self::postprocess`] for a step whose rows came back as greedy token ids.
+    fn postprocess_tokens(&mut self, batch: &ScheduledBatch, tokens: &[u32]) {
+        let mut row = 0;
+        for span in &batch.spans {
+            if span.logits == Logits::None {
+                continue;
+            }
+            let token = tokens[row];
+            row += 1;
+            let Some(s) = self.sched.get(span.seq) else {
+                continue;
+            };
+            if s.num_computed != s.tokens.len() {
+                continue;
+            }
+            self.sample_for(span.seq, Pick::Token(token));
+        }
     }
 
     fn postprocess(&mut self, batch: &ScheduledBatch, logits: &[f32]) {
@@ -497,11 +585,11 @@ impl Engine {
             targets.extend(self.requests[&rid].seqs[1..].iter().copied());
         }
         for id in targets {
-            self.sample_for(id, logits);
+            self.sample_for(id, Pick::Logits(logits));
         }
     }
 
-    fn sample_for(&mut self, seq: SeqId, logits: &[f32]) {
+    fn sample_for(&mut self, seq: SeqId, pick: Pick<'_>) {
         let rid = self.seq_request[&seq];
         let (index, generated, prompt_len, max_len, len) = {
             let s = self.sched.get(seq).expect("live");
@@ -521,11 +609,16 @@ impl Engine {
             return;
         }
         let history = &self.sched.get(seq).expect("live").tokens[prompt_len..];
-        let token = self
-            .samplers
-            .get_mut(&seq)
-            .expect("sampler")
-            .sample(logits, history);
+        let token = match pick {
+            Pick::Logits(logits) => self
+                .samplers
+                .get_mut(&seq)
+                .expect("sampler")
+                .sample(logits, history),
+            // Greedy without penalties: the CPU sampler would have taken the argmax and drawn
+            // nothing from its generator, so skipping it leaves it where it would be.
+            Pick::Token(t) => t,
+        };
         if st.first_token.is_none() {
             st.first_token = Some(now);
             let ttft = now.duration_since(st.arrived).as_secs_f64();
@@ -543,7 +636,10 @@ impl Engine {
             self.finish_seq(seq, FinishReason::Stop);
             return;
         }
-        let logprob = st.params.logprobs.map(|n| token_logprob(logits, token, n));
+        let logprob = match pick {
+            Pick::Logits(logits) => st.params.logprobs.map(|n| token_logprob(logits, token, n)),
+            Pick::Token(_) => None,
+        };
         let _ = st.events.send(Event::Token {
             index,
             token,
@@ -616,6 +712,19 @@ impl Engine {
             *s = self.local.clone();
         }
     }
+}
+
+/// What a step produced: logits rows, or (greedy on the GPU) the chosen token ids.
+enum StepOutput {
+    Logits(Vec<f32>),
+    Tokens(Vec<u32>),
+}
+
+/// How the next token of a sequence is chosen: by its sampler from logits, or already chosen.
+#[derive(Clone, Copy)]
+enum Pick<'a> {
+    Logits(&'a [f32]),
+    Token(u32),
 }
 
 fn token_logprob(logits: &[f32], token: u32, top_n: usize) -> TokenLogprob {

@@ -1,6 +1,7 @@
 //! Sequences, scheduling, sampling and the engine thread that drives the model.
 
 mod core;
+pub mod executor;
 pub mod metrics;
 mod pacer;
 pub mod request;
@@ -10,7 +11,10 @@ pub mod scheduler;
 pub mod sequence;
 mod session;
 
-pub use self::core::{Engine, EngineConfig, EngineHandle, EngineLimits, DEFAULT_PREFILL_PACING};
+pub use self::core::{
+    Engine, EngineConfig, EngineHandle, EngineLimits, DEFAULT_GPU_RESERVE_MIB,
+    DEFAULT_PREFILL_PACING,
+};
 pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};

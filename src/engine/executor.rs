@@ -1,0 +1,140 @@
+//! What runs the engine's steps: the CPU forward pass over the KV pages in RAM, or (feature
+//! `cuda`) the CUDA executor with its own pool in device memory. The smallest seam that lets
+//! the engine stay backend-agnostic: the scheduler's block ids and tables mean the same in
+//! both, and a step is "copy these blocks, run this batch, give me logits (or tokens)".
+
+use crate::backend::select::Backend;
+use crate::kv::{KvPages, PageGeometry};
+use crate::model::{BatchMeta, Model};
+use anyhow::Result;
+use std::sync::Arc;
+
+pub enum Executor {
+    Cpu(KvPages),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::backend::cuda::CudaExecutor>),
+}
+
+/// What [`Executor::start`] needs beyond the model.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecutorPlan {
+    pub backend: Backend,
+    pub geom: PageGeometry,
+    /// Blocks of the CPU pool (the CUDA pool sizes itself from free device memory).
+    pub cpu_blocks: usize,
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    pub context: usize,
+    /// Device memory the CUDA pool leaves free.
+    pub gpu_reserve_bytes: usize,
+}
+
+impl Executor {
+    /// The executor for `plan.backend`. A CUDA start-up that fails (no usable device, a weight
+    /// type without kernels, too little memory...) falls back to the CPU with one log line.
+    pub fn start(model: &Arc<Model>, plan: &ExecutorPlan) -> Result<Executor> {
+        if plan.backend == Backend::Cuda {
+            if let Some(x) = start_cuda(model, plan) {
+                return Ok(x);
+            }
+        }
+        Ok(Executor::Cpu(KvPages::new(plan.geom, plan.cpu_blocks)?))
+    }
+
+    pub fn is_cuda(&self) -> bool {
+        !matches!(self, Executor::Cpu(_))
+    }
+
+    /// Blocks the scheduler may hand out.
+    pub fn blocks(&self) -> usize {
+        match self {
+            Executor::Cpu(p) => p.blocks(),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(x) => x.blocks(),
+        }
+    }
+
+    /// Bytes of the KV pool (RAM or device memory).
+    pub fn kv_bytes(&self) -> usize {
+        match self {
+            Executor::Cpu(p) => p.total_bytes(),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(x) => x.kv_bytes(),
+        }
+    }
+
+    /// Copy-on-write of a shared, partly filled block.
+    pub fn copy_block(&mut self, src: usize, dst: usize) -> Result<()> {
+        match self {
+            Executor::Cpu(p) => {
+                p.copy_block(src, dst);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(x) => x.copy_block(src, dst).map_err(anyhow::Error::msg),
+        }
+    }
+
+    /// `batch.logits_for.len()` rows of logits.
+    pub fn forward(&mut self, model: &Model, batch: &BatchMeta) -> Result<Vec<f32>> {
+        match self {
+            Executor::Cpu(p) => model.forward(batch, p),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(x) => match x.forward(batch, crate::backend::cuda::Want::Logits) {
+                Ok(crate::backend::cuda::StepOut::Logits(l)) => Ok(l),
+                Ok(_) => anyhow::bail!("the CUDA executor returned tokens for logits"),
+                Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
+            },
+        }
+    }
+
+    /// The argmax of every logits row, computed where the logits are (on the GPU only the
+    /// token ids come back).
+    pub fn forward_greedy(&mut self, model: &Model, batch: &BatchMeta) -> Result<Vec<u32>> {
+        match self {
+            Executor::Cpu(p) => {
+                let vocab = model.config.vocab_size;
+                let logits = model.forward(batch, p)?;
+                Ok(logits
+                    .chunks_exact(vocab)
+                    .map(super::sampler::argmax)
+                    .collect())
+            }
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(x) => match x.forward(batch, crate::backend::cuda::Want::Greedy) {
+                Ok(crate::backend::cuda::StepOut::Tokens(t)) => Ok(t),
+                Ok(_) => anyhow::bail!("the CUDA executor returned logits for tokens"),
+                Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
+            },
+        }
+    }
+}
+
+/// The CUDA executor, or `None` (and one log line) when it cannot start.
+#[cfg(feature = "cuda")]
+fn start_cuda(model: &Arc<Model>, plan: &ExecutorPlan) -> Option<Executor> {
+    use crate::backend::cuda::{CudaExecutor, ExecutorConfig, KvBudget};
+    let cfg = ExecutorConfig {
+        kv_type: plan.geom.kv_type,
+        block_tokens: plan.geom.block_tokens,
+        max_tokens: plan.max_tokens,
+        max_seqs: plan.max_seqs,
+        context: plan.context,
+        kv: KvBudget::AllBut(plan.gpu_reserve_bytes),
+        // EDGELM_CUDA_GRAPHS=0: every step launches its kernels one by one (for comparing).
+        graphs: std::env::var_os("EDGELM_CUDA_GRAPHS").is_none_or(|v| v != "0"),
+    };
+    match CudaExecutor::new(0, model.clone(), cfg) {
+        Ok(x) => Some(Executor::Cuda(Box::new(x))),
+        Err(e) => {
+            log::warn!("CUDA start-up failed ({e}): the engine runs on the CPU");
+            None
+        }
+    }
+}
+
+/// Without the `cuda` feature `select::resolve` never answers CUDA.
+#[cfg(not(feature = "cuda"))]
+fn start_cuda(_model: &Arc<Model>, _plan: &ExecutorPlan) -> Option<Executor> {
+    None
+}
