@@ -1,7 +1,8 @@
-//! Device tests of the GEMM and the sampler (part of tests/cuda_kernels.rs, so that
+//! Device tests of the GEMM, the sampler and the forward pass (part of tests/cuda_kernels.rs, so that
 //! `packaging/gpu-check.sh` carries them to a GPU machine with the rest). Each needs a CUDA
 //! device and is `#[ignore]`d elsewhere.
 
+mod forward;
 mod gemm;
 mod sample;
 
