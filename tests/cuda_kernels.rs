@@ -148,7 +148,10 @@ fn cuda_build_runs_on_the_cpu_and_says_why() {
             eprintln!("{}", lines[0]);
         }
         Ok(_) => {
-            assert!(lines.is_empty(), "fell back to the CPU on a GPU machine: {stderr}");
+            assert!(
+                lines.is_empty(),
+                "fell back to the CPU on a GPU machine: {stderr}"
+            );
             let on_gpu = stderr.lines().find(|l| l.contains("CUDA: forward pass on"));
             assert!(on_gpu.is_some(), "no CUDA start-up line: {stderr}");
             eprintln!("{}", on_gpu.unwrap());

@@ -4,8 +4,8 @@
 //! greedy continuations (>= 10 of 12 identical, as the CPU must), device sampling, and the KV
 //! pool taking all free memory but the reserve.
 
-use edgelm::backend::cuda::{CudaExecutor, ExecutorConfig, KvBudget, StepOut, Want};
 use edgelm::backend::cuda::launch::SampleRow;
+use edgelm::backend::cuda::{CudaExecutor, ExecutorConfig, KvBudget, StepOut, Want};
 use edgelm::engine::Session;
 use edgelm::kv::KvType;
 use edgelm::model::{BatchMeta, Logits, Model};
@@ -121,7 +121,12 @@ fn parity(kv: KvType, graphs: bool) {
         let mut live = Vec::new();
         for (i, (prompt, gen)) in cases.iter().enumerate() {
             if k + 1 < gen.len() {
-                b.push_span(&gen[k..k + 1], prompt.len() + k, tables[i].clone(), Logits::Last);
+                b.push_span(
+                    &gen[k..k + 1],
+                    prompt.len() + k,
+                    tables[i].clone(),
+                    Logits::Last,
+                );
                 live.push(i);
             }
         }
@@ -197,7 +202,12 @@ fn cuda_greedy_continuations_match_the_reference() {
                 break;
             }
             let mut b = BatchMeta::default();
-            b.push_span(&[next], prompt.len() + got.len() - 1, t.clone(), Logits::Last);
+            b.push_span(
+                &[next],
+                prompt.len() + got.len() - 1,
+                t.clone(),
+                Logits::Last,
+            );
             next = greedy(&mut x, &b)[0];
         }
         if &got == want {
@@ -208,7 +218,10 @@ fn cuda_greedy_continuations_match_the_reference() {
         }
     }
     eprintln!("CUDA greedy: {exact}/12 identical; {}", report.join("; "));
-    assert!(exact >= 10, "only {exact}/12 greedy continuations identical");
+    assert!(
+        exact >= 10,
+        "only {exact}/12 greedy continuations identical"
+    );
 }
 
 /// The pool is all free device memory but the reserve (within a block and the allocator's

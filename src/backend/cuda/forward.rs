@@ -109,7 +109,11 @@ impl CudaExecutor {
             "CUDA: forward pass on {}: weights {} ({} MiB on the device), workspace {} MiB for \
              {} tokens, KV pool {} blocks ({} MiB, {}), decode graphs {}; ready in {:.2} s",
             dev.info.summary(),
-            if weights.zero_copy { "read in place" } else { "copied" },
+            if weights.zero_copy {
+                "read in place"
+            } else {
+                "copied"
+            },
             weights.device_bytes >> 20,
             ws.bytes() >> 20,
             caps.tokens,
@@ -327,8 +331,13 @@ impl CudaExecutor {
                 Ok(StepOut::Logits(out))
             }
             Want::Greedy => {
-                self.ops
-                    .argmax(&self.stream, self.ws.logits.ptr(), vocab, self.ws.sampled.ptr(), rows)?;
+                self.ops.argmax(
+                    &self.stream,
+                    self.ws.logits.ptr(),
+                    vocab,
+                    self.ws.sampled.ptr(),
+                    rows,
+                )?;
                 let mut out = vec![0u32; rows];
                 // SAFETY: `sampled` holds logit_rows >= rows ids.
                 unsafe { download(s, &mut out, self.ws.sampled.ptr())? };
@@ -420,7 +429,16 @@ impl CudaExecutor {
             ops.matmul(s, m.ty, dw.ptr(model, m), input, out, m.rows, m.cols, n)
         };
         let te = &w.token_embd;
-        ops.embed(s, dw.ptr(model, te), te.ty, te.row_bytes(), e, meta.tokens, x, n)?;
+        ops.embed(
+            s,
+            dw.ptr(model, te),
+            te.ty,
+            te.row_bytes(),
+            e,
+            meta.tokens,
+            x,
+            n,
+        )?;
         // Quantized pages hold K and V rotated; Q follows K's rotation and the attention
         // output is rotated back (as on the CPU).
         let rotate = cfg.kv_type != KvType::F16 && hd % 64 == 0;
@@ -508,7 +526,15 @@ impl CudaExecutor {
     ) -> Result<(), String> {
         let c = &model.config;
         let out = &model.weights.output;
-        ops.rmsnorm(s, src, dw.output_norm.ptr(), ws.h.ptr(), rows, c.n_embd, c.rms_eps)?;
+        ops.rmsnorm(
+            s,
+            src,
+            dw.output_norm.ptr(),
+            ws.h.ptr(),
+            rows,
+            c.n_embd,
+            c.rms_eps,
+        )?;
         ops.quantize(s, ws.h.ptr(), ws.act.ptr(), rows, c.n_embd)?;
         ops.matmul(
             s,

@@ -12,6 +12,7 @@
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -62,11 +63,12 @@ impl DecodeGraphs {
         if self.disabled {
             return Ok(false);
         }
-        if !self.graphs.contains_key(&bucket) {
-            match capture(stream, enqueue) {
+        let graph = match self.graphs.entry(bucket) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(slot) => match capture(stream, enqueue) {
                 Ok(g) => {
                     log::debug!("CUDA: decode graph captured for batches of {bucket}");
-                    self.graphs.insert(bucket, Graph(g));
+                    slot.insert(Graph(g))
                 }
                 Err(e) => {
                     log::warn!(
@@ -75,9 +77,9 @@ impl DecodeGraphs {
                     self.disabled = true;
                     return Ok(false);
                 }
-            }
-        }
-        self.graphs[&bucket]
+            },
+        };
+        graph
             .0
             .launch()
             .map(|_| true)

@@ -26,11 +26,11 @@ mod workspace;
 pub use cache::{cache_dir, cache_key};
 pub use device::CudaDevice;
 pub use forward::{CudaExecutor, ExecutorConfig, StepOut, Want};
-pub use kv_pool::{blocks_for, KvBudget};
-pub use weights::check_supported;
 pub use kernels::{KernelFile, FILES};
+pub use kv_pool::{blocks_for, KvBudget};
 pub use nvrtc::{compile_ptx, nvrtc_version, Arch};
 pub use probe::{probe, DeviceInfo};
+pub use weights::check_supported;
 
 /// Runs `f`, turning a panic into an error: with dynamic loading, cudarc panics when a library
 /// or one of its symbols is missing, and a missing GPU must never take the process down.

@@ -87,7 +87,14 @@ impl Ops {
     }
 
     /// act (q8_1, rows x cols/32 blocks) <- x (rows x cols f32).
-    pub fn quantize(&self, s: &CudaStream, x: Ptr, act: Ptr, rows: usize, cols: usize) -> Result<(), String> {
+    pub fn quantize(
+        &self,
+        s: &CudaStream,
+        x: Ptr,
+        act: Ptr,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), String> {
         let (r, c) = (rows as i32, cols as i32);
         // SAFETY: quantize_q8_1(const float *x, u8 *y, int rows, int cols); one warp per block
         // of 32 values; the caller sized both buffers.
@@ -147,7 +154,16 @@ impl Ops {
     }
 
     /// out (rows x n) <- RMSNorm(x) * w. `out` may be `x`.
-    pub fn rmsnorm(&self, s: &CudaStream, x: Ptr, w: Ptr, out: Ptr, rows: usize, n: usize, eps: f32) -> Result<(), String> {
+    pub fn rmsnorm(
+        &self,
+        s: &CudaStream,
+        x: Ptr,
+        w: Ptr,
+        out: Ptr,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), String> {
         let n = n as i32;
         // SAFETY: rmsnorm(const float *x, const float *w, float *out, int n, float eps); one
         // block of NORM_THREADS per row.
@@ -169,12 +185,28 @@ impl Ops {
     }
 
     /// RoPE in place on x (n_tok x n_heads x head_dim) from the (cos, sin) table cs.
-    pub fn rope(&self, s: &CudaStream, x: Ptr, cs: Ptr, n_tok: usize, n_heads: usize, head_dim: usize, n_rot: usize, neox: bool) -> Result<(), String> {
+    pub fn rope(
+        &self,
+        s: &CudaStream,
+        x: Ptr,
+        cs: Ptr,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        n_rot: usize,
+        neox: bool,
+    ) -> Result<(), String> {
         let total = n_tok * n_heads * (n_rot / 2);
         if total == 0 {
             return Ok(());
         }
-        let (t, h, d, r, nx) = (n_tok as i32, n_heads as i32, head_dim as i32, n_rot as i32, neox as i32);
+        let (t, h, d, r, nx) = (
+            n_tok as i32,
+            n_heads as i32,
+            head_dim as i32,
+            n_rot as i32,
+            neox as i32,
+        );
         // SAFETY: rope(float *x, const float *cs, int n_tok, int n_heads, int head_dim,
         // int n_rot, int neox); one thread per (token, head, pair).
         unsafe {
@@ -238,7 +270,17 @@ impl Ops {
     }
 
     /// out (n_tok x cols) <- rows tokens[t] of the embedding table w (type ty).
-    pub fn embed(&self, s: &CudaStream, w: Ptr, ty: GgmlType, row_bytes: usize, cols: usize, tokens: Ptr, out: Ptr, n_tok: usize) -> Result<(), String> {
+    pub fn embed(
+        &self,
+        s: &CudaStream,
+        w: Ptr,
+        ty: GgmlType,
+        row_bytes: usize,
+        cols: usize,
+        tokens: Ptr,
+        out: Ptr,
+        n_tok: usize,
+    ) -> Result<(), String> {
         let (t, rb, c) = (ty.id() as i32, row_bytes as i64, cols as i32);
         // SAFETY: embed(const u8 *w, int ty, long long row_bytes, int cols, const int *tokens,
         // float *out); grid (ceil(cols / block), n_tok).
@@ -261,7 +303,21 @@ impl Ops {
     }
 
     /// Writes n_tok tokens' K and V rows (n_tok x kv_heads x head_dim each) into their slots.
-    pub fn kv_append(&self, s: &CudaStream, k: Ptr, v: Ptr, slots: Ptr, n_tok: usize, pages: Ptr, layer: usize, blocks: usize, kv_heads: usize, head_dim: usize, block_tokens: usize, kv_type: KvType) -> Result<(), String> {
+    pub fn kv_append(
+        &self,
+        s: &CudaStream,
+        k: Ptr,
+        v: Ptr,
+        slots: Ptr,
+        n_tok: usize,
+        pages: Ptr,
+        layer: usize,
+        blocks: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_tokens: usize,
+        kv_type: KvType,
+    ) -> Result<(), String> {
         let warps = n_tok * 2 * kv_heads * (head_dim / 32);
         let args = [n_tok, layer, blocks, kv_heads, head_dim, block_tokens].map(|v| v as i32);
         let kt = kv_type_id(kv_type);
@@ -288,8 +344,23 @@ impl Ops {
     }
 
     /// Copies every layer's rows of block src to block dst.
-    pub fn kv_copy_block(&self, s: &CudaStream, pages: Ptr, layers: usize, blocks: usize, span: usize, src: usize, dst: usize) -> Result<(), String> {
-        let (l, b, sp, sr, d) = (layers as i32, blocks as i32, span as i64, src as i32, dst as i32);
+    pub fn kv_copy_block(
+        &self,
+        s: &CudaStream,
+        pages: Ptr,
+        layers: usize,
+        blocks: usize,
+        span: usize,
+        src: usize,
+        dst: usize,
+    ) -> Result<(), String> {
+        let (l, b, sp, sr, d) = (
+            layers as i32,
+            blocks as i32,
+            span as i64,
+            src as i32,
+            dst as i32,
+        );
         // SAFETY: kv_copy_block(u8 *pages, int layers, int blocks, long long span, int src,
         // int dst); one thread per 16-bit word per layer.
         unsafe {
@@ -307,7 +378,23 @@ impl Ops {
     }
 
     /// out (n_tok x n_head x head_dim) <- causal attention of q over the paged K/V.
-    pub fn attention(&self, s: &CudaStream, q: Ptr, out: Ptr, pages: Ptr, tables: Ptr, table_offsets: Ptr, positions: Ptr, n_tok: usize, layer: usize, blocks: usize, n_head: usize, kv_heads: usize, block_tokens: usize, scale: f32) -> Result<(), String> {
+    pub fn attention(
+        &self,
+        s: &CudaStream,
+        q: Ptr,
+        out: Ptr,
+        pages: Ptr,
+        tables: Ptr,
+        table_offsets: Ptr,
+        positions: Ptr,
+        n_tok: usize,
+        layer: usize,
+        blocks: usize,
+        n_head: usize,
+        kv_heads: usize,
+        block_tokens: usize,
+        scale: f32,
+    ) -> Result<(), String> {
         let a = [layer, blocks, n_head, kv_heads, block_tokens].map(|v| v as i32);
         // SAFETY: attention_*(const float *q, float *out, const u8 *pages,
         // const int *block_tables, const int *table_offsets, const int *positions, int layer,
@@ -338,7 +425,14 @@ impl Ops {
     }
 
     /// out[r] <- argmax of logits row r (rows x n).
-    pub fn argmax(&self, s: &CudaStream, logits: Ptr, n: usize, out: Ptr, rows: usize) -> Result<(), String> {
+    pub fn argmax(
+        &self,
+        s: &CudaStream,
+        logits: Ptr,
+        n: usize,
+        out: Ptr,
+        rows: usize,
+    ) -> Result<(), String> {
         let n = n as i32;
         // SAFETY: argmax_rows(const float *logits, int n, u32 *out); one block per row.
         unsafe {
@@ -353,7 +447,15 @@ impl Ops {
     }
 
     /// out[r] <- a token drawn from row r with the parameters params[r] (SampleRow layout).
-    pub fn sample(&self, s: &CudaStream, logits: Ptr, n: usize, params: Ptr, out: Ptr, rows: usize) -> Result<(), String> {
+    pub fn sample(
+        &self,
+        s: &CudaStream,
+        logits: Ptr,
+        n: usize,
+        params: Ptr,
+        out: Ptr,
+        rows: usize,
+    ) -> Result<(), String> {
         let n = n as i32;
         // SAFETY: sample_rows(const float *logits, int n, const SampleRow *params, u32 *out);
         // one block per row.
@@ -386,10 +488,19 @@ mod tests {
     #[test]
     fn kv_type_ids_are_common_cuh() {
         let src = super::super::kernels::COMMON;
-        for (t, name) in [(KvType::F16, "KV_F16"), (KvType::Q8_0, "KV_Q8_0"), (KvType::Q4_0, "KV_Q4_0")] {
-            assert!(src.contains(&format!("#define {name} {}", kv_type_id(t))), "{name}");
+        for (t, name) in [
+            (KvType::F16, "KV_F16"),
+            (KvType::Q8_0, "KV_Q8_0"),
+            (KvType::Q4_0, "KV_Q4_0"),
+        ] {
+            assert!(
+                src.contains(&format!("#define {name} {}", kv_type_id(t))),
+                "{name}"
+            );
         }
-        let att = super::super::kernels::file_of("attention_f16_d64").unwrap().body;
+        let att = super::super::kernels::file_of("attention_f16_d64")
+            .unwrap()
+            .body;
         assert!(att.contains(&format!("#define ATT_WARPS {}", ATT_THREADS / 32)));
         let norm = super::super::kernels::file_of("rmsnorm").unwrap().body;
         assert!(norm.contains(&format!("#define NORM_THREADS {NORM_THREADS}")));

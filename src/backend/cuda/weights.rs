@@ -201,7 +201,7 @@ fn register(bytes: &[u8]) -> Result<(*mut std::ffi::c_void, CUdeviceptr), String
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
     let host = bytes.as_ptr() as *mut std::ffi::c_void;
-    if host as usize % page != 0 {
+    if !(host as usize).is_multiple_of(page) {
         return Err("the model is not page-aligned in memory (not memory-mapped?)".into());
     }
     // A mapping covers whole pages, so the rounded length stays inside it.
