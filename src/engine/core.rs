@@ -410,8 +410,10 @@ impl Engine {
             );
         }
         let started = Instant::now();
-        // On the GPU, greedy rows are sampled there and only token ids come back.
-        let greedy = self.exec.is_cuda() && self.all_greedy(&batch);
+        // Greedy rows are reduced to their argmax by the executor: on the GPU only token ids
+        // come back; on the CPU it is the argmax the sampler would take (one path, so the CPU
+        // tests exercise it too).
+        let greedy = self.all_greedy(&batch);
         let result = match failed {
             Some(e) => Err(e),
             None if greedy => self
