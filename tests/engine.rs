@@ -342,3 +342,51 @@ fn requests_that_can_never_fit_are_rejected_up_front() {
     engine.shutdown();
     thread.join().unwrap();
 }
+
+/// What the engine hands a device sampler per row, (parameters, the sampler's generator state),
+/// draws the token that row's own sampler would draw next, step after step (the executor's
+/// CPU implementation of `forward_sample`; kernels/sample.cu takes the same draw from the same
+/// pair, tests/cuda_device/sample.rs).
+#[test]
+fn sampling_from_the_generator_state_is_the_samplers_next_draw() {
+    use edgelm::backend::select::Backend;
+    use edgelm::engine::executor::{Executor, ExecutorPlan};
+    use edgelm::engine::Sampler;
+    use edgelm::model::{BatchMeta, Logits};
+    let m = model();
+    let geom = m.config.page_geometry(KvType::F16, 16);
+    let plan = ExecutorPlan {
+        backend: Backend::Cpu,
+        geom,
+        cpu_blocks: 4,
+        max_tokens: 64,
+        max_seqs: 1,
+        context: 64,
+        gpu_reserve_bytes: 0,
+    };
+    let mut exec = Executor::start(&m, &plan).unwrap();
+    let params = SamplingParams {
+        temperature: 1.2,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.02,
+        seed: Some(11),
+        ..Default::default()
+    };
+    let mut own = Sampler::new(params.clone());
+    let mut tokens = vec![1u32, 4093, 314];
+    let mut batch = BatchMeta::default();
+    batch.push_span(&tokens, 0, vec![0, 1, 2, 3], Logits::Last);
+    for _ in 0..8 {
+        // Scoring the whole sequence again each time keeps the pages consistent.
+        let logits = exec.forward(&m, &batch).unwrap();
+        let got = exec
+            .forward_sample(&m, &batch, &[(params.clone(), own.rng_state())])
+            .unwrap()[0];
+        let want = own.sample(&logits, &[]);
+        assert_eq!(got, want);
+        tokens.push(want);
+        batch = BatchMeta::default();
+        batch.push_span(&tokens, 0, vec![0, 1, 2, 3], Logits::Last);
+    }
+}

@@ -6,7 +6,7 @@ use super::executor::{Executor, ExecutorPlan};
 use super::metrics::{EngineStats, SharedStats};
 use super::pacer::PrefillPacer;
 use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
-use super::sampler::{log_softmax, top_logprobs, Sampler};
+use super::sampler::{log_softmax, top_logprobs, Sampler, SamplingParams};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
 use crate::backend::select::Backend;
@@ -414,8 +414,16 @@ impl Engine {
         // come back; on the CPU it is the argmax the sampler would take (one path, so the CPU
         // tests exercise it too).
         let greedy = self.all_greedy(&batch);
+        // On the GPU, other rows without penalties or logprobs are sampled there too.
+        let device_rows = (!greedy && self.exec.is_cuda())
+            .then(|| self.device_sample_rows(&batch))
+            .flatten();
         let result = match failed {
             Some(e) => Err(e),
+            None if device_rows.is_some() => self
+                .exec
+                .forward_sample(&self.model, &meta, device_rows.as_deref().unwrap_or(&[]))
+                .map(StepOutput::Sampled),
             None if greedy => self
                 .exec
                 .forward_greedy(&self.model, &meta)
@@ -454,8 +462,36 @@ impl Engine {
         self.local.steps += 1;
         match out {
             StepOutput::Logits(logits) => self.postprocess(&batch, &logits),
-            StepOutput::Tokens(tokens) => self.postprocess_tokens(&batch, &tokens),
+            StepOutput::Tokens(tokens) => self.postprocess_tokens(&batch, &tokens, false),
+            StepOutput::Sampled(tokens) => self.postprocess_tokens(&batch, &tokens, true),
         }
+    }
+
+    /// Per logits row of `batch`, its sampling parameters and its sampler's generator state,
+    /// when every row can be sampled on the device: one row per span, no penalties, no
+    /// logprobs, no forks. `None` otherwise (the rows then come back as logits).
+    fn device_sample_rows(&self, batch: &ScheduledBatch) -> Option<Vec<(SamplingParams, u64)>> {
+        let mut rows = Vec::new();
+        for span in &batch.spans {
+            if span.logits == Logits::None {
+                continue;
+            }
+            let s = self.sched.get(span.seq)?;
+            let st = self.requests.get(self.seq_request.get(&span.seq)?)?;
+            let sampler = self.samplers.get(&span.seq)?;
+            let p = sampler.params();
+            let plain = span.logits == Logits::Last
+                && s.forks_pending == 0
+                && st.params.logprobs.is_none()
+                && p.repetition_penalty == 1.0
+                && p.presence_penalty == 0.0
+                && p.frequency_penalty == 0.0;
+            if !plain {
+                return None;
+            }
+            rows.push((p.clone(), sampler.rng_state()));
+        }
+        Some(rows)
     }
 
     /// Can every logits row of `batch` be reduced to its argmax where it was computed: one row
@@ -483,8 +519,9 @@ impl Engine {
         })
     }
 
-    /// [`Self::postprocess`] for a step whose rows came back as greedy token ids.
-    fn postprocess_tokens(&mut self, batch: &ScheduledBatch, tokens: &[u32]) {
+    /// [`Self::postprocess`] for a step whose rows came back as token ids: greedy, or `drawn`
+    /// on the device from each sampler's generator state (which then moves on by that draw).
+    fn postprocess_tokens(&mut self, batch: &ScheduledBatch, tokens: &[u32], drawn: bool) {
         let mut row = 0;
         for span in &batch.spans {
             if span.logits == Logits::None {
@@ -497,6 +534,11 @@ impl Engine {
             };
             if s.num_computed != s.tokens.len() {
                 continue;
+            }
+            if drawn {
+                if let Some(sampler) = self.samplers.get_mut(&span.seq) {
+                    sampler.skip_draw();
+                }
             }
             self.sample_for(span.seq, Pick::Token(token));
         }
@@ -719,7 +761,10 @@ impl Engine {
 /// What a step produced: logits rows, or (greedy on the GPU) the chosen token ids.
 enum StepOutput {
     Logits(Vec<f32>),
+    /// Greedy token ids.
     Tokens(Vec<u32>),
+    /// Token ids drawn on the device from the samplers' generator states.
+    Sampled(Vec<u32>),
 }
 
 /// How the next token of a sequence is chosen: by its sampler from logits, or already chosen.

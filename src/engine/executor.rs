@@ -4,6 +4,7 @@
 //! both, and a step is "copy these blocks, run this batch, give me logits (or tokens)".
 
 use crate::backend::select::Backend;
+use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::kv::{KvPages, PageGeometry};
 use crate::model::{BatchMeta, Model};
 use anyhow::Result;
@@ -85,6 +86,49 @@ impl Executor {
                 Ok(_) => anyhow::bail!("the CUDA executor returned tokens for logits"),
                 Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
             },
+        }
+    }
+
+    /// One token per logits row, drawn with `rows[i]` = (parameters without penalties, the
+    /// row's sampler's `rng_state`): the draw that sampler would make next. On the GPU only
+    /// the token ids come back (kernels/sample.cu `sample_rows`).
+    pub fn forward_sample(
+        &mut self,
+        model: &Model,
+        batch: &BatchMeta,
+        rows: &[(SamplingParams, u64)],
+    ) -> Result<Vec<u32>> {
+        match self {
+            Executor::Cpu(p) => {
+                // A fresh sampler seeded with the state draws what the row's own would next.
+                let vocab = model.config.vocab_size;
+                let logits = model.forward(batch, p)?;
+                Ok(logits
+                    .chunks_exact(vocab)
+                    .zip(rows)
+                    .map(|(l, (params, state))| {
+                        let params = SamplingParams {
+                            seed: Some(*state),
+                            ..params.clone()
+                        };
+                        Sampler::new(params).sample(l, &[])
+                    })
+                    .collect())
+            }
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(x) => {
+                use crate::backend::cuda::launch::SampleRow;
+                let rows: Vec<SampleRow> = rows
+                    .iter()
+                    .map(|(p, state)| SampleRow::new(p, *state, 0))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| anyhow::anyhow!("penalties cannot be applied on the device"))?;
+                match x.forward(batch, crate::backend::cuda::Want::Sample(&rows)) {
+                    Ok(crate::backend::cuda::StepOut::Tokens(t)) => Ok(t),
+                    Ok(_) => anyhow::bail!("the CUDA executor returned logits for tokens"),
+                    Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
+                }
+            }
         }
     }
 

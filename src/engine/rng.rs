@@ -22,6 +22,12 @@ impl Rng {
         mix(self.0)
     }
 
+    /// The generator's counter: `nth_f32(state, 0)` is the next draw, so a device sampler given
+    /// (state, 0) takes the draw this generator would take next.
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
     /// Uniform in [0, 1).
     pub fn next_f32(&mut self) -> f32 {
         to_f32(self.next_u64())
@@ -63,6 +69,7 @@ mod tests {
                     r.next_f32(),
                     "seed {seed} step {step}"
                 );
+                assert_eq!(Rng::nth_f32(r.state(), 0), r.clone().next_f32());
             }
         }
     }

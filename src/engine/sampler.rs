@@ -62,6 +62,20 @@ impl Sampler {
         &self.params
     }
 
+    /// Where this sampler's generator stands (see `Rng::state`), for a device sampler that takes
+    /// the draw this sampler would take next.
+    pub fn rng_state(&self) -> u64 {
+        self.rng.state()
+    }
+
+    /// Records that a token was drawn elsewhere (on the device) from `rng_state`: the generator
+    /// moves on as if `sample` had drawn it (greedy rows draw nothing).
+    pub fn skip_draw(&mut self) {
+        if self.params.temperature > 0.0 {
+            self.rng.next_u64();
+        }
+    }
+
     /// Picks the next token. `history` is the tokens generated so far (penalties look at it).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
