@@ -264,13 +264,6 @@ impl Scheduler {
             }
         }
 
-        let protected = if self.prefill_is_new_work(&decoders) {
-            batch.spans.len()
-        } else {
-            0
-        };
-        budget = prefill_budget(protected, budget).min(budget);
-
         // 2. Prefill chunks for running sequences part-way through their tokens, oldest first,
         // in two lanes (see `Lanes`) shared with the waiting sequences step 3 may admit.
         let prefilling: Vec<SeqId> = self
@@ -283,18 +276,26 @@ impl Scheduler {
             })
             .collect();
         let room = self.config.max_seqs.saturating_sub(self.running.len());
-        let admissible = self
+        let admissible: Vec<SeqId> = self
             .waiting
             .iter()
-            .filter(|&&id| !self.waits_for_prefix(id))
-            .take(room);
+            .copied()
+            .filter(|&id| !self.waits_for_prefix(id))
+            .take(room)
+            .collect();
+        let candidates = || prefilling.iter().chain(&admissible).copied();
+
+        let protected = if self.prefill_is_new_work(&decoders, candidates()) {
+            batch.spans.len()
+        } else {
+            0
+        };
+        budget = prefill_budget(protected, budget).min(budget);
+
         let mut lanes = Lanes::new(
             budget,
             self.long_turn,
-            prefilling
-                .iter()
-                .chain(admissible)
-                .map(|id| (self.is_long(*id), self.seqs[id].pending())),
+            candidates().map(|id| (self.is_long(id), self.seqs[&id].pending())),
         );
         for id in prefilling {
             let long = self.is_long(id);
@@ -365,14 +366,18 @@ impl Scheduler {
     }
 
     /// Whether `id`'s prompt takes the long lane (see `Lanes`).
-    /// Whether the prefill this step may carry is work that came in after some stream began:
-    /// a prompt that arrived after the earliest of `decoders` started decoding, a long prompt,
+    /// Whether the prefill this step may carry (`candidates`: the prompts that may get a chunk)
+    /// is work that came in after some stream began: a prompt that arrived after the earliest of `decoders` started decoding, a long prompt,
     /// or a preempted sequence's recompute. Only then is the prefill share paced: the prompts
     /// of a burst of requests that arrived together with the decoders (clients sending a batch
     /// at once) are prefilled at the full budget, so the burst decodes as one batch instead
     /// of being staggered by pacing into small, slow ones (the 16-sequence benchmark lost
     /// about 45% of its throughput that way).
-    fn prefill_is_new_work(&self, decoders: &[SeqId]) -> bool {
+    fn prefill_is_new_work(
+        &self,
+        decoders: &[SeqId],
+        mut candidates: impl Iterator<Item = SeqId>,
+    ) -> bool {
         let Some(first_decode) = decoders
             .iter()
             .filter_map(|id| self.seqs[id].decoding_since)
@@ -380,18 +385,10 @@ impl Scheduler {
         else {
             return false;
         };
-        let room = self.config.max_seqs.saturating_sub(self.running.len());
-        self.running
-            .iter()
-            .filter(|id| {
-                let s = &self.seqs[id];
-                !s.is_decoding() && s.pending() > 0
-            })
-            .chain(self.waiting.iter().take(room))
-            .any(|&id| {
-                let s = &self.seqs[&id];
-                self.is_long(id) || s.preemptions > 0 || s.arrived > first_decode
-            })
+        candidates.any(|id| {
+            let s = &self.seqs[&id];
+            self.is_long(id) || s.preemptions > 0 || s.arrived > first_decode
+        })
     }
 
     fn is_long(&self, id: SeqId) -> bool {
