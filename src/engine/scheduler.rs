@@ -3,9 +3,10 @@
 //! Every step it fills a token budget: first one token for each running sequence that is
 //! decoding (so decodes never wait behind a long prompt), then prefill chunks — running
 //! sequences that are part-way through their prompt, then waiting ones admitted first come
-//! first served, in two lanes: long prompts and the rest (see `Lanes`). When a block cannot be had, the newest running sequence is preempted by
-//! recompute: its blocks are released (they stay in the prefix cache) and it is re-queued at
-//! the front. Only after a step is planned does the engine run it and `commit` the result.
+//! first served, in two lanes: long prompts and the rest (see `Lanes`). When a block cannot
+//! be had, the newest running sequence is preempted by recompute: its blocks are released
+//! (they stay in the prefix cache) and it is re-queued at the front. Only after a step is
+//! planned does the engine run it and `commit` the result.
 
 use super::sequence::{SeqId, Sequence};
 use crate::kv::BlockPool;
