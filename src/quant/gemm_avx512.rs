@@ -22,7 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::blocks::*;
-use super::gemm_x86::vnni;
+use super::gemm_x86::{rows_from, vnni, ActScales};
 use super::simd_x86::{hsum_f32x8 as hsum8, load32};
 
 /// Tokens per group: four registers of two tokens each.
@@ -56,34 +56,10 @@ impl Default for GroupBlock {
     }
 }
 
-/// An activation block's f16 scale bits (d, s) and its quants.
-trait ActBlock {
-    fn scales(&self) -> ([u8; 2], [u8; 2]);
-    fn qs(&self) -> &[i8; 32];
-}
-
-impl ActBlock for BlockQ8_1 {
-    fn scales(&self) -> ([u8; 2], [u8; 2]) {
-        (self.d, self.s)
-    }
-    fn qs(&self) -> &[i8; 32] {
-        &self.qs
-    }
-}
-
-impl ActBlock for BlockQ8_0 {
-    fn scales(&self) -> ([u8; 2], [u8; 2]) {
-        (self.d, [0; 2])
-    }
-    fn qs(&self) -> &[i8; 32] {
-        &self.qs
-    }
-}
-
 /// Lays out eight tokens' `nb` blocks (`xs`) for the tiles; `with_bias` also computes Q8_0's
 /// −128·Σx lane sums.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn lay_out<B: ActBlock>(
+unsafe fn lay_out<B: ActScales>(
     nb: usize,
     xs: &[&[B]; GROUP],
     with_bias: bool,
@@ -231,17 +207,6 @@ unsafe fn q8_0_tile<const R: usize>(
         }
     }
     finish(&acc, &[_mm256_setzero_ps(); R])
-}
-
-/// `[f(first), f(first + 1), …]` (a loop, not `array::from_fn`, whose closure does not
-/// inline into a `target_feature` function).
-#[inline(always)]
-fn rows_from<'a, B, const N: usize>(f: &impl Fn(usize) -> &'a [B], first: usize) -> [&'a [B]; N] {
-    let mut out: [&[B]; N] = [&[]; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = f(first + i);
-    }
-    out
 }
 
 thread_local! {

@@ -58,20 +58,27 @@ struct TokenScales {
     s: [f32; 4],
 }
 
-/// An activation block's f16 scale bits: (d, s).
-trait ActScales {
+/// An activation block's f16 scale bits (d, s) and its quants.
+pub(super) trait ActScales {
     fn scales(&self) -> ([u8; 2], [u8; 2]);
+    fn qs(&self) -> &[i8; 32];
 }
 
 impl ActScales for BlockQ8_1 {
     fn scales(&self) -> ([u8; 2], [u8; 2]) {
         (self.d, self.s)
     }
+    fn qs(&self) -> &[i8; 32] {
+        &self.qs
+    }
 }
 
 impl ActScales for BlockQ8_0 {
     fn scales(&self) -> ([u8; 2], [u8; 2]) {
         (self.d, [0; 2])
+    }
+    fn qs(&self) -> &[i8; 32] {
+        &self.qs
     }
 }
 
@@ -348,7 +355,10 @@ macro_rules! panel {
 /// `[f(first), f(first + 1), …]` (what `array::from_fn` does, but inlined into the kernel:
 /// `from_fn`'s closure is not, inside a `target_feature` function).
 #[inline(always)]
-fn rows_from<'a, B, const N: usize>(f: &impl Fn(usize) -> &'a [B], first: usize) -> [&'a [B]; N] {
+pub(super) fn rows_from<'a, B, const N: usize>(
+    f: &impl Fn(usize) -> &'a [B],
+    first: usize,
+) -> [&'a [B]; N] {
     let mut out: [&[B]; N] = [&[]; N];
     for (i, o) in out.iter_mut().enumerate() {
         *o = f(first + i);
