@@ -44,17 +44,26 @@ typedef unsigned long long u64;
 #define BYTES_Q4_K 144
 #define BYTES_Q6_K 210
 
+// EDGELM_EMU: the host build of these sources (emu/cuda/), which has no PTX.
 __device__ __forceinline__ float f16_to_f32(u16 h) {
+#ifdef EDGELM_EMU
+    return emu::f16_to_f32(h);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#endif
 }
 
 // Round to nearest even, as half::f16::from_f32 and ggml's GGML_FP32_TO_FP16.
 __device__ __forceinline__ u16 f32_to_f16(float f) {
+#ifdef EDGELM_EMU
+    return emu::f32_to_f16(f);
+#else
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#endif
 }
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) {
@@ -78,9 +87,13 @@ __device__ __forceinline__ int ld_i32_a4(const u8 *p) {
 
 // Four signed 8-bit products summed into c (sm_61+).
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
+#ifdef EDGELM_EMU
+    return emu::dp4a(a, b, c);
+#else
     int r;
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
+#endif
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

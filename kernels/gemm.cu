@@ -69,7 +69,9 @@ __device__ __forceinline__ int sub_bias(int x, int o) {
 // m16n8k16 .s8 uses the first halves: A {a[0], a[1]}, B b0 (or A {a[2], a[3]}, B b1).
 
 __device__ __forceinline__ void mma_k32(int c[4], const int a[4], int b0, int b1) {
-#if __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ >= 800 && defined(EDGELM_EMU)
+    emu::mma_m16n8k32_s8(c, a, b0, b1);
+#elif __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%10,%10,%10,%10};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
@@ -94,7 +96,9 @@ __device__ __forceinline__ void mma_k32(int c[4], const int a[4], int b0, int b1
 }
 
 __device__ __forceinline__ void mma_k16(int c[4], int a0, int a1, int b0) {
-#if __CUDA_ARCH__ >= 800
+#if __CUDA_ARCH__ >= 800 && defined(EDGELM_EMU)
+    emu::mma_m16n8k16_s8(c, a0, a1, b0);
+#elif __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%7,%7,%7,%7};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])

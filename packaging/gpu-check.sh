@@ -63,7 +63,7 @@ run)
     status=0
     # --include-ignored: the compile-only tests and the device tests, each reported as it is.
     # Bounded so that tests and bench together stay within 8 minutes.
-    timeout 300 ./cuda_kernels --include-ignored --test-threads=1 2>&1 | tee -a "$report" \
+    timeout 300 ./cuda_kernels --include-ignored --test-threads=1 --nocapture 2>&1 | tee -a "$report" \
         || status=$?
     tests_ok=0
     if grep -q '^test result: ok\. [1-9][0-9]* passed' "$report" && [ "$status" -eq 0 ]; then

@@ -6,7 +6,8 @@
 # notify protocol and unit; the static binaries (arm64 under qemu), .debs (lintian) and the
 # offline bundle installed into a fresh root with no network; the fault tests and the load
 # generator; the CUDA kernels compiled by NVRTC for sm_87/sm_90 and checked by ptxas for spills,
-# with the `cuda` build's CPU fallback (scripts/check-kernels.sh; no GPU needed); last, each
+# with the `cuda` build's CPU fallback (scripts/check-kernels.sh; no GPU needed); the CUDA
+# backend's device tests on the host CUDA emulator (scripts/check-cuda-emu.sh); last, each
 # cargo-fuzz target briefly (EDGELM_FUZZ_SECONDS, default 20) from the checked-in corpus.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,4 +22,5 @@ scripts/test-aarch64.sh
 scripts/build-static.sh
 python3 -m pytest -q tests/e2e
 scripts/check-kernels.sh
+scripts/check-cuda-emu.sh
 scripts/fuzz.sh "${EDGELM_FUZZ_SECONDS:-20}"

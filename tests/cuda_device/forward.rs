@@ -1,8 +1,18 @@
 //! The CUDA forward pass on a GPU against the CPU's, on the reference model over the reference
-//! prompts (../shared/reference, `EDGELM_REFERENCE_DIR` overrides): logits parity (relative L2
-//! error < 1e-2) for prefill and for batched decode steps (graphs on and off), the reference
-//! greedy continuations (>= 10 of 12 identical, as the CPU must), device sampling, and the KV
-//! pool taking all free memory but the reserve.
+//! prompts (../shared/reference, `EDGELM_REFERENCE_DIR` overrides): logits parity for prefill
+//! and for batched decode steps (graphs on and off), the reference greedy continuations, device
+//! sampling, and the KV pool taking all free memory but the reserve.
+//!
+//! What "parity" can mean for this model: every matmul quantizes its input to int8, so a
+//! last-bit difference (another f32 summation order) sometimes moves a value across a rounding
+//! boundary, and 30 layers amplify those steps. Measured on the host emulator (emu/cuda), the
+//! device matches the CPU to about 1e-7 (relative L2) through one layer with q8_0 pages (both
+//! sides compute attention in f32; 5e-4 where one rounding step flips), but the full model's
+//! logits rows differ by a few 1e-2 on average, about as much as the CPU's own q8_0 pages
+//! differ from its f16 pages. So the checks
+//! are: one layer, to a bound only a wrong result exceeds; the whole model, against that
+//! yardstick, with the top token the CPU's nearly everywhere and never another one where the
+//! CPU is confident.
 
 use edgelm::backend::cuda::launch::SampleRow;
 use edgelm::backend::cuda::{CudaExecutor, ExecutorConfig, KvBudget, StepOut, Want};
@@ -31,13 +41,28 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-/// The 12 greedy cases: (prompt ids, the peer's greedy continuation).
+/// `EDGELM_CUDA_TEST_<name>` as a number: how much of the reference data to use. All of it on
+/// a GPU; a part under the host emulator (emu/cuda/), where a forward pass takes seconds.
+fn limit(name: &str) -> usize {
+    std::env::var(format!("EDGELM_CUDA_TEST_{name}"))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
+/// The 12 greedy cases (the first EDGELM_CUDA_TEST_PROMPTS of them): (prompt ids, the peer's
+/// greedy continuation, cut to EDGELM_CUDA_TEST_TOKENS tokens).
 fn cases() -> Vec<(Vec<u32>, Vec<u32>)> {
     reference()["greedy"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| (ids(&c["prompt_ids"]), ids(&c["ids"])))
+        .take(limit("PROMPTS"))
+        .map(|c| {
+            let mut gen = ids(&c["ids"]);
+            gen.truncate(limit("TOKENS"));
+            (ids(&c["prompt_ids"]), gen)
+        })
         .collect()
 }
 
@@ -76,6 +101,126 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     (d / n.max(1e-30)).sqrt()
 }
 
+fn argmax_and_margin(l: &[f32]) -> (usize, f32) {
+    let (mut best, mut second, mut at) = (f32::NEG_INFINITY, f32::NEG_INFINITY, 0);
+    for (i, &v) in l.iter().enumerate() {
+        if v > best {
+            second = best;
+            best = v;
+            at = i;
+        } else if v > second {
+            second = v;
+        }
+    }
+    (at, best - second)
+}
+
+/// How the device's logits rows compare with the CPU's.
+#[derive(Default)]
+struct Agreement {
+    rows: usize,
+    rel_sum: f64,
+    rel_worst: f64,
+    worst_at: String,
+    top1_same: usize,
+    /// Rows whose top token differs although the CPU's top-2 margin is at least 0.5.
+    confident_flips: Vec<String>,
+}
+
+impl Agreement {
+    fn add(&mut self, what: &str, got: &[f32], want: &[f32]) {
+        let e = rel_l2(got, want);
+        self.rows += 1;
+        self.rel_sum += e;
+        if e > self.rel_worst {
+            self.rel_worst = e;
+            self.worst_at = what.to_string();
+        }
+        let (g, _) = argmax_and_margin(got);
+        let (w, margin) = argmax_and_margin(want);
+        if g == w {
+            self.top1_same += 1;
+        } else if margin >= 0.5 {
+            self.confident_flips
+                .push(format!("{what}: {g} instead of {w} (margin {margin:.2})"));
+        }
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} rows, relative L2 mean {:.2e}, worst {:.2e} ({}); top token the same in {}/{}; \
+             {} confident flips {:?}",
+            self.rows,
+            self.rel_sum / self.rows.max(1) as f64,
+            self.rel_worst,
+            self.worst_at,
+            self.top1_same,
+            self.rows,
+            self.confident_flips.len(),
+            self.confident_flips
+        )
+    }
+
+    fn mean(&self) -> f64 {
+        self.rel_sum / self.rows.max(1) as f64
+    }
+
+    /// The device is as close to the CPU as `yardstick` (the CPU with its other page format) is:
+    /// mean relative L2 at most twice the yardstick's (or 1e-2), the top token the CPU's in
+    /// >= 95% of rows, and never another top token where the CPU's margin is >= 0.5.
+    fn assert_close(&self, yardstick: &Agreement) {
+        let bound = (2.0 * yardstick.mean()).max(1e-2);
+        assert!(
+            self.mean() <= bound,
+            "mean relative L2 {:.2e} exceeds {bound:.2e}: {}",
+            self.mean(),
+            self.summary()
+        );
+        assert!(
+            self.top1_same * 100 >= 95 * self.rows,
+            "top token differs too often: {}",
+            self.summary()
+        );
+        assert!(self.confident_flips.is_empty(), "{}", self.summary());
+    }
+}
+
+/// The model cut to its first layer, every reference prompt prefilled: a wrong result (RoPE,
+/// the causal mask, GQA, a page format) shows at once, before 30 layers blur it. The bound is
+/// rounding plus the one int8 rounding step a last-bit difference can cause; with f16 pages also
+/// the CPU's f16 steps (f16 query, f16 accumulator: ggml's), which the device's f32 attention
+/// does not take.
+fn one_layer_parity(kv: KvType) {
+    let mut m = Model::load(&crate::model()).unwrap();
+    m.weights.layers.truncate(1);
+    m.config.n_layers = 1;
+    let model = Arc::new(m);
+    let vocab = model.config.vocab_size;
+    let bound = if kv == KvType::F16 { 3e-2 } else { 5e-3 };
+    let mut x = executor(&model, kv, false, KvBudget::Blocks(8));
+    let mut worst = 0f64;
+    for (i, (prompt, _)) in cases().iter().enumerate() {
+        let mut s = Session::new(&model, prompt.len(), kv, BT).unwrap();
+        let cpu = s.extend(prompt, Logits::All, 512).unwrap();
+        let mut b = BatchMeta::default();
+        b.push_span(prompt, 0, table(0, 8 * BT), Logits::All);
+        let got = logits(&mut x, &b);
+        for (r, (g, w)) in got
+            .chunks_exact(vocab)
+            .zip(cpu.chunks_exact(vocab))
+            .enumerate()
+        {
+            let e = rel_l2(g, w);
+            worst = worst.max(e);
+            assert!(
+                e <= bound,
+                "one layer, {kv} pages: prompt {i} row {r}: relative L2 {e:.2e}"
+            );
+        }
+    }
+    eprintln!("one layer, {kv} pages: worst relative L2 {worst:.2e} (bound {bound:.0e})");
+}
+
 fn table(first: u32, tokens: usize) -> Vec<u32> {
     (first..first + tokens.div_ceil(BT) as u32).collect()
 }
@@ -84,27 +229,43 @@ fn table(first: u32, tokens: usize) -> Vec<u32> {
 /// teacher-forced with all live sequences in one step (12 sequences: a padded bucket of 16,
 /// the GEMM; fewer at the end: the GEMV), against the CPU scoring the same tokens.
 fn parity(kv: KvType, graphs: bool) {
+    one_layer_parity(kv);
     let model = model();
     let vocab = model.config.vocab_size;
     let cases = cases();
     let mut x = executor(&model, kv, graphs, KvBudget::Blocks(12 * 8));
+    assert_eq!(
+        x.weights_zero_copy(),
+        x.device().info.integrated,
+        "weights are read in place exactly on an integrated GPU"
+    );
     let tables: Vec<Vec<u32>> = (0..cases.len())
         .map(|i| table(i as u32 * 8, 8 * BT))
         .collect();
-    let (mut worst, mut sum, mut count) = (0f64, 0f64, 0usize);
+    let mut stats = Agreement::default();
     let mut check = |what: &str, got: &[f32], want: &[f32]| {
-        let e = rel_l2(got, want);
-        worst = worst.max(e);
-        sum += e;
-        count += 1;
-        assert!(e < 1e-2, "{what}: relative L2 error {e:.2e}");
+        for (g, w) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
+            stats.add(what, g, w);
+        }
     };
+    // The yardstick: the CPU with the other KV page format, on the same rows.
+    let other = if kv == KvType::F16 {
+        KvType::Q8_0
+    } else {
+        KvType::F16
+    };
+    let mut yardstick = Agreement::default();
     let mut want_rows = Vec::new();
     for (i, (prompt, gen)) in cases.iter().enumerate() {
         let mut all = prompt.clone();
         all.extend(gen);
         let mut s = Session::new(&model, all.len(), kv, BT).unwrap();
         let cpu = s.extend(&all, Logits::All, 512).unwrap();
+        let mut s = Session::new(&model, all.len(), other, BT).unwrap();
+        let cpu_other = s.extend(&all, Logits::All, 512).unwrap();
+        for (g, w) in cpu_other.chunks_exact(vocab).zip(cpu.chunks_exact(vocab)) {
+            yardstick.add("", g, w);
+        }
         let mut b = BatchMeta::default();
         b.push_span(prompt, 0, tables[i].clone(), Logits::All);
         let got = logits(&mut x, &b);
@@ -141,11 +302,14 @@ fn parity(kv: KvType, graphs: bool) {
         }
     }
     eprintln!(
-        "{kv} pages, graphs {}: {count} comparisons, relative L2 mean {:.2e}, worst {worst:.2e}; {} decode graphs",
+        "{kv} pages, graphs {}: device vs CPU: {}; {} decode graphs\n  yardstick, the CPU's \
+         {other} pages vs its {kv} pages: {}",
         if graphs { "on" } else { "off" },
-        sum / count as f64,
-        x.graphs_captured()
+        stats.summary(),
+        x.graphs_captured(),
+        yardstick.summary()
     );
+    stats.assert_close(&yardstick);
     if graphs {
         assert!(x.graphs_captured() > 0, "no decode graph was captured");
     }
@@ -164,7 +328,11 @@ fn cuda_logits_match_the_cpu_without_graphs_and_q8_0_pages() {
 }
 
 /// Greedy generation on the device (only token ids come back), one prompt at a time, as the
-/// reference test does on the CPU.
+/// reference test does on the CPU. The CPU reproduces the peer's 48-token continuations
+/// exactly; the device cannot be held to that (see the module comment: the CPU's own q8_0 pages
+/// keep 4 of 12, the peer's own q8_0 cache 3 of 12). What must hold: wherever the device's
+/// continuation leaves the reference, the two tokens were a near tie for the CPU too (top-2
+/// margin < 0.5 on the same context), never a token the CPU was sure of.
 #[test]
 #[ignore = "needs a CUDA device: packaging/gpu-check.sh runs it"]
 fn cuda_greedy_continuations_match_the_reference() {
@@ -175,9 +343,12 @@ fn cuda_greedy_continuations_match_the_reference() {
         StepOut::Tokens(t) => t,
         StepOut::Logits(_) => panic!("logits for tokens"),
     };
+    let vocab = model.config.vocab_size;
     let mut exact = 0;
     let mut report = Vec::new();
-    for (i, (prompt, want)) in cases().iter().enumerate() {
+    let mut confident = Vec::new();
+    let cases = cases();
+    for (i, (prompt, want)) in cases.iter().enumerate() {
         let t = table(0, 8 * BT);
         let mut b = BatchMeta::default();
         b.push_span(prompt, 0, t.clone(), Logits::Last);
@@ -196,7 +367,7 @@ fn cuda_greedy_continuations_match_the_reference() {
             StepOut::Logits(_) => panic!("logits for tokens"),
         }
         let mut got = Vec::new();
-        while got.len() < 48 {
+        while got.len() < want.len() {
             got.push(next);
             if tok.is_eog(next) {
                 break;
@@ -212,15 +383,36 @@ fn cuda_greedy_continuations_match_the_reference() {
         }
         if &got == want {
             exact += 1;
-        } else {
-            let at = got.iter().zip(want).position(|(a, b)| a != b);
-            report.push(format!("prompt {i}: first difference at {at:?}"));
+            continue;
         }
+        // The first token that differs (or where one continuation ended first).
+        let d = got
+            .iter()
+            .zip(want)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.len().min(want.len()));
+        let mut all = prompt.clone();
+        all.extend(want);
+        let mut s = Session::new(&model, all.len(), KvType::F16, BT).unwrap();
+        let cpu = s.extend(&all, Logits::All, 512).unwrap();
+        let row = &cpu[(prompt.len() + d - 1) * vocab..(prompt.len() + d) * vocab];
+        let (_, margin) = argmax_and_margin(row);
+        let line = format!(
+            "prompt {i}: same for {d} tokens, then {:?} for {:?} (CPU margin {margin:.3})",
+            got.get(d),
+            want.get(d)
+        );
+        if d < want.len() && margin >= 0.5 {
+            confident.push(line.clone());
+        }
+        report.push(line);
     }
-    eprintln!("CUDA greedy: {exact}/12 identical; {}", report.join("; "));
+    let n = cases.len();
+    eprintln!("CUDA greedy: {exact}/{n} identical; {}", report.join("; "));
     assert!(
-        exact >= 10,
-        "only {exact}/12 greedy continuations identical"
+        confident.is_empty(),
+        "the device left the reference where the CPU was sure: {}",
+        confident.join("; ")
     );
 }
 

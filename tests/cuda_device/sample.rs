@@ -79,7 +79,13 @@ fn device_sampling_follows_the_cpu_sampler() {
         }
     }
 
-    // Frequencies: 40,000 draws (consecutive steps of one seed) from a 10-token vocabulary.
+    // Frequencies: 40,000 draws (consecutive steps of one seed) from a 10-token vocabulary
+    // (EDGELM_CUDA_TEST_DRAWS overrides: the host emulator runs a block of 512 threads per draw
+    // at about 1,000 draws a second).
+    let draws: u64 = std::env::var("EDGELM_CUDA_TEST_DRAWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40_000);
     let l = [2.0f32, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, -3.0, -5.0];
     for (t, k, p, min_p) in [
         (0.8f32, 0u32, 1.0f32, 0.0f32),
@@ -87,7 +93,6 @@ fn device_sampling_follows_the_cpu_sampler() {
         (1.3, 0, 0.7, 0.0),
         (1.0, 0, 1.0, 0.2),
     ] {
-        let draws = 40_000;
         let rows: Vec<SampleRow> = (0..draws).map(|s| row(t, k, p, min_p, 42, s)).collect();
         let logits: Vec<f32> = (0..draws).flat_map(|_| l).collect();
         let got = sample(&dev, &stream, &logits, &rows);

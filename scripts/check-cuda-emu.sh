@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The CUDA backend end to end without a GPU: builds the host CUDA emulator (emu/cuda/: the
+# kernels/*.cu sources compiled by g++, and a libcuda.so.1 that runs them) and runs every
+# device test of tests/cuda_kernels.rs against it, the ones packaging/gpu-check.sh runs on a
+# GPU: kernels and GEMM (MMA and dp4a builds) against the CPU, device sampling, and the forward
+# pass (logits against the CPU's, reference greedy outputs, decode graphs, the KV pool),
+# through the real NVRTC and cudarc. The forward tests use part of the reference data (the
+# emulator takes seconds per forward pass); on a GPU they use all of it.
+#
+# Needs the NVRTC wheel that scripts/check-kernels.sh installs into target/cuda-wheels/.
+# Passing here is not a GPU result: emu/cuda/README.md says what the emulator cannot tell.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+log() { echo "check-cuda-emu: $*" >&2; }
+
+nvrtc_lib="$root/target/cuda-wheels/nvidia/cuda_nvrtc/lib"
+[ -d "$nvrtc_lib" ] || { log "FAILED: no NVRTC in $nvrtc_lib (run scripts/check-kernels.sh first)"; exit 1; }
+emu="$root/target/cuda-emu"
+emu/cuda/build.sh "$emu"
+packaging/fetch-model.sh >/dev/null
+
+export LD_LIBRARY_PATH="$emu:$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export EDGELM_CACHE_DIR="$emu/ptx-cache"
+# Part of the reference data, to stay within a few minutes on two cores. All of it:
+# EDGELM_CUDA_TEST_PROMPTS=12 EDGELM_CUDA_TEST_TOKENS=48 EDGELM_CUDA_TEST_DRAWS=40000 (an hour).
+export EDGELM_CUDA_TEST_PROMPTS="${EDGELM_CUDA_TEST_PROMPTS:-2}"
+export EDGELM_CUDA_TEST_TOKENS="${EDGELM_CUDA_TEST_TOKENS:-8}"
+export EDGELM_CUDA_TEST_DRAWS="${EDGELM_CUDA_TEST_DRAWS:-2000}"
+
+run_tests() {
+    cargo test --release --features cuda --test cuda_kernels -- --ignored --test-threads=1 --nocapture "$@"
+}
+
+log "device tests against the emulated sm_87 (discrete) device"
+run_tests
+# The Jetson's way: weights registered and read in place (zero-copy) instead of copied.
+log "the forward pass again, the device reporting itself integrated"
+EDGELM_EMU_INTEGRATED=1 EDGELM_CUDA_TEST_PROMPTS=1 EDGELM_CUDA_TEST_TOKENS=4 \
+    run_tests cuda_logits_match_the_cpu_f16_pages
+# The real binary through the engine (scheduler, CUDA executor, device sampling): the `cuda`
+# build that `cargo test --features cuda` just made.
+log "edgelm run --backend cuda on the emulated device"
+out="$(RUST_LOG=info target/release/edgelm run -m models/SmolLM2-135M-Instruct.Q4_1.gguf \
+    -p "The capital of France is" -n 8 --backend cuda 2>&1)" || { echo "$out" >&2; exit 1; }
+echo "$out" | grep -E "CUDA: forward pass on|^ |prompt:" >&2
+echo "$out" | grep -q "CUDA: forward pass on edgelm CUDA emulator" ||
+    { log "FAILED: edgelm did not run on the emulated device"; exit 1; }
+log "ok: every device test passed on the emulated device (not a GPU result)"
