@@ -38,6 +38,10 @@ run_tests
 log "the forward pass again, the device reporting itself integrated"
 EDGELM_EMU_INTEGRATED=1 EDGELM_CUDA_TEST_PROMPTS=1 EDGELM_CUDA_TEST_TOKENS=4 \
     run_tests cuda_logits_match_the_cpu_f16_pages
+# Each block's threads run last to first between barriers: a result that changes reads shared
+# data another thread writes with no barrier in between.
+log "the kernel tests again, threads scheduled in reverse"
+EDGELM_EMU_SCHEDULE=reverse run_tests device_
 # The real binary through the engine (scheduler, CUDA executor, device sampling): the `cuda`
 # build that `cargo test --features cuda` just made.
 log "edgelm run --backend cuda on the emulated device"

@@ -7,13 +7,16 @@
 // Where the real driver refuses something, this one refuses it too, so that the backend's use
 // of the API is checked, not only its kernels: synchronous calls while the thread captures,
 // capturing a copy from pageable host memory, PTX for a newer architecture than the device's,
-// copies outside an allocation, an unknown kernel, a launch beyond the block limits.
+// copies outside an allocation, an unknown kernel, a launch beyond the block limits; and a
+// kernel that touches memory past the end of an allocation faults (a guard page follows each).
 //
 // Environment: EDGELM_EMU_ARCH (compute capability, default 87: Jetson Orin),
 // EDGELM_EMU_INTEGRATED (1: report an integrated GPU, as a Jetson does; default 0),
 // EDGELM_EMU_MEM_MIB (device memory, default 2048), EDGELM_EMU_THREADS (OS threads per
 // launch), EDGELM_EMU_TRACE (1: log every call that fails).
 #include "runtime.h"
+
+#include <sys/mman.h>
 
 #include <cstdarg>
 #include <cstdio>
@@ -84,6 +87,7 @@ struct Function {
 
 std::mutex mu; // guards the maps below (kernels run outside it)
 std::map<uintptr_t, size_t> allocations;
+std::map<uintptr_t, std::pair<char *, size_t>> mappings; // allocation -> its mmap (base, length)
 std::map<uintptr_t, size_t> registered; // page-locked host ranges
 size_t used_bytes = 0;
 bool initialized = false;
@@ -283,11 +287,18 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     if (used_bytes + rounded > total_bytes())
         return fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc(%zu): %zu of %zu bytes in use", bytes,
                     used_bytes, total_bytes());
-    void *m = std::aligned_alloc(256, rounded);
-    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
-    // Fresh device memory is not zero: make reads of memory never written visible.
+    // The buffer ends where an inaccessible page begins, so a kernel reading or writing past
+    // it faults at once (within the 256-byte rounding it does not: nor does a GPU).
+    const size_t page = 4096, mapped = (rounded + page - 1) / page * page + page;
+    char *base = (char *)mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    mprotect(base + mapped - page, page, PROT_NONE);
+    void *m = base + mapped - page - rounded;
+    // Fresh device memory is not zero: reads of memory never written show up as garbage.
     std::memset(m, 0xA5, rounded > (1 << 20) ? (1 << 20) : rounded);
     allocations[(uintptr_t)m] = bytes;
+    mappings[(uintptr_t)m] = {base, mapped};
     used_bytes += rounded;
     *p = (CUdeviceptr)m;
     return CUDA_SUCCESS;
@@ -299,7 +310,9 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
     auto it = allocations.find((uintptr_t)p);
     if (it == allocations.end()) return fail(CUDA_ERROR_INVALID_VALUE, "cuMemFree of %llx", p);
     used_bytes -= (it->second + 255) & ~(size_t)255;
-    std::free((void *)p);
+    const auto &m = mappings[(uintptr_t)p];
+    munmap(m.first, m.second);
+    mappings.erase((uintptr_t)p);
     allocations.erase(it);
     return CUDA_SUCCESS;
 }

@@ -162,6 +162,8 @@ void *initial_sp(char *stack) {
     return sp;
 }
 
+bool schedule_reversed();
+
 void run_block(BlockRun *b, Stacks *stacks) {
     const Dim3 d = b->dim;
     b->alive = b->threads;
@@ -185,11 +187,12 @@ void run_block(BlockRun *b, Stacks *stacks) {
     }
     g_block = b;
     int live = b->threads;
+    const bool reverse = schedule_reversed();
     while (live > 0) {
         const uint64_t before = b->progress;
         live = 0;
-        for (int i = 0; i < b->threads; ++i) {
-            Fiber &f = b->fibers[i];
+        for (int k = 0; k < b->threads; ++k) {
+            Fiber &f = b->fibers[reverse ? b->threads - 1 - k : k];
             if (f.done) continue;
             g_fiber = &f;
             emu_switch(&b->sched_sp, f.sp);
@@ -210,6 +213,17 @@ void run_block(BlockRun *b, Stacks *stacks) {
 
 std::map<std::string, Kernel> &registry() {
     static std::map<std::string, Kernel> r;
+    return r;
+}
+
+// EDGELM_EMU_SCHEDULE=reverse runs a block's threads last to first between barriers: a kernel
+// whose result depends on that order reads shared data another thread writes without a barrier
+// in between (a race a GPU may or may not show).
+bool schedule_reversed() {
+    static bool r = [] {
+        const char *e = std::getenv("EDGELM_EMU_SCHEDULE");
+        return e && std::string(e) == "reverse";
+    }();
     return r;
 }
 
