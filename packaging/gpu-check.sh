@@ -2,16 +2,29 @@
 # The CUDA checks that need a GPU, for a GPU machine that has no Rust toolchain.
 #
 #   packaging/gpu-check.sh build [DIR]   here (Rust, no GPU): builds the `cuda` edgelm and the
-#                                        tests/cuda_kernels.rs test binary, copies both with this
-#                                        script and the model into DIR (default target/gpu-check)
-#   DIR/gpu-check.sh run                 there (GPU, no Rust): runs every test of that binary,
+#                                        tests/cuda_kernels.rs test binary and lays them out
+#                                        with this script, the model and the reference outputs
+#                                        in DIR (default target/gpu-check), in two halves a/
+#                                        and b/ of under 64 MiB each (see below)
+#   DIR/b/gpu-check.sh run               there (GPU, no Rust): runs every test of that binary,
 #                                        the device ones (#[ignore]d elsewhere) included (kernels,
 #                                        CUDA-vs-CPU logits, reference greedy outputs, KV pool),
 #                                        then `edgelm bench` on the GPU (1 and 16 sequences), and
-#                                        writes DIR/report.txt; exits non-zero if any failed
+#                                        writes DIR/b/report.txt; exits non-zero if any failed
 #
-# On the GPU machine the kernels compile with the driver's libnvrtc if present, else with one
-# from DIR/nvrtc/ (the PyPI wheel that scripts/check-kernels.sh installs, copied by `build`).
+# Why two halves: the lent GPU machine reaches no network, and one call carries at most 64 MiB
+# of files; the model alone is 94 MB. So one call carries a/ (the model's first 56 MiB) and
+# returns at once, the next carries b/ (the rest, the binaries stripped, the reference data)
+# and runs; ignored files stay on the machine between calls while it is held:
+#   run(carry=["target/gpu-check/a"], command="ls -l target/gpu-check/a", timeout_s=60)
+#   run(carry=["target/gpu-check/b"], command="target/gpu-check/b/gpu-check.sh run;
+#       rc=$?; cp target/gpu-check/b/report.txt $OUT/; exit $rc", timeout_s=540)
+# A machine with room for the whole (or the model already there) needs only the second call.
+#
+# libnvrtc: `run` uses one the loader finds (libnvrtc.so or libnvrtc.so.12), else DIR/nvrtc/
+# (`build` copies the PyPI wheel's there only with GPU_CHECK_NVRTC=1: 62 MB), else the first
+# libnvrtc.so.* found under /usr/local/cuda*, /usr/lib and /opt (e.g. the CUDA 13 one that
+# the lent machine's Python packages hold), linked as DIR/b/nvrtc/libnvrtc.so.
 set -euo pipefail
 cmd="${1:-}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,22 +45,46 @@ for line in sys.stdin:
 ')"
     [ -x "$bin" ] || { echo "gpu-check: no test binary" >&2; exit 1; }
     rm -rf "$dir"
-    mkdir -p "$dir"
-    cp "$bin" "$dir/cuda_kernels"
-    cp target/release/edgelm "$dir/edgelm"
-    cp packaging/gpu-check.sh "$dir/"
-    cp models/SmolLM2-135M-Instruct.Q4_1.gguf "$dir/model.gguf"
-    mkdir -p "$dir/reference"
-    cp ../shared/reference/smollm2-llamacpp.json "$dir/reference/"
-    if [ -d target/cuda-wheels/nvidia/cuda_nvrtc/lib ]; then
-        cp -a target/cuda-wheels/nvidia/cuda_nvrtc/lib "$dir/nvrtc"
+    mkdir -p "$dir/a" "$dir/b/reference"
+    strip -o "$dir/b/cuda_kernels" "$bin"
+    strip -o "$dir/b/edgelm" target/release/edgelm
+    cp packaging/gpu-check.sh "$dir/b/"
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    head -c $((56 << 20)) "$model" >"$dir/a/model.part0"
+    tail -c +$(((56 << 20) + 1)) "$model" >"$dir/b/model.part1"
+    sha256sum "$model" | cut -d' ' -f1 >"$dir/b/model.sha256"
+    cp ../shared/reference/smollm2-llamacpp.json "$dir/b/reference/"
+    if [ "${GPU_CHECK_NVRTC:-0}" = 1 ] && [ -d target/cuda-wheels/nvidia/cuda_nvrtc/lib ]; then
+        cp -a target/cuda-wheels/nvidia/cuda_nvrtc/lib "$dir/b/nvrtc"
     fi
-    echo "gpu-check: $(du -sh "$dir" | cut -f1) in $dir; on the GPU machine: $dir/gpu-check.sh run" >&2
+    for half in a b; do
+        size=$(du -sb "$dir/$half" | cut -f1)
+        [ "$size" -lt $((60 << 20)) ] || { echo "gpu-check: $dir/$half is $size bytes" >&2; exit 1; }
+    done
+    echo "gpu-check: $(du -sh "$dir/a" | cut -f1) in $dir/a, $(du -sh "$dir/b" | cut -f1) in $dir/b;" \
+        "on the GPU machine: $dir/b/gpu-check.sh run" >&2
     ;;
 run)
     dir="$here"
     cd "$dir"
     report="$dir/report.txt"
+    if [ ! -f model.gguf ]; then
+        [ -f ../a/model.part0 ] || { echo "gpu-check: no ../a/model.part0 (carry a/ first)" >&2; exit 1; }
+        cat ../a/model.part0 model.part1 >model.gguf
+    fi
+    [ "$(sha256sum model.gguf | cut -d' ' -f1)" = "$(cat model.sha256)" ] ||
+        { echo "gpu-check: model.gguf is not the model built with (sha256)" >&2; exit 1; }
+    if ! ldconfig -p 2>/dev/null | grep -qE 'libnvrtc\.so(\.12)? ' && [ ! -d "$dir/nvrtc" ]; then
+        found="$(find /usr/local/cuda* /usr/lib /opt -name 'libnvrtc.so*' 2>/dev/null |
+            grep -v builtins | sort | head -1 || true)"
+        if [ -n "$found" ]; then
+            mkdir -p "$dir/nvrtc"
+            ln -sf "$found" "$dir/nvrtc/libnvrtc.so"
+            # Its builtins library is looked up beside it.
+            export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$(dirname "$found")"
+            echo "gpu-check: libnvrtc from $found" >&2
+        fi
+    fi
     if [ -d "$dir/nvrtc" ]; then
         export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir/nvrtc"
     fi
@@ -75,8 +112,10 @@ run)
         echo "## edgelm bench --backend cuda (1 and 16 sequences)"
     } >>"$report"
     bench=0
-    timeout 150 ./edgelm bench -m "$dir/model.gguf" --backend cuda --concurrency 1,16 \
-        --shared-prefix 0 -r 3 2>"$dir/bench.log" | tee -a "$report" || bench=$?
+    # GPU_CHECK_BENCH replaces the bench arguments (a rehearsal on emu/cuda uses a tiny one).
+    read -r -a bench_args <<<"${GPU_CHECK_BENCH:---concurrency 1,16 --shared-prefix 0 -r 3}"
+    timeout 150 ./edgelm bench -m "$dir/model.gguf" --backend cuda "${bench_args[@]}" \
+        2>"$dir/bench.log" | tee -a "$report" || bench=$?
     # Which backend the figures are from (the engine's start-up lines).
     grep -E 'CUDA|on the CPU|KV pool' "$dir/bench.log" | tr '\r' '\n' | grep -E 'CUDA|CPU|KV' \
         >>"$report" || true
@@ -91,7 +130,7 @@ run)
     fi
     ;;
 *)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -4,7 +4,7 @@
 # device test of tests/cuda_kernels.rs against it, the ones packaging/gpu-check.sh runs on a
 # GPU: kernels and GEMM (MMA and dp4a builds) against the CPU, device sampling, and the forward
 # pass (logits against the CPU's, reference greedy outputs, decode graphs, the KV pool),
-# through the real NVRTC and cudarc. The forward tests use part of the reference data (the
+# through the real NVRTC and cudarc; then `edgelm run` and `edgelm serve` on the device. The forward tests use part of the reference data (the
 # emulator takes seconds per forward pass); on a GPU they use all of it.
 #
 # Needs the NVRTC wheel that scripts/check-kernels.sh installs into target/cuda-wheels/.
@@ -41,13 +41,9 @@ EDGELM_EMU_INTEGRATED=1 EDGELM_CUDA_TEST_PROMPTS=1 EDGELM_CUDA_TEST_TOKENS=4 \
 # Each block's threads run last to first between barriers: a result that changes reads shared
 # data another thread writes with no barrier in between.
 log "the kernel tests again, threads scheduled in reverse"
-EDGELM_EMU_SCHEDULE=reverse run_tests device_
-# The real binary through the engine (scheduler, CUDA executor, device sampling): the `cuda`
-# build that `cargo test --features cuda` just made.
-log "edgelm run --backend cuda on the emulated device"
-out="$(RUST_LOG=info target/release/edgelm run -m models/SmolLM2-135M-Instruct.Q4_1.gguf \
-    -p "The capital of France is" -n 8 --backend cuda 2>&1)" || { echo "$out" >&2; exit 1; }
-echo "$out" | grep -E "CUDA: forward pass on|^ |prompt:" >&2
-echo "$out" | grep -q "CUDA: forward pass on edgelm CUDA emulator" ||
-    { log "FAILED: edgelm did not run on the emulated device"; exit 1; }
+EDGELM_EMU_SCHEDULE=reverse EDGELM_CUDA_TEST_DRAWS=500 run_tests device_
+# The real binary through the engine (scheduler, CUDA executor, device sampling): with a device
+# present, `edgelm run --backend cuda` and `edgelm serve` (over HTTP) must run on it.
+log "edgelm run and serve on the emulated device"
+cargo test --release --features cuda --test cuda_kernels -- --test-threads=1 --nocapture cuda_build_
 log "ok: every device test passed on the emulated device (not a GPU result)"
