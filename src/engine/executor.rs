@@ -99,22 +99,14 @@ impl Executor {
         rows: &[(SamplingParams, u64)],
     ) -> Result<Vec<u32>> {
         match self {
-            Executor::Cpu(p) => {
-                // A fresh sampler seeded with the state draws what the row's own would next.
-                let vocab = model.config.vocab_size;
-                let logits = model.forward(batch, p)?;
-                Ok(logits
-                    .chunks_exact(vocab)
-                    .zip(rows)
-                    .map(|(l, (params, state))| {
-                        let params = SamplingParams {
-                            seed: Some(*state),
-                            ..params.clone()
-                        };
-                        Sampler::new(params).sample(l, &[])
-                    })
-                    .collect())
-            }
+            // A fresh sampler seeded with the state draws what the row's own would next.
+            Executor::Cpu(p) => cpu_tokens(model, batch, p, rows, |l, (params, state)| {
+                let params = SamplingParams {
+                    seed: Some(*state),
+                    ..params.clone()
+                };
+                Sampler::new(params).sample(l, &[])
+            }),
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => {
                 use crate::backend::cuda::launch::SampleRow;
@@ -123,11 +115,7 @@ impl Executor {
                     .map(|(p, state)| SampleRow::new(p, *state, 0))
                     .collect::<Option<_>>()
                     .ok_or_else(|| anyhow::anyhow!("penalties cannot be applied on the device"))?;
-                match x.forward(batch, crate::backend::cuda::Want::Sample(&rows)) {
-                    Ok(crate::backend::cuda::StepOut::Tokens(t)) => Ok(t),
-                    Ok(_) => anyhow::bail!("the CUDA executor returned logits for tokens"),
-                    Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
-                }
+                cuda_tokens(x, batch, crate::backend::cuda::Want::Sample(&rows))
             }
         }
     }
@@ -136,21 +124,44 @@ impl Executor {
     /// token ids come back).
     pub fn forward_greedy(&mut self, model: &Model, batch: &BatchMeta) -> Result<Vec<u32>> {
         match self {
-            Executor::Cpu(p) => {
-                let vocab = model.config.vocab_size;
-                let logits = model.forward(batch, p)?;
-                Ok(logits
-                    .chunks_exact(vocab)
-                    .map(super::sampler::argmax)
-                    .collect())
-            }
+            Executor::Cpu(p) => cpu_tokens(model, batch, p, std::iter::repeat(()), |l, ()| {
+                super::sampler::argmax(l)
+            }),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(x) => match x.forward(batch, crate::backend::cuda::Want::Greedy) {
-                Ok(crate::backend::cuda::StepOut::Tokens(t)) => Ok(t),
-                Ok(_) => anyhow::bail!("the CUDA executor returned logits for tokens"),
-                Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
-            },
+            Executor::Cuda(x) => cuda_tokens(x, batch, crate::backend::cuda::Want::Greedy),
         }
+    }
+}
+
+/// The CPU forward pass, then `pick(logits row, its item of per_row)` for each logits row
+/// (as many as both have).
+fn cpu_tokens<T>(
+    model: &Model,
+    batch: &BatchMeta,
+    pages: &mut KvPages,
+    per_row: impl IntoIterator<Item = T>,
+    mut pick: impl FnMut(&[f32], T) -> u32,
+) -> Result<Vec<u32>> {
+    let vocab = model.config.vocab_size;
+    let logits = model.forward(batch, pages)?;
+    Ok(logits
+        .chunks_exact(vocab)
+        .zip(per_row)
+        .map(|(l, item)| pick(l, item))
+        .collect())
+}
+
+/// A CUDA step that returns token ids (`want` is Greedy or Sample).
+#[cfg(feature = "cuda")]
+fn cuda_tokens(
+    x: &mut crate::backend::cuda::CudaExecutor,
+    batch: &BatchMeta,
+    want: crate::backend::cuda::Want<'_>,
+) -> Result<Vec<u32>> {
+    match x.forward(batch, want) {
+        Ok(crate::backend::cuda::StepOut::Tokens(t)) => Ok(t),
+        Ok(_) => anyhow::bail!("the CUDA executor returned logits for tokens"),
+        Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
     }
 }
 
