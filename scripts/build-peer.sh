@@ -3,12 +3,13 @@
 # (pinned and SHA-256-checked below) into target/peer/build/bin, once: later calls find the
 # binaries and return at once. Used by scripts/compare-peer.sh and scripts/reliability.sh.
 #
-#   scripts/build-peer.sh [TARGET...]   (default: llama-bench llama-batched-bench llama-server)
+#   scripts/build-peer.sh [TARGET...]
+#       (default: llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(llama-bench llama-batched-bench llama-server)
+[ ${#targets[@]} -gt 0 ] || targets=(llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize)
 
 peer_pkg="llama-cpp-python"
 peer_version="0.3.36"
@@ -39,16 +40,10 @@ build_peer() {
         log "downloading the $peer_pkg==$peer_version sdist"
         # --no-binary for this package only: ':all:' would also build pip's build-backend
         # dependencies (cmake among them) from source, which takes the better part of an hour.
-        if ! python3 -m pip download --quiet --disable-pip-version-check --no-deps \
-                --no-binary "$peer_pkg" "$peer_pkg==$peer_version" -d "$peer_dir/dl" >&2 \
-                || [ ! -f "$tarball" ]; then
-            log "pip download failed; fetching the sdist URL from the PyPI simple index"
-            local url
-            url="$(curl -fsSL "https://pypi.org/simple/$peer_pkg/" \
-                | grep -o "https://[^\"#]*/llama_cpp_python-$peer_version\.tar\.gz" | head -n1)" \
-                || die "no sdist for $peer_pkg $peer_version in the PyPI simple index"
-            curl -fsSL -o "$tarball" "$url"
-        fi
+        python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+            --no-binary "$peer_pkg" "$peer_pkg==$peer_version" -d "$peer_dir/dl" >&2 \
+            || die "pip could not download the $peer_pkg==$peer_version sdist"
+        [ -f "$tarball" ] || die "pip did not leave $(basename "$tarball") in $peer_dir/dl"
         local got
         got="$(sha256sum "$tarball" | cut -d' ' -f1)"
         [ "$got" = "$peer_sha256" ] || die "$tarball has SHA-256 $got, expected $peer_sha256"
@@ -62,11 +57,15 @@ build_peer() {
 
     log "building ${targets[*]} into $peer_build (log: $peer_dir/build.log; ~10 min on 2 cores)"
     local t0=$SECONDS
+    # Some VMs report AMX in cpuid but fault on it (SIGILL in ggml's AMX matmul), so AMX is
+    # kept out of -march=native (GCC lets explicit -mno-* flags win over -march).
+    local no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     # Tests, OpenSSL and curl are off, and so is the server's web UI (its prebuilt assets
     # would be fetched from the network at configure time); llama-server still builds.
     if ! {
         cmake -S "$peer_src/vendor/llama.cpp" -B "$peer_build" \
             -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CCACHE=OFF \
+            -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
             -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
             -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF &&

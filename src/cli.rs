@@ -285,13 +285,21 @@ pub struct PerplexityArgs {
     pub model: ModelArg,
     /// Text file to score.
     #[arg(short = 'f', long = "file")]
-    pub file: PathBuf,
+    pub file: Option<PathBuf>,
     /// Context size of each chunk.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
     pub ctx: usize,
     /// Score at most this many chunks (default: all).
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// Base log-probabilities in llama-perplexity's format: written while scoring -f FILE, or,
+    /// with --kl-divergence, read and compared against (its tokens and chunk size are used).
+    #[arg(long = "kl-divergence-base", value_name = "FILE")]
+    pub kl_divergence_base: Option<PathBuf>,
+    /// Compare against --kl-divergence-base: prints mean KLD, same top token, PPL(Q) and the
+    /// rest of llama-perplexity's statistics.
+    #[arg(long = "kl-divergence")]
+    pub kl_divergence: bool,
     #[command(flatten)]
     pub compute: ComputeArgs,
 }

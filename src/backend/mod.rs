@@ -1,7 +1,10 @@
-//! Compute backends. The CPU backend is always built; CUDA comes with the `cuda` feature.
+//! Compute backends: the op set the forward pass is written against (`ops`), what a step
+//! computes (`batch`), the CPU backend (always built) and CUDA (feature `cuda`).
 
+pub mod batch;
 #[macro_use]
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod ops;
 pub mod select;

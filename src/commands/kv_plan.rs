@@ -25,7 +25,15 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         .memory_mib
         .checked_mul(1 << 20)
         .context("--memory-mib is too large")?;
-    let plan = KvPlan::new(&geom, cfg.n_head, memory, args.ctx, args.avg_tokens);
+    let layout = cfg.kv_layout();
+    let plan = KvPlan::new(
+        &geom,
+        &layout,
+        cfg.n_head,
+        memory,
+        args.ctx,
+        args.avg_tokens,
+    );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
@@ -43,8 +51,22 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         geom.row_bytes()
     );
     println!(
-        "block                 {} tokens, {} bytes",
-        plan.block_tokens, plan.block_bytes
+        "block                 {} tokens, {} bytes ({} KV group{} of {} layers{})",
+        plan.block_tokens,
+        plan.block_bytes,
+        plan.kv_groups,
+        if plan.kv_groups == 1 { "" } else { "s" },
+        layout.layers_per_group(),
+        match plan.windowed_groups {
+            0 => String::new(),
+            n => format!(", {n} with an attention window"),
+        }
+    );
+    println!(
+        "per sequence          {} bytes at {} tokens ({:.2}x of full attention on every layer)",
+        plan.kv_bytes_per_sequence,
+        plan.ctx,
+        plan.kv_bytes_per_sequence as f64 / plan.full_attention_bytes_per_sequence.max(1) as f64
     );
     println!(
         "memory                {} MiB -> {} blocks",

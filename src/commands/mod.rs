@@ -15,15 +15,19 @@ use anyhow::Result;
 use edgelm::engine::EngineConfig;
 use edgelm::model::Model;
 
-/// KV pool bytes that hold `tokens` tokens (in whole blocks) for this model and page format;
-/// 0 when the format does not fit the model (the engine then says why).
+/// KV pool bytes that hold one sequence of `tokens` tokens (in whole blocks, prefilled in
+/// steps of `--max-batched-tokens`) for this model and page format; 0 when the format does not
+/// fit the model (the engine then says why).
 pub fn kv_bytes_for(model: &Model, c: &ComputeArgs, tokens: usize) -> usize {
     let cfg = &model.config;
     if c.block_size == 0 || c.kv_type.row_bytes(cfg.head_dim).is_none() {
         return 0;
     }
     let geom = cfg.page_geometry(c.kv_type, c.block_size);
-    geom.block_bytes() * tokens.div_ceil(c.block_size)
+    geom.block_bytes()
+        * model
+            .layout
+            .peak_blocks(tokens, c.max_batched_tokens, c.block_size)
 }
 
 /// Engine settings from the shared compute flags.

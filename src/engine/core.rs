@@ -228,15 +228,22 @@ impl Engine {
         )?;
         // The CUDA pool sizes itself from the device's free memory.
         let blocks = exec.blocks();
-        let plan = KvPlan::new(&geom, cfg.n_head, exec.kv_bytes(), context, 512);
+        let plan = KvPlan::new(
+            &geom,
+            &model.layout,
+            cfg.n_head,
+            exec.kv_bytes(),
+            context,
+            512,
+        );
         log::info!(
             "KV pool{}: {} blocks of {} tokens, {} bytes per block ({} KiB per token... {} B/token), {} MiB in all, {}",
             if exec.is_cuda() { " (device memory)" } else { "" },
             blocks,
             config.block_tokens,
             geom.block_bytes(),
-            geom.bytes_per_token() / 1024,
-            geom.bytes_per_token(),
+            plan.kv_bytes_per_token / 1024,
+            plan.kv_bytes_per_token,
             exec.kv_bytes() >> 20,
             config.kv_type
         );
@@ -253,10 +260,11 @@ impl Engine {
                 max_batched_tokens: config.max_batched_tokens,
             },
             BlockPool::new(blocks, config.block_tokens),
+            model.layout.clone(),
         );
         let limits = EngineLimits {
             context,
-            capacity_tokens: blocks * config.block_tokens,
+            capacity_tokens: sched.capacity_tokens(),
             vocab_size: cfg.vocab_size,
             max_n: config.max_seqs.max(1),
         };
@@ -405,7 +413,7 @@ impl Engine {
             meta.push_span(
                 &s.tokens[span.start..span.start + span.len],
                 span.start,
-                s.block_table.clone(),
+                s.blocks.tables().to_vec(),
                 span.logits,
             );
         }
@@ -461,7 +469,10 @@ impl Engine {
         self.sched.commit(&batch);
         self.local.steps += 1;
         match out {
-            StepOutput::Logits(logits) => self.postprocess(&batch, &logits),
+            StepOutput::Logits(logits) => {
+                self.postprocess(&batch, &logits);
+                self.exec.recycle(logits);
+            }
             StepOutput::Tokens(tokens) => self.postprocess_tokens(&batch, &tokens, false),
             StepOutput::Sampled(tokens) => self.postprocess_tokens(&batch, &tokens, true),
         }
@@ -614,7 +625,7 @@ impl Engine {
                     id,
                     index: i,
                     forks_pending: 0,
-                    block_table: Vec::new(),
+                    blocks: Default::default(),
                     ..parent.clone()
                 };
                 self.sched.add_fork(seq, child);

@@ -3,6 +3,7 @@
 //! the engine stay backend-agnostic: the scheduler's block ids and tables mean the same in
 //! both, and a step is "copy these blocks, run this batch, give me logits (or tokens)".
 
+use crate::backend::cpu::step::CpuBuffers;
 use crate::backend::select::Backend;
 use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::kv::{KvPages, PageGeometry};
@@ -11,9 +12,15 @@ use anyhow::Result;
 use std::sync::Arc;
 
 pub enum Executor {
-    Cpu(KvPages),
+    Cpu(CpuExec),
     #[cfg(feature = "cuda")]
     Cuda(Box<crate::backend::cuda::CudaExecutor>),
+}
+
+/// The CPU's pool in RAM and the step buffers it reuses (no step allocates once they grew).
+pub struct CpuExec {
+    pages: KvPages,
+    bufs: CpuBuffers,
 }
 
 /// What [`Executor::start`] needs beyond the model.
@@ -39,7 +46,10 @@ impl Executor {
                 return Ok(x);
             }
         }
-        Ok(Executor::Cpu(KvPages::new(plan.geom, plan.cpu_blocks)?))
+        Ok(Executor::Cpu(CpuExec {
+            pages: KvPages::new(plan.geom, plan.cpu_blocks)?,
+            bufs: CpuBuffers::default(),
+        }))
     }
 
     pub fn is_cuda(&self) -> bool {
@@ -49,7 +59,7 @@ impl Executor {
     /// Blocks the scheduler may hand out.
     pub fn blocks(&self) -> usize {
         match self {
-            Executor::Cpu(p) => p.blocks(),
+            Executor::Cpu(c) => c.pages.blocks(),
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => x.blocks(),
         }
@@ -58,7 +68,7 @@ impl Executor {
     /// Bytes of the KV pool (RAM or device memory).
     pub fn kv_bytes(&self) -> usize {
         match self {
-            Executor::Cpu(p) => p.total_bytes(),
+            Executor::Cpu(c) => c.pages.total_bytes(),
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => x.kv_bytes(),
         }
@@ -67,8 +77,8 @@ impl Executor {
     /// Copy-on-write of a shared, partly filled block.
     pub fn copy_block(&mut self, src: usize, dst: usize) -> Result<()> {
         match self {
-            Executor::Cpu(p) => {
-                p.copy_block(src, dst);
+            Executor::Cpu(c) => {
+                c.pages.copy_block(src, dst);
                 Ok(())
             }
             #[cfg(feature = "cuda")]
@@ -76,10 +86,23 @@ impl Executor {
         }
     }
 
-    /// `batch.logits_for.len()` rows of logits.
+    /// Returns a logits vector from [`Executor::forward`] for reuse.
+    pub fn recycle(&mut self, logits: Vec<f32>) {
+        match self {
+            Executor::Cpu(c) => c.bufs.recycle_logits(logits),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) => {}
+        }
+    }
+
+    /// `batch.logits_for.len()` rows of logits. The vector is the executor's own buffer: hand
+    /// it back with [`Executor::recycle`] so the next step need not allocate one.
     pub fn forward(&mut self, model: &Model, batch: &BatchMeta) -> Result<Vec<f32>> {
         match self {
-            Executor::Cpu(p) => model.forward(batch, p),
+            Executor::Cpu(c) => {
+                model.forward(batch, &mut c.pages, &mut c.bufs)?;
+                Ok(c.bufs.take_logits())
+            }
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => match x.forward(batch, crate::backend::cuda::Want::Logits) {
                 Ok(crate::backend::cuda::StepOut::Logits(l)) => Ok(l),
@@ -100,7 +123,7 @@ impl Executor {
     ) -> Result<Vec<u32>> {
         match self {
             // A fresh sampler seeded with the state draws what the row's own would next.
-            Executor::Cpu(p) => cpu_tokens(model, batch, p, rows, |l, (params, state)| {
+            Executor::Cpu(c) => cpu_tokens(model, batch, c, rows, |l, (params, state)| {
                 let params = SamplingParams {
                     seed: Some(*state),
                     ..params.clone()
@@ -124,7 +147,7 @@ impl Executor {
     /// token ids come back).
     pub fn forward_greedy(&mut self, model: &Model, batch: &BatchMeta) -> Result<Vec<u32>> {
         match self {
-            Executor::Cpu(p) => cpu_tokens(model, batch, p, std::iter::repeat(()), |l, ()| {
+            Executor::Cpu(c) => cpu_tokens(model, batch, c, std::iter::repeat(()), |l, ()| {
                 super::sampler::argmax(l)
             }),
             #[cfg(feature = "cuda")]
@@ -138,13 +161,14 @@ impl Executor {
 fn cpu_tokens<T>(
     model: &Model,
     batch: &BatchMeta,
-    pages: &mut KvPages,
+    c: &mut CpuExec,
     per_row: impl IntoIterator<Item = T>,
     mut pick: impl FnMut(&[f32], T) -> u32,
 ) -> Result<Vec<u32>> {
     let vocab = model.config.vocab_size;
-    let logits = model.forward(batch, pages)?;
-    Ok(logits
+    model.forward(batch, &mut c.pages, &mut c.bufs)?;
+    Ok(c.bufs
+        .logits()
         .chunks_exact(vocab)
         .zip(per_row)
         .map(|(l, item)| pick(l, item))

@@ -18,4 +18,4 @@ pub use self::core::{
 pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
-pub use session::Session;
+pub use session::{Session, SessionConfig};

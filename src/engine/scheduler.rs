@@ -9,7 +9,7 @@
 //! planned does the engine run it and `commit` the result.
 
 use super::sequence::{SeqId, Sequence};
-use crate::kv::BlockPool;
+use crate::kv::{BlockPool, KvLayout, SeqBlocks};
 use crate::model::Logits;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -132,6 +132,8 @@ pub struct SchedulerCounters {
 pub struct Scheduler {
     pub config: SchedulerConfig,
     pub pool: BlockPool,
+    /// The model's KV groups (one table per group per sequence; windows release blocks).
+    layout: KvLayout,
     seqs: HashMap<SeqId, Sequence>,
     waiting: VecDeque<SeqId>,
     /// In admission order.
@@ -148,11 +150,12 @@ enum Grow {
 }
 
 impl Scheduler {
-    pub fn new(config: SchedulerConfig, pool: BlockPool) -> Scheduler {
+    pub fn new(config: SchedulerConfig, pool: BlockPool, layout: KvLayout) -> Scheduler {
         assert!(config.max_seqs > 0 && config.max_batched_tokens > 0);
         Scheduler {
             config,
             pool,
+            layout,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -161,12 +164,17 @@ impl Scheduler {
         }
     }
 
-    /// Tokens the whole pool can hold (a request past this can never run).
+    /// The longest sequence the whole pool can hold (a request past this can never run).
     pub fn capacity_tokens(&self) -> usize {
-        self.pool.total() * self.pool.block_tokens()
+        self.layout.max_tokens(
+            self.pool.total(),
+            self.config.max_batched_tokens,
+            self.pool.block_tokens(),
+        )
     }
 
-    pub fn add(&mut self, seq: Sequence) {
+    pub fn add(&mut self, mut seq: Sequence) {
+        seq.blocks = SeqBlocks::new(self.layout.num_groups());
         self.waiting.push_back(seq.id);
         self.seqs.insert(seq.id, seq);
     }
@@ -200,17 +208,14 @@ impl Scheduler {
         let seq = self.seqs.remove(&id)?;
         self.running.retain(|&s| s != id);
         self.waiting.retain(|&s| s != id);
-        self.pool.release_all(&seq.block_table);
+        let mut seq = seq;
+        seq.blocks.release_all(&mut self.pool);
         Some(seq)
     }
 
     /// Adds an already computed copy of a running sequence (a fork sharing its blocks).
     pub fn add_fork(&mut self, parent: SeqId, mut child: Sequence) {
-        let table = self.seqs[&parent].block_table.clone();
-        for &b in &table {
-            self.pool.retain(b);
-        }
-        child.block_table = table;
+        child.blocks = self.seqs[&parent].blocks.share(&mut self.pool);
         self.running.push(child.id);
         self.seqs.insert(child.id, child);
     }
@@ -341,10 +346,9 @@ impl Scheduler {
                 Grow::NoBlock => {
                     // Give the cache hits back until blocks free up.
                     let s = self.seqs.get_mut(&id).expect("waiting seq exists");
-                    let table = std::mem::take(&mut s.block_table);
                     s.num_computed = 0;
                     s.cached_tokens = 0;
-                    self.pool.release_all(&table);
+                    s.blocks.release_all(&mut self.pool);
                     break;
                 }
             }
@@ -402,7 +406,7 @@ impl Scheduler {
     fn waits_for_prefix(&self, id: SeqId) -> bool {
         let bt = self.pool.block_tokens();
         let s = &self.seqs[&id];
-        if s.num_computed > 0 || !s.block_table.is_empty() || s.want_prompt_logits {
+        if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits {
             return false;
         }
         self.running.iter().any(|r| {
@@ -441,26 +445,25 @@ impl Scheduler {
     }
 
     /// On first admission, reuse cached full blocks of the prompt (always leaving at least the
-    /// last token to compute, so there are logits to sample from).
+    /// last token to compute, so there are logits to sample from): as many leading blocks as
+    /// every KV group still holds what resuming there needs (`SeqBlocks::attach_prefix`).
     fn attach_cached_prefix(&mut self, id: SeqId) {
         let bt = self.pool.block_tokens();
         let s = self.seqs.get_mut(&id).expect("seq exists");
-        if s.num_computed > 0 || !s.block_table.is_empty() || s.want_prompt_logits {
+        if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits {
             return;
         }
         let first_admission = s.preemptions == 0;
-        let usable = s.tokens.len() - 1;
-        let mut hits = 0;
-        for i in 0..usable / bt {
-            let h = s.hash_of_block(i, bt);
-            match self.pool.lookup(h, &s.tokens[i * bt..(i + 1) * bt]) {
-                Some(b) => {
-                    s.block_table.push(b);
-                    hits += bt;
-                }
-                None => break,
-            }
-        }
+        let usable = (s.tokens.len() - 1) / bt;
+        s.hashes_up_to(usable, bt);
+        let hits = bt
+            * s.blocks.attach_prefix(
+                &mut self.pool,
+                &self.layout,
+                &s.block_hashes,
+                &s.tokens,
+                usable,
+            );
         s.num_computed = hits;
         if first_admission {
             s.cached_tokens = hits.min(s.prompt_len);
@@ -469,33 +472,16 @@ impl Scheduler {
         }
     }
 
-    /// Makes room for `len` more tokens at `num_computed..`: new blocks as needed, and a
-    /// private copy of a shared, partly filled block about to be written (copy-on-write).
+    /// Makes room for `len` more tokens at `num_computed..` (`SeqBlocks::grow`: new blocks,
+    /// copy-on-write of a shared partly filled block, windows' old blocks released).
     fn grow(&mut self, id: SeqId, len: usize, batch: &mut ScheduledBatch) -> Grow {
-        let bt = self.pool.block_tokens();
-        let (start, have) = {
-            let s = &self.seqs[&id];
-            (s.num_computed, s.block_table.len())
-        };
-        let need = (start + len).div_ceil(bt);
-        let first = start / bt;
-        let cow = first < have && self.pool.refcount(self.seqs[&id].block_table[first]) > 1;
-        let new_blocks = need.saturating_sub(have) + usize::from(cow);
-        if self.pool.free_count() < new_blocks {
+        let s = self.seqs.get_mut(&id).expect("seq exists");
+        let start = s.num_computed;
+        if self.pool.free_count() < s.blocks.blocks_needed(&self.pool, &self.layout, start, len) {
             return Grow::NoBlock;
         }
-        let s = self.seqs.get_mut(&id).expect("seq exists");
-        if cow {
-            let old = s.block_table[first];
-            let fresh = self.pool.allocate().expect("counted above");
-            batch.copies.push((old, fresh));
-            self.pool.release(old);
-            s.block_table[first] = fresh;
-        }
-        while s.block_table.len() < need {
-            s.block_table
-                .push(self.pool.allocate().expect("counted above"));
-        }
+        s.blocks
+            .grow(&mut self.pool, &self.layout, start, len, &mut batch.copies);
         Grow::Ok
     }
 
@@ -524,13 +510,12 @@ impl Scheduler {
     fn preempt(&mut self, id: SeqId, batch: &mut ScheduledBatch) {
         self.running.retain(|&s| s != id);
         let s = self.seqs.get_mut(&id).expect("running seq exists");
-        let table = std::mem::take(&mut s.block_table);
+        s.blocks.release_all(&mut self.pool);
         s.num_computed = 0;
         s.preemptions += 1;
         s.progress_since_preempt = 0;
         // Its spans planned earlier in this step must not run.
         batch.spans.retain(|sp| sp.seq != id);
-        self.pool.release_all(&table);
         self.waiting.push_front(id);
         batch.preempted.push(id);
         self.counters.preemptions += 1;
@@ -551,19 +536,18 @@ impl Scheduler {
                 // The prompt is done: its first token comes out of this step.
                 s.decoding_since.get_or_insert_with(Instant::now);
             }
-            for i in before..s.num_computed / bt {
-                let h = s.hash_of_block(i, bt);
-                self.pool
-                    .register(s.block_table[i], h, &s.tokens[i * bt..(i + 1) * bt]);
-            }
+            let full = s.num_computed / bt;
+            s.hashes_up_to(full, bt);
+            s.blocks
+                .register_full(&mut self.pool, before..full, &s.block_hashes, &s.tokens);
         }
     }
 
-    /// Every live block table (for invariant checks).
+    /// Every live block table, every group's (for invariant checks).
     pub fn block_tables(&self) -> Vec<&[u32]> {
         self.seqs
             .values()
-            .map(|s| s.block_table.as_slice())
+            .flat_map(|s| s.blocks.tables().iter().map(|t| t.as_slice()))
             .collect()
     }
 }
@@ -579,6 +563,7 @@ mod tests {
                 max_batched_tokens: budget,
             },
             BlockPool::new(blocks, 16),
+            KvLayout::full(1),
         )
     }
 
@@ -839,7 +824,8 @@ mod tests {
         child.tokens.pop();
         child.tokens.push(8);
         s.add_fork(1, child);
-        let shared = s.get(1).unwrap().block_table[1];
+        let table = |s: &Scheduler, id| s.get(id).unwrap().blocks.tables()[0].clone();
+        let shared = table(&s, 1)[1];
         assert_eq!(s.pool.refcount(shared), 2);
         let b = step(&mut s, 4);
         assert_eq!(
@@ -848,15 +834,8 @@ mod tests {
             "one copy-on-write of the partly filled block"
         );
         assert_eq!(b.copies[0].0, shared);
-        assert_ne!(
-            s.get(1).unwrap().block_table[1],
-            s.get(2).unwrap().block_table[1]
-        );
-        assert_eq!(
-            s.get(1).unwrap().block_table[0],
-            s.get(2).unwrap().block_table[0],
-            "full block still shared"
-        );
+        assert_ne!(table(&s, 1)[1], table(&s, 2)[1]);
+        assert_eq!(table(&s, 1)[0], table(&s, 2)[0], "full block still shared");
         s.remove(1);
         s.remove(2);
         assert_eq!(s.pool.used(), 0);

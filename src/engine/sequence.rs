@@ -1,7 +1,7 @@
 //! One sequence's bookkeeping: its tokens, how many have KV in the pool, and where.
 
 use super::request::RequestId;
-use crate::kv::block_hash;
+use crate::kv::{block_hash, SeqBlocks};
 use std::time::Instant;
 
 pub type SeqId = u64;
@@ -21,7 +21,8 @@ pub struct Sequence {
     pub num_computed: usize,
     /// Prompt tokens that came from the prefix cache at first admission.
     pub cached_tokens: usize,
-    pub block_table: Vec<u32>,
+    /// Where its KV lives: a block table per KV group.
+    pub blocks: SeqBlocks,
     /// Chained hashes of the leading full blocks computed so far (`block_hashes[i]` is block i).
     pub block_hashes: Vec<u64>,
     /// Tokens this sequence may reach (prompt + max_tokens, within the context).
@@ -57,7 +58,7 @@ impl Sequence {
             tokens: prompt,
             num_computed: 0,
             cached_tokens: 0,
-            block_table: Vec::new(),
+            blocks: SeqBlocks::default(),
             block_hashes: Vec::new(),
             max_len,
             want_prompt_logits: false,
@@ -85,7 +86,13 @@ impl Sequence {
 
     /// Hash of full block `i`, extending the chain as needed (requires the tokens).
     pub fn hash_of_block(&mut self, i: usize, block_tokens: usize) -> u64 {
-        while self.block_hashes.len() <= i {
+        self.hashes_up_to(i + 1, block_tokens);
+        self.block_hashes[i]
+    }
+
+    /// The chained hashes of the first `n` full blocks (requires the tokens).
+    pub fn hashes_up_to(&mut self, n: usize, block_tokens: usize) -> &[u64] {
+        while self.block_hashes.len() < n {
             let j = self.block_hashes.len();
             let parent = j.checked_sub(1).map(|p| self.block_hashes[p]);
             let h = block_hash(
@@ -94,6 +101,6 @@ impl Sequence {
             );
             self.block_hashes.push(h);
         }
-        self.block_hashes[i]
+        &self.block_hashes[..n]
     }
 }

@@ -1,34 +1,82 @@
-//! A single sequence over the paged pool: the CLI's `run` and `perplexity` path, and the
-//! simplest user of `Model::forward` (the scheduler drives many sequences the same way).
+//! A single sequence over the paged pool, on any executor: the CLI's `perplexity` path, the
+//! tests' reference path, and the simplest user of the forward pass (the scheduler drives many
+//! sequences the same way).
 
-use crate::kv::{BlockPool, KvPages, KvType};
+use super::executor::{Executor, ExecutorPlan};
+use crate::backend::select::Backend;
+use crate::kv::{BlockPool, KvType, SeqBlocks};
 use crate::model::{BatchMeta, Logits, Model};
 use anyhow::{bail, Result};
+use std::sync::Arc;
 
-pub struct Session<'m> {
-    model: &'m Model,
-    pages: KvPages,
-    pool: BlockPool,
-    block_table: Vec<u32>,
-    len: usize,
+/// How a session is set up.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionConfig {
+    pub kv_type: KvType,
+    pub block_tokens: usize,
+    /// The longest sequence it must hold.
+    pub max_tokens: usize,
+    /// The largest chunk `extend` runs at once.
+    pub chunk: usize,
+    pub backend: Backend,
+    /// CUDA: device memory the pool leaves free.
+    pub gpu_reserve_bytes: usize,
 }
 
-impl<'m> Session<'m> {
-    /// Preallocates a pool able to hold `max_tokens` tokens of one sequence.
-    pub fn new(
-        model: &'m Model,
-        max_tokens: usize,
-        kv_type: KvType,
-        block_tokens: usize,
-    ) -> Result<Self> {
-        let cfg = &model.config;
-        let geom = cfg.page_geometry(kv_type, block_tokens);
-        let blocks = max_tokens.div_ceil(block_tokens).max(1);
+impl SessionConfig {
+    /// A CPU session for sequences of `max_tokens`, run in chunks of up to `chunk`.
+    pub fn cpu(kv_type: KvType, block_tokens: usize, max_tokens: usize, chunk: usize) -> Self {
+        SessionConfig {
+            kv_type,
+            block_tokens,
+            max_tokens,
+            chunk,
+            backend: Backend::Cpu,
+            gpu_reserve_bytes: 512 << 20,
+        }
+    }
+}
+
+pub struct Session {
+    model: Arc<Model>,
+    exec: Executor,
+    pool: BlockPool,
+    blocks: SeqBlocks,
+    chunk: usize,
+    len: usize,
+    /// The longest sequence the pool holds.
+    capacity: usize,
+}
+
+impl Session {
+    pub fn new(model: Arc<Model>, cfg: SessionConfig) -> Result<Session> {
+        let chunk = cfg.chunk.max(1);
+        let layout = &model.layout;
+        let geom = model.config.page_geometry(cfg.kv_type, cfg.block_tokens);
+        let want = layout
+            .peak_blocks(cfg.max_tokens, chunk, cfg.block_tokens)
+            .max(1);
+        let exec = Executor::start(
+            &model,
+            &ExecutorPlan {
+                backend: cfg.backend,
+                geom,
+                cpu_blocks: want,
+                max_tokens: chunk,
+                max_seqs: 1,
+                context: cfg.max_tokens,
+                gpu_reserve_bytes: cfg.gpu_reserve_bytes,
+            },
+        )?;
+        // The CUDA pool sizes itself from free device memory.
+        let blocks = exec.blocks();
         Ok(Session {
+            pool: BlockPool::new(blocks, cfg.block_tokens),
+            blocks: SeqBlocks::new(layout.num_groups()),
+            capacity: layout.max_tokens(blocks, chunk, cfg.block_tokens),
             model,
-            pages: KvPages::new(geom, blocks)?,
-            pool: BlockPool::new(blocks, block_tokens),
-            block_table: Vec::new(),
+            exec,
+            chunk,
             len: 0,
         })
     }
@@ -43,12 +91,16 @@ impl<'m> Session<'m> {
     }
 
     pub fn capacity(&self) -> usize {
-        self.pool.total() * self.pool.block_tokens()
+        self.capacity
     }
 
-    /// Appends `tokens` (run in chunks of at most `chunk`), returning the logits asked for:
-    /// the last token's row, or every token's row.
-    pub fn extend(&mut self, tokens: &[u32], want: Logits, chunk: usize) -> Result<Vec<f32>> {
+    pub fn is_cuda(&self) -> bool {
+        self.exec.is_cuda()
+    }
+
+    /// Appends `tokens` (run in chunks of the session's chunk size), returning the logits
+    /// asked for: the last token's row, or every token's row.
+    pub fn extend(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
         if self.len + tokens.len() > self.capacity() {
             bail!(
                 "sequence of {} tokens exceeds the KV capacity of {}",
@@ -56,22 +108,32 @@ impl<'m> Session<'m> {
                 self.capacity()
             );
         }
+        let layout = &self.model.layout;
         let mut out = Vec::new();
-        for (ci, part) in tokens.chunks(chunk.max(1)).enumerate() {
-            let last_chunk = (ci + 1) * chunk.max(1) >= tokens.len();
-            while self.block_table.len() * self.pool.block_tokens() < self.len + part.len() {
-                let b = self.pool.allocate().expect("capacity checked above");
-                self.block_table.push(b);
+        let parts = tokens.chunks(self.chunk).count();
+        for (ci, part) in tokens.chunks(self.chunk).enumerate() {
+            let need = self
+                .blocks
+                .blocks_needed(&self.pool, layout, self.len, part.len());
+            if need > self.pool.free_count() {
+                bail!("the KV pool is out of blocks");
             }
-            let mut batch = BatchMeta::default();
+            let mut copies = Vec::new();
+            self.blocks
+                .grow(&mut self.pool, layout, self.len, part.len(), &mut copies);
+            for (src, dst) in copies {
+                self.exec.copy_block(src as usize, dst as usize)?;
+            }
             let w = match want {
                 Logits::All => Logits::All,
-                Logits::Last if last_chunk => Logits::Last,
+                Logits::Last if ci + 1 == parts => Logits::Last,
                 _ => Logits::None,
             };
-            batch.push_span(part, self.len, self.block_table.clone(), w);
-            let logits = self.model.forward(&batch, &mut self.pages)?;
+            let mut batch = BatchMeta::default();
+            batch.push_span(part, self.len, self.blocks.tables().to_vec(), w);
+            let logits = self.exec.forward(&self.model, &batch)?;
             out.extend_from_slice(&logits);
+            self.exec.recycle(logits);
             self.len += part.len();
         }
         Ok(out)
@@ -79,9 +141,7 @@ impl<'m> Session<'m> {
 
     /// Frees every block: the session can start a new sequence.
     pub fn reset(&mut self) {
-        for b in self.block_table.drain(..) {
-            self.pool.release(b);
-        }
+        self.blocks.release_all(&mut self.pool);
         self.len = 0;
     }
 }

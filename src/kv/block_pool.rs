@@ -2,13 +2,16 @@
 //!
 //! - Every block has a reference count: the number of block tables holding it.
 //! - A full block can carry a hash chained over (parent block's hash, its tokens); a map from
-//!   hash to block lets a new prompt reuse blocks an earlier one computed. A hit is checked
-//!   against the block's stored tokens, so a hash collision can never serve wrong KV.
+//!   (hash, KV group) to block lets a new prompt reuse blocks an earlier one computed. A hit is
+//!   checked against the block's stored tokens and group, so a hash collision can never serve
+//!   wrong KV. (Each KV group of a model with attention windows has its own blocks for the same
+//!   tokens: see `layout`.)
 //! - Free blocks (refcount 0) sit in an LRU queue. A freed block keeps its hash and can still
 //!   be hit; it is only evicted, lazily, when the queue hands it out for new data.
 //!
 //! Pure bookkeeping over block ids: the bytes live in [`super::KvPages`].
 
+use super::layout::NO_BLOCK;
 use super::lru::LruList;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -18,15 +21,17 @@ struct BlockMeta {
     refcount: u32,
     /// Set while the block is registered in the prefix cache.
     hash: Option<u64>,
-    /// The tokens a cached block holds (to re-check hits).
+    /// The tokens a cached block holds and its KV group (to re-check hits).
     tokens: Vec<u32>,
+    group: usize,
 }
 
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     blocks: Vec<BlockMeta>,
     free: LruList,
-    cached: HashMap<u64, u32>,
+    /// (chained hash, group) → block.
+    cached: HashMap<(u64, usize), u32>,
     block_tokens: usize,
 }
 
@@ -87,7 +92,7 @@ impl BlockPool {
         let meta = &mut self.blocks[b as usize];
         debug_assert_eq!(meta.refcount, 0);
         if let Some(h) = meta.hash.take() {
-            self.cached.remove(&h);
+            self.cached.remove(&(h, meta.group));
             meta.tokens.clear();
         }
         meta.refcount = 1;
@@ -116,20 +121,27 @@ impl BlockPool {
     }
 
     /// Releases a whole block table, last block first: a sequence's tail is the least likely
-    /// to be shared, so it should be evicted first.
+    /// to be shared, so it should be evicted first. [`NO_BLOCK`] entries hold nothing.
     pub fn release_all(&mut self, table: &[u32]) {
         for &b in table.iter().rev() {
-            self.release(b);
+            if b != NO_BLOCK {
+                self.release(b);
+            }
         }
     }
 
+    /// The cached block of `group` holding `tokens` under `hash`, if any (no reference taken).
+    pub fn peek(&self, hash: u64, group: usize, tokens: &[u32]) -> Option<u32> {
+        let &b = self.cached.get(&(hash, group))?;
+        let meta = &self.blocks[b as usize];
+        // A hash collision: never serve another prompt's KV.
+        (meta.tokens == tokens && meta.group == group).then_some(b)
+    }
+
     /// Looks a full block up by hash; on a verified hit the caller gets a reference to it.
-    pub fn lookup(&mut self, hash: u64, tokens: &[u32]) -> Option<u32> {
-        let &b = self.cached.get(&hash)?;
+    pub fn lookup(&mut self, hash: u64, group: usize, tokens: &[u32]) -> Option<u32> {
+        let b = self.peek(hash, group, tokens)?;
         let meta = &mut self.blocks[b as usize];
-        if meta.tokens != tokens {
-            return None; // a hash collision: never serve another prompt's KV
-        }
         if meta.refcount == 0 {
             self.free.remove(b);
         }
@@ -137,17 +149,18 @@ impl BlockPool {
         Some(b)
     }
 
-    /// Registers a block that now holds `tokens` (a full block) under `hash`. If another block
-    /// already has that identity, this one simply stays uncached.
-    pub fn register(&mut self, block: u32, hash: u64, tokens: &[u32]) {
+    /// Registers a block of `group` that now holds `tokens` (a full block) under `hash`. If
+    /// another block already has that identity, this one simply stays uncached.
+    pub fn register(&mut self, block: u32, hash: u64, group: usize, tokens: &[u32]) {
         debug_assert_eq!(tokens.len(), self.block_tokens);
         let meta = &mut self.blocks[block as usize];
-        if meta.hash.is_some() || self.cached.contains_key(&hash) {
+        if meta.hash.is_some() || self.cached.contains_key(&(hash, group)) {
             return;
         }
         meta.hash = Some(hash);
         meta.tokens = tokens.to_vec();
-        self.cached.insert(hash, block);
+        meta.group = group;
+        self.cached.insert((hash, group), block);
     }
 
     /// Checks every structural invariant; `tables` are all live block tables. Used by tests.
@@ -157,7 +170,7 @@ impl BlockPool {
     ) -> Result<(), String> {
         let mut refs = vec![0u32; self.total()];
         for t in tables {
-            for &b in t {
+            for &b in t.iter().filter(|&&b| b != NO_BLOCK) {
                 refs[b as usize] += 1;
             }
         }
@@ -176,7 +189,7 @@ impl BlockPool {
                 ));
             }
             if let Some(h) = meta.hash {
-                if self.cached.get(&h) != Some(&(b as u32)) {
+                if self.cached.get(&(h, meta.group)) != Some(&(b as u32)) {
                     return Err(format!("block {b}: hash not mapped back to it"));
                 }
                 if meta.tokens.len() != self.block_tokens {
@@ -187,7 +200,7 @@ impl BlockPool {
                 }
             }
         }
-        for (&h, &b) in &self.cached {
+        for (&(h, _), &b) in &self.cached {
             if self.blocks[b as usize].hash != Some(h) {
                 return Err(format!("cache entry for block {b} has a stale hash"));
             }
@@ -226,15 +239,16 @@ mod tests {
         let a = p.allocate().unwrap();
         let b = p.allocate().unwrap();
         let (ha, hb) = (block_hash(None, &[1, 2]), block_hash(Some(7), &[3, 4]));
-        p.register(a, ha, &[1, 2]);
-        p.register(b, hb, &[3, 4]);
+        p.register(a, ha, 0, &[1, 2]);
+        p.register(b, hb, 0, &[3, 4]);
         p.release(a); // a freed first: evicted first
         p.release(b);
-        assert_eq!(p.lookup(hb, &[3, 4]), Some(b), "free but still cached");
-        assert_eq!(p.lookup(hb, &[9, 9]), None, "tokens re-checked");
+        assert_eq!(p.lookup(hb, 0, &[3, 4]), Some(b), "free but still cached");
+        assert_eq!(p.lookup(hb, 0, &[9, 9]), None, "tokens re-checked");
+        assert_eq!(p.lookup(hb, 1, &[3, 4]), None, "another group's block");
         let c = p.allocate().unwrap();
         assert_eq!(c, a, "LRU: the older free block is reused");
-        assert_eq!(p.lookup(ha, &[1, 2]), None, "evicted on reuse");
+        assert_eq!(p.lookup(ha, 0, &[1, 2]), None, "evicted on reuse");
         p.check_invariants([&[b][..], &[c][..]]).unwrap();
     }
 

@@ -1,12 +1,16 @@
-//! KV memory: page storage (bytes), block bookkeeping (ids, refcounts, prefix cache) and the
-//! sizing arithmetic. No backend here.
+//! KV memory: page storage (bytes), block bookkeeping (ids, refcounts, prefix cache, the
+//! per-sequence tables of each KV group) and the sizing arithmetic. No backend here.
 
 mod block_pool;
+mod layout;
 mod lru;
 mod page_format;
 mod pages;
 pub mod plan;
+mod seq_blocks;
 
 pub use block_pool::{block_hash, BlockPool};
-pub use page_format::KvType;
+pub use layout::{KvGroup, KvLayout, NO_BLOCK};
+pub use page_format::{KvType, HADAMARD_DIM};
 pub use pages::{KvPages, PageGeometry, Part};
+pub use seq_blocks::SeqBlocks;

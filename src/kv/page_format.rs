@@ -4,6 +4,9 @@ use crate::quant::{self, GgmlType};
 use std::fmt;
 use std::str::FromStr;
 
+/// Width of the Walsh-Hadamard rotation of quantized pages (see [`KvType::rotated`]).
+pub const HADAMARD_DIM: usize = 64;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KvType {
@@ -46,6 +49,17 @@ impl KvType {
             KvType::Q8_0 => quant::quantize_row(GgmlType::Q8_0, src, dst),
             KvType::Q4_0 => quantize_row_q4_0(src, dst),
         }
+    }
+
+    /// Whether pages of this type hold K and V rotated by the Walsh-Hadamard transform over
+    /// every [`HADAMARD_DIM`] values (the one rule every backend follows): quantized pages do,
+    /// when the head splits into whole chunks. The rotation is orthonormal and its own inverse,
+    /// so rotating Q with K leaves Q·K unchanged and rotating the attention output back undoes
+    /// it on V; what it changes is that outlier channels are spread over the chunk before K and
+    /// V are quantized (llama.cpp does the same for its quantized caches), which keeps q4_0
+    /// pages usable.
+    pub fn rotated(self, head_dim: usize) -> bool {
+        self != KvType::F16 && head_dim.is_multiple_of(HADAMARD_DIM)
     }
 
     /// Reads a row back into f32 (`dst.len()` = head_dim).

@@ -1,18 +1,28 @@
-//! KV sizing arithmetic: what a memory budget buys in blocks and concurrent sequences.
+//! KV sizing arithmetic: what a memory budget buys in blocks and concurrent sequences, with
+//! attention windows counted (a windowed KV group holds only its window's blocks).
 //! Used by the engine at start-up (its log line) and by `edgelm kv-plan`.
 
-use super::{KvType, PageGeometry};
+use super::{KvLayout, KvType, PageGeometry};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct KvPlan {
     pub kv_type: KvType,
+    /// Bytes one token's K and V take in every layer (what full attention holds per token).
     pub kv_bytes_per_token: usize,
     pub block_tokens: usize,
+    /// Bytes of one block (one KV group's layers).
     pub block_bytes: usize,
+    /// KV groups (blocks per position without windows) and how many have a window.
+    pub kv_groups: usize,
+    pub windowed_groups: usize,
     pub memory_bytes: usize,
     pub pool_blocks: usize,
     pub ctx: usize,
+    /// Bytes one sequence of `ctx` tokens holds, windows counted.
+    pub kv_bytes_per_sequence: usize,
+    /// The same without windows (every layer holding every position).
+    pub full_attention_bytes_per_sequence: usize,
     pub avg_tokens: usize,
     /// Sequences of `avg_tokens` that fit when memory is reserved a block at a time.
     pub max_seqs_paged: usize,
@@ -22,20 +32,25 @@ pub struct KvPlan {
     pub no_gqa_kv_bytes_per_token: usize,
     pub no_gqa_max_seqs_paged: usize,
     pub no_gqa_max_seqs_contiguous: usize,
+    #[serde(skip)]
+    layout: KvLayout,
 }
 
 impl KvPlan {
     pub fn new(
         geom: &PageGeometry,
+        layout: &KvLayout,
         n_head: usize,
         memory_bytes: usize,
         ctx: usize,
         avg_tokens: usize,
     ) -> KvPlan {
-        let per_token = geom.bytes_per_token();
+        let groups = layout.num_groups();
+        let per_token = geom.bytes_per_token() * groups;
         let block_bytes = geom.block_bytes();
         let pool_blocks = memory_bytes / block_bytes;
-        let blocks_per_seq = avg_tokens.max(1).div_ceil(geom.block_tokens);
+        let bt = geom.block_tokens;
+        let per_seq = |tokens: usize| layout.blocks_for_sequence(tokens.max(1), bt);
         let no_gqa = PageGeometry {
             kv_heads: n_head,
             ..*geom
@@ -44,23 +59,29 @@ impl KvPlan {
         KvPlan {
             kv_type: geom.kv_type,
             kv_bytes_per_token: per_token,
-            block_tokens: geom.block_tokens,
+            block_tokens: bt,
             block_bytes,
+            kv_groups: groups,
+            windowed_groups: layout.groups.iter().filter(|g| g.window.is_some()).count(),
             memory_bytes,
             pool_blocks,
             ctx,
+            kv_bytes_per_sequence: per_seq(ctx) * block_bytes,
+            full_attention_bytes_per_sequence: ctx.max(1).div_ceil(bt) * groups * block_bytes,
             avg_tokens,
-            max_seqs_paged: pool_blocks / blocks_per_seq,
+            max_seqs_paged: pool_blocks / per_seq(avg_tokens),
             max_seqs_contiguous: memory_bytes / (per_token * ctx.max(1)),
-            no_gqa_kv_bytes_per_token: no_gqa.bytes_per_token(),
-            no_gqa_max_seqs_paged: no_gqa_blocks / blocks_per_seq,
-            no_gqa_max_seqs_contiguous: memory_bytes / (no_gqa.bytes_per_token() * ctx.max(1)),
+            no_gqa_kv_bytes_per_token: no_gqa.bytes_per_token() * groups,
+            no_gqa_max_seqs_paged: no_gqa_blocks / per_seq(avg_tokens),
+            no_gqa_max_seqs_contiguous: memory_bytes
+                / (no_gqa.bytes_per_token() * groups * ctx.max(1)),
+            layout: layout.clone(),
         }
     }
 
     /// Concurrent sequences of `tokens` tokens each that the pool holds.
     pub fn seqs_at(&self, tokens: usize) -> usize {
-        self.pool_blocks / tokens.max(1).div_ceil(self.block_tokens)
+        self.pool_blocks / self.layout.blocks_for_sequence(tokens.max(1), self.block_tokens)
     }
 }
 
@@ -78,28 +99,47 @@ mod tests {
         }
     }
 
+    fn plan(kv_type: KvType) -> KvPlan {
+        KvPlan::new(&smollm(kv_type), &KvLayout::full(30), 9, 1 << 30, 8192, 512)
+    }
+
     #[test]
     fn smollm_bytes_per_token_by_format() {
-        let f16 = KvPlan::new(&smollm(KvType::F16), 9, 1 << 30, 8192, 512);
+        let f16 = plan(KvType::F16);
         assert_eq!(f16.kv_bytes_per_token, 23_040);
         assert_eq!(f16.no_gqa_kv_bytes_per_token, 69_120);
         // q8_0: 34 bytes per 32 values; q4_0: 18 bytes per 32 values.
-        assert_eq!(
-            KvPlan::new(&smollm(KvType::Q8_0), 9, 1 << 30, 8192, 512).kv_bytes_per_token,
-            12_240
-        );
-        assert_eq!(
-            KvPlan::new(&smollm(KvType::Q4_0), 9, 1 << 30, 8192, 512).kv_bytes_per_token,
-            6_480
-        );
+        assert_eq!(plan(KvType::Q8_0).kv_bytes_per_token, 12_240);
+        assert_eq!(plan(KvType::Q4_0).kv_bytes_per_token, 6_480);
     }
 
     #[test]
     fn paging_beats_contiguous_reservation() {
-        let p = KvPlan::new(&smollm(KvType::F16), 9, 1 << 30, 8192, 512);
+        let p = plan(KvType::F16);
         assert_eq!(p.block_bytes, 23_040 * 16);
         assert_eq!(p.pool_blocks, (1 << 30) / (23_040 * 16));
         assert!(p.max_seqs_paged >= 4 * p.max_seqs_contiguous.max(1));
         assert_eq!(p.seqs_at(512), p.max_seqs_paged);
+        assert_eq!(p.kv_bytes_per_sequence, p.full_attention_bytes_per_sequence);
+    }
+
+    #[test]
+    fn windows_shrink_what_a_long_sequence_holds() {
+        // Gemma 3 270M's shape: 18 layers, 1 KV head of 256, windows of 512 on 5 layers of 6.
+        let windows: Vec<Option<usize>> = (0..18).map(|l| (l % 6 != 5).then_some(512)).collect();
+        let layout = KvLayout::new(&windows);
+        let geom = PageGeometry {
+            layers: layout.layers_per_group(),
+            kv_heads: 1,
+            head_dim: 256,
+            block_tokens: 16,
+            kv_type: KvType::F16,
+        };
+        let p = KvPlan::new(&geom, &layout, 4, 256 << 20, 32768, 512);
+        assert_eq!(p.kv_bytes_per_token, 18 * 2 * 512);
+        assert!(
+            (p.kv_bytes_per_sequence as f64) < 0.2 * p.full_attention_bytes_per_sequence as f64
+        );
+        assert_eq!((p.kv_groups, p.windowed_groups), (6, 5));
     }
 }

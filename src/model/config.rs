@@ -1,21 +1,43 @@
-//! Architecture hyper-parameters read from GGUF metadata (`{arch}.*` keys).
+//! Hyper-parameters read from GGUF metadata (`{arch}.*` keys), with the defaults llama.cpp
+//! applies, resolved per layer: which RoPE table (if any) and which attention window.
 
+use super::arch::{Family, SUPPORTED};
+use crate::backend::ops::{Activation, RopeLayout};
 use crate::gguf::GgufFile;
-use crate::kv::{KvType, PageGeometry};
+use crate::kv::{KvLayout, KvType, PageGeometry};
 use anyhow::{bail, Context, Result};
 
-/// How RoPE pairs up the dimensions of a head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeLayout {
-    /// Adjacent pairs (x[2i], x[2i+1]): llama's GGUF convention (the converter permutes Q/K).
-    Normal,
-    /// Halves (x[i], x[i + n_rot/2]): GPT-NeoX style, used by qwen2 and others.
-    Neox,
+/// How RoPE angles are scaled (`rope.scaling.type`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions interpolated by `freq_scale` (1 / `rope.scaling.factor`).
+    Linear,
+    /// Phi-3's per-pair factors, long or short by the context (`rope_factors_long/short`).
+    LongRope,
+}
+
+/// The parameters of one RoPE table before its factors (which are weights) are attached.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub base: f32,
+    pub freq_scale: f32,
+    pub mscale: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerConfig {
+    /// Index into `ModelConfig::ropes`, or `None` for a layer without RoPE.
+    pub rope: Option<usize>,
+    /// Positions a query sees, itself included (`None`: all before it).
+    pub window: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
+    /// `general.architecture` as the file says it.
     pub arch: String,
+    pub family: Family,
     pub n_layers: usize,
     pub n_embd: usize,
     pub n_ff: usize,
@@ -24,11 +46,90 @@ pub struct ModelConfig {
     pub head_dim: usize,
     /// Dimensions of each head that RoPE rotates (the rest pass through).
     pub n_rot: usize,
-    pub rope_theta: f32,
     pub rope_layout: RopeLayout,
+    pub rope_scaling: RopeScaling,
+    /// The context the model was trained with before RoPE scaling (LongRoPE picks its long
+    /// factors beyond it).
+    pub rope_original_context: usize,
+    pub ropes: Vec<RopeParams>,
+    pub layers: Vec<LayerConfig>,
     pub rms_eps: f32,
+    pub activation: Activation,
+    /// Multiplies Q·K before the softmax.
+    pub attn_scale: f32,
+    /// Multiplies Q after RoPE (Gemma and Phi-3 scale the queries rather than Q·K; which one is
+    /// scaled changes how Q rounds into f16 attention).
+    pub query_scale: f32,
+    /// Multiplies the token embeddings (Gemma: √n_embd; Granite: `embedding_scale`).
+    pub embed_scale: f32,
+    /// Multiplies each block's attention and FFN outputs before the residual add (Granite).
+    pub residual_scale: f32,
+    /// Multiplies the logits (Granite: 1 / `logit_scale`).
+    pub logit_scale: f32,
+    /// `cap · tanh(logits / cap)` (Gemma's optional `final_logit_softcapping`).
+    pub final_softcap: Option<f32>,
     pub context_length: usize,
     pub vocab_size: usize,
+}
+
+/// Typed access to `{arch}.*` keys with errors that name the key.
+struct Keys<'a> {
+    file: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn name(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn u32(&self, k: &str) -> Result<Option<usize>> {
+        let full = self.name(k);
+        match self.file.get(&full) {
+            None => Ok(None),
+            Some(v) => match v.as_u32() {
+                Some(x) => Ok(Some(x as usize)),
+                None if v.as_array().is_some() => {
+                    bail!("{full} has a value per layer, which edgelm does not implement")
+                }
+                None => bail!("{full} is not an unsigned integer"),
+            },
+        }
+    }
+
+    fn req(&self, k: &str) -> Result<usize> {
+        match self.u32(k)? {
+            Some(0) => bail!("{} is 0", self.name(k)),
+            Some(v) => Ok(v),
+            None => bail!("GGUF has no {}", self.name(k)),
+        }
+    }
+
+    fn f32(&self, k: &str) -> Result<Option<f32>> {
+        let full = self.name(k);
+        match self.file.get(&full) {
+            None => Ok(None),
+            Some(v) => match v.as_f32() {
+                Some(x) if x.is_finite() => Ok(Some(x)),
+                _ => bail!("{full} is not a finite number"),
+            },
+        }
+    }
+
+    fn bool(&self, k: &str) -> Result<Option<bool>> {
+        let full = self.name(k);
+        match self.file.get(&full) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .with_context(|| format!("{full} is not a boolean")),
+        }
+    }
+
+    fn str(&self, k: &str) -> Option<&str> {
+        self.file.get_str(&self.name(k))
+    }
 }
 
 impl ModelConfig {
@@ -37,43 +138,41 @@ impl ModelConfig {
             .architecture()
             .context("GGUF has no general.architecture")?
             .to_owned();
-        let rope_layout = match arch.as_str() {
-            "llama" | "mistral" | "granite" => RopeLayout::Normal,
-            "qwen2" | "qwen3" => RopeLayout::Neox,
-            other => bail!("unsupported architecture '{other}' (supported: llama, mistral, qwen2)"),
+        let family = Family::from_arch(&arch).with_context(|| {
+            format!(
+                "unsupported architecture '{arch}' (supported: {})",
+                SUPPORTED.join(", ")
+            )
+        })?;
+        let k = Keys {
+            file,
+            arch: &arch,
         };
-        let key = |k: &str| format!("{arch}.{k}");
-        let req = |k: &str| -> Result<usize> {
-            let full = key(k);
-            let v = file
-                .get_u32(&full)
-                .with_context(|| format!("GGUF has no {full}"))? as usize;
-            if v == 0 {
-                bail!("{full} is 0");
-            }
-            Ok(v)
-        };
-        let n_embd = req("embedding_length")?;
-        let n_head = req("attention.head_count")?;
-        let n_head_kv = file
-            .get_u32(&key("attention.head_count_kv"))
-            .map(|v| v as usize)
-            .unwrap_or(n_head);
+        let n_layers = k.req("block_count")?;
+        let n_embd = k.req("embedding_length")?;
+        let n_ff = k.req("feed_forward_length")?;
+        let n_head = k.req("attention.head_count")?;
+        let n_head_kv = k.u32("attention.head_count_kv")?.unwrap_or(n_head);
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
             bail!("attention.head_count {n_head} is not a multiple of head_count_kv {n_head_kv}");
         }
-        let head_dim = match file.get_u32(&key("attention.key_length")) {
-            Some(d) => d as usize,
+        let head_dim = match k.u32("attention.key_length")? {
+            Some(d) => d,
             None if n_embd % n_head == 0 => n_embd / n_head,
             None => bail!("embedding_length {n_embd} is not a multiple of head_count {n_head}"),
         };
+        if let Some(v) = k.u32("attention.value_length")? {
+            if v != head_dim {
+                bail!(
+                    "{} ({v}) differs from the key length ({head_dim}), which edgelm does not implement",
+                    k.name("attention.value_length")
+                );
+            }
+        }
         if head_dim == 0 || head_dim % 2 != 0 || head_dim > 1024 {
             bail!("unsupported head dimension {head_dim}");
         }
-        let n_rot = file
-            .get_u32(&key("rope.dimension_count"))
-            .map(|v| v as usize)
-            .unwrap_or(head_dim);
+        let n_rot = k.u32("rope.dimension_count")?.unwrap_or(head_dim);
         if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             bail!("rope.dimension_count {n_rot} does not fit head dimension {head_dim}");
         }
@@ -82,28 +181,141 @@ impl ModelConfig {
             .and_then(|v| v.as_string_array())
             .map(|t| t.len())
             .context("GGUF has no tokenizer.ggml.tokens")?;
+        let context_length = k.u32("context_length")?.unwrap_or(2048);
+        let rms_eps = k
+            .f32("attention.layer_norm_rms_epsilon")?
+            .unwrap_or(1e-5);
+
+        // RoPE: the table of the global layers, and Gemma's local one.
+        let rope_scaling = match k.str("rope.scaling.type").unwrap_or("linear") {
+            "none" => RopeScaling::None,
+            "linear" => RopeScaling::Linear,
+            "longrope" => RopeScaling::LongRope,
+            other => bail!(
+                "{} = '{other}' is not implemented (edgelm does none, linear and longrope)",
+                k.name("rope.scaling.type")
+            ),
+        };
+        let factor = match k.f32("rope.scaling.factor")? {
+            Some(f) => Some(f),
+            None => k.f32("rope.scale_linear")?,
+        };
+        let freq_scale = match (rope_scaling, factor) {
+            (RopeScaling::None, _) | (_, None) => 1.0,
+            (_, Some(f)) if f == 0.0 => 1.0,
+            (_, Some(f)) => 1.0 / f,
+        };
+        let global_rope = RopeParams {
+            base: k.f32("rope.freq_base")?.unwrap_or(10_000.0),
+            freq_scale,
+            mscale: k.f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
+        };
+        let rope_original_context = k
+            .u32("rope.scaling.original_context_length")?
+            .unwrap_or(context_length);
+
+        let mut ropes = vec![global_rope];
+        let mut layers = vec![
+            LayerConfig {
+                rope: Some(0),
+                window: None,
+            };
+            n_layers
+        ];
+        let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
+        let mut query_scale = 1.0;
+        let (mut embed_scale, mut residual_scale, mut logit_scale) = (1.0, 1.0, 1.0);
+        let mut final_softcap = None;
+        match family {
+            Family::Gemma3 => {
+                embed_scale = (n_embd as f32).sqrt();
+                final_softcap = k.f32("final_logit_softcapping")?.filter(|&c| c != 0.0);
+                // Gemma scales the queries: by the model width per head for Gemma 3 27B, by the
+                // head dimension for the others (llama.cpp's `f_attention_scale`).
+                query_scale = if n_layers == 62 {
+                    1.0 / ((n_embd / n_head) as f32).sqrt()
+                } else {
+                    attn_scale
+                };
+                attn_scale = 1.0;
+                if let Some(window) = k.u32("attention.sliding_window")?.filter(|&w| w > 0) {
+                    // Local layers have their own RoPE base and no scaling.
+                    ropes.push(RopeParams {
+                        base: k.f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
+                        freq_scale: 1.0,
+                        mscale: global_rope.mscale,
+                    });
+                    for (l, local) in sliding_pattern(&k, n_layers)?.into_iter().enumerate() {
+                        if local {
+                            layers[l] = LayerConfig {
+                                rope: Some(1),
+                                window: Some(window),
+                            };
+                        }
+                    }
+                }
+            }
+            Family::Smollm3 => {
+                // Every fourth layer has no RoPE (llama.cpp's `n_no_rope_layer_step`).
+                for (l, layer) in layers.iter_mut().enumerate() {
+                    if (l + 1) % 4 == 0 {
+                        layer.rope = None;
+                    }
+                }
+            }
+            Family::Granite => {
+                let scale = k
+                    .f32("logit_scale")?
+                    .with_context(|| format!("GGUF has no {}", k.name("logit_scale")))?;
+                if scale == 0.0 {
+                    bail!("{} is 0", k.name("logit_scale"));
+                }
+                logit_scale = 1.0 / scale;
+                residual_scale = k.f32("residual_scale")?.filter(|&s| s != 0.0).unwrap_or(1.0);
+                embed_scale = k.f32("embedding_scale")?.filter(|&s| s != 0.0).unwrap_or(1.0);
+                if let Some(s) = k.f32("attention.scale")?.filter(|&s| s != 0.0) {
+                    attn_scale = s;
+                }
+                // Granite switches RoPE off with `rope.scaling.finetuned = false`.
+                if k.bool("rope.scaling.finetuned")? == Some(false) {
+                    layers.iter_mut().for_each(|l| l.rope = None);
+                }
+            }
+            Family::Phi3 => {
+                query_scale = attn_scale;
+                attn_scale = 1.0;
+            }
+            Family::Llama | Family::Qwen2 | Family::Qwen3 => {}
+        }
+
         let cfg = ModelConfig {
-            n_layers: req("block_count")?,
-            n_ff: req("feed_forward_length")?,
+            family,
+            n_layers,
             n_embd,
+            n_ff,
             n_head,
             n_head_kv,
             head_dim,
             n_rot,
-            rope_theta: file.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
-            rope_layout,
-            rms_eps: file
-                .get_f32(&key("attention.layer_norm_rms_epsilon"))
-                .unwrap_or(1e-5),
-            context_length: file
-                .get_u32(&key("context_length"))
-                .map(|v| v as usize)
-                .unwrap_or(2048),
+            rope_layout: family.rope_layout(),
+            rope_scaling,
+            rope_original_context,
+            ropes,
+            layers,
+            rms_eps,
+            activation: family.activation(),
+            attn_scale,
+            query_scale,
+            embed_scale,
+            residual_scale,
+            logit_scale,
+            final_softcap,
+            context_length,
             vocab_size,
             arch,
         };
         if cfg.n_layers > 1024 || cfg.n_embd > 65_536 || cfg.n_ff > 1 << 20 {
-            bail!("implausible model shape: {cfg:?}");
+            bail!("implausible model shape: {} layers, n_embd {}, n_ff {}", n_layers, n_embd, n_ff);
         }
         Ok(cfg)
     }
@@ -116,14 +328,43 @@ impl ModelConfig {
         self.n_head_kv * self.head_dim
     }
 
-    /// The KV page geometry for this model: only its KV heads are stored (GQA).
+    /// How the layers share block tables (one group unless some layers have windows).
+    pub fn kv_layout(&self) -> KvLayout {
+        KvLayout::new(&self.layers.iter().map(|l| l.window).collect::<Vec<_>>())
+    }
+
+    /// The KV page geometry for this model: only its KV heads are stored (GQA), and a block
+    /// holds one KV group's layers.
     pub fn page_geometry(&self, kv_type: KvType, block_tokens: usize) -> PageGeometry {
         PageGeometry {
-            layers: self.n_layers,
+            layers: self.kv_layout().layers_per_group(),
             kv_heads: self.n_head_kv,
             head_dim: self.head_dim,
             block_tokens,
             kv_type,
         }
     }
+}
+
+/// Which layers are local (sliding-window): `attention.sliding_window_pattern` as an array of
+/// booleans, or as a period N (the last layer of every N is global), default 6, as llama.cpp's
+/// `load_swa_pattern`.
+fn sliding_pattern(k: &Keys<'_>, n_layers: usize) -> Result<Vec<bool>> {
+    let key = k.name("attention.sliding_window_pattern");
+    if let Some(v) = k.file.get(&key) {
+        if let Some(arr) = v.as_array() {
+            let flags: Option<Vec<bool>> = (0..arr.len())
+                .map(|i| arr.get(i).and_then(|x| x.as_bool()))
+                .collect();
+            let flags = flags.with_context(|| format!("{key} is not an array of booleans"))?;
+            if flags.len() != n_layers {
+                bail!("{key} has {} entries for {n_layers} layers", flags.len());
+            }
+            return Ok(flags);
+        }
+    }
+    let period = k.u32("attention.sliding_window_pattern")?.unwrap_or(6);
+    Ok((0..n_layers)
+        .map(|l| period == 0 || l % period < period - 1)
+        .collect())
 }

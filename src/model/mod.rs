@@ -1,15 +1,20 @@
-//! The Llama-family decoder: config, weights and the batched forward pass over paged KV.
+//! The decoder-only transformer: which families there are (`arch`), their hyper-parameters
+//! (`config`), their weights (`weights`) and the one forward pass every backend runs
+//! (`forward`).
 
-mod batch;
+mod arch;
 mod config;
 mod forward;
 mod weights;
 
-pub use batch::{BatchMeta, Logits};
-pub use config::{ModelConfig, RopeLayout};
-pub use weights::{LayerWeights, Mat, Weights};
+pub use crate::backend::batch::{BatchMeta, Logits};
+pub use crate::backend::ops::{Mat, RopeLayout, RopeTable, Shape, VecRef, Widths};
+pub use arch::{Family, SUPPORTED};
+pub use config::{LayerConfig, ModelConfig, RopeScaling};
+pub use weights::{LayerWeights, Weights};
 
 use crate::gguf::GgufFile;
+use crate::kv::KvLayout;
 use anyhow::Result;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +23,11 @@ pub struct Model {
     pub file: Arc<GgufFile>,
     pub config: ModelConfig,
     pub weights: Weights,
+    /// How the layers share KV block tables (see `kv::KvLayout`).
+    pub layout: KvLayout,
+    /// The shapes and RoPE tables backends size themselves by, for the context the model runs
+    /// at (see [`Model::set_context`]).
+    pub shape: Shape,
 }
 
 impl Model {
@@ -30,11 +40,35 @@ impl Model {
     pub fn from_file(file: Arc<GgufFile>) -> Result<Model> {
         let config = ModelConfig::from_gguf(&file)?;
         let weights = Weights::load(&file, &config)?;
+        let layout = config.kv_layout();
+        let shape = Shape {
+            widths: Widths {
+                embd: config.n_embd,
+                q: config.q_dim(),
+                kv: config.kv_dim(),
+                ff: config.n_ff,
+                vocab: config.vocab_size,
+            },
+            n_head: config.n_head,
+            n_head_kv: config.n_head_kv,
+            head_dim: config.head_dim,
+            n_rot: config.n_rot,
+            rope_layout: config.rope_layout,
+            ropes: weights.rope_tables(&config, config.context_length),
+        };
         Ok(Model {
             file,
             config,
             weights,
+            layout,
+            shape,
         })
+    }
+
+    /// Runs the model at a context of `context` tokens (LongRoPE picks its factors by it, as
+    /// llama.cpp does by its context size).
+    pub fn set_context(&mut self, context: usize) {
+        self.shape.ropes = self.weights.rope_tables(&self.config, context);
     }
 
     /// Size of the model file (what mapping it can make resident).
@@ -44,26 +78,18 @@ impl Model {
 
     /// Bytes of weight data a decode step reads (every matrix once).
     pub fn weight_bytes(&self) -> usize {
-        let w = &self.weights;
-        let mut total = w.output.rows * w.output.row_bytes();
-        for l in &w.layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                total += m.rows * m.row_bytes();
-            }
-        }
-        total
+        self.weights
+            .matrices()
+            .iter()
+            .map(|m| m.rows * m.row_bytes())
+            .sum()
     }
 
     /// Multiply-add FLOPs (2 per weight) of one token through the transformer blocks.
     pub fn block_flops_per_token(&self) -> f64 {
-        let w = &self.weights;
-        let mut macs = 0usize;
-        for l in &w.layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                macs += m.rows * m.cols;
-            }
-        }
-        2.0 * macs as f64
+        let out = &self.weights.output;
+        let all: usize = self.weights.matrices().iter().map(|m| m.rows * m.cols).sum();
+        2.0 * (all - out.rows * out.cols) as f64
     }
 
     /// FLOPs of one row of logits (the output projection).
@@ -71,9 +97,15 @@ impl Model {
         2.0 * (self.weights.output.rows * self.weights.output.cols) as f64
     }
 
-    /// Attention FLOPs of one query token over `ctx` positions (K·Q and P·V, every layer).
+    /// Attention FLOPs of one query token over `ctx` positions (K·Q and P·V, every layer;
+    /// a windowed layer reads at most its window).
     pub fn attention_flops(&self, ctx: usize) -> f64 {
         let c = &self.config;
-        4.0 * (c.n_layers * c.n_head * c.head_dim * ctx) as f64
+        let positions: usize = c
+            .layers
+            .iter()
+            .map(|l| l.window.map_or(ctx, |w| w.min(ctx)))
+            .sum();
+        4.0 * (c.n_head * c.head_dim * positions) as f64
     }
 }

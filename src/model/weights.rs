@@ -1,153 +1,353 @@
 //! Weights by name, shape-checked against the config, kept as zero-copy views into the map.
+//!
+//! Loading is strict: every tensor the family needs must be there with the right shape, and
+//! every tensor in the file must be one the family uses. A file with a tensor nothing consumes
+//! is refused (naming it), never run with a part of the model ignored.
 
-use super::config::ModelConfig;
+use super::arch::Optional;
+use super::config::{ModelConfig, RopeScaling};
+use crate::backend::ops::{Mat, RopeTable, VecRef};
 use crate::gguf::GgufFile;
-use crate::quant::{self, GgmlType};
+use crate::quant;
 use anyhow::{bail, Context, Result};
 
-/// A 2-D weight matrix in the file: `rows` output rows of `cols` values each (ggml's
-/// dims = [cols, rows]); the bytes stay in the memory map.
-#[derive(Clone, Debug)]
-pub struct Mat {
-    pub name: String,
-    pub ty: GgmlType,
-    pub cols: usize,
-    pub rows: usize,
-    /// Index into `GgufFile::tensors()`.
-    tensor: usize,
-}
-
-impl Mat {
-    pub fn data<'a>(&self, file: &'a GgufFile) -> &'a [u8] {
-        file.tensor_data(&file.tensors()[self.tensor])
-    }
-
-    pub fn row_bytes(&self) -> usize {
-        self.ty
-            .row_bytes(self.cols as u64)
-            .expect("checked at load") as usize
-    }
-}
-
-/// One transformer block's weights. Shapes in (rows × cols) = (out × in).
+/// One transformer block's weights. Shapes in (rows × cols) = (out × in); Q/K/V and gate/up
+/// may be bands of one fused tensor.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,  // [n_embd]
-    pub wq: Mat,              // [n_head*head_dim × n_embd]
-    pub wk: Mat,              // [n_head_kv*head_dim × n_embd]
-    pub wv: Mat,              // [n_head_kv*head_dim × n_embd]
-    pub wo: Mat,              // [n_embd × n_head*head_dim]
-    pub bq: Option<Vec<f32>>, // qwen2 biases
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>, // [n_embd]
-    pub w_gate: Mat,        // [n_ff × n_embd]
-    pub w_up: Mat,          // [n_ff × n_embd]
-    pub w_down: Mat,        // [n_embd × n_ff]
+    pub attn_norm: VecRef,             // [n_embd]
+    pub wq: Mat,                       // [n_head·head_dim × n_embd]
+    pub wk: Mat,                       // [n_head_kv·head_dim × n_embd]
+    pub wv: Mat,                       // [n_head_kv·head_dim × n_embd]
+    pub bq: Option<VecRef>,            // Q/K/V biases (qwen2)
+    pub bk: Option<VecRef>,
+    pub bv: Option<VecRef>,
+    pub q_norm: Option<VecRef>,        // [head_dim] (qwen3, gemma3)
+    pub k_norm: Option<VecRef>,        // [head_dim]
+    pub wo: Mat,                       // [n_embd × n_head·head_dim]
+    pub bo: Option<VecRef>,            // [n_embd]
+    pub post_attn_norm: Option<VecRef>, // [n_embd] (gemma3)
+    pub ffn_norm: VecRef,              // [n_embd]
+    pub w_gate: Mat,                   // [n_ff × n_embd]
+    pub w_up: Mat,                     // [n_ff × n_embd]
+    pub b_gate: Option<VecRef>,
+    pub b_up: Option<VecRef>,
+    pub w_down: Mat, // [n_embd × n_ff]
+    pub b_down: Option<VecRef>,
+    pub post_ffn_norm: Option<VecRef>, // [n_embd] (gemma3)
 }
 
 #[derive(Clone, Debug)]
 pub struct Weights {
-    pub token_embd: Mat,       // [vocab × n_embd]
-    pub output_norm: Vec<f32>, // [n_embd]
+    pub token_embd: Mat,      // [vocab × n_embd]
+    pub output_norm: VecRef,  // [n_embd]
     /// The output projection; the embedding matrix itself when the model ties them.
     pub output: Mat, // [vocab × n_embd]
-    /// Per-dimension RoPE frequency factors (Llama 3.1 style), if the model has them.
-    pub rope_freqs: Option<Vec<f32>>,
+    pub output_bias: Option<VecRef>, // [vocab]
+    /// Per-pair RoPE frequency factors: Llama 3.1's `rope_freqs`, or LongRoPE's long and
+    /// short factors (the context picks one: [`Weights::rope_tables`]).
+    pub rope_freqs: Option<VecRef>,
+    pub rope_long: Option<VecRef>,
+    pub rope_short: Option<VecRef>,
     pub layers: Vec<LayerWeights>,
+    /// Every small vector (norms, biases, factors), dequantized to f32 once.
+    pub arena: Vec<f32>,
+}
+
+/// Binds tensors by name and remembers which ones were taken.
+struct Binder<'a> {
+    file: &'a GgufFile,
+    used: Vec<bool>,
+    arena: Vec<f32>,
+}
+
+impl Binder<'_> {
+    fn index(&self, name: &str) -> Option<usize> {
+        self.file.tensors().iter().position(|t| t.name == name)
+    }
+
+    /// A matrix of `rows` rows of `cols` values.
+    fn mat(&mut self, name: &str, cols: usize, rows: usize) -> Result<Mat> {
+        self.opt_mat(name, cols, rows)?
+            .with_context(|| format!("model has no tensor '{name}'"))
+    }
+
+    fn opt_mat(&mut self, name: &str, cols: usize, rows: usize) -> Result<Option<Mat>> {
+        let Some(idx) = self.index(name) else {
+            return Ok(None);
+        };
+        let info = &self.file.tensors()[idx];
+        let dims = &info.dims;
+        let two_d = dims.len() >= 2 && dims[2..].iter().all(|&d| d == 1);
+        if !two_d || dims[0] != cols as u64 || dims[1] != rows as u64 {
+            bail!("tensor '{name}' has dims {dims:?}, expected [{cols}, {rows}]");
+        }
+        if !quant::is_supported(info.ty) {
+            bail!(
+                "tensor '{name}' has type {} which edgelm cannot compute with",
+                info.ty
+            );
+        }
+        self.used[idx] = true;
+        Ok(Some(Mat {
+            name: name.to_owned(),
+            ty: info.ty,
+            cols,
+            rows,
+            tensor: idx,
+            first_row: 0,
+        }))
+    }
+
+    /// A small 1-D tensor, dequantized into the arena.
+    fn vector(&mut self, name: &str, len: usize) -> Result<VecRef> {
+        self.opt_vector(name, len)?
+            .with_context(|| format!("model has no tensor '{name}'"))
+    }
+
+    fn opt_vector(&mut self, name: &str, len: usize) -> Result<Option<VecRef>> {
+        let Some(idx) = self.index(name) else {
+            return Ok(None);
+        };
+        let info = &self.file.tensors()[idx];
+        if info.n_elements() != len as u64 {
+            bail!(
+                "tensor '{name}' has {} values, expected {len}",
+                info.n_elements()
+            );
+        }
+        let offset = self.arena.len();
+        self.arena.resize(offset + len, 0.0);
+        quant::dequantize_row(info.ty, self.file.tensor_data(info), &mut self.arena[offset..])
+            .with_context(|| format!("tensor '{name}'"))?;
+        self.used[idx] = true;
+        Ok(Some(VecRef { offset, len }))
+    }
+
+    /// A tensor that only an optional feature may use: an error if it is there but not allowed.
+    fn allowed(&self, name: &str, allowed: bool) -> Result<bool> {
+        if !allowed && self.index(name).is_some() {
+            bail!("tensor '{name}' is not used by this architecture");
+        }
+        Ok(allowed)
+    }
+
+    /// Fails on the first tensor nothing took.
+    fn finish(self, arch: &str) -> Result<Vec<f32>> {
+        let unused: Vec<&str> = self
+            .file
+            .tensors()
+            .iter()
+            .zip(&self.used)
+            .filter(|(_, &u)| !u)
+            .map(|(t, _)| t.name.as_str())
+            .collect();
+        if let Some(first) = unused.first() {
+            bail!(
+                "tensor '{first}' is not used by architecture '{arch}'{} (a model with parts \
+                 edgelm would ignore is refused)",
+                match unused.len() {
+                    1 => String::new(),
+                    n => format!(" ({} more unused)", n - 1),
+                }
+            );
+        }
+        Ok(self.arena)
+    }
+}
+
+/// Rows `first..first + rows` of `m` as a matrix of their own.
+fn band(m: &Mat, first: usize, rows: usize, what: &str) -> Mat {
+    Mat {
+        name: format!("{}[{what}]", m.name),
+        rows,
+        first_row: m.first_row + first,
+        ..m.clone()
+    }
+}
+
+/// Values `first..first + len` of `v`.
+fn slice(v: VecRef, first: usize, len: usize) -> VecRef {
+    VecRef {
+        offset: v.offset + first,
+        len,
+    }
 }
 
 impl Weights {
     pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
-        let e = cfg.n_embd;
-        let token_embd = mat(file, "token_embd.weight", e, cfg.vocab_size)?;
-        let output = if file.tensor("output.weight").is_some() {
-            mat(file, "output.weight", e, cfg.vocab_size)?
+        let mut b = Binder {
+            file,
+            used: vec![false; file.tensors().len()],
+            arena: Vec::new(),
+        };
+        let fam = cfg.family;
+        let opt: Optional = fam.optional();
+        let (e, qd, kvd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let token_embd = b.mat("token_embd.weight", e, cfg.vocab_size)?;
+        let output = match b.opt_mat("output.weight", e, cfg.vocab_size)? {
+            Some(m) => m,
+            None => token_embd.clone(),
+        };
+        let output_bias = if b.allowed("output.bias", opt.output_bias)? {
+            b.opt_vector("output.bias", cfg.vocab_size)?
         } else {
-            token_embd.clone()
+            None
         };
-        let rope_freqs = match file.tensor("rope_freqs.weight") {
-            Some(_) => Some(vector(file, "rope_freqs.weight", cfg.n_rot / 2)?),
-            None => None,
-        };
+        let output_norm = b.vector("output_norm.weight", e)?;
+        let half_rot = cfg.n_rot / 2;
+        let longrope = cfg.rope_scaling == RopeScaling::LongRope;
+        let (mut rope_freqs, mut rope_long, mut rope_short) = (None, None, None);
+        // Phi-3 reads LongRoPE factors whatever the scaling type; the Llama family reads them
+        // with LongRoPE scaling and `rope_freqs` otherwise.
+        let phi3 = fam == super::arch::Family::Phi3;
+        if b.allowed("rope_freqs.weight", opt.rope_factors && !longrope && !phi3)? {
+            rope_freqs = b.opt_vector("rope_freqs.weight", half_rot)?;
+        }
+        let factors = opt.rope_factors && (longrope || phi3);
+        b.allowed("rope_factors_short.weight", factors)?;
+        if b.allowed("rope_factors_long.weight", factors)? {
+            rope_long = b.opt_vector("rope_factors_long.weight", half_rot)?;
+            rope_short = b.opt_vector("rope_factors_short.weight", half_rot)?;
+        }
+
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let opt_vec = |s: &str, len| -> Result<Option<Vec<f32>>> {
-                match file.tensor(&n(s)) {
-                    Some(_) => vector(file, &n(s), len).map(Some),
-                    None => Ok(None),
-                }
+            let attn_norm = b.vector(&n("attn_norm.weight"), e)?;
+            // Q/K/V: one fused tensor (and its bias) or three, as llama.cpp's
+            // `create_tensor_qkv` accepts for every family.
+            let (wq, wk, wv, mut bq, mut bk, mut bv);
+            if let Some(qkv) = b.opt_mat(&n("attn_qkv.weight"), e, qd + 2 * kvd)? {
+                wq = band(&qkv, 0, qd, "q");
+                wk = band(&qkv, qd, kvd, "k");
+                wv = band(&qkv, qd + kvd, kvd, "v");
+                let fused = b.opt_vector(&n("attn_qkv.bias"), qd + 2 * kvd)?;
+                bq = fused.map(|v| slice(v, 0, qd));
+                bk = fused.map(|v| slice(v, qd, kvd));
+                bv = fused.map(|v| slice(v, qd + kvd, kvd));
+            } else {
+                wq = b.mat(&n("attn_q.weight"), e, qd)?;
+                wk = b.mat(&n("attn_k.weight"), e, kvd)?;
+                wv = b.mat(&n("attn_v.weight"), e, kvd)?;
+                (bq, bk, bv) = (None, None, None);
+            }
+            if bq.is_none() {
+                bq = b.opt_vector(&n("attn_q.bias"), qd)?;
+                bk = b.opt_vector(&n("attn_k.bias"), kvd)?;
+                bv = b.opt_vector(&n("attn_v.bias"), kvd)?;
+            }
+            let (q_norm, k_norm) = if fam.qk_norm() {
+                (
+                    Some(b.vector(&n("attn_q_norm.weight"), cfg.head_dim)?),
+                    Some(b.vector(&n("attn_k_norm.weight"), cfg.head_dim)?),
+                )
+            } else {
+                (None, None)
+            };
+            let wo = b.mat(&n("attn_output.weight"), qd, e)?;
+            let bo = if b.allowed(&n("attn_output.bias"), opt.attn_out_bias)? {
+                b.opt_vector(&n("attn_output.bias"), e)?
+            } else {
+                None
+            };
+            let post_attn_norm = if fam.post_norms() {
+                Some(b.vector(&n("post_attention_norm.weight"), e)?)
+            } else {
+                None
+            };
+            let ffn_norm = b.vector(&n("ffn_norm.weight"), e)?;
+            let (w_gate, w_up) = if fam.fused_gate_up() {
+                let up = b.mat(&n("ffn_up.weight"), e, 2 * ff)?;
+                (band(&up, 0, ff, "gate"), band(&up, ff, ff, "up"))
+            } else {
+                (
+                    b.mat(&n("ffn_gate.weight"), e, ff)?,
+                    b.mat(&n("ffn_up.weight"), e, ff)?,
+                )
+            };
+            let w_down = b.mat(&n("ffn_down.weight"), ff, e)?;
+            let (mut b_gate, mut b_up, mut b_down) = (None, None, None);
+            if b.allowed(&n("ffn_gate.bias"), opt.ffn_biases)? {
+                b_gate = b.opt_vector(&n("ffn_gate.bias"), ff)?;
+            }
+            if b.allowed(&n("ffn_up.bias"), opt.ffn_biases)? {
+                b_up = b.opt_vector(&n("ffn_up.bias"), ff)?;
+            }
+            if b.allowed(&n("ffn_down.bias"), opt.ffn_biases)? {
+                b_down = b.opt_vector(&n("ffn_down.bias"), e)?;
+            }
+            let post_ffn_norm = if fam.post_norms() {
+                Some(b.vector(&n("post_ffw_norm.weight"), e)?)
+            } else {
+                None
             };
             layers.push(LayerWeights {
-                attn_norm: vector(file, &n("attn_norm.weight"), e)?,
-                wq: mat(file, &n("attn_q.weight"), e, cfg.q_dim())?,
-                wk: mat(file, &n("attn_k.weight"), e, cfg.kv_dim())?,
-                wv: mat(file, &n("attn_v.weight"), e, cfg.kv_dim())?,
-                wo: mat(file, &n("attn_output.weight"), cfg.q_dim(), e)?,
-                bq: opt_vec("attn_q.bias", cfg.q_dim())?,
-                bk: opt_vec("attn_k.bias", cfg.kv_dim())?,
-                bv: opt_vec("attn_v.bias", cfg.kv_dim())?,
-                ffn_norm: vector(file, &n("ffn_norm.weight"), e)?,
-                w_gate: mat(file, &n("ffn_gate.weight"), e, cfg.n_ff)?,
-                w_up: mat(file, &n("ffn_up.weight"), e, cfg.n_ff)?,
-                w_down: mat(file, &n("ffn_down.weight"), cfg.n_ff, e)?,
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                bq,
+                bk,
+                bv,
+                q_norm,
+                k_norm,
+                wo,
+                bo,
+                post_attn_norm,
+                ffn_norm,
+                w_gate,
+                w_up,
+                b_gate,
+                b_up,
+                w_down,
+                b_down,
+                post_ffn_norm,
             });
         }
+        let arena = b.finish(&cfg.arch)?;
         Ok(Weights {
             token_embd,
-            output_norm: vector(file, "output_norm.weight", e)?,
+            output_norm,
             output,
+            output_bias,
             rope_freqs,
+            rope_long,
+            rope_short,
             layers,
+            arena,
         })
     }
-}
 
-fn tensor_index(file: &GgufFile, name: &str) -> Result<usize> {
-    file.tensors()
-        .iter()
-        .position(|t| t.name == name)
-        .with_context(|| format!("model has no tensor '{name}'"))
-}
+    /// The RoPE tables of `cfg` for a context of `context` tokens, their factors attached
+    /// (LongRoPE uses its long factors beyond the original training context, as llama.cpp).
+    pub fn rope_tables(&self, cfg: &ModelConfig, context: usize) -> Vec<RopeTable> {
+        let factors = self.rope_freqs.or(if context > cfg.rope_original_context {
+            self.rope_long
+        } else {
+            self.rope_short
+        });
+        cfg.ropes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| RopeTable {
+                base: p.base,
+                freq_scale: p.freq_scale,
+                mscale: p.mscale,
+                // Only the global table takes the factors (Gemma's local one has none).
+                factors: (i == 0)
+                    .then(|| factors.map(|f| f.of(&self.arena).to_vec()))
+                    .flatten(),
+            })
+            .collect()
+    }
 
-fn mat(file: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<Mat> {
-    let idx = tensor_index(file, name)?;
-    let info = &file.tensors()[idx];
-    let dims: Vec<u64> = info.dims.clone();
-    if dims.len() > 2 && dims[2..].iter().any(|&d| d != 1) || dims.len() < 2 {
-        bail!("tensor '{name}' has dims {dims:?}, expected [{cols}, {rows}]");
+    /// Every matrix a step multiplies by (the output projection included).
+    pub fn matrices(&self) -> Vec<&Mat> {
+        let mut all = vec![&self.output];
+        for l in &self.layers {
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        all
     }
-    if dims[0] != cols as u64 || dims[1] != rows as u64 {
-        bail!("tensor '{name}' has dims {dims:?}, expected [{cols}, {rows}]");
-    }
-    if !quant::is_supported(info.ty) {
-        bail!(
-            "tensor '{name}' has type {} which edgelm cannot compute with",
-            info.ty
-        );
-    }
-    Ok(Mat {
-        name: name.to_owned(),
-        ty: info.ty,
-        cols,
-        rows,
-        tensor: idx,
-    })
-}
-
-/// A small 1-D tensor (norm weights, biases), dequantized to f32 once at load.
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
-    let idx = tensor_index(file, name)?;
-    let info = &file.tensors()[idx];
-    if info.n_elements() != len as u64 {
-        bail!(
-            "tensor '{name}' has {} values, expected {len}",
-            info.n_elements()
-        );
-    }
-    let mut out = vec![0f32; len];
-    quant::dequantize_row(info.ty, file.tensor_data(info), &mut out)
-        .with_context(|| format!("tensor '{name}'"))?;
-    Ok(out)
 }

@@ -3,6 +3,7 @@
 //! chains side by side). Every output is bit-identical to [`super::vec_dot`] of its pair:
 //! tiling changes the speed, never the numbers.
 
+use super::order::Order;
 use super::{vec_dot, GgmlType};
 
 #[cfg(target_arch = "x86_64")]
@@ -95,7 +96,32 @@ fn panels() -> &'static Panels {
 ///
 /// # Panics
 /// If `ty` has no dot product, `n` is not whole blocks or a buffer is too short.
-pub fn gemm(ty: GgmlType, n: usize, w: &[u8], rows: usize, x: &[u8], toks: usize, out: &mut [f32]) {
+///
+/// `order` is how the peer accumulates this product (`order::order`): the repacked and tiled
+/// orders have their own per-pair kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    ty: GgmlType,
+    order: Order,
+    n: usize,
+    w: &[u8],
+    rows: usize,
+    x: &[u8],
+    toks: usize,
+    out: &mut [f32],
+) {
+    if order != Order::Lanes && super::order::has(ty, order) {
+        let w_row = ty.row_bytes(n as u64).expect("row fits") as usize;
+        let x_row = ty.vec_dot_type().row_bytes(n as u64).expect("row fits") as usize;
+        for t in 0..toks {
+            let xt = &x[t * x_row..(t + 1) * x_row];
+            for r in 0..rows {
+                out[t * rows + r] =
+                    super::order::dot(ty, order, t, toks, &w[r * w_row..(r + 1) * w_row], xt);
+            }
+        }
+        return;
+    }
     gemm_with(panels(), ty, n, w, rows, x, toks, out)
 }
 

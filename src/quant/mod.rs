@@ -20,6 +20,7 @@ mod blocks;
 mod dequant;
 mod dot_ref;
 mod gemm;
+pub mod order;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx512;
 #[cfg(target_arch = "x86_64")]
@@ -39,6 +40,7 @@ mod testdata {
 }
 
 pub use gemm::{gemm, gemm_level};
+pub use order::{order, Order};
 pub use types::GgmlType;
 
 impl GgmlType {

@@ -121,52 +121,21 @@ unsafe fn load32_at<T>(s: &[T], off: usize) -> __m256i {
 
 // ---------------------------------------------------------- legacy quants
 
-/// Products of the scales of two block pairs: with `a = [d_a0, d_a1]` and
-/// `b = [d_b0, d_b1]` as f16 bits, returns `(d_a0·d_b0, d_a1·d_b1)` each
-/// broadcast to 8 lanes. One F16C conversion per operand instead of four
-/// scalar round trips.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_products(a: [[u8; 2]; 2], b: [[u8; 2]; 2]) -> (__m256, __m256) {
-    let fa = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes([
-        a[0][0], a[0][1], a[1][0], a[1][1],
-    ])));
-    let fb = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes([
-        b[0][0], b[0][1], b[1][0], b[1][1],
-    ])));
-    let p = _mm_mul_ps(fa, fb);
-    (
-        _mm256_broadcastss_ps(p),
-        _mm256_broadcastss_ps(_mm_movehdup_ps(p)),
-    )
-}
-
-/// Q4_0 × Q8_0, two blocks per iteration (two independent FMA chains and
-/// one scale conversion per pair) — the single-block loop is latency-bound.
+/// Q4_0 × Q8_0 in ggml's x86 order: one FMA chain over blocks, as both its `vec_dot` and its
+/// llamafile `tinyBLAS_Q0` (prompt) path compute each (row, token) pair. Latency-bound for a
+/// single pair; matmul hides that by running many pairs.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x) = (cast::<BlockQ4_0>(w), cast::<BlockQ8_0>(x));
     let off = _mm256_set1_epi8(8);
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut pw = w.chunks_exact(2);
-    let mut px = x.chunks_exact(2);
-    for (a, b) in (&mut pw).zip(&mut px) {
-        let (d0, d1) = scale_products([a[0].d, a[1].d], [b[0].d, b[1].d]);
-        let qx0 = _mm256_sub_epi8(bytes_from_nibbles_32(&a[0].qs), off);
-        let qx1 = _mm256_sub_epi8(bytes_from_nibbles_32(&a[1].qs), off);
-        let q0 = mul_sum_i8_pairs_float(qx0, load32(&b[0].qs));
-        let q1 = mul_sum_i8_pairs_float(qx1, load32(&b[1].qs));
-        acc0 = _mm256_fmadd_ps(d0, q0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, q1, acc1);
-    }
-    for (a, b) in pw.remainder().iter().zip(px.remainder()) {
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in w.iter().zip(x) {
         let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
         let qx = _mm256_sub_epi8(bytes_from_nibbles_32(&a.qs), off);
         let q = mul_sum_i8_pairs_float(qx, load32(&b.qs));
-        acc0 = _mm256_fmadd_ps(d, q, acc0);
+        acc = _mm256_fmadd_ps(d, q, acc);
     }
-    hsum_f32x8(_mm256_add_ps(acc0, acc1))
+    hsum_f32x8(acc)
 }
 
 /// Q4_1 × Q8_1 — the reference model's main weight type — in ggml's x86 order (see
@@ -203,72 +172,32 @@ unsafe fn q5_1_values(a: &BlockQ5_1) -> __m256i {
     _mm256_or_si256(bytes_from_nibbles_32(&a.qs), bxhi)
 }
 
-/// `[d_a0·d_b0, m_a0·s_b0, d_a1·d_b1, m_a1·s_b1]` for two blocks with a
-/// minimum (Q4_1/Q5_1) against two Q8_1 blocks: one F16C op per operand.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dm_products(a: [([u8; 2], [u8; 2]); 2], b: &[BlockQ8_1]) -> __m128 {
-    let pack = |d: [u8; 2], m: [u8; 2]| i32::from_le_bytes([d[0], d[1], m[0], m[1]]);
-    let wa = _mm_set_epi32(0, 0, pack(a[1].0, a[1].1), pack(a[0].0, a[0].1));
-    let xb = _mm_set_epi32(0, 0, pack(b[1].d, b[1].s), pack(b[0].d, b[0].s));
-    _mm_mul_ps(_mm_cvtph_ps(wa), _mm_cvtph_ps(xb))
-}
-
-/// Σ of lanes 1 and 3 (the m·s sums of `dm_products` accumulations).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn odd_lanes_sum(v: __m128) -> f32 {
-    _mm_cvtss_f32(_mm_movehdup_ps(v)) + _mm_cvtss_f32(_mm_movehdup_ps(_mm_movehl_ps(v, v)))
-}
-
+/// Q5_0 × Q8_0 in ggml's x86 order: one FMA chain over blocks (see `q4_0_q8_0`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q5_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x) = (cast::<BlockQ5_0>(w), cast::<BlockQ8_0>(x));
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut pw = w.chunks_exact(2);
-    let mut px = x.chunks_exact(2);
-    for (a, b) in (&mut pw).zip(&mut px) {
-        let (d0, d1) = scale_products([a[0].d, a[1].d], [b[0].d, b[1].d]);
-        let q0 = mul_sum_i8_pairs_float(q5_0_values(&a[0]), load32(&b[0].qs));
-        let q1 = mul_sum_i8_pairs_float(q5_0_values(&a[1]), load32(&b[1].qs));
-        acc0 = _mm256_fmadd_ps(d0, q0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, q1, acc1);
-    }
-    for (a, b) in pw.remainder().iter().zip(px.remainder()) {
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in w.iter().zip(x) {
         let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
         let q = mul_sum_i8_pairs_float(q5_0_values(a), load32(&b.qs));
-        acc0 = _mm256_fmadd_ps(d, q, acc0);
+        acc = _mm256_fmadd_ps(d, q, acc);
     }
-    hsum_f32x8(_mm256_add_ps(acc0, acc1))
+    hsum_f32x8(acc)
 }
 
+/// Q5_1 × Q8_1 in ggml's x86 order (as `q4_1_q8_1`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q5_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x) = (cast::<BlockQ5_1>(w), cast::<BlockQ8_1>(x));
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
-    let mut pw = w.chunks_exact(2);
-    let mut px = x.chunks_exact(2);
-    for (a, b) in (&mut pw).zip(&mut px) {
-        let p = dm_products([(a[0].d, a[0].m), (a[1].d, a[1].m)], b);
-        acc_m = _mm_add_ps(acc_m, p);
-        let d0 = _mm256_broadcastss_ps(p);
-        let d1 = _mm256_broadcastss_ps(_mm_movehl_ps(p, p));
-        let q0 = mul_sum_us8_pairs_float(q5_1_values(&a[0]), load32(&b[0].qs));
-        let q1 = mul_sum_us8_pairs_float(q5_1_values(&a[1]), load32(&b[1].qs));
-        acc0 = _mm256_fmadd_ps(d0, q0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, q1, acc1);
-    }
-    let mut summs = odd_lanes_sum(acc_m);
-    for (a, b) in pw.remainder().iter().zip(px.remainder()) {
-        summs += h2f(a.m) * h2f(b.s);
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    for (a, b) in w.iter().zip(x) {
+        summs = h2f(a.m).mul_add(h2f(b.s), summs);
         let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
         let q = mul_sum_us8_pairs_float(q5_1_values(a), load32(&b.qs));
-        acc0 = _mm256_fmadd_ps(d, q, acc0);
+        acc = _mm256_fmadd_ps(d, q, acc);
     }
-    hsum_f32x8(_mm256_add_ps(acc0, acc1)) + summs
+    hsum_f32x8(acc) + summs
 }
 
 /// Q8_0 × Q8_0 in ggml's x86 order: one FMA chain over the blocks (bit-identical to the
@@ -338,13 +267,16 @@ pub(crate) unsafe fn q5_k_q8_k(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(0xF);
     let m1 = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_m = _mm_setzero_ps();
+    // ggml sums the minimum terms in a scalar (one exact integer per block, then a fused
+    // multiply-add), unlike Q4_K's vector of four.
+    let mut summs = 0f32;
     for (a, b) in w.iter().zip(x) {
         let d = b.d() * h2f(a.d);
         let dmin = -b.d() * h2f(a.dmin);
         let (sc, mins) = unpack_scale_min_k4(&a.scales);
         let prod = mins_dot_bsums(b, &mins);
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, _mm_setzero_si128()), _mm_setzero_si128());
+        summs = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs);
 
         // Bit 2j / 2j+1 of qh[l] is the 5th bit of value l of sub-block
         // 2j / 2j+1; shift hbits right by 2 per 64 values and mask bit 0/1.
@@ -367,7 +299,7 @@ pub(crate) unsafe fn q5_k_q8_k(_n: usize, w: &[u8], x: &[u8]) -> f32 {
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    hsum_f32x8(acc) + hsum_f32x4(acc_m)
+    hsum_f32x8(acc) + summs
 }
 
 /// Two 16-value scales as one 16×i16 vector (lanes 0..8 ← lo, 8..16 ← hi),
@@ -378,43 +310,45 @@ unsafe fn scale_pair(lo: i8, hi: i8) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
 }
 
+/// Q6_K × Q8_K in ggml's x86 order: the 6-bit codes are dotted unsigned and the −32 bias is
+/// taken off once per block as 32·Σ bsums·scales, in the same lanes as ggml (which decides
+/// how the eight lane sums round).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q6_k_q8_k(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x) = (cast::<BlockQ6K>(w), cast::<BlockQ8K>(x));
-    let m4 = _mm256_set1_epi8(0xF);
-    let m2 = _mm256_set1_epi8(3);
-    let m32s = _mm256_set1_epi8(32);
+    let m3 = _mm256_set1_epi8(3);
+    let m15 = _mm256_set1_epi8(15);
     let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
         let d = b.d() * h2f(a.d);
+        let q8sums = _mm256_loadu_si256(b.bsums.as_ptr().cast());
+        let scales_16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(a.scales.as_ptr().cast()));
+        let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
             let sc = &a.scales[8 * h..8 * h + 8];
             let q4bits1 = load32_at(&a.ql, 64 * h);
             let q4bits2 = load32_at(&a.ql, 64 * h + 32);
-            let q4bits_h = load32_at(&a.qh, 32 * h);
-            let q4h_0 = _mm256_slli_epi16::<4>(_mm256_and_si256(q4bits_h, m2));
-            let q4h_1 =
-                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(q4bits_h), m2));
-            let q4h_2 =
-                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits_h), m2));
-            let q4h_3 =
-                _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(q4bits_h), m2));
-            // Unsigned 6-bit values (q + 32); the 32·Σq8 term is subtracted.
+            let bits_h = load32_at(&a.qh, 32 * h);
+            let q4h_0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bits_h, m3));
+            let q4h_1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bits_h, _mm256_set1_epi8(12)));
+            let q4h_2 = _mm256_and_si256(bits_h, _mm256_set1_epi8(48));
+            let q4h_3 = _mm256_srli_epi16::<2>(_mm256_and_si256(bits_h, _mm256_set1_epi8(-64)));
             let q = [
-                _mm256_or_si256(_mm256_and_si256(q4bits1, m4), q4h_0),
-                _mm256_or_si256(_mm256_and_si256(q4bits2, m4), q4h_1),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m4), q4h_2),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m4), q4h_3),
+                _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
+                _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15), q4h_2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15), q4h_3),
             ];
+            let mut p = [_mm256_setzero_si256(); 4];
             for (c, &qc) in q.iter().enumerate() {
-                let q8 = load32_at(&b.qs, 128 * h + 32 * c);
-                let q8s = _mm256_maddubs_epi16(m32s, q8);
-                let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(qc, q8), q8s);
-                let p32 = _mm256_madd_epi16(scale_pair(sc[2 * c], sc[2 * c + 1]), p16);
-                sumi = _mm256_add_epi32(sumi, p32);
+                let p16 = _mm256_maddubs_epi16(qc, load32_at(&b.qs, 128 * h + 32 * c));
+                p[c] = _mm256_madd_epi16(scale_pair(sc[2 * c], sc[2 * c + 1]), p16);
             }
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[0], p[1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p[2], p[3]));
         }
+        sumi = _mm256_sub_epi32(sumi, q8sclsub);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_f32x8(acc)

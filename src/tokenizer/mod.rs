@@ -5,6 +5,8 @@ mod bytelevel;
 pub mod chat;
 mod detok;
 mod pretok;
+mod special;
+mod spm;
 mod vocab;
 
 pub use chat::{ChatMessage, ChatTemplate};
@@ -14,13 +16,26 @@ pub use vocab::{VocabKind, VocabSpec};
 
 use anyhow::{anyhow, Context, Result};
 use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::normalizers::NormalizerWrapper;
-use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSeq};
-use tokenizers::AddedToken;
-use vocab::{TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNUSED, TOKEN_TYPE_USER_DEFINED};
+use special::{Fragment, SpecialTokens};
+use vocab::{
+    TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_UNUSED,
+    TOKEN_TYPE_USER_DEFINED,
+};
+
+/// What turns a text fragment (between special tokens) into ids.
+enum Segmenter {
+    /// Byte-level BPE with the vocabulary's pre-tokenizer (the `tokenizers` crate).
+    Bpe(Box<tokenizers::Tokenizer>),
+    /// SentencePiece-style merges by score (llama.cpp's algorithm, see `spm`).
+    Spm {
+        spm: spm::Spm,
+        add_space_prefix: bool,
+    },
+}
 
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    segmenter: Segmenter,
+    specials: SpecialTokens,
     /// What each token stands for as text bytes (control tokens: their literal text).
     token_bytes: Vec<Vec<u8>>,
     token_types: Vec<i32>,
@@ -38,22 +53,28 @@ impl Tokenizer {
     }
 
     pub fn from_spec(spec: &VocabSpec) -> Result<Tokenizer> {
-        let mut inner = match spec.kind {
-            VocabKind::BytePairGpt2 => build_bpe(spec)?,
-            VocabKind::SentencePiece => build_spm(spec)?,
+        let segmenter = match spec.kind {
+            VocabKind::BytePairGpt2 => Segmenter::Bpe(Box::new(build_bpe(spec)?)),
+            VocabKind::SentencePiece => Segmenter::Spm {
+                spm: spm::Spm::new(&spec.tokens, &spec.scores),
+                add_space_prefix: spec.add_space_prefix,
+            },
         };
-        // Control and user-defined tokens are matched as whole strings before BPE, the way
-        // llama.cpp parses special tokens in prompts.
-        let added: Vec<AddedToken> = spec
-            .tokens
-            .iter()
-            .zip(&spec.token_types)
-            .filter(|(t, &ty)| {
-                (ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED) && !t.is_empty()
-            })
-            .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
-            .collect();
-        inner.add_special_tokens(&added);
+        // Control, user-defined and unknown tokens are matched as whole strings first, the
+        // way llama.cpp parses special tokens in prompts.
+        let specials = SpecialTokens::new(
+            spec.tokens
+                .iter()
+                .zip(&spec.token_types)
+                .enumerate()
+                .filter(|(_, (_, &ty))| {
+                    matches!(
+                        ty,
+                        TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED | TOKEN_TYPE_UNKNOWN
+                    )
+                })
+                .map(|(id, (t, &ty))| (t.clone(), id as u32, ty != TOKEN_TYPE_USER_DEFINED)),
+        )?;
 
         let token_bytes = spec
             .tokens
@@ -77,7 +98,8 @@ impl Tokenizer {
             }
         }
         Ok(Tokenizer {
-            inner,
+            segmenter,
+            specials,
             token_bytes,
             token_types: spec.token_types.clone(),
             bos: spec.bos,
@@ -95,18 +117,51 @@ impl Tokenizer {
     /// Token ids for `text`, special tokens parsed; BOS prepended when the vocabulary wants it
     /// and `add_bos` is set.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
+        self.encode_with(text, add_bos, true)
+    }
+
+    /// [`Self::encode`], with control tokens written in `text` recognised only when
+    /// `parse_special` (user-defined tokens always are, as in llama.cpp: its perplexity tool
+    /// tokenizes without parsing special tokens).
+    pub fn encode_with(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         if add_bos && self.add_bos {
             ids.extend(self.bos);
         }
-        if text.is_empty() {
-            return Ok(ids);
+        // SentencePiece prefixes a space to text that starts the input or follows a special
+        // token (when the vocabulary asks for it), as llama.cpp does.
+        let mut after_special = true;
+        for frag in self.specials.partition(text, parse_special) {
+            match frag {
+                Fragment::Token(id) => {
+                    ids.push(id);
+                    after_special = true;
+                }
+                Fragment::Text(t) => {
+                    match &self.segmenter {
+                        Segmenter::Bpe(bpe) => {
+                            let enc = bpe
+                                .encode_fast(t, false)
+                                .map_err(|e| anyhow!("tokenizer failed: {e}"))?;
+                            ids.extend_from_slice(enc.get_ids());
+                        }
+                        Segmenter::Spm {
+                            spm,
+                            add_space_prefix,
+                        } => {
+                            let prefix = if *add_space_prefix && after_special {
+                                "\u{2581}"
+                            } else {
+                                ""
+                            };
+                            let escaped = format!("{prefix}{}", t.replace(' ', "\u{2581}"));
+                            spm.tokenize(&escaped, &mut ids);
+                        }
+                    }
+                    after_special = false;
+                }
+            }
         }
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| anyhow!("tokenizer failed: {e}"))?;
-        ids.extend_from_slice(enc.get_ids());
         Ok(ids)
     }
 
@@ -211,52 +266,6 @@ fn build_bpe(spec: &VocabSpec) -> Result<tokenizers::Tokenizer> {
     });
     let mut tok = tokenizers::Tokenizer::new(bpe);
     tok.with_pre_tokenizer(Some(pre.build()?));
-    Ok(tok)
-}
-
-/// SentencePiece-style vocabularies carry scores, not merges: the merge order is the score of
-/// the merged piece (what llama.cpp's SPM tokenizer and HF's converter both do).
-fn build_spm(spec: &VocabSpec) -> Result<tokenizers::Tokenizer> {
-    let vocab = vocab_map(spec);
-    let mut scored: Vec<(f32, u32, String, String)> = Vec::new();
-    for (id, piece) in spec.tokens.iter().enumerate() {
-        if spec.token_types[id] != vocab::TOKEN_TYPE_NORMAL {
-            continue;
-        }
-        for (split, _) in piece.char_indices().skip(1) {
-            let (l, r) = piece.split_at(split);
-            if vocab.contains_key(l) && vocab.contains_key(r) {
-                scored.push((spec.scores[id], id as u32, l.to_owned(), r.to_owned()));
-            }
-        }
-    }
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    let merges = scored.into_iter().map(|(_, _, l, r)| (l, r)).collect();
-    let unk = spec
-        .token_types
-        .iter()
-        .position(|&t| t == vocab::TOKEN_TYPE_UNKNOWN)
-        .map(|i| spec.tokens[i].clone());
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .byte_fallback(true);
-    if let Some(unk) = unk {
-        builder = builder.unk_token(unk);
-    }
-    let bpe = builder
-        .build()
-        .map_err(|e| anyhow!("cannot build SPM model: {e}"))?;
-    let mut tok = tokenizers::Tokenizer::new(bpe);
-    let mut norms: Vec<NormalizerWrapper> = Vec::new();
-    if spec.add_space_prefix {
-        norms.push(Prepend::new("\u{2581}".into()).into());
-    }
-    norms.push(
-        Replace::new(" ", "\u{2581}")
-            .map_err(|e| anyhow!("normalizer: {e}"))?
-            .into(),
-    );
-    tok.with_normalizer(Some(NormSeq::new(norms)));
     Ok(tok)
 }
 

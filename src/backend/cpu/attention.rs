@@ -25,10 +25,13 @@ use super::pool;
 use crate::kv::{KvPages, KvType, Part};
 use half::f16;
 
-/// Where one token of the batch sits: its sequence's block table and its position.
+/// Where one token of the batch sits: its sequence's block table (of the layer's KV group), its
+/// position and the first position it sees (after `window` positions, only the last ones).
 pub struct AttnToken<'a> {
     pub block_table: &'a [u32],
     pub pos: usize,
+    /// The first position attended to (0 without a window); the blocks before it may be gone.
+    pub first: usize,
     /// Part of a span of at least [`TILE`] tokens (ggml's tiled path).
     pub tiled: bool,
 }
@@ -41,6 +44,8 @@ pub struct AttnShape {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
+    /// Multiplies Q·K before the softmax.
+    pub scale: f32,
 }
 
 /// `q` is n_tok × (n_head·head_dim), already rotated; `out` the same shape.
@@ -74,10 +79,11 @@ pub fn paged_attention(
             let (t0, t1) = (seg.tokens.start, seg.tokens.end);
             if tokens[t0].tiled {
                 let (toks, m) = (&tokens[t0..t1], heads.len());
-                attend_chunk_tiled(kv, layer, seg.kv_head, toks, &q_g, m, hd, &mut out_g);
+                let scale = shape.scale;
+                attend_chunk_tiled(kv, layer, seg.kv_head, toks, &q_g, m, hd, scale, &mut out_g);
             } else {
-                let m = heads.len();
-                attend_group(kv, layer, seg.kv_head, &tokens[t0], q_g[0], m, hd, out_g[0]);
+                let (m, scale) = (heads.len(), shape.scale);
+                attend_group(kv, layer, seg.kv_head, &tokens[t0], q_g[0], m, hd, scale, out_g[0]);
             }
         }
     });
@@ -181,6 +187,7 @@ fn attend_group(
     q_g: &[f32],
     rep: usize,
     hd: usize,
+    scale: f32,
     out: &mut [f32],
 ) {
     let geom = kv.geometry();
@@ -188,7 +195,6 @@ fn attend_group(
     let bt = geom.block_tokens;
     let row_bytes = geom.row_bytes();
     let n_ctx = tok.pos + 1;
-    let scale = 1.0 / (hd as f32).sqrt();
     // f16 pages follow ggml's f16 arithmetic (the peer's greedy tokens depend on it);
     // quantized pages have no peer arithmetic to match and run in plain f32.
     let f16_numerics = kv_type == KvType::F16;
@@ -213,10 +219,15 @@ fn attend_group(
     let mut v_tile = vec![0f32; bt * hd];
     let mut scores = vec![0f32; rep * bt];
     let mut factors = vec![(0f32, 0f32); bt];
-    for (bi, &block) in tok.block_table.iter().enumerate().take(n_ctx.div_ceil(bt)) {
+    let first_block = tok.first / bt;
+    let blocks = tok.block_table.iter().enumerate().take(n_ctx.div_ceil(bt));
+    for (bi, &block) in blocks.skip(first_block) {
         let k_rows = kv.head_rows(layer, block as usize, Part::K, kv_head);
         let v_rows = kv.head_rows(layer, block as usize, Part::V, kv_head);
-        let len = (n_ctx - bi * bt).min(bt);
+        // Rows skip..len of the block are seen (a window may start inside the first block).
+        let skip = tok.first.saturating_sub(bi * bt);
+        let len = (n_ctx - bi * bt).min(bt) - skip;
+        let (k_rows, v_rows) = (&k_rows[skip * row_bytes..], &v_rows[skip * row_bytes..]);
         // A head's rows of one block are contiguous in its page, and rows are whole blocks of
         // the format: the block's rows convert in one call each for K and V.
         kv_type.decode_row(&k_rows[..len * row_bytes], &mut k_tile[..len * hd]);
@@ -305,6 +316,7 @@ fn attend_chunk_tiled(
     qs: &[&[f32]],
     rep: usize,
     hd: usize,
+    scale: f32,
     outs: &mut [&mut [f32]],
 ) {
     let geom = kv.geometry();
@@ -312,7 +324,9 @@ fn attend_chunk_tiled(
     let row_bytes = geom.row_bytes();
     let block_table = toks[0].block_table;
     let max_ctx = toks.iter().map(|t| t.pos + 1).max().unwrap_or(0);
-    let scale = 1.0 / (hd as f32).sqrt();
+    // No query of the chunk sees a position before `lo` (and its block may be gone): tiles
+    // start at the one holding it, and earlier rows of that tile are never read.
+    let lo = toks.iter().map(|t| t.first).min().unwrap_or(0);
     let row_of = |part: Part, p: usize, dst: &mut [f32]| {
         let rows = kv.head_rows(layer, block_table[p / bt] as usize, part, kv_head);
         let s = p % bt;
@@ -329,9 +343,9 @@ fn attend_chunk_tiled(
     let mut max = vec![f32::NEG_INFINITY; n_q * rep];
     let mut sum = vec![0f32; n_q * rep];
     outs.iter_mut().for_each(|o| o.fill(0.0));
-    for start in (0..max_ctx).step_by(TILE) {
+    for start in (lo - lo % TILE..max_ctx).step_by(TILE) {
         let tile_len = (max_ctx - start).min(TILE);
-        for i in 0..tile_len {
+        for i in lo.saturating_sub(start)..tile_len {
             row_of(Part::K, start + i, &mut k_row);
             for (d, &k) in k_row.iter().enumerate() {
                 k_tile_t[d * TILE + i] = k;
@@ -340,10 +354,12 @@ fn attend_chunk_tiled(
         }
         for (j, tok) in toks.iter().enumerate() {
             let n_ctx = tok.pos + 1;
-            if n_ctx <= start {
+            if n_ctx <= start || tok.first >= start + TILE {
                 continue;
             }
             let len = (n_ctx - start).min(TILE);
+            // Tile rows before the token's window are masked like those past its position.
+            let seen = tok.first.saturating_sub(start)..len;
             for r in 0..rep {
                 let q = &qs[j][r * hd..(r + 1) * hd];
                 let row = &mut kq;
@@ -355,7 +371,11 @@ fn attend_chunk_tiled(
                     }
                 }
                 for (i, slot) in row.iter_mut().enumerate() {
-                    *slot = if i < len { *slot * scale } else { f32::NEG_INFINITY };
+                    *slot = if seen.contains(&i) {
+                        *slot * scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
                 }
                 let (max, sum) = (&mut max[j * rep + r], &mut sum[j * rep + r]);
                 let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -376,7 +396,7 @@ fn attend_chunk_tiled(
                     tile_sum += reduce_add_16(lanes) as f64;
                 }
                 *sum = (*sum as f64 + tile_sum) as f32;
-                for (i, &p) in row.iter().enumerate().take(len) {
+                for (i, &p) in row.iter().enumerate().take(len).skip(seen.start) {
                     let v = &v_tile[i * hd..(i + 1) * hd];
                     for (a, &x) in acc.iter_mut().zip(v) {
                         *a = p.mul_add(x, *a);
@@ -528,12 +548,14 @@ mod tests {
                 n_head: 4,
                 n_head_kv: 2,
                 head_dim: 64,
+                scale: 0.125,
             };
             let q: Vec<f32> = (0..4 * 64).map(|i| ((i % 9) as f32 - 4.0) / 4.0).collect();
             let mut out = vec![0f32; 4 * 64];
             let tok = |tiled| AttnToken {
                 block_table: &table,
                 pos: n - 1,
+                first: 0,
                 tiled,
             };
             paged_attention(&kv, 0, &shape, &[tok(false)], &q, &mut out);
@@ -590,11 +612,13 @@ mod tests {
             n_head: 2,
             n_head_kv: 1,
             head_dim: 64,
+            scale: 0.125,
         };
         let toks: Vec<AttnToken<'_>> = (40..n)
             .map(|pos| AttnToken {
                 block_table: &table,
                 pos,
+                first: 0,
                 tiled: true,
             })
             .collect();
@@ -619,6 +643,7 @@ mod tests {
         let tok = [AttnToken {
             block_table: &table,
             pos: 3,
+            first: 0,
             tiled: false,
         }];
         let (segs, units) = plan_units(&tok, 3, 3, 2);
@@ -640,6 +665,7 @@ mod tests {
             .map(|p| AttnToken {
                 block_table: &table,
                 pos: p,
+                first: 0,
                 tiled: false,
             })
             .collect();
@@ -648,6 +674,62 @@ mod tests {
         assert!(segs
             .iter()
             .all(|s| s.heads == (0..3) && s.tokens.len() == 1));
+    }
+
+    /// A window sees only its last positions, in both paths, and never reads the blocks before
+    /// it (here they are missing from the table: `NO_BLOCK` would index out of the pool).
+    #[test]
+    fn a_window_attends_to_its_last_positions_only() {
+        let geom = PageGeometry {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 64,
+            block_tokens: 4,
+            kv_type: KvType::F16,
+        };
+        let mut kv = KvPages::new(geom, 32).unwrap();
+        let n: usize = 100;
+        let table: Vec<u32> = (0..n.div_ceil(4) as u32).collect();
+        for p in 0..n {
+            for (part, which) in [(0, Part::K), (1, Part::V)] {
+                let row: Vec<f32> = (0..64).map(|d| val(p, 0, d, part)).collect();
+                kv.write_row(0, table[p / 4] as usize * 4 + p % 4, which, 0, &row);
+            }
+        }
+        let shape = AttnShape {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: 64,
+            scale: 0.125,
+        };
+        let window = 10;
+        let q: Vec<f32> = (0..64).map(|i| ((i % 9) as f32 - 4.0) / 4.0).collect();
+        // The blocks wholly before the window are gone.
+        let pos = n - 1;
+        let first = pos + 1 - window;
+        let mut holey = table.clone();
+        holey[..first / 4].fill(crate::kv::NO_BLOCK);
+        for tiled in [false, true] {
+            let tok = [AttnToken {
+                block_table: &holey,
+                pos,
+                first,
+                tiled,
+            }];
+            let mut out = vec![0f32; 64];
+            paged_attention(&kv, 0, &shape, &tok, &q, &mut out);
+            let s: Vec<f32> = (first..n)
+                .map(|p| (0..64).map(|d| q[d] * val(p, 0, d, 0)).sum::<f32>() * 0.125)
+                .collect();
+            let m = s.iter().copied().fold(f32::MIN, f32::max);
+            let z: f32 = s.iter().map(|v| (v - m).exp()).sum();
+            for d in 0..64 {
+                let want: f32 = (first..n)
+                    .map(|p| (s[p - first] - m).exp() / z * val(p, 0, d, 1))
+                    .sum();
+                assert!((out[d] - want).abs() < 5e-3, "tiled {tiled} d{d}: {} vs {want}", out[d]);
+            }
+        }
     }
 
     #[test]

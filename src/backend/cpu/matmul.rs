@@ -30,18 +30,28 @@ pub fn quantize_activations(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<
     row_bytes
 }
 
-/// One weight matrix of a (fused) matmul: `rows` rows of type `ty`, each `cols` wide.
+/// One weight matrix of a (fused) matmul: `rows` rows of type `ty`, each `cols` wide, part of
+/// a file tensor `height` rows high (the peer picks its kernel by that height: see
+/// `quant::order`).
 #[derive(Clone, Copy)]
 pub struct WeightRef<'a> {
     pub w: &'a [u8],
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    pub height: usize,
 }
 
 /// `w` is `rows` rows of type `ty`, each `cols` wide; `x` is n_tok × cols; `out` n_tok × rows.
 pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
-    matmul_fused(&[WeightRef { w, ty, rows, cols }], x, &mut [out]);
+    let m = WeightRef {
+        w,
+        ty,
+        rows,
+        cols,
+        height: rows,
+    };
+    matmul_fused(&[m], x, &mut [out]);
 }
 
 /// Several matrices applied to the same input (Q/K/V, gate/up) as one parallel loop: the
@@ -123,16 +133,17 @@ fn run_panel(
     let w_row = m.ty.row_bytes(m.cols as u64).expect("checked at load") as usize;
     let (r0, r1) = (r.start, r.end);
     let w_panel = &m.w[r0 * w_row..r1 * w_row];
+    let order = quant::order(m.ty, m.height, n_tok);
     if n_tok == 1 {
         // One token: the panel is a contiguous run of the output.
         // SAFETY: rows r0..r1 belong to this task alone.
         let dst = unsafe { out.slice_mut(r0, r1 - r0) };
-        quant::gemm(m.ty, m.cols, w_panel, r1 - r0, xq, 1, dst);
+        quant::gemm(m.ty, order, m.cols, w_panel, r1 - r0, xq, 1, dst);
         return;
     }
     PANEL.with_borrow_mut(|panel| {
         panel.resize((r1 - r0) * n_tok, 0.0);
-        quant::gemm(m.ty, m.cols, w_panel, r1 - r0, xq, n_tok, panel);
+        quant::gemm(m.ty, order, m.cols, w_panel, r1 - r0, xq, n_tok, panel);
         for t in 0..n_tok {
             // SAFETY: rows r0..r1 of every token belong to this task alone.
             let dst = unsafe { out.slice_mut(t * m.rows + r0, r1 - r0) };
@@ -204,6 +215,7 @@ mod tests {
                 ty: *ty,
                 rows: *rows,
                 cols,
+                height: *rows,
             })
             .collect();
         let mut fused: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; n_tok * m.rows]).collect();

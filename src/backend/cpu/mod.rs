@@ -9,3 +9,4 @@ pub mod ops;
 mod parallel;
 pub mod peak;
 pub mod pool;
+pub mod step;

@@ -1,39 +1,52 @@
 //! Element-wise and row-wise ops of a Llama block, written to match ggml's CPU numerics.
 
-use crate::model::RopeLayout;
+use crate::backend::ops::{RopeLayout, RopeTable};
+use crate::kv::HADAMARD_DIM;
+use half::f16;
+use std::sync::OnceLock;
 
-/// `out = x / rms(x) * w` for each row of `x`, as ggml computes it: each square in f32,
-/// summed in f64, the mean rounded to f32, then `x · scale` and `· w` as two roundings.
+/// `out = x / rms(x) * w` for each row of `x` (rows of `w.len()` values), as ggml computes it:
+/// each square in f32, summed in f64, the mean rounded to f32, then `x · scale` and `· w` as
+/// two roundings.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let mut sum = 0.0f64;
-        for &v in xr {
-            sum += (v * v) as f64;
-        }
-        let mean = (sum / n as f64) as f32;
-        let scale = 1.0 / (mean + eps).sqrt();
+        let scale = rms_scale(xr, eps);
         for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
             *o = v * scale * g;
         }
     }
 }
 
+/// [`rmsnorm`] of each row of `x` in place.
+pub fn rmsnorm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        let scale = rms_scale(row, eps);
+        for (v, &g) in row.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
+fn rms_scale(row: &[f32], eps: f32) -> f32 {
+    let mut sum = 0.0f64;
+    for &v in row {
+        sum += (v * v) as f64;
+    }
+    let mean = (sum / row.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
 /// Precomputed RoPE rotation angles for one position, in ggml's order of operations
-/// (theta multiplied by theta_scale pair by pair, in f32) so that we match its rounding.
-pub fn rope_cos_sin(
-    pos: usize,
-    n_rot: usize,
-    base: f32,
-    freq_factors: Option<&[f32]>,
-    cs: &mut [(f32, f32)],
-) {
-    let theta_scale = base.powf(-2.0 / n_rot as f32);
+/// (theta multiplied by theta_scale pair by pair, in f32; then divided by the pair's factor,
+/// times `freq_scale`; cos and sin times `mscale`) so that we match its rounding.
+pub fn rope_cos_sin(pos: usize, n_rot: usize, table: &RopeTable, cs: &mut [(f32, f32)]) {
+    let theta_scale = table.base.powf(-2.0 / n_rot as f32);
     let mut theta = pos as f32;
     for (i, c) in cs.iter_mut().enumerate().take(n_rot / 2) {
-        let ff = freq_factors.map_or(1.0, |f| f[i]);
-        let t = theta / ff;
-        *c = (t.cos(), t.sin());
+        let ff = table.factors.as_ref().map_or(1.0, |f| f[i]);
+        let t = table.freq_scale * (theta / ff);
+        *c = (t.cos() * table.mscale, t.sin() * table.mscale);
         theta *= theta_scale;
     }
 }
@@ -78,6 +91,42 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
         *g = *g / (1.0 + expf_v(0.0 - *g)) * u;
     }
 }
+}
+
+/// GeGLU: `gate = gelu(gate) * up`, in place, with GELU's tanh approximation looked up the way
+/// ggml-cpu does it (the peer's numerics): the input rounded to f16 and the result read from a
+/// table of f16 values, with the tails outside ±10 taken exactly.
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    let table = gelu_table();
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let y = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x
+        } else {
+            f16::from_bits(table[f16::from_f32(x).to_bits() as usize]).to_f32()
+        };
+        *g = y * u;
+    }
+}
+
+/// GELU (tanh approximation) in f32, ggml's `ggml_gelu_f32` as GCC compiles it (the
+/// `1 + a·x·x` contracted into one fused multiply-add, which decides some table entries).
+pub fn gelu(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0)).tanh())
+}
+
+/// `gelu` of every f16 value, rounded to f16 (ggml's `ggml_table_gelu_f16`).
+fn gelu_table() -> &'static [u16] {
+    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| f16::from_f32(gelu(f16::from_bits(bits).to_f32())).to_bits())
+            .collect()
+    })
 }
 
 /// ggml-cpu's vectorised `expf` (`ggml_v_expf`, after ARM's optimized routine): a degree-5
@@ -126,15 +175,8 @@ fn pow2(e: i32) -> f32 {
     f32::from_bits(((e.clamp(-126, 127) + 127) as u32) << 23)
 }
 
-/// Width of the Walsh-Hadamard rotation applied to K, V and Q when KV pages are quantized.
-pub const HADAMARD_DIM: usize = 64;
-
 /// Rotates every 64-value chunk of `x` by the orthonormal Walsh-Hadamard matrix (a fast
-/// transform, scaled by 1/8). The matrix is its own inverse and preserves dot products, so
-/// rotating Q and K leaves Q·K unchanged, and rotating V then the attention output leaves
-/// the output unchanged; what it changes is that outlier channels are spread over the whole
-/// chunk before K and V are quantized into pages (llama.cpp does the same for its quantized
-/// caches), which is what keeps q4_0 pages usable.
+/// transform, scaled by 1/8): see `KvType::rotated` for when and why.
 pub fn hadamard_64(x: &mut [f32]) {
     for chunk in x.chunks_exact_mut(HADAMARD_DIM) {
         let mut h = 1;
@@ -181,6 +223,19 @@ mod tests {
     }
 
     #[test]
+    fn gelu_table_follows_the_formula_at_f16_precision() {
+        let up = vec![1.0f32; 9];
+        let xs = [-12.0f32, -3.0, -1.0, -0.1, 0.0, 0.1, 1.0, 3.0, 12.0];
+        let mut g = xs.to_vec();
+        gelu_mul(&mut g, &up);
+        for (&x, &y) in xs.iter().zip(&g) {
+            let want = if x.abs() >= 10.0 { x.max(0.0) } else { gelu(x) };
+            assert!((y - want).abs() <= 2e-3 * want.abs().max(1e-2), "{x}: {y} vs {want}");
+        }
+        assert_eq!(g[4], 0.0);
+    }
+
+    #[test]
     fn expf_v_is_close_to_expf() {
         for i in -2000..2000 {
             let x = i as f32 * 0.0437;
@@ -219,14 +274,20 @@ mod tests {
     #[test]
     fn rope_position_zero_is_identity_and_norm_preserving() {
         let mut cs = vec![(0f32, 0f32); 4];
-        rope_cos_sin(0, 8, 10_000.0, None, &mut cs);
+        let table = RopeTable {
+            base: 10_000.0,
+            freq_scale: 1.0,
+            mscale: 1.0,
+            factors: None,
+        };
+        rope_cos_sin(0, 8, &table, &mut cs);
         let orig: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
         for layout in [RopeLayout::Normal, RopeLayout::Neox] {
             let mut x = orig.clone();
             rope_apply(&mut x, 8, 8, layout, &cs);
             assert_eq!(x, orig);
         }
-        rope_cos_sin(17, 8, 10_000.0, None, &mut cs);
+        rope_cos_sin(17, 8, &table, &mut cs);
         let mut x = orig.clone();
         rope_apply(&mut x, 8, 8, RopeLayout::Neox, &cs);
         let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();

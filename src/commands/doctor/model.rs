@@ -269,14 +269,16 @@ pub fn kv_plan(ctx: &Context, parsed: Option<&Parsed>) -> Check {
     }
     let geom = cfg.page_geometry(e.kv_type, e.block_size);
     let budget = (e.kv_memory_mib as u64) << 20;
+    let layout = cfg.kv_layout();
     let plan = KvPlan::new(
         &geom,
+        &layout,
         cfg.n_head,
         budget as usize,
         cfg.context_length,
         AVG_TOKENS,
     );
-    let tokens = plan.pool_blocks * plan.block_tokens;
+    let tokens = layout.max_tokens(plan.pool_blocks, e.max_batched_tokens, plan.block_tokens);
     let need = p.file_bytes + budget + OVERHEAD_BYTES;
     c.detail("kv_type", e.kv_type.to_string());
     c.detail("kv_bytes_per_token", plan.kv_bytes_per_token);

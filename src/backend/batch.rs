@@ -1,0 +1,148 @@
+//! What one forward pass computes: spans of tokens from several sequences, with the block
+//! tables (one per KV group) that say where each sequence's KV lives.
+
+use crate::kv::{KvLayout, NO_BLOCK};
+use anyhow::{bail, Result};
+
+#[derive(Clone, Debug, Default)]
+pub struct BatchMeta {
+    /// Token ids, all sequences' spans one after another.
+    pub tokens: Vec<u32>,
+    /// Position of each token in its sequence.
+    pub positions: Vec<usize>,
+    /// For each token, the index of its sequence in `block_tables`.
+    pub seq_of: Vec<usize>,
+    /// Per sequence, per KV group, the blocks holding positions 0.. in order ([`NO_BLOCK`]
+    /// where a windowed group holds nothing any more).
+    pub block_tables: Vec<Vec<Vec<u32>>>,
+    /// Indices (into `tokens`) whose logits the caller wants, in this order.
+    pub logits_for: Vec<usize>,
+}
+
+impl BatchMeta {
+    /// Adds a span of `tokens` at positions `start..` for a sequence with `tables` (one per
+    /// KV group). `want`: `Last` for sampling, `All` for scoring every position.
+    pub fn push_span(&mut self, tokens: &[u32], start: usize, tables: Vec<Vec<u32>>, want: Logits) {
+        let seq = self.block_tables.len();
+        self.block_tables.push(tables);
+        let first = self.tokens.len();
+        for (i, &t) in tokens.iter().enumerate() {
+            self.tokens.push(t);
+            self.positions.push(start + i);
+            self.seq_of.push(seq);
+        }
+        match want {
+            Logits::None => {}
+            Logits::Last => {
+                if !tokens.is_empty() {
+                    self.logits_for.push(first + tokens.len() - 1)
+                }
+            }
+            Logits::All => self.logits_for.extend(first..first + tokens.len()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// A batch for a model with one KV group (no windows): `table` is the group's.
+    pub fn push_span_single(&mut self, tokens: &[u32], start: usize, table: Vec<u32>, want: Logits) {
+        self.push_span(tokens, start, vec![table], want)
+    }
+
+    /// Number of tokens each sequence contributes to this batch.
+    pub fn span_lengths(&self) -> Vec<usize> {
+        let mut lens = vec![0; self.block_tables.len()];
+        for &s in &self.seq_of {
+            lens[s] += 1;
+        }
+        lens
+    }
+
+    /// KV slot (block · block_tokens + offset) of token `i` in KV group `group`.
+    pub fn slot(&self, i: usize, group: usize, block_tokens: usize) -> usize {
+        let pos = self.positions[i];
+        self.block_tables[self.seq_of[i]][group][pos / block_tokens] as usize * block_tokens
+            + pos % block_tokens
+    }
+
+    /// Checks that ids are in range and that every token has, in every KV group, a block for
+    /// each position it reads (its own included), so the forward pass itself cannot index out
+    /// of bounds.
+    pub fn validate(
+        &self,
+        block_tokens: usize,
+        pool_blocks: usize,
+        vocab: usize,
+        max_pos: usize,
+        layout: &KvLayout,
+    ) -> Result<()> {
+        for i in 0..self.tokens.len() {
+            if self.tokens[i] as usize >= vocab {
+                bail!(
+                    "token id {} is outside the vocabulary ({vocab})",
+                    self.tokens[i]
+                );
+            }
+            if self.positions[i] >= max_pos {
+                bail!(
+                    "position {} is beyond the context length {max_pos}",
+                    self.positions[i]
+                );
+            }
+        }
+        // Each sequence's span of positions, in one pass over the tokens.
+        let mut spans: Vec<Option<(usize, usize)>> = vec![None; self.block_tables.len()];
+        for (&s, &p) in self.seq_of.iter().zip(&self.positions) {
+            let span = spans[s].get_or_insert((p, p));
+            *span = (span.0.min(p), span.1.max(p));
+        }
+        for (seq, tables) in self.block_tables.iter().enumerate() {
+            if tables.len() != layout.num_groups() {
+                bail!(
+                    "sequence {seq} has {} block tables for {} KV groups",
+                    tables.len(),
+                    layout.num_groups()
+                );
+            }
+            // Every block from the first one its first token reads to the last one it writes
+            // must be there.
+            let Some((lo, hi)) = spans[seq] else { continue };
+            for (g, table) in tables.iter().enumerate() {
+                let from = layout.first_needed_block(g, lo, block_tokens);
+                let to = hi / block_tokens;
+                if to >= table.len() {
+                    bail!(
+                        "position {hi} has no KV block (group {g}'s table has {} blocks)",
+                        table.len()
+                    );
+                }
+                if let Some(b) = table[from..=to]
+                    .iter()
+                    .find(|&&b| b == NO_BLOCK || b as usize >= pool_blocks)
+                {
+                    bail!("block id {b} of a position still read is outside the pool ({pool_blocks} blocks)");
+                }
+            }
+        }
+        if let Some(&i) = self.logits_for.iter().find(|&&i| i >= self.tokens.len()) {
+            bail!(
+                "logits requested for token {i} of a batch of {}",
+                self.tokens.len()
+            );
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}

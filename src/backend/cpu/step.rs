@@ -1,0 +1,333 @@
+//! The op set on the CPU: one step's activations in vectors, K/V in the paged pool in RAM.
+
+use super::attention::{paged_attention, AttnShape, AttnToken, TILE};
+use super::matmul::{embed, matmul_fused, WeightRef};
+use super::ops::{
+    add_bias, add_in_place, gelu_mul, hadamard_64, rmsnorm, rmsnorm_in_place, rope_apply,
+    rope_cos_sin, silu_mul,
+};
+use crate::backend::batch::BatchMeta;
+use crate::backend::ops::{Activation, Attention, Buf, Mat, Ops, Shape, VecRef};
+use crate::gguf::GgufFile;
+use crate::kv::{KvLayout, KvPages, Part};
+use anyhow::Result;
+
+const BUFS: usize = 11;
+
+fn index(b: Buf) -> usize {
+    match b {
+        Buf::X => 0,
+        Buf::H => 1,
+        Buf::Q => 2,
+        Buf::K => 3,
+        Buf::V => 4,
+        Buf::Attn => 5,
+        Buf::Proj => 6,
+        Buf::Gate => 7,
+        Buf::Up => 8,
+        Buf::Head => 9,
+        Buf::Logits => 10,
+    }
+}
+
+/// The activation vectors, kept between steps so that a step allocates nothing once they have
+/// grown to the largest step (a 262K-entry logits row is 1 MiB).
+#[derive(Default)]
+pub struct CpuBuffers {
+    bufs: [Vec<f32>; BUFS],
+}
+
+impl CpuBuffers {
+    /// The logits of the last step (rows × vocab).
+    pub fn logits(&self) -> &[f32] {
+        &self.bufs[index(Buf::Logits)]
+    }
+
+    /// Moves the logits out (no copy); give the vector back with [`Self::recycle_logits`].
+    pub fn take_logits(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.bufs[index(Buf::Logits)])
+    }
+
+    pub fn recycle_logits(&mut self, v: Vec<f32>) {
+        let slot = &mut self.bufs[index(Buf::Logits)];
+        if v.capacity() > slot.capacity() {
+            *slot = v;
+        }
+    }
+}
+
+/// What the model's weights are, for the CPU: the mapped file and the vector arena.
+#[derive(Clone, Copy)]
+pub struct CpuWeights<'a> {
+    pub file: &'a GgufFile,
+    pub arena: &'a [f32],
+}
+
+/// One step of the forward pass on the CPU.
+pub struct CpuStep<'a> {
+    w: CpuWeights<'a>,
+    kv: &'a mut KvPages,
+    layout: &'a KvLayout,
+    shape: &'a Shape,
+    batch: &'a BatchMeta,
+    bufs: &'a mut CpuBuffers,
+    /// Rows gathered into Head / Logits.
+    gathered: usize,
+    /// Per RoPE table, each token's (cos, sin) pairs.
+    cs: Vec<Vec<(f32, f32)>>,
+    /// Per KV group, each token's view of its block table.
+    attn_tokens: Vec<Vec<AttnToken<'a>>>,
+    /// Per KV group, each token's KV slot.
+    slots: Vec<Vec<usize>>,
+}
+
+impl<'a> CpuStep<'a> {
+    /// Prepares a step over `batch` (already validated against the pool and `layout`).
+    pub fn new(
+        w: CpuWeights<'a>,
+        kv: &'a mut KvPages,
+        layout: &'a KvLayout,
+        shape: &'a Shape,
+        batch: &'a BatchMeta,
+        bufs: &'a mut CpuBuffers,
+    ) -> CpuStep<'a> {
+        let n = batch.len();
+        let half = shape.n_rot / 2;
+        let cs = shape
+            .ropes
+            .iter()
+            .map(|table| {
+                let mut cs = vec![(0f32, 0f32); n * half];
+                if half > 0 {
+                    for (i, c) in cs.chunks_exact_mut(half).enumerate() {
+                        rope_cos_sin(batch.positions[i], shape.n_rot, table, c);
+                    }
+                }
+                cs
+            })
+            .collect();
+        let bt = kv.geometry().block_tokens;
+        let span_len = batch.span_lengths();
+        let attn_tokens = (0..layout.num_groups())
+            .map(|g| {
+                (0..n)
+                    .map(|i| AttnToken {
+                        block_table: &batch.block_tables[batch.seq_of[i]][g],
+                        pos: batch.positions[i],
+                        first: layout.first_visible(g, batch.positions[i]),
+                        tiled: span_len[batch.seq_of[i]] >= TILE,
+                    })
+                    .collect()
+            })
+            .collect();
+        let slots = (0..layout.num_groups())
+            .map(|g| (0..n).map(|i| batch.slot(i, g, bt)).collect())
+            .collect();
+        for b in [
+            Buf::X,
+            Buf::H,
+            Buf::Q,
+            Buf::K,
+            Buf::V,
+            Buf::Attn,
+            Buf::Proj,
+            Buf::Gate,
+            Buf::Up,
+        ] {
+            let v = &mut bufs.bufs[index(b)];
+            v.clear();
+            v.resize(n * shape.widths.of(b), 0.0);
+        }
+        CpuStep {
+            w,
+            kv,
+            layout,
+            shape,
+            batch,
+            bufs,
+            gathered: 0,
+            cs,
+            attn_tokens,
+            slots,
+        }
+    }
+
+    fn buf(&mut self, b: Buf) -> &mut Vec<f32> {
+        &mut self.bufs.bufs[index(b)]
+    }
+
+    /// Takes a buffer out (to use it beside another one); put it back with [`Self::put`].
+    fn take(&mut self, b: Buf) -> Vec<f32> {
+        std::mem::take(self.buf(b))
+    }
+
+    fn put(&mut self, b: Buf, v: Vec<f32>) {
+        *self.buf(b) = v;
+    }
+}
+
+impl Ops for CpuStep<'_> {
+    fn embed(&mut self, table: &Mat, scale: f32) -> Result<()> {
+        let (file, tokens) = (self.w.file, &self.batch.tokens);
+        let x = &mut self.bufs.bufs[index(Buf::X)];
+        embed(table.data(file), table.ty, table.cols, tokens, x);
+        if scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(&mut self, src: Buf, w: VecRef, eps: f32, dst: Buf) -> Result<()> {
+        let w = w.of(self.w.arena);
+        if src == dst {
+            rmsnorm_in_place(self.buf(src), w, eps);
+        } else {
+            let mut out = self.take(dst);
+            rmsnorm(&self.bufs.bufs[index(src)], w, eps, &mut out);
+            self.put(dst, out);
+        }
+        Ok(())
+    }
+
+    fn matmul(&mut self, x: Buf, outs: &[(&Mat, Buf)]) -> Result<()> {
+        let file = self.w.file;
+        let mats: Vec<WeightRef<'_>> = outs
+            .iter()
+            .map(|(m, _)| WeightRef {
+                w: m.data(file),
+                ty: m.ty,
+                rows: m.rows,
+                cols: m.cols,
+                height: file.tensors()[m.tensor].dims[1] as usize,
+            })
+            .collect();
+        let rows = self.buf(x).len() / outs[0].0.cols;
+        let mut taken: Vec<Vec<f32>> = outs
+            .iter()
+            .map(|&(m, b)| {
+                let mut v = self.take(b);
+                v.clear();
+                v.resize(rows * m.rows, 0.0);
+                v
+            })
+            .collect();
+        {
+            let mut refs: Vec<&mut [f32]> = taken.iter_mut().map(|v| &mut v[..]).collect();
+            matmul_fused(&mats, &self.bufs.bufs[index(x)], &mut refs);
+        }
+        for (&(_, b), v) in outs.iter().zip(taken) {
+            self.put(b, v);
+        }
+        Ok(())
+    }
+
+    fn add_bias(&mut self, buf: Buf, b: VecRef) -> Result<()> {
+        let bias = b.of(self.w.arena);
+        add_bias(&mut self.bufs.bufs[index(buf)], bias);
+        Ok(())
+    }
+
+    fn rope(&mut self, buf: Buf, table: usize) -> Result<()> {
+        let s = self.shape;
+        let half = s.n_rot / 2;
+        let cs = &self.cs[table];
+        let x = &mut self.bufs.bufs[index(buf)];
+        let width = s.widths.of(buf);
+        for (i, row) in x.chunks_exact_mut(width).enumerate() {
+            rope_apply(
+                row,
+                s.head_dim,
+                s.n_rot,
+                s.rope_layout,
+                &cs[i * half..(i + 1) * half],
+            );
+        }
+        Ok(())
+    }
+
+    fn hadamard(&mut self, buf: Buf) -> Result<()> {
+        hadamard_64(self.buf(buf));
+        Ok(())
+    }
+
+    fn attention(&mut self, a: Attention) -> Result<()> {
+        let (group, layer) = self.layout.layer_slot[a.layer];
+        let hd = self.shape.head_dim;
+        let kvd = self.shape.widths.kv;
+        // This step's K/V first: tokens later in a span attend to earlier ones.
+        let (k, v) = (&self.bufs.bufs[index(Buf::K)], &self.bufs.bufs[index(Buf::V)]);
+        for (i, &slot) in self.slots[group].iter().enumerate() {
+            for h in 0..self.shape.n_head_kv {
+                let off = i * kvd + h * hd;
+                self.kv.write_row(layer, slot, Part::K, h, &k[off..off + hd]);
+                self.kv.write_row(layer, slot, Part::V, h, &v[off..off + hd]);
+            }
+        }
+        let shape = AttnShape {
+            n_head: self.shape.n_head,
+            n_head_kv: self.shape.n_head_kv,
+            head_dim: hd,
+            scale: a.scale,
+        };
+        let mut out = self.take(Buf::Attn);
+        paged_attention(
+            self.kv,
+            layer,
+            &shape,
+            &self.attn_tokens[group],
+            &self.bufs.bufs[index(Buf::Q)],
+            &mut out,
+        );
+        self.put(Buf::Attn, out);
+        Ok(())
+    }
+
+    fn glu(&mut self, act: Activation) -> Result<()> {
+        let mut gate = self.take(Buf::Gate);
+        let up = &self.bufs.bufs[index(Buf::Up)];
+        match act {
+            Activation::Silu => silu_mul(&mut gate, up),
+            Activation::GeluTanh => gelu_mul(&mut gate, up),
+        }
+        self.put(Buf::Gate, gate);
+        Ok(())
+    }
+
+    fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()> {
+        let mut d = self.take(dst);
+        let s = &self.bufs.bufs[index(src)];
+        if scale == 1.0 {
+            add_in_place(&mut d, s);
+        } else {
+            // Scaled first, then added: two roundings, as ggml's scale then add.
+            d.iter_mut().zip(s).for_each(|(a, &b)| *a += b * scale);
+        }
+        self.put(dst, d);
+        Ok(())
+    }
+
+    fn scale(&mut self, buf: Buf, s: f32) -> Result<()> {
+        self.buf(buf).iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn softcap(&mut self, buf: Buf, cap: f32) -> Result<()> {
+        self.buf(buf)
+            .iter_mut()
+            .for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
+        Ok(())
+    }
+
+    fn gather(&mut self, rows: &[usize]) -> Result<()> {
+        let e = self.shape.widths.embd;
+        self.gathered = rows.len();
+        let mut head = self.take(Buf::Head);
+        head.clear();
+        let x = &self.bufs.bufs[index(Buf::X)];
+        for &r in rows {
+            head.extend_from_slice(&x[r * e..(r + 1) * e]);
+        }
+        self.put(Buf::Head, head);
+        Ok(())
+    }
+}

@@ -1,0 +1,189 @@
+//! The operations a decoder-only transformer needs, as the one forward pass (`model::forward`)
+//! calls them. A backend implements [`Ops`] over its own memory: the CPU over vectors and the
+//! paged pool in RAM, CUDA over device buffers and its pool in device memory. A step's batch
+//! (tokens, positions, block tables) is given to the backend before the pass starts, so an op
+//! names only what differs between calls: which buffers, which weights, which layer.
+
+use crate::gguf::GgufFile;
+use crate::quant::GgmlType;
+use anyhow::Result;
+
+/// The activation buffers of one step. Every token of the step has a row in each of the first
+/// nine (widths in [`Widths`]); `Head` and `Logits` hold only the rows whose logits are wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// The residual stream (n_embd).
+    X,
+    /// A normed copy of the residual, the input of a matmul (n_embd).
+    H,
+    /// Queries (n_head · head_dim).
+    Q,
+    /// This step's keys and values (n_head_kv · head_dim).
+    K,
+    V,
+    /// The attention output (n_head · head_dim).
+    Attn,
+    /// The output of an attention or FFN projection (n_embd).
+    Proj,
+    /// FFN gate and up projections (n_ff).
+    Gate,
+    Up,
+    /// The residual rows whose logits are wanted (n_embd).
+    Head,
+    /// Their logits (vocab).
+    Logits,
+}
+
+/// Row widths of the buffers (values per token).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Widths {
+    pub embd: usize,
+    pub q: usize,
+    pub kv: usize,
+    pub ff: usize,
+    pub vocab: usize,
+}
+
+impl Widths {
+    pub fn of(&self, buf: Buf) -> usize {
+        match buf {
+            Buf::X | Buf::H | Buf::Proj | Buf::Head => self.embd,
+            Buf::Q | Buf::Attn => self.q,
+            Buf::K | Buf::V => self.kv,
+            Buf::Gate | Buf::Up => self.ff,
+            Buf::Logits => self.vocab,
+        }
+    }
+}
+
+/// A weight matrix in the model file: `rows` output rows of `cols` values each, starting at row
+/// `first_row` of the file's tensor (so a band of a fused tensor, such as the Q rows of a fused
+/// QKV, is a matrix of its own). The bytes stay in the memory map.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mat {
+    pub name: String,
+    pub ty: GgmlType,
+    pub cols: usize,
+    pub rows: usize,
+    /// Index into `GgufFile::tensors()`.
+    pub tensor: usize,
+    pub first_row: usize,
+}
+
+impl Mat {
+    pub fn row_bytes(&self) -> usize {
+        self.ty
+            .row_bytes(self.cols as u64)
+            .expect("checked at load") as usize
+    }
+
+    /// Byte offset of the first row within the tensor's data.
+    pub fn byte_offset(&self) -> usize {
+        self.first_row * self.row_bytes()
+    }
+
+    pub fn data<'a>(&self, file: &'a GgufFile) -> &'a [u8] {
+        let all = file.tensor_data(&file.tensors()[self.tensor]);
+        &all[self.byte_offset()..self.byte_offset() + self.rows * self.row_bytes()]
+    }
+}
+
+/// A small f32 vector (a norm weight, a bias, RoPE factors) in the model's vector arena, where
+/// they are kept dequantized: `len` values from `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VecRef {
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl VecRef {
+    pub fn of(self, arena: &[f32]) -> &[f32] {
+        &arena[self.offset..self.offset + self.len]
+    }
+}
+
+/// How RoPE pairs up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Adjacent pairs (x[2i], x[2i+1]): llama's GGUF convention (the converter permutes Q/K).
+    Normal,
+    /// Halves (x[i], x[i + n_rot/2]): GPT-NeoX style, used by qwen2, gemma3, phi3 and others.
+    Neox,
+}
+
+/// The gating activation of a gated FFN: `gate = act(gate) · up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): llama, qwen, phi3, granite, smollm3.
+    Silu,
+    /// GELU, tanh approximation (GeGLU): gemma.
+    GeluTanh,
+}
+
+/// One layer's attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    pub layer: usize,
+    /// Positions a query sees, itself included (`None`: all before it).
+    pub window: Option<usize>,
+    /// Multiplies Q·K before the softmax.
+    pub scale: f32,
+}
+
+/// The op set. Row counts come from the step: every buffer but `Head` and `Logits` has one row
+/// per token; those two have one row per gathered row.
+pub trait Ops {
+    /// X = the embedding rows of the step's tokens, times `scale`.
+    fn embed(&mut self, table: &Mat, scale: f32) -> Result<()>;
+    /// `dst` = RMSNorm of `src` times `w`, over rows of `w.len` values (so a norm over each
+    /// head is the same op with a head-sized `w`). `dst` may be `src`.
+    fn rmsnorm(&mut self, src: Buf, w: VecRef, eps: f32, dst: Buf) -> Result<()>;
+    /// Each `out` = `x` times its matrix (transposed): matrices that share an input are given
+    /// together, so the input is prepared once.
+    fn matmul(&mut self, x: Buf, outs: &[(&Mat, Buf)]) -> Result<()>;
+    /// Adds `b` to every row of `buf`.
+    fn add_bias(&mut self, buf: Buf, b: VecRef) -> Result<()>;
+    /// Rotates every head of `buf` (Q or K) by the step's RoPE table `table`.
+    fn rope(&mut self, buf: Buf, table: usize) -> Result<()>;
+    /// The Walsh-Hadamard rotation of quantized pages (`kv::KvType::rotated`), in place.
+    fn hadamard(&mut self, buf: Buf) -> Result<()>;
+    /// Writes this step's K and V into the layer's pages, then Attn = attention of Q over
+    /// every position each token sees.
+    fn attention(&mut self, a: Attention) -> Result<()>;
+    /// Gate = act(Gate) · Up.
+    fn glu(&mut self, act: Activation) -> Result<()>;
+    /// `dst` += `src` · `scale`.
+    fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()>;
+    /// `buf` ·= `s`.
+    fn scale(&mut self, buf: Buf, s: f32) -> Result<()>;
+    /// `buf` = cap · tanh(`buf` / cap).
+    fn softcap(&mut self, buf: Buf, cap: f32) -> Result<()>;
+    /// Head = rows `rows` of X (the tokens whose logits are wanted), in that order.
+    fn gather(&mut self, rows: &[usize]) -> Result<()>;
+}
+
+/// How one RoPE table turns a position into rotation angles (ggml's `rope_yarn` without the
+/// YaRN ramp): the angle of pair i at position p is `freq_scale · p · base^(-2i/n_rot) /
+/// factors[i]`, and cos and sin are multiplied by `mscale`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeTable {
+    pub base: f32,
+    pub freq_scale: f32,
+    pub mscale: f32,
+    /// Per-pair frequency divisors (Llama 3.1's `rope_freqs`, Phi-3's LongRoPE factors).
+    pub factors: Option<Vec<f32>>,
+}
+
+/// The shapes a backend sizes its buffers and kernels by.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shape {
+    pub widths: Widths,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Dimensions of each head that RoPE rotates (the rest pass through).
+    pub n_rot: usize,
+    pub rope_layout: RopeLayout,
+    /// The RoPE tables the layers use (Gemma 3: one for global layers, one for local ones).
+    pub ropes: Vec<RopeTable>,
+}

@@ -1,0 +1,121 @@
+//! The model families edgelm runs, and what distinguishes each one from the plain Llama block.
+//! Everything here is data: the one forward pass reads it (see `forward.rs`); what each family
+//! must compute is its llama.cpp graph builder (`src/models/<arch>.cpp`), the reference.
+
+use crate::backend::ops::{Activation, RopeLayout};
+
+/// A family of GGUF architectures sharing one description.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `llama` (Llama 2/3.x, Mistral 7B, the DeepSeek-R1 Llama distills); `mistral`, which
+    /// some converters write for Mistral 7B, is read as `llama`.
+    Llama,
+    /// `qwen2` (Qwen2/2.5, the DeepSeek-R1 Qwen distills): Q/K/V biases, NeoX RoPE.
+    Qwen2,
+    /// `qwen3`: per-head RMSNorm of Q and K before RoPE.
+    Qwen3,
+    /// `gemma3`: √n_embd embedding scale, four norms per block, GeGLU, Q/K norms, sliding
+    /// windows on five layers of six with their own RoPE base.
+    Gemma3,
+    /// `phi3` (Phi-3/3.5/4-mini): fused QKV and gate/up, LongRoPE factors.
+    Phi3,
+    /// `smollm3`: no RoPE on every fourth layer.
+    Smollm3,
+    /// `granite` (Granite 3.x dense): embedding, residual, attention and logit scales.
+    Granite,
+}
+
+/// Architectures edgelm implements in full (the names `general.architecture` carries).
+pub const SUPPORTED: &[&str] = &[
+    "llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite",
+];
+
+impl Family {
+    pub fn from_arch(arch: &str) -> Option<Family> {
+        Some(match arch {
+            "llama" | "mistral" => Family::Llama,
+            "qwen2" => Family::Qwen2,
+            "qwen3" => Family::Qwen3,
+            "gemma3" => Family::Gemma3,
+            "phi3" => Family::Phi3,
+            "smollm3" => Family::Smollm3,
+            "granite" => Family::Granite,
+            _ => return None,
+        })
+    }
+
+    pub fn rope_layout(self) -> RopeLayout {
+        match self {
+            Family::Llama | Family::Smollm3 | Family::Granite => RopeLayout::Normal,
+            Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Phi3 => RopeLayout::Neox,
+        }
+    }
+
+    pub fn activation(self) -> Activation {
+        match self {
+            Family::Gemma3 => Activation::GeluTanh,
+            _ => Activation::Silu,
+        }
+    }
+
+    /// Per-head RMSNorm of Q and K (`attn_q_norm`, `attn_k_norm`) before RoPE.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Family::Qwen3 | Family::Gemma3)
+    }
+
+    /// RMSNorm of the attention and FFN outputs before each residual add
+    /// (`post_attention_norm`, `post_ffw_norm`).
+    pub fn post_norms(self) -> bool {
+        self == Family::Gemma3
+    }
+
+    /// Gate and up projections in one tensor (`ffn_up` of 2·n_ff rows, gate first).
+    pub fn fused_gate_up(self) -> bool {
+        self == Family::Phi3
+    }
+
+    /// The optional tensors llama.cpp's loader accepts for the family (beyond Q/K/V biases and
+    /// a fused QKV, which every family accepts): a file may carry these or not.
+    pub fn optional(self) -> Optional {
+        let llama_like = Optional {
+            attn_out_bias: true,
+            ffn_biases: true,
+            output_bias: false,
+            rope_factors: true,
+        };
+        match self {
+            Family::Llama | Family::Granite => llama_like,
+            Family::Qwen2 => Optional {
+                output_bias: true,
+                ..Optional::NONE
+            },
+            Family::Phi3 => Optional {
+                rope_factors: true,
+                ..Optional::NONE
+            },
+            Family::Qwen3 | Family::Gemma3 | Family::Smollm3 => Optional::NONE,
+        }
+    }
+}
+
+/// Optional tensors a family may carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Optional {
+    /// `attn_output.bias`.
+    pub attn_out_bias: bool,
+    /// `ffn_gate.bias`, `ffn_up.bias`, `ffn_down.bias`.
+    pub ffn_biases: bool,
+    /// `output.bias`.
+    pub output_bias: bool,
+    /// `rope_freqs` (Llama 3.1) or, with LongRoPE scaling, `rope_factors_long`/`_short`.
+    pub rope_factors: bool,
+}
+
+impl Optional {
+    const NONE: Optional = Optional {
+        attn_out_bias: false,
+        ffn_biases: false,
+        output_bias: false,
+        rope_factors: false,
+    };
+}
