@@ -1,9 +1,11 @@
 // attention.cu: causal attention over the paged KV pool for decode tokens and prefill chunks,
 // reading f16, q8_0 or q4_0 pages in place through each token's block table (GQA: the query
 // heads that share a KV head are scored together, so each K/V row is read once for all of them).
+// A layer with a sliding window sees only the last `window` positions (itself included); its
+// table's entries before them may be gone (src/kv/layout.rs NO_BLOCK) and are never read.
 //
-// One thread block of ATT_WARPS warps per (token, KV head). The positions 0..=pos are cut into
-// tiles of 32; warp w takes tiles w, w + ATT_WARPS, ...: each lane scores one position (its K
+// One thread block of ATT_WARPS warps per (token, KV head). The positions first..=pos are cut
+// into tiles of 32; warp w takes tiles w, w + ATT_WARPS, ...: each lane scores one position (its K
 // row against every query head of the group), the warp updates its online softmax once per
 // tile, then walks the tile's positions in order adding V rows (each lane owning head_dim/32
 // output dimensions). At the end the warps' partial softmax states are merged in shared memory.
@@ -46,15 +48,16 @@ __device__ __forceinline__ void load_dims(const u8 *row, int d0, float *v) {
 }
 
 // q, out: n_tok x n_head x D (q already rotated); block_tables: every token's table, token t's
-// starting at table_offsets[t]; positions[t]: the token's position (it attends to 0..=pos, whose
-// K/V must already be in the pages: kv.cu `kv_append` runs first). Grid: n_tok * kv_heads
-// blocks of 32 * ATT_WARPS threads.
+// starting at table_offsets[t]; positions[t]: the token's position (it attends to
+// first..=pos, first = max(0, pos + 1 - window) or 0 without a window (window = 0), whose K/V
+// must already be in the pages: kv.cu `kv_append` runs first). Grid: n_tok * kv_heads blocks
+// of 32 * ATT_WARPS threads.
 template <int KT, int D>
 __device__ __forceinline__ void attention_body(
     const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,
     const int *__restrict__ block_tables, const int *__restrict__ table_offsets,
     const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,
-    int block_tokens, float scale) {
+    int block_tokens, float scale, int window) {
     constexpr int DPL = D / WARP;
     constexpr int R = ATT_MAX_REP;
     __shared__ float q_sh[R][D];
@@ -68,7 +71,9 @@ __device__ __forceinline__ void attention_body(
     const int rep = n_head / kv_heads;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int n_ctx = positions[t] + 1;
+    const int pos = positions[t];
+    const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    const int n_ctx = pos + 1 - first; // positions seen, from `first`
     const int *table = block_tables + table_offsets[t];
     const int row_bytes = kv_row_bytes(KT, D);
     const u64 head_bytes = (u64)block_tokens * row_bytes;
@@ -89,8 +94,8 @@ __device__ __forceinline__ void attention_body(
 
     const int n_tiles = (n_ctx + WARP - 1) / WARP;
     for (int tile = warp; tile < n_tiles; tile += ATT_WARPS) {
-        const int p = tile * WARP + lane;
-        const bool valid = p < n_ctx;
+        const int p = first + tile * WARP + lane;
+        const bool valid = p <= pos;
         u64 k_off = 0;
         float s[R];
 #pragma unroll
@@ -178,9 +183,9 @@ __device__ __forceinline__ void attention_body(
         const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,    \
         const int *__restrict__ block_tables, const int *__restrict__ table_offsets,           \
         const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,    \
-        int block_tokens, float scale) {                                                       \
+        int block_tokens, float scale, int window) {                                           \
         attention_body<KT, D>(q, out, pages, block_tables, table_offsets, positions, layer,    \
-                              blocks, n_head, kv_heads, block_tokens, scale);                  \
+                              blocks, n_head, kv_heads, block_tokens, scale, window);          \
     }
 
 ATTENTION_KERNEL(attention_f16_d64, KV_F16, 64)
@@ -189,3 +194,6 @@ ATTENTION_KERNEL(attention_q4_0_d64, KV_Q4_0, 64)
 ATTENTION_KERNEL(attention_f16_d128, KV_F16, 128)
 ATTENTION_KERNEL(attention_q8_0_d128, KV_Q8_0, 128)
 ATTENTION_KERNEL(attention_q4_0_d128, KV_Q4_0, 128)
+ATTENTION_KERNEL(attention_f16_d256, KV_F16, 256)
+ATTENTION_KERNEL(attention_q8_0_d256, KV_Q8_0, 256)
+ATTENTION_KERNEL(attention_q4_0_d256, KV_Q4_0, 256)

@@ -26,6 +26,7 @@ typedef unsigned long long u64;
 #define GGML_F16 1
 #define GGML_Q4_0 2
 #define GGML_Q4_1 3
+#define GGML_Q5_0 6
 #define GGML_Q8_0 8
 #define GGML_Q4_K 12
 #define GGML_Q6_K 14
@@ -39,6 +40,7 @@ typedef unsigned long long u64;
 // Block sizes in bytes.
 #define BYTES_Q4_0 18
 #define BYTES_Q4_1 20
+#define BYTES_Q5_0 22
 #define BYTES_Q8_0 34
 #define BYTES_Q8_1 36
 #define BYTES_Q4_K 144
@@ -112,6 +114,13 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+// Q5_0's fifth bits: bit i of `bits` (the high bits of four consecutive values) moved to bit 4
+// of byte i, so that OR-ing the result into four low nibbles gives four 5-bit values.
+__device__ __forceinline__ int spread_bit4(u32 bits) {
+    return (int)(((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) |
+                 ((bits & 8u) << 25));
 }
 
 // One q8_1 activation block as the dot kernels read it.

@@ -1,4 +1,6 @@
-// elementwise.cu: SwiGLU and the residual add.
+// elementwise.cu: the gated activations, the residual add, biases, scales and the logit
+// soft-cap, each as src/backend/cpu/step.rs computes it (same operations, same roundings).
+// One thread per value; any 1-D grid covering n.
 
 // gate = silu(gate) * up with ggml's vectorised exp, as src/backend/cpu/ops.rs `silu_mul`:
 // g / (1 + expf_v(0 - g)) * u, each operation rounded on its own.
@@ -10,9 +12,58 @@ extern "C" __global__ void silu_mul(float *gate, const float *__restrict__ up, l
     gate[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, e)), up[i]);
 }
 
-// x += y.
-extern "C" __global__ void add_inplace(float *x, const float *__restrict__ y, long long n) {
+// GELU's tanh approximation in f32, as src/backend/cpu/ops.rs `gelu` (the 1 + a*x*x fused).
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608f; // sqrt(2 / pi)
+    const float a = 0.044715f;
+    const float inner = __fmul_rn(__fmul_rn(k, x), fmaf(__fmul_rn(a, x), x, 1.0f));
+    return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+
+// gate = gelu(gate) * up as ggml-cpu (and src/backend/cpu/ops.rs `gelu_mul`) looks GELU up:
+// the input rounded to f16, the result rounded to f16, the tails beyond +-10 taken exactly.
+extern "C" __global__ void gelu_mul(float *gate, const float *__restrict__ up, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    x[i] = __fadd_rn(x[i], y[i]);
+    const float x = gate[i];
+    float y;
+    if (x <= -10.0f) {
+        y = 0.0f;
+    } else if (x >= 10.0f) {
+        y = x;
+    } else {
+        y = f16_to_f32(f32_to_f16(gelu_tanh(f16_to_f32(f32_to_f16(x)))));
+    }
+    gate[i] = __fmul_rn(y, up[i]);
+}
+
+// x += y * s (scaled first, then added: two roundings, as ggml's scale then add); s = 1 is a
+// plain add.
+extern "C" __global__ void add_scaled(float *x, const float *__restrict__ y, float s,
+                                      long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = __fadd_rn(x[i], __fmul_rn(y[i], s));
+}
+
+// Every row of x (rows x cols, n = rows * cols values) += b (cols values).
+extern "C" __global__ void add_bias(float *x, const float *__restrict__ b, long long n,
+                                    int cols) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = __fadd_rn(x[i], b[i % cols]);
+}
+
+// x *= s.
+extern "C" __global__ void scale(float *x, float s, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = __fmul_rn(x[i], s);
+}
+
+// x = cap * tanh(x / cap) (Gemma's final logit soft-cap; x * (1 / cap), as on the CPU).
+extern "C" __global__ void softcap(float *x, float cap, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = __fmul_rn(tanhf(__fmul_rn(x[i], __fdiv_rn(1.0f, cap))), cap);
 }

@@ -1,5 +1,5 @@
 // embed.cu: token embedding gather, dequantizing rows of token_embd in place (the reference
-// model's is Q8_0). Each value as src/quant/dequant.rs computes it.
+// model's and Gemma 3's are Q8_0). Each value as src/quant/dequant.rs computes it.
 
 __device__ __forceinline__ float dequant_one(const u8 *row, int ty, int c) {
     switch (ty) {
@@ -22,6 +22,14 @@ __device__ __forceinline__ float dequant_one(const u8 *row, int ty, int c) {
         const u8 q = b[4 + (j & 15)];
         const int v = j < 16 ? (q & 0xF) : (q >> 4);
         return __fadd_rn(__fmul_rn((float)v, f16_to_f32(ld_u16(b))), f16_to_f32(ld_u16(b + 2)));
+    }
+    case GGML_Q5_0: {
+        const u8 *b = row + (c / QK) * BYTES_Q5_0;
+        const int j = c % QK;
+        const u8 q = b[6 + (j & 15)];
+        const u32 qh = (u32)ld_i32_a2(b + 2);
+        const int v = ((j < 16 ? (q & 0xF) : (q >> 4)) | (int)(((qh >> j) & 1u) << 4)) - 16;
+        return __fmul_rn((float)v, f16_to_f32(ld_u16(b)));
     }
     case GGML_Q8_0: {
         const u8 *b = row + (c / QK) * BYTES_Q8_0;
@@ -62,13 +70,14 @@ __device__ __forceinline__ float dequant_one(const u8 *row, int ty, int c) {
     }
 }
 
-// out[t * cols + c] = token_embd[tokens[t]][c]. row_bytes: bytes of one row of w in type ty.
-// Grid: (ceil(cols / blockDim.x), n_tok).
+// out[t * cols + c] = token_embd[tokens[t]][c] * scale (Gemma scales by sqrt(n_embd); 1
+// elsewhere). row_bytes: bytes of one row of w in type ty. Grid: (ceil(cols / blockDim.x), n_tok).
 extern "C" __global__ void embed(const u8 *__restrict__ w, int ty, long long row_bytes, int cols,
-                                 const int *__restrict__ tokens, float *__restrict__ out) {
+                                 const int *__restrict__ tokens, float scale,
+                                 float *__restrict__ out) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     const long long t = blockIdx.y;
     if (c >= cols) return;
     const u8 *row = w + (long long)tokens[t] * row_bytes;
-    out[t * cols + c] = dequant_one(row, ty, c);
+    out[t * cols + c] = __fmul_rn(dequant_one(row, ty, c), scale);
 }

@@ -3,7 +3,7 @@
 // contract as gemv.cu (which stays the path for 1..GEMV_MAX_TOK tokens).
 //
 // Launch contract (src/backend/cuda/launch.rs `gemm_config` mirrors it):
-//   gemm_{q4_0,q4_1,q8_0,q4_k,q6_k}(const u8 *w, const u8 *act, float *y,
+//   gemm_{q4_0,q4_1,q5_0,q8_0,q4_k,q6_k}(const u8 *w, const u8 *act, float *y,
 //                                    int rows, int cols, int n_tok)
 //   grid  = (ceil(rows / GEMM_BM), ceil(n_tok / GEMM_BN)), block = GEMM_THREADS,
 //   shared memory: static only (about 21 KiB), nothing dynamic.
@@ -123,7 +123,7 @@ __device__ __forceinline__ void mma_k16(int c[4], int a0, int a1, int b0) {
 // ---- weight fragments -----------------------------------------------------------------------
 // One 32-value block of rows g and g+8 as int8 in the A layout, with what turns the integer
 // dot into the block's contribution (per row i = 0 for g, 1 for g+8):
-//   Q4_0, Q8_0: d * da * dot                      (Q4_0's -8 is folded into the int8 values)
+//   Q4_0, Q5_0, Q8_0: d * da * dot                (the -8 / -16 are folded into the int8 values)
 //   Q4_1:       d * da * dot + m * sa             (sa = the q8_1 block's s = f16(da * sum))
 //   Q4_K:       da * (d * dot - m * sum)          (d, m = super d * sc, dmin * min; sum exact)
 //   Q6_K:       da * (d * dot_lo + e * dot_hi)    (two 16-value scales; -32 folded in)
@@ -135,6 +135,7 @@ struct WFrag {
 template <int T> struct Layout;
 template <> struct Layout<GGML_Q4_0> { static constexpr int bytes = BYTES_Q4_0, per = 1; };
 template <> struct Layout<GGML_Q4_1> { static constexpr int bytes = BYTES_Q4_1, per = 1; };
+template <> struct Layout<GGML_Q5_0> { static constexpr int bytes = BYTES_Q5_0, per = 1; };
 template <> struct Layout<GGML_Q8_0> { static constexpr int bytes = BYTES_Q8_0, per = 1; };
 template <> struct Layout<GGML_Q4_K> { static constexpr int bytes = BYTES_Q4_K, per = 8; };
 template <> struct Layout<GGML_Q6_K> { static constexpr int bytes = BYTES_Q6_K, per = 8; };
@@ -155,6 +156,13 @@ __device__ __forceinline__ void load_w(WFrag &f, int i, const u8 *wr, int kb, in
         const int q = ld_i32_a4(b + 4 + 4 * t);
         f.a[i] = q & M4;
         f.a[2 + i] = (int)(((u32)q >> 4) & M4);
+    } else if constexpr (T == GGML_Q5_0) {
+        const u8 *b = wr + (long long)kb * BYTES_Q5_0;
+        f.d[i] = f16_to_f32(ld_u16(b));
+        const u32 qh = (u32)ld_i32_a2(b + 2);
+        const int q = ld_i32_a2(b + 6 + 4 * t); // values 4t.. (low nibbles), 16+4t.. (high)
+        f.a[i] = sub_bias((q & M4) | spread_bit4(qh >> (4 * t)), 16);
+        f.a[2 + i] = sub_bias((int)(((u32)q >> 4) & M4) | spread_bit4(qh >> (16 + 4 * t)), 16);
     } else if constexpr (T == GGML_Q8_0) {
         const u8 *b = wr + (long long)kb * BYTES_Q8_0;
         f.d[i] = f16_to_f32(ld_u16(b));
@@ -204,7 +212,7 @@ __device__ __forceinline__ void load_w(WFrag &f, int i, const u8 *wr, int kb, in
 template <int T>
 __device__ __forceinline__ float contrib(const WFrag &f, int i, int c, int c_hi, float da,
                                          float sa, float acc) {
-    if constexpr (T == GGML_Q4_0 || T == GGML_Q8_0) {
+    if constexpr (T == GGML_Q4_0 || T == GGML_Q5_0 || T == GGML_Q8_0) {
         return fmaf(f.d[i] * da, (float)c, acc);
     } else if constexpr (T == GGML_Q4_1) {
         return fmaf(f.d[i] * da, (float)c, fmaf(f.m[i], sa, acc));
@@ -337,6 +345,7 @@ __device__ __forceinline__ void gemm_tile(const u8 *__restrict__ w, const u8 *__
 
 GEMM_KERNEL(gemm_q4_0, GGML_Q4_0)
 GEMM_KERNEL(gemm_q4_1, GGML_Q4_1)
+GEMM_KERNEL(gemm_q5_0, GGML_Q5_0)
 GEMM_KERNEL(gemm_q8_0, GGML_Q8_0)
 GEMM_KERNEL(gemm_q4_k, GGML_Q4_K)
 GEMM_KERNEL(gemm_q6_k, GGML_Q6_K)

@@ -6,7 +6,7 @@
 // (quantize.cu). One warp per output row, GEMV_WARPS rows per thread block: launch with
 // blockDim.x = 32 * GEMV_WARPS and gridDim.x = ceil(rows / GEMV_WARPS).
 //
-// Each lane takes "units" of the row in turn: half a block for Q4_0/Q4_1/Q8_0 (16 weights), a
+// Each lane takes "units" of the row in turn: half a block for Q4_0/Q4_1/Q5_0/Q8_0 (16 weights), a
 // 16-weight slice of two sub-blocks for Q4_K, a 64-weight slice for Q6_K. Integer dot products
 // use dp4a; each unit's weights are loaded once into registers and used for every token.
 
@@ -90,6 +90,45 @@ __device__ __forceinline__ float dot_q4_1(const UnitQ4_1 &u, const u8 *act) {
     // The minimum meets the whole block's activation sum once (s = d * sum(qs)), as on the CPU.
     const float min_term = u.h == 0 ? u.m * a.s : 0.0f;
     return fmaf(u.d * a.d, (float)sumi, min_term);
+}
+
+// ---- Q5_0: x = d * (q - 16), q = the nibble plus a fifth bit from qh; 22-byte blocks,
+// 2-byte aligned. A unit is half a block, as for Q4_0, with the fifth bits already in place.
+struct UnitQ5_0 {
+    float d;
+    int q[4]; // values 8h..8h+8 (q[0], q[1]) and 16+8h..16+8h+8 (q[2], q[3]), one per byte
+    int blk, h;
+};
+
+__device__ __forceinline__ UnitQ5_0 load_q5_0(const u8 *row, int unit) {
+    UnitQ5_0 u;
+    u.blk = unit >> 1;
+    u.h = unit & 1;
+    const u8 *b = row + (long long)u.blk * BYTES_Q5_0;
+    u.d = f16_to_f32(ld_u16(b));
+    const u32 qh = (u32)ld_i32_a2(b + 2);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int q = ld_i32_a2(b + 6 + 8 * u.h + 4 * i);
+        const int lo = 8 * u.h + 4 * i; // the value index of the word's low nibbles
+        u.q[i] = (q & M4) | spread_bit4(qh >> lo);
+        u.q[2 + i] = (int)(((u32)q >> 4) & M4) | spread_bit4(qh >> (16 + lo));
+    }
+    return u;
+}
+
+__device__ __forceinline__ float dot_q5_0(const UnitQ5_0 &u, const u8 *act) {
+    const Q8_1 a = q8_1_at(act, u.blk);
+    const ActHalf x = act_half(a, u.h);
+    int sumi = dp4a(u.q[0], x.a0, 0);
+    sumi = dp4a(u.q[1], x.a1, sumi);
+    sumi = dp4a(u.q[2], x.a4, sumi);
+    sumi = dp4a(u.q[3], x.a5, sumi);
+    int suma = dp4a(ONES, x.a0, 0);
+    suma = dp4a(ONES, x.a1, suma);
+    suma = dp4a(ONES, x.a4, suma);
+    suma = dp4a(ONES, x.a5, suma);
+    return u.d * a.d * (float)(sumi - 16 * suma);
 }
 
 // ---- Q8_0: x = d * q; 34-byte blocks, 2-byte aligned ---------------------------------------
@@ -255,6 +294,7 @@ __device__ __forceinline__ float dot_q6_k(const UnitQ6_K &u, const u8 *act) {
 
 GEMV_KERNEL(gemv_q4_0, UnitQ4_0, load_q4_0, dot_q4_0, 2 * (cols / QK), (cols / QK) * BYTES_Q4_0)
 GEMV_KERNEL(gemv_q4_1, UnitQ4_1, load_q4_1, dot_q4_1, 2 * (cols / QK), (cols / QK) * BYTES_Q4_1)
+GEMV_KERNEL(gemv_q5_0, UnitQ5_0, load_q5_0, dot_q5_0, 2 * (cols / QK), (cols / QK) * BYTES_Q5_0)
 GEMV_KERNEL(gemv_q8_0, UnitQ8_0, load_q8_0, dot_q8_0, 2 * (cols / QK), (cols / QK) * BYTES_Q8_0)
 GEMV_KERNEL(gemv_q4_k, UnitQ4_K, load_q4_k, dot_q4_k, 8 * (cols / QK_K), (cols / QK_K) * BYTES_Q4_K)
 GEMV_KERNEL(gemv_q6_k, UnitQ6_K, load_q6_k, dot_q6_k, 4 * (cols / QK_K), (cols / QK_K) * BYTES_Q6_K)

@@ -8,7 +8,8 @@
 #                                        and b/ of under 64 MiB each (see below)
 #   DIR/b/gpu-check.sh run               there (GPU, no Rust): runs every test of that binary,
 #                                        the device ones (#[ignore]d elsewhere) included (kernels,
-#                                        CUDA-vs-CPU logits, reference greedy outputs, KV pool),
+#                                        CUDA-vs-CPU logits, every architecture's test model made
+#                                        there from the model, reference greedy outputs, KV pool),
 #                                        then `edgelm bench` on the GPU (1 and 16 sequences), and
 #                                        writes DIR/b/report.txt; exits non-zero if any failed
 #
@@ -53,7 +54,7 @@ for line in sys.stdin:
     head -c $((56 << 20)) "$model" >"$dir/a/model.part0"
     tail -c +$(((56 << 20) + 1)) "$model" >"$dir/b/model.part1"
     sha256sum "$model" | cut -d' ' -f1 >"$dir/b/model.sha256"
-    cp ../shared/reference/smollm2-llamacpp.json "$dir/b/reference/"
+    cp tests/data/smollm2-llamacpp.json "$dir/b/reference/"
     if [ "${GPU_CHECK_NVRTC:-0}" = 1 ] && [ -d target/cuda-wheels/nvidia/cuda_nvrtc/lib ]; then
         cp -a target/cuda-wheels/nvidia/cuda_nvrtc/lib "$dir/b/nvrtc"
     fi
@@ -89,7 +90,7 @@ run)
         export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir/nvrtc"
     fi
     export EDGELM_BIN="$dir/edgelm" EDGELM_MODEL="$dir/model.gguf"
-    export EDGELM_REFERENCE_DIR="$dir/reference"
+    export EDGELM_REFERENCE_DIR="$dir/reference" EDGELM_TEST_MODELS="$dir/test-models"
     export EDGELM_CACHE_DIR="$dir/ptx-cache" RUST_LOG="${RUST_LOG:-info}"
     {
         echo "# edgelm gpu-check, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -m)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the peer, llama.cpp, from the llama.cpp vendored in the PyPI sdist of llama-cpp-python
 # (pinned and SHA-256-checked below) into target/peer/build/bin, once: later calls find the
-# binaries and return at once. Used by scripts/compare-peer.sh and scripts/reliability.sh.
+# binaries and return at once. Used by scripts/test.sh (the KL-divergence and tokenizer tests),
+# scripts/compare-peer.sh and scripts/reliability.sh.
 #
 #   scripts/build-peer.sh [TARGET...]
 #       (default: llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize)

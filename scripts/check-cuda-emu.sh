@@ -27,6 +27,9 @@ export EDGELM_CACHE_DIR="$emu/ptx-cache"
 export EDGELM_CUDA_TEST_PROMPTS="${EDGELM_CUDA_TEST_PROMPTS:-2}"
 export EDGELM_CUDA_TEST_TOKENS="${EDGELM_CUDA_TEST_TOKENS:-8}"
 export EDGELM_CUDA_TEST_DRAWS="${EDGELM_CUDA_TEST_DRAWS:-2000}"
+# Every architecture's test model: a 20-token prompt per sequence and 2 decode steps.
+export EDGELM_CUDA_TEST_ARCH_PROMPT="${EDGELM_CUDA_TEST_ARCH_PROMPT:-20}"
+export EDGELM_CUDA_TEST_ARCH_STEPS="${EDGELM_CUDA_TEST_ARCH_STEPS:-2}"
 
 run_tests() {
     cargo test --release --features cuda --test cuda_kernels -- --ignored --test-threads=1 --nocapture "$@"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit and end-to-end tests on the real model (Rust),
+# The whole test suite: formatting, lints, unit and end-to-end tests on the real models (Rust;
+# the KL-divergence tests against the peer, llama.cpp, which scripts/build-peer.sh builds once),
 # the quantization kernels again on emulated aarch64 (NEON, NEON dotprod; scripts/test-aarch64.sh),
 # the static amd64/arm64 binaries the packages ship (scripts/build-static.sh), then the
 # end-to-end tests: HTTP with the official OpenAI Python client, curl and Chromium; the systemd
@@ -13,6 +14,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packaging/fetch-model.sh
+packaging/fetch-model.sh gemma3
+scripts/build-peer.sh
 cargo fmt --check
 cargo clippy --release --all-targets -- -D warnings
 cargo clippy --release --features cuda --all-targets -- -D warnings

@@ -108,6 +108,35 @@ fn inspect_summarises_the_model() {
     ] {
         assert!(s.contains(needle), "inspect output lacks {needle}:\n{s}");
     }
+    assert!(s.lines().any(|l| l.starts_with("supported:    yes")), "{s}");
+}
+
+#[test]
+fn inspect_says_whether_a_model_runs_and_why_not() {
+    let out = run_ok(edgelm().arg("inspect").arg(gemma3_path()));
+    let s = String::from_utf8(out.stdout).unwrap();
+    let line = s.lines().find(|l| l.starts_with("supported:")).unwrap();
+    assert!(
+        line.contains("yes") && line.contains("15 of 18 layers with a sliding window"),
+        "{line}"
+    );
+    // A tensor no part of the architecture reads: inspect still describes the file, and says
+    // why edgelm will not run it.
+    let extra = edited_model("inspect-extra-tensor.gguf", |_, tensors| {
+        let norm = tensors
+            .iter()
+            .find(|t| t.0 == "output_norm.weight")
+            .unwrap()
+            .clone();
+        tensors.push(("blk.0.unused_norm.weight".into(), norm.1, norm.2, norm.3));
+    });
+    let out = run_ok(edgelm().arg("inspect").arg(&extra));
+    let s = String::from_utf8(out.stdout).unwrap();
+    let line = s.lines().find(|l| l.starts_with("supported:")).unwrap();
+    assert!(
+        line.starts_with("supported:    no:") && line.contains("blk.0.unused_norm.weight"),
+        "{line}"
+    );
 }
 
 #[test]

@@ -11,7 +11,9 @@ use edgelm::backend::cuda::{compile_ptx, nvrtc_version, probe, Arch, CudaDevice,
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The GEMM and sampler device tests.
+/// Model paths and the test models of every architecture.
+mod common;
+/// The GEMM, sampler, forward-pass and architecture device tests.
 mod cuda_device;
 
 const ARCHES: [Arch; 2] = [Arch::new(8, 7), Arch::new(9, 0)];
@@ -320,6 +322,7 @@ fn device_kernels_match_the_cpu() {
     let types = [
         ("gemv_q4_0", GgmlType::Q4_0),
         ("gemv_q4_1", GgmlType::Q4_1),
+        ("gemv_q5_0", GgmlType::Q5_0),
         ("gemv_q8_0", GgmlType::Q8_0),
         ("gemv_q4_k", GgmlType::Q4_K),
         ("gemv_q6_k", GgmlType::Q6_K),
@@ -331,7 +334,7 @@ fn device_kernels_match_the_cpu() {
         // Sane scales: every f16 scale field of every block set to a small positive value.
         let small = |v: f32| half::f16::from_f32(v).to_le_bytes();
         let (block, fields): (usize, &[usize]) = match ty {
-            GgmlType::Q4_0 | GgmlType::Q8_0 => (ty.block_bytes(), &[0]),
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => (ty.block_bytes(), &[0]),
             GgmlType::Q4_1 | GgmlType::Q4_K => (ty.block_bytes(), &[0, 2]),
             _ => (ty.block_bytes(), &[208]),
         };

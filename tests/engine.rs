@@ -376,7 +376,7 @@ fn sampling_from_the_generator_state_is_the_samplers_next_draw() {
     let mut own = Sampler::new(params.clone());
     let mut tokens = vec![1u32, 4093, 314];
     let mut batch = BatchMeta::default();
-    batch.push_span(&tokens, 0, vec![0, 1, 2, 3], Logits::Last);
+    batch.push_span_single(&tokens, 0, vec![0, 1, 2, 3], Logits::Last);
     for _ in 0..8 {
         // Scoring the whole sequence again each time keeps the pages consistent.
         let logits = exec.forward(&m, &batch).unwrap();
@@ -387,6 +387,6 @@ fn sampling_from_the_generator_state_is_the_samplers_next_draw() {
         assert_eq!(got, want);
         tokens.push(want);
         batch = BatchMeta::default();
-        batch.push_span(&tokens, 0, vec![0, 1, 2, 3], Logits::Last);
+        batch.push_span_single(&tokens, 0, vec![0, 1, 2, 3], Logits::Last);
     }
 }

@@ -77,3 +77,83 @@ fn damaged_real_model_loads_or_fails_cleanly() {
         "the mutations should break many loads ({failed} did)"
     );
 }
+
+/// Loading is strict: a file with a part edgelm would ignore, without a part it needs, or with
+/// a part of the wrong shape is refused, and the error names the tensor (or key).
+#[test]
+fn strict_loading_names_what_does_not_fit() {
+    use edgelm::gguf::Value;
+    use edgelm::quant::GgmlType;
+    let load_err = |path: std::path::PathBuf| match Model::load(&path) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => format!("{e:#}"),
+    };
+    let extra = common::edited_model("extra-tensor.gguf", |_, t| {
+        t.push((
+            "blk.0.attn_extra.weight".into(),
+            vec![576],
+            GgmlType::F32,
+            vec![0u8; 576 * 4],
+        ))
+    });
+    let e = load_err(extra);
+    assert!(e.contains("blk.0.attn_extra.weight"), "{e}");
+    assert!(e.contains("not used"), "{e}");
+
+    let missing = common::edited_model("missing-tensor.gguf", |_, t| {
+        t.retain(|x| x.0 != "blk.3.ffn_up.weight")
+    });
+    let e = load_err(missing);
+    assert!(e.contains("blk.3.ffn_up.weight"), "{e}");
+
+    let misshapen = common::edited_model("misshapen-tensor.gguf", |_, t| {
+        let norm = t
+            .iter_mut()
+            .find(|x| x.0 == "blk.2.ffn_norm.weight")
+            .unwrap();
+        norm.1 = vec![288];
+        norm.3.truncate(288 * 4);
+    });
+    let e = load_err(misshapen);
+    assert!(e.contains("blk.2.ffn_norm.weight"), "{e}");
+
+    // A bias the family does not have (llama.cpp's qwen3 loader has no attn_output.bias).
+    let bias = common::edited_model("unexpected-bias.gguf", |kv, t| {
+        for (k, v) in kv.iter_mut() {
+            if k == "general.architecture" {
+                *v = Value::String("qwen3".into());
+            }
+            if let Some(rest) = k.strip_prefix("llama.") {
+                *k = format!("qwen3.{rest}");
+            }
+        }
+        for i in 0..30 {
+            for n in ["attn_q_norm", "attn_k_norm"] {
+                t.push((
+                    format!("blk.{i}.{n}.weight"),
+                    vec![64],
+                    GgmlType::F32,
+                    vec![0u8; 256],
+                ));
+            }
+        }
+        t.push((
+            "blk.0.attn_output.bias".into(),
+            vec![576],
+            GgmlType::F32,
+            vec![0u8; 576 * 4],
+        ));
+    });
+    let e = load_err(bias);
+    assert!(e.contains("blk.0.attn_output.bias"), "{e}");
+
+    let unknown = common::edited_model("unknown-arch.gguf", |kv, _| {
+        for (k, v) in kv.iter_mut() {
+            if k == "general.architecture" {
+                *v = Value::String("mamba".into());
+            }
+        }
+    });
+    let e = load_err(unknown);
+    assert!(e.contains("unsupported architecture 'mamba'"), "{e}");
+}

@@ -1,10 +1,12 @@
 //! Property tests: random workloads (arrivals with shared prefixes, steps, forks, cancels)
 //! driven through the scheduler and block pool, with every invariant checked after every
-//! operation, and nothing leaked at the end.
+//! operation, and nothing leaked at the end; with one KV group, and with a windowed group
+//! beside a full one (blocks released behind the window, prefixes reused only when every group
+//! still holds what they need).
 
 use edgelm::engine::scheduler::{Scheduler, SchedulerConfig};
 use edgelm::engine::sequence::Sequence;
-use edgelm::kv::{block_hash, BlockPool};
+use edgelm::kv::{block_hash, BlockPool, KvLayout, NO_BLOCK};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -39,21 +41,26 @@ fn op() -> impl Strategy<Value = Op> {
 fn check_cached_blocks(s: &Scheduler) -> Result<(), String> {
     let bt = s.pool.block_tokens();
     for seq in s.sequences() {
-        let mut parent = None;
-        for (i, &b) in seq.block_table.iter().enumerate() {
-            if (i + 1) * bt > seq.num_computed {
-                break;
-            }
-            let want = block_hash(parent, &seq.tokens[i * bt..(i + 1) * bt]);
-            if let Some((h, toks)) = s.pool.cached_tokens(b) {
-                if h != want || toks != &seq.tokens[i * bt..(i + 1) * bt] {
-                    return Err(format!(
-                        "seq {} block {i} (id {b}) cached under the wrong identity",
-                        seq.id
-                    ));
+        for table in seq.blocks.tables() {
+            let mut parent = None;
+            for (i, &b) in table.iter().enumerate() {
+                if (i + 1) * bt > seq.num_computed {
+                    break;
+                }
+                let want = block_hash(parent, &seq.tokens[i * bt..(i + 1) * bt]);
+                parent = Some(want);
+                if b == NO_BLOCK {
+                    continue;
+                }
+                if let Some((h, toks)) = s.pool.cached_tokens(b) {
+                    if h != want || toks != &seq.tokens[i * bt..(i + 1) * bt] {
+                        return Err(format!(
+                            "seq {} block {i} (id {b}) cached under the wrong identity",
+                            seq.id
+                        ));
+                    }
                 }
             }
-            parent = Some(want);
         }
     }
     Ok(())
@@ -63,8 +70,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_workloads_keep_every_invariant(ops in prop::collection::vec(op(), 1..120), blocks in 8usize..64, budget in 8usize..96) {
-        let mut s = Scheduler::new(SchedulerConfig { max_seqs: 6, max_batched_tokens: budget }, BlockPool::new(blocks, 8));
+    fn random_workloads_keep_every_invariant(ops in prop::collection::vec(op(), 1..120), blocks in 8usize..64, budget in 8usize..96, windowed: bool) {
+        let layout = if windowed { KvLayout::new(&[None, Some(12)]) } else { KvLayout::full(2) };
+        let mut s = Scheduler::new(SchedulerConfig { max_seqs: 6, max_batched_tokens: budget }, BlockPool::new(blocks, 8), layout);
         let prefixes: [Vec<u32>; 3] = [(0..80).collect(), (100..180).collect(), vec![5; 80]];
         let mut next_id = 0u64;
         let mut live: Vec<u64> = Vec::new();
@@ -75,7 +83,7 @@ proptest! {
                     prompt.extend((0..tail_len as u32).map(|t| 1000 + next_id as u32 * 50 + t));
                     let max_len = prompt.len() + max_new as usize;
                     // Only what can ever fit is admitted (the engine rejects the rest up front).
-                    if max_len <= blocks * 8 {
+                    if max_len <= s.capacity_tokens() {
                         s.add(Sequence::new(next_id, next_id, next_id, prompt, max_len));
                         live.push(next_id);
                         next_id += 1;
@@ -104,7 +112,7 @@ proptest! {
                     let parent = live[pick as usize % live.len()];
                     let p = s.get(parent).unwrap();
                     // Forks are made from a running sequence whose tokens are all computed.
-                    if p.num_computed == p.tokens.len() && !p.block_table.is_empty() && p.tokens.len() < p.max_len {
+                    if p.num_computed == p.tokens.len() && !p.blocks.is_empty() && p.tokens.len() < p.max_len {
                         let mut child = p.clone();
                         child.id = next_id;
                         s.add_fork(parent, child);

@@ -1,19 +1,61 @@
-//! The engine against the peer engine's outputs in ../shared/reference (llama.cpp, f16 KV):
-//! tokenization, chat rendering, greedy continuations and teacher-forced argmax agreement.
+//! The engine against the peer engine's outputs in tests/data (llama.cpp, f16 KV):
+//! tokenization (both real models), chat rendering, greedy continuations and teacher-forced
+//! argmax agreement. (Logit distances, the correctness measure, are in tests/kld.rs.)
 
 mod common;
 
 use common::*;
-use edgelm::engine::sampler::{argmax, log_softmax};
-use edgelm::engine::Session;
+use edgelm::engine::sampler::{argmax, logprobs_of};
+use edgelm::engine::{Session, SessionConfig};
 use edgelm::kv::KvType;
 use edgelm::model::{Logits, Model};
 use edgelm::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use std::sync::Arc;
 
-fn load() -> (Model, Tokenizer) {
+fn load() -> (Arc<Model>, Tokenizer) {
     let model = Model::load(&model_path()).unwrap();
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
-    (model, tok)
+    (Arc::new(model), tok)
+}
+
+fn session(model: &Arc<Model>, tokens: usize, kv: KvType) -> Session {
+    Session::new(model.clone(), SessionConfig::cpu(kv, 16, tokens, 512)).unwrap()
+}
+
+/// Every string of tests/data/tokenize-cases.json (multilingual text, code, whitespace, emoji,
+/// special tokens) tokenized as llama-tokenize does, BOS included as the model wants.
+fn check_tokenizations(model: &std::path::Path, reference: &str) {
+    let file = edgelm::gguf::GgufFile::open(model).unwrap();
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    let text = std::fs::read_to_string(reference_dir().join(reference)).unwrap();
+    let data: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = data["cases"].as_array().unwrap();
+    assert!(cases.len() >= 20);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let got = tok.encode(text, true).unwrap();
+        if got != ids_of(&case["ids"]) {
+            failures.push(format!("{text:?}: got {got:?}, want {}", case["ids"]));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn smollm2_tokenizes_as_the_peer() {
+    check_tokenizations(&model_path(), "smollm2-tokenize.json");
+}
+
+#[test]
+fn gemma3_tokenizes_as_the_peer() {
+    check_tokenizations(&gemma3_path(), "gemma3-tokenize.json");
 }
 
 #[test]
@@ -65,9 +107,9 @@ fn chat_template_renders_reference_prompts() {
 
 /// Greedy generation, token for token, stopping after an end-of-generation token (which the
 /// peer's `ids` include).
-fn greedy(model: &Model, tok: &Tokenizer, prompt: &[u32], n: usize, kv: KvType) -> Vec<u32> {
-    let mut s = Session::new(model, prompt.len() + n, kv, 16).unwrap();
-    let mut logits = s.extend(prompt, Logits::Last, 512).unwrap();
+fn greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize, kv: KvType) -> Vec<u32> {
+    let mut s = session(model, prompt.len() + n, kv);
+    let mut logits = s.extend(prompt, Logits::Last).unwrap();
     let mut out = Vec::new();
     while out.len() < n {
         let next = argmax(&logits);
@@ -75,13 +117,16 @@ fn greedy(model: &Model, tok: &Tokenizer, prompt: &[u32], n: usize, kv: KvType) 
         if tok.is_eog(next) {
             break;
         }
-        logits = s.extend(&[next], Logits::Last, 1).unwrap();
+        logits = s.extend(&[next], Logits::Last).unwrap();
     }
     out
 }
 
+/// Greedy text need not be the peer's bit for bit (kernels may round differently), but a
+/// continuation may leave the peer's only where the peer itself hesitated: its top-2
+/// log-probability margin there is under 0.5.
 #[test]
-fn greedy_continuations_match_the_peer() {
+fn greedy_continuations_leave_the_peer_only_at_near_ties() {
     let (model, tok) = load();
     let reference = reference();
     let cases = reference["greedy"].as_array().unwrap();
@@ -96,25 +141,22 @@ fn greedy_continuations_match_the_peer() {
         );
         let want = ids_of(&case["ids"]);
         let got = greedy(&model, &tok, &prompt, 48, KvType::F16);
-        if got == want {
+        let Some(at) = got.iter().zip(&want).position(|(a, b)| a != b) else {
             exact += 1;
-        } else {
-            let at = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(want.len()));
-            report.push(format!(
-                "{:?}: first difference at token {at}",
-                case["prompt"].as_str().unwrap()
-            ));
-        }
+            continue;
+        };
+        let top = &case["top5"][at];
+        let margin = top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap();
+        report.push(format!(
+            "{:?}: first difference at token {at} (peer margin {margin:.3})",
+            case["prompt"].as_str().unwrap()
+        ));
+        assert!(
+            margin < 0.5,
+            "left the peer at a confident position: {report:?}"
+        );
     }
     eprintln!("greedy: {exact}/12 identical; {}", report.join("; "));
-    assert!(
-        exact >= 10,
-        "only {exact}/12 greedy continuations identical: {report:?}"
-    );
 }
 
 /// q8_0 pages against f16 pages. Whole 48-token greedy continuations are only reported: this
@@ -137,8 +179,9 @@ fn q8_0_pages_agree_with_f16_pages() {
         let mut all = prompt.clone();
         all.extend(&f16);
         let score = |kv| {
-            let mut s = Session::new(&model, all.len(), kv, 16).unwrap();
-            s.extend(&all, Logits::All, 512).unwrap()
+            session(&model, all.len(), kv)
+                .extend(&all, Logits::All)
+                .unwrap()
         };
         let (lf, lq) = (score(KvType::F16), score(KvType::Q8_0));
         for k in 0..f16.len() {
@@ -148,10 +191,8 @@ fn q8_0_pages_agree_with_f16_pages() {
             if argmax(rq) == argmax(rf) {
                 agree += 1;
             } else {
-                let lp = log_softmax(rf);
-                let mut sorted = lp.clone();
-                sorted.sort_by(|a, b| b.total_cmp(a));
-                let margin = sorted[0] - sorted[1];
+                let (_, top2) = logprobs_of(rf, 0, 2);
+                let margin = top2[0].1 - top2[1].1;
                 assert!(
                     margin < 0.5,
                     "q8_0 flipped a confident position (f16 margin {margin:.3})"
@@ -177,8 +218,9 @@ fn teacher_forced_argmax_agrees_with_the_peer() {
         let top5 = case["top5"].as_array().unwrap();
         let mut all = prompt.clone();
         all.extend(&gen);
-        let mut s = Session::new(&model, all.len(), KvType::F16, 16).unwrap();
-        let logits = s.extend(&all, Logits::All, 512).unwrap();
+        let logits = session(&model, all.len(), KvType::F16)
+            .extend(&all, Logits::All)
+            .unwrap();
         let vocab = model.config.vocab_size;
         for (k, &peer_tok) in gen.iter().enumerate() {
             let row = &logits[(prompt.len() - 1 + k) * vocab..(prompt.len() + k) * vocab];
@@ -187,7 +229,7 @@ fn teacher_forced_argmax_agrees_with_the_peer() {
             if ours == peer_tok {
                 agree += 1;
                 // Our log-probability of the peer's token is close to the peer's own.
-                let lp = log_softmax(row)[peer_tok as usize];
+                let (lp, _) = logprobs_of(row, peer_tok, 0);
                 let peer_lp = top5[k][0][1].as_f64().unwrap() as f32;
                 assert!(
                     (lp - peer_lp).abs() < 0.25,

@@ -51,7 +51,13 @@ impl BatchMeta {
     }
 
     /// A batch for a model with one KV group (no windows): `table` is the group's.
-    pub fn push_span_single(&mut self, tokens: &[u32], start: usize, table: Vec<u32>, want: Logits) {
+    pub fn push_span_single(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        table: Vec<u32>,
+        want: Logits,
+    ) {
         self.push_span(tokens, start, vec![table], want)
     }
 

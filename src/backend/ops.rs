@@ -5,8 +5,10 @@
 //! names only what differs between calls: which buffers, which weights, which layer.
 
 use crate::gguf::GgufFile;
+use crate::kv::KvLayout;
 use crate::quant::GgmlType;
 use anyhow::Result;
+use std::sync::Arc;
 
 /// The activation buffers of one step. Every token of the step has a row in each of the first
 /// nine (widths in [`Widths`]); `Head` and `Logits` hold only the rows whose logits are wanted.
@@ -186,4 +188,30 @@ pub struct Shape {
     pub rope_layout: RopeLayout,
     /// The RoPE tables the layers use (Gemma 3: one for global layers, one for local ones).
     pub ropes: Vec<RopeTable>,
+}
+
+/// A model as a backend runs it: what to size buffers and kernels by, where the weights are,
+/// and the forward pass itself. `model::Model` is the one implementation; a backend that
+/// drives its own steps (CUDA, which captures them into graphs) takes any `Network`, so it
+/// holds no copy of the layer sequence and no knowledge of the model's types.
+pub trait Network {
+    fn shape(&self) -> &Shape;
+    /// Which layers share a KV block table.
+    fn kv_layout(&self) -> &KvLayout;
+    /// The file the matrices are read from.
+    fn file(&self) -> &Arc<GgufFile>;
+    /// The f32 vectors (norms, biases) that [`VecRef`]s index.
+    fn arena(&self) -> &[f32];
+    /// The token embedding table (only gathered, never multiplied by, unless it is also in
+    /// [`Network::matrices`] as a tied output).
+    fn embedding(&self) -> &Mat;
+    /// Every matrix a step multiplies by.
+    fn matrices(&self) -> Vec<&Mat>;
+    /// A bound on the positions a batch may hold (a batch beyond it is refused).
+    fn max_position(&self) -> usize;
+    /// The embedding and every block for the step's tokens (the residual stream left in X).
+    /// `rotated`: the KV pages hold K and V Hadamard-rotated.
+    fn run_blocks<O: Ops>(&self, ops: &mut O, rotated: bool) -> Result<()>;
+    /// Logits for rows `rows` of the residual stream.
+    fn run_head<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()>;
 }

@@ -1,10 +1,43 @@
+//! `edgelm inspect`: what a GGUF file holds, and whether edgelm runs it (and if not, why).
+
 use crate::cli::InspectArgs;
 use anyhow::{Context, Result};
 use edgelm::gguf::{summarize, GgufFile};
+use edgelm::model::Model;
+use edgelm::tokenizer::Tokenizer;
+use std::sync::Arc;
 
 pub fn run(args: InspectArgs) -> Result<()> {
     let file = GgufFile::open(&args.model)
         .with_context(|| format!("cannot read {}", args.model.display()))?;
-    print!("{}", summarize(&file));
+    let file = Arc::new(file);
+    println!("{}", summarize(&file));
+    println!("{}", support(&file));
     Ok(())
+}
+
+/// One line: how edgelm runs the model, or why it does not.
+fn support(file: &Arc<GgufFile>) -> String {
+    let model = match Model::from_file(file.clone()) {
+        Ok(m) => m,
+        Err(e) => return format!("supported:    no: {e:#}"),
+    };
+    if let Err(e) = Tokenizer::from_gguf(file) {
+        return format!("supported:    no: {e:#}");
+    }
+    let c = &model.config;
+    let windows = c.layers.iter().filter(|l| l.window.is_some()).count();
+    let no_rope = c.layers.iter().filter(|l| l.rope.is_none()).count();
+    let mut notes = vec![format!("{:?} family", c.family)];
+    if windows > 0 {
+        notes.push(format!(
+            "{windows} of {} layers with a sliding window ({} KV groups)",
+            c.n_layers,
+            model.layout.num_groups()
+        ));
+    }
+    if no_rope > 0 {
+        notes.push(format!("{no_rope} layers without RoPE"));
+    }
+    format!("supported:    yes ({})", notes.join(", "))
 }

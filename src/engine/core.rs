@@ -6,7 +6,7 @@ use super::executor::{Executor, ExecutorPlan};
 use super::metrics::{EngineStats, SharedStats};
 use super::pacer::PrefillPacer;
 use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
-use super::sampler::{log_softmax, top_logprobs, Sampler, SamplingParams};
+use super::sampler::{logprobs_of, Sampler, SamplingParams};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
 use crate::backend::select::Backend;
@@ -786,11 +786,11 @@ enum Pick<'a> {
 }
 
 fn token_logprob(logits: &[f32], token: u32, top_n: usize) -> TokenLogprob {
-    let lp = log_softmax(logits);
+    let (logprob, top) = logprobs_of(logits, token, top_n);
     TokenLogprob {
         token,
-        logprob: lp[token as usize],
-        top: top_logprobs(&lp, top_n),
+        logprob,
+        top,
     }
 }
 

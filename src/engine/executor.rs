@@ -12,7 +12,7 @@ use anyhow::Result;
 use std::sync::Arc;
 
 pub enum Executor {
-    Cpu(CpuExec),
+    Cpu(Box<CpuExec>),
     #[cfg(feature = "cuda")]
     Cuda(Box<crate::backend::cuda::CudaExecutor>),
 }
@@ -46,10 +46,10 @@ impl Executor {
                 return Ok(x);
             }
         }
-        Ok(Executor::Cpu(CpuExec {
+        Ok(Executor::Cpu(Box::new(CpuExec {
             pages: KvPages::new(plan.geom, plan.cpu_blocks)?,
             bufs: CpuBuffers::default(),
-        }))
+        })))
     }
 
     pub fn is_cuda(&self) -> bool {
@@ -104,11 +104,13 @@ impl Executor {
                 Ok(c.bufs.take_logits())
             }
             #[cfg(feature = "cuda")]
-            Executor::Cuda(x) => match x.forward(batch, crate::backend::cuda::Want::Logits) {
-                Ok(crate::backend::cuda::StepOut::Logits(l)) => Ok(l),
-                Ok(_) => anyhow::bail!("the CUDA executor returned tokens for logits"),
-                Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
-            },
+            Executor::Cuda(x) => {
+                match x.forward(model, batch, crate::backend::cuda::Want::Logits) {
+                    Ok(crate::backend::cuda::StepOut::Logits(l)) => Ok(l),
+                    Ok(_) => anyhow::bail!("the CUDA executor returned tokens for logits"),
+                    Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
+                }
+            }
         }
     }
 
@@ -138,7 +140,7 @@ impl Executor {
                     .map(|(p, state)| SampleRow::new(p, *state, 0))
                     .collect::<Option<_>>()
                     .ok_or_else(|| anyhow::anyhow!("penalties cannot be applied on the device"))?;
-                cuda_tokens(x, batch, crate::backend::cuda::Want::Sample(&rows))
+                cuda_tokens(x, model, batch, crate::backend::cuda::Want::Sample(&rows))
             }
         }
     }
@@ -151,7 +153,7 @@ impl Executor {
                 super::sampler::argmax(l)
             }),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(x) => cuda_tokens(x, batch, crate::backend::cuda::Want::Greedy),
+            Executor::Cuda(x) => cuda_tokens(x, model, batch, crate::backend::cuda::Want::Greedy),
         }
     }
 }
@@ -179,10 +181,11 @@ fn cpu_tokens<T>(
 #[cfg(feature = "cuda")]
 fn cuda_tokens(
     x: &mut crate::backend::cuda::CudaExecutor,
+    model: &Model,
     batch: &BatchMeta,
     want: crate::backend::cuda::Want<'_>,
 ) -> Result<Vec<u32>> {
-    match x.forward(batch, want) {
+    match x.forward(model, batch, want) {
         Ok(crate::backend::cuda::StepOut::Tokens(t)) => Ok(t),
         Ok(_) => anyhow::bail!("the CUDA executor returned logits for tokens"),
         Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
@@ -203,7 +206,7 @@ fn start_cuda(model: &Arc<Model>, plan: &ExecutorPlan) -> Option<Executor> {
         // EDGELM_CUDA_GRAPHS=0: every step launches its kernels one by one (for comparing).
         graphs: std::env::var_os("EDGELM_CUDA_GRAPHS").is_none_or(|v| v != "0"),
     };
-    match CudaExecutor::new(0, model.clone(), cfg) {
+    match CudaExecutor::new(0, model.as_ref(), cfg) {
         Ok(x) => Some(Executor::Cuda(Box::new(x))),
         Err(e) => {
             log::warn!("CUDA start-up failed ({e}): the engine runs on the CPU");

@@ -125,48 +125,73 @@ impl Sampler {
             p.top_k.min(self.cand.len())
         };
         if k < self.cand.len() {
-            self.cand
-                .select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+            self.cand.select_nth_unstable_by(k - 1, by_logit);
             self.cand.truncate(k);
+            self.cand.sort_unstable_by(by_logit);
         }
-        self.cand
-            .sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let max = self.cand[0].1;
+        // Softmax weights relative to the best candidate (whose weight is 1), normalised over
+        // the candidates in a fixed order (rank order after top-k, else token order), so the
+        // draw does not depend on how the selection below permutes them.
+        let max = self.cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
         let inv_t = 1.0 / p.temperature;
-        let mut probs: Vec<f32> = self
-            .cand
-            .iter()
-            .map(|c| ((c.1 - max) * inv_t).exp())
-            .collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= sum);
-        // min-p: drop tokens far less likely than the best one.
-        let mut keep = probs.len();
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p;
-            keep = probs.iter().take_while(|&&x| x >= floor).count().max(1);
-        }
-        // top-p: the smallest prefix whose mass reaches top_p.
-        if p.top_p < 1.0 {
+        let sum: f32 = self.cand.iter().map(|c| ((c.1 - max) * inv_t).exp()).sum();
+        let weight = |l: f32| ((l - max) * inv_t).exp();
+        // The candidates in order, best first, but only as far as min-p and top-p can reach:
+        // with no top-k a 262K vocabulary is never sorted whole, only a growing prefix.
+        let mut sorted = self.cand.len().min(SORTED_FIRST);
+        let keep = loop {
+            if sorted < self.cand.len() {
+                self.cand.select_nth_unstable_by(sorted - 1, by_logit);
+            }
+            self.cand[..sorted].sort_unstable_by(by_logit);
+            // min-p: tokens far less likely than the best one are dropped.
+            let mut keep = sorted;
+            if p.min_p > 0.0 {
+                keep = self.cand[..sorted]
+                    .iter()
+                    .take_while(|c| weight(c.1) >= p.min_p)
+                    .count()
+                    .max(1);
+            }
+            // top-p: the smallest prefix whose mass reaches top_p.
             let mut acc = 0.0;
-            for (i, &x) in probs.iter().enumerate().take(keep) {
-                acc += x;
-                if acc >= p.top_p {
-                    keep = i + 1;
-                    break;
+            let mut reached = false;
+            if p.top_p < 1.0 {
+                for (i, c) in self.cand[..keep].iter().enumerate() {
+                    acc += weight(c.1) / sum;
+                    if acc >= p.top_p {
+                        keep = i + 1;
+                        reached = true;
+                        break;
+                    }
                 }
             }
-        }
-        let mass: f32 = probs[..keep].iter().sum();
+            let cut = reached || keep < sorted;
+            if cut || sorted == self.cand.len() {
+                break keep;
+            }
+            sorted = (sorted * 8).min(self.cand.len());
+        };
+        let mass: f32 = self.cand[..keep].iter().map(|c| weight(c.1) / sum).sum();
         let mut r = self.rng.next_f32() * mass;
-        for (i, &x) in probs[..keep].iter().enumerate() {
+        for c in &self.cand[..keep] {
+            let x = weight(c.1) / sum;
             if r < x {
-                return self.cand[i].0;
+                return c.0;
             }
             r -= x;
         }
         self.cand[keep - 1].0
     }
+}
+
+/// How many candidates are sorted before min-p or top-p is checked (then 8× as many).
+const SORTED_FIRST: usize = 256;
+
+/// Higher logit first; ties by the lower token id (a total order, so partial selection and a
+/// full sort agree).
+fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
 /// Index of the largest logit (the first one on ties).
@@ -180,31 +205,56 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// log-softmax of one logit row, computed in f64 for stable scoring.
-pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+/// The log-probability of `token` and the `n` most likely tokens with theirs, best first,
+/// without a vocabulary-sized allocation (one pass for the normaliser, one bounded selection).
+pub fn logprobs_of(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
     let lse = max as f64 + sum.ln();
-    logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
-}
-
-/// The `n` most likely tokens with their log-probabilities, best first, from log-probabilities
-/// already computed (`log_softmax`).
-pub fn top_logprobs(lp: &[f32], n: usize) -> Vec<(u32, f32)> {
-    let mut idx: Vec<(u32, f32)> = lp.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-    let n = n.min(idx.len());
-    if n == 0 {
-        return Vec::new();
+    let lp = |l: f32| (l as f64 - lse) as f32;
+    // The n best so far, kept sorted (n is at most 20).
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if top.len() == n && by_logit(&(i as u32, l), &top[n - 1]).is_ge() {
+                continue;
+            }
+            let at = top.partition_point(|t| by_logit(t, &(i as u32, l)).is_lt());
+            top.insert(at, (i as u32, l));
+            top.truncate(n);
+        }
     }
-    idx.select_nth_unstable_by(n - 1, |a, b| b.1.total_cmp(&a.1));
-    idx.truncate(n);
-    idx.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    idx
+    let chosen = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lp(l));
+    (chosen, top.into_iter().map(|(t, l)| (t, lp(l))).collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// log-softmax of one logit row, computed in f64 for stable scoring.
+    fn log_softmax(logits: &[f32]) -> Vec<f32> {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let lse = max as f64 + sum.ln();
+        logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
+    }
+
+    /// The `n` most likely tokens with their log-probabilities, best first, from log-probabilities
+    /// already computed (`log_softmax`).
+    fn top_logprobs(lp: &[f32], n: usize) -> Vec<(u32, f32)> {
+        let mut idx: Vec<(u32, f32)> = lp.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let n = n.min(idx.len());
+        if n == 0 {
+            return Vec::new();
+        }
+        idx.select_nth_unstable_by(n - 1, by_logit);
+        idx.truncate(n);
+        idx.sort_by(by_logit);
+        idx
+    }
 
     #[test]
     fn greedy_takes_argmax() {
@@ -244,6 +294,81 @@ mod tests {
         };
         let mut s = Sampler::new(params);
         assert_eq!(s.sample(&[1.0, 1.5], &[1]), 0);
+    }
+
+    #[test]
+    fn without_top_k_a_large_vocabulary_samples_the_same_as_a_full_sort() {
+        // 300K candidates, top-k off: the growing sorted prefix must give what sorting all
+        // would (a reference implementation of the same rules).
+        let logits: Vec<f32> = (0..300_000u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % 1000) as f32 * 0.01)
+            .collect();
+        for (top_p, min_p) in [(0.95, 0.0), (1.0, 0.05), (0.5, 0.0), (1.0, 0.0)] {
+            let params = SamplingParams {
+                temperature: 0.7,
+                top_k: 0,
+                top_p,
+                min_p,
+                seed: Some(3),
+                ..Default::default()
+            };
+            let mut s = Sampler::new(params.clone());
+            let mut rng = Rng::new(3);
+            for _ in 0..5 {
+                let got = s.sample(&logits, &[]);
+                let want = reference_draw(&logits, &params, &mut rng);
+                assert_eq!(got, want, "top_p {top_p} min_p {min_p}");
+            }
+        }
+    }
+
+    /// The sampling rules with a full sort.
+    fn reference_draw(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        cand.sort_by(by_logit);
+        let max = cand[0].1;
+        let inv_t = 1.0 / p.temperature;
+        let w: Vec<f32> = cand.iter().map(|c| ((c.1 - max) * inv_t).exp()).collect();
+        // Normalised in token order, as the sampler does without top-k.
+        let sum: f32 = logits.iter().map(|&l| ((l - max) * inv_t).exp()).sum();
+        let mut keep = cand.len();
+        if p.min_p > 0.0 {
+            keep = w.iter().take_while(|&&x| x >= p.min_p).count().max(1);
+        }
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, &x) in w.iter().enumerate().take(keep) {
+                acc += x / sum;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let mass: f32 = w[..keep].iter().map(|x| x / sum).sum();
+        let mut r = rng.next_f32() * mass;
+        for i in 0..keep {
+            if r < w[i] / sum {
+                return cand[i].0;
+            }
+            r -= w[i] / sum;
+        }
+        cand[keep - 1].0
+    }
+
+    #[test]
+    fn logprobs_of_matches_log_softmax() {
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 101) as f32 * 0.05)
+            .collect();
+        let lp = log_softmax(&logits);
+        let (chosen, top) = logprobs_of(&logits, 17, 5);
+        assert!((chosen - lp[17]).abs() < 1e-6);
+        assert_eq!(top, top_logprobs(&lp, 5));
     }
 
     #[test]

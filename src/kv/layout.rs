@@ -125,7 +125,10 @@ impl KvLayout {
     /// The longest sequence whose blocks fit in `pool_blocks` (prefilled in chunks of `chunk`).
     pub fn max_tokens(&self, pool_blocks: usize, chunk: usize, block_tokens: usize) -> usize {
         // peak_blocks grows with tokens: binary search over whole blocks.
-        let (mut lo, mut hi) = (0usize, pool_blocks.saturating_mul(block_tokens).saturating_add(1));
+        let (mut lo, mut hi) = (
+            0usize,
+            pool_blocks.saturating_mul(block_tokens).saturating_add(1),
+        );
         while lo + 1 < hi {
             let mid = lo + (hi - lo) / 2;
             if self.peak_blocks(mid, chunk, block_tokens) <= pool_blocks {
@@ -152,9 +155,7 @@ mod tests {
 
     /// Gemma 3's pattern: five local layers, then a global one.
     fn gemma(layers: usize) -> Vec<Option<usize>> {
-        (0..layers)
-            .map(|l| (l % 6 != 5).then_some(512))
-            .collect()
+        (0..layers).map(|l| (l % 6 != 5).then_some(512)).collect()
     }
 
     #[test]

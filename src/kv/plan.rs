@@ -81,7 +81,10 @@ impl KvPlan {
 
     /// Concurrent sequences of `tokens` tokens each that the pool holds.
     pub fn seqs_at(&self, tokens: usize) -> usize {
-        self.pool_blocks / self.layout.blocks_for_sequence(tokens.max(1), self.block_tokens)
+        self.pool_blocks
+            / self
+                .layout
+                .blocks_for_sequence(tokens.max(1), self.block_tokens)
     }
 }
 

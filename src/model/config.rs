@@ -144,10 +144,7 @@ impl ModelConfig {
                 SUPPORTED.join(", ")
             )
         })?;
-        let k = Keys {
-            file,
-            arch: &arch,
-        };
+        let k = Keys { file, arch: &arch };
         let n_layers = k.req("block_count")?;
         let n_embd = k.req("embedding_length")?;
         let n_ff = k.req("feed_forward_length")?;
@@ -182,9 +179,7 @@ impl ModelConfig {
             .map(|t| t.len())
             .context("GGUF has no tokenizer.ggml.tokens")?;
         let context_length = k.u32("context_length")?.unwrap_or(2048);
-        let rms_eps = k
-            .f32("attention.layer_norm_rms_epsilon")?
-            .unwrap_or(1e-5);
+        let rms_eps = k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
 
         // RoPE: the table of the global layers, and Gemma's local one.
         let rope_scaling = match k.str("rope.scaling.type").unwrap_or("linear") {
@@ -201,8 +196,7 @@ impl ModelConfig {
             None => k.f32("rope.scale_linear")?,
         };
         let freq_scale = match (rope_scaling, factor) {
-            (RopeScaling::None, _) | (_, None) => 1.0,
-            (_, Some(f)) if f == 0.0 => 1.0,
+            (RopeScaling::None, _) | (_, None) | (_, Some(0.0)) => 1.0,
             (_, Some(f)) => 1.0 / f,
         };
         let global_rope = RopeParams {
@@ -271,8 +265,14 @@ impl ModelConfig {
                     bail!("{} is 0", k.name("logit_scale"));
                 }
                 logit_scale = 1.0 / scale;
-                residual_scale = k.f32("residual_scale")?.filter(|&s| s != 0.0).unwrap_or(1.0);
-                embed_scale = k.f32("embedding_scale")?.filter(|&s| s != 0.0).unwrap_or(1.0);
+                residual_scale = k
+                    .f32("residual_scale")?
+                    .filter(|&s| s != 0.0)
+                    .unwrap_or(1.0);
+                embed_scale = k
+                    .f32("embedding_scale")?
+                    .filter(|&s| s != 0.0)
+                    .unwrap_or(1.0);
                 if let Some(s) = k.f32("attention.scale")?.filter(|&s| s != 0.0) {
                     attn_scale = s;
                 }
@@ -315,7 +315,12 @@ impl ModelConfig {
             arch,
         };
         if cfg.n_layers > 1024 || cfg.n_embd > 65_536 || cfg.n_ff > 1 << 20 {
-            bail!("implausible model shape: {} layers, n_embd {}, n_ff {}", n_layers, n_embd, n_ff);
+            bail!(
+                "implausible model shape: {} layers, n_embd {}, n_ff {}",
+                n_layers,
+                n_embd,
+                n_ff
+            );
         }
         Ok(cfg)
     }

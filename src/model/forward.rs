@@ -6,14 +6,85 @@
 
 use super::{BatchMeta, Model};
 use crate::backend::cpu::step::{CpuBuffers, CpuStep, CpuWeights};
-use crate::backend::ops::{Attention, Buf, Ops, VecRef};
-use crate::kv::KvPages;
+use crate::backend::ops::{Attention, Buf, Mat, Network, Ops, Shape, VecRef};
+use crate::gguf::GgufFile;
+use crate::kv::{KvLayout, KvPages};
 use anyhow::{bail, Result};
+use std::sync::Arc;
 
 impl Model {
+    /// Runs `batch` on the CPU over `kv`; its `batch.logits_for.len()` rows of logits are left
+    /// in `bufs` (`CpuBuffers::logits`).
+    pub fn forward(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut KvPages,
+        bufs: &mut CpuBuffers,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let geom = *kv.geometry();
+        if geom != cfg.page_geometry(geom.kv_type, geom.block_tokens) {
+            bail!("KV pool geometry {geom:?} does not fit the model");
+        }
+        batch.validate(
+            geom.block_tokens,
+            kv.blocks(),
+            cfg.vocab_size,
+            self.max_position(),
+            &self.layout,
+        )?;
+        let w = CpuWeights {
+            file: &self.file,
+            arena: &self.weights.arena,
+        };
+        let mut step = CpuStep::new(w, kv, &self.layout, &self.shape, batch, bufs);
+        if !batch.is_empty() {
+            self.run_blocks(&mut step, geom.kv_type.rotated(cfg.head_dim))?;
+        }
+        self.run_head(&mut step, &batch.logits_for)
+    }
+
+    /// [`Model::forward`] into a fresh vector (tests and tools; the engine reuses its buffers).
+    pub fn forward_logits(&self, batch: &BatchMeta, kv: &mut KvPages) -> Result<Vec<f32>> {
+        let mut bufs = CpuBuffers::default();
+        self.forward(batch, kv, &mut bufs)?;
+        Ok(bufs.logits().to_vec())
+    }
+}
+
+impl Network for Model {
+    fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    fn kv_layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    fn arena(&self) -> &[f32] {
+        &self.weights.arena
+    }
+
+    fn embedding(&self) -> &Mat {
+        &self.weights.token_embd
+    }
+
+    fn matrices(&self) -> Vec<&Mat> {
+        self.weights.matrices()
+    }
+
+    /// Far beyond any context the model was trained for: only nonsense is refused.
+    fn max_position(&self) -> usize {
+        self.config.context_length.max(1) * 64
+    }
+
     /// The embedding and every transformer block for the step's tokens: leaves the residual
     /// stream in X. `rotated`: the KV pages hold K and V rotated (`KvType::rotated`).
-    pub fn run_blocks<O: Ops>(&self, ops: &mut O, rotated: bool) -> Result<()> {
+    fn run_blocks<O: Ops>(&self, ops: &mut O, rotated: bool) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
         let eps = c.rms_eps;
@@ -29,7 +100,10 @@ impl Model {
         for (li, (lw, lc)) in w.layers.iter().zip(&c.layers).enumerate() {
             // Attention: norm, Q/K/V (+ biases), per-head Q/K norms, RoPE.
             ops.rmsnorm(Buf::X, lw.attn_norm, eps, Buf::H)?;
-            ops.matmul(Buf::H, &[(&lw.wq, Buf::Q), (&lw.wk, Buf::K), (&lw.wv, Buf::V)])?;
+            ops.matmul(
+                Buf::H,
+                &[(&lw.wq, Buf::Q), (&lw.wk, Buf::K), (&lw.wv, Buf::V)],
+            )?;
             bias(ops, Buf::Q, lw.bq)?;
             bias(ops, Buf::K, lw.bk)?;
             bias(ops, Buf::V, lw.bv)?;
@@ -78,7 +152,7 @@ impl Model {
 
     /// The output head for rows `rows` of the residual stream: Logits = their final norm times
     /// the output matrix (+ bias), scaled and soft-capped as the family does.
-    pub fn run_head<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()> {
+    fn run_head<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
         ops.gather(rows)?;
@@ -94,38 +168,5 @@ impl Model {
             ops.softcap(Buf::Logits, cap)?;
         }
         Ok(())
-    }
-
-    /// Runs `batch` on the CPU over `kv`; its `batch.logits_for.len()` rows of logits are left
-    /// in `bufs` (`CpuBuffers::logits`).
-    pub fn forward(&self, batch: &BatchMeta, kv: &mut KvPages, bufs: &mut CpuBuffers) -> Result<()> {
-        let cfg = &self.config;
-        let geom = *kv.geometry();
-        if geom != cfg.page_geometry(geom.kv_type, geom.block_tokens) {
-            bail!("KV pool geometry {geom:?} does not fit the model");
-        }
-        batch.validate(
-            geom.block_tokens,
-            kv.blocks(),
-            cfg.vocab_size,
-            cfg.context_length.max(1) * 64,
-            &self.layout,
-        )?;
-        let w = CpuWeights {
-            file: &self.file,
-            arena: &self.weights.arena,
-        };
-        let mut step = CpuStep::new(w, kv, &self.layout, &self.shape, batch, bufs);
-        if !batch.is_empty() {
-            self.run_blocks(&mut step, geom.kv_type.rotated(cfg.head_dim))?;
-        }
-        self.run_head(&mut step, &batch.logits_for)
-    }
-
-    /// [`Model::forward`] into a fresh vector (tests and tools; the engine reuses its buffers).
-    pub fn forward_logits(&self, batch: &BatchMeta, kv: &mut KvPages) -> Result<Vec<f32>> {
-        let mut bufs = CpuBuffers::default();
-        self.forward(batch, kv, &mut bufs)?;
-        Ok(bufs.logits().to_vec())
     }
 }

@@ -8,7 +8,7 @@ mod forward;
 mod weights;
 
 pub use crate::backend::batch::{BatchMeta, Logits};
-pub use crate::backend::ops::{Mat, RopeLayout, RopeTable, Shape, VecRef, Widths};
+pub use crate::backend::ops::{Mat, Network, RopeLayout, RopeTable, Shape, VecRef, Widths};
 pub use arch::{Family, SUPPORTED};
 pub use config::{LayerConfig, ModelConfig, RopeScaling};
 pub use weights::{LayerWeights, Weights};
@@ -88,7 +88,12 @@ impl Model {
     /// Multiply-add FLOPs (2 per weight) of one token through the transformer blocks.
     pub fn block_flops_per_token(&self) -> f64 {
         let out = &self.weights.output;
-        let all: usize = self.weights.matrices().iter().map(|m| m.rows * m.cols).sum();
+        let all: usize = self
+            .weights
+            .matrices()
+            .iter()
+            .map(|m| m.rows * m.cols)
+            .sum();
         2.0 * (all - out.rows * out.cols) as f64
     }
 

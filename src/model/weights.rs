@@ -15,21 +15,21 @@ use anyhow::{bail, Context, Result};
 /// may be bands of one fused tensor.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: VecRef,             // [n_embd]
-    pub wq: Mat,                       // [n_head·head_dim × n_embd]
-    pub wk: Mat,                       // [n_head_kv·head_dim × n_embd]
-    pub wv: Mat,                       // [n_head_kv·head_dim × n_embd]
-    pub bq: Option<VecRef>,            // Q/K/V biases (qwen2)
+    pub attn_norm: VecRef,  // [n_embd]
+    pub wq: Mat,            // [n_head·head_dim × n_embd]
+    pub wk: Mat,            // [n_head_kv·head_dim × n_embd]
+    pub wv: Mat,            // [n_head_kv·head_dim × n_embd]
+    pub bq: Option<VecRef>, // Q/K/V biases (qwen2)
     pub bk: Option<VecRef>,
     pub bv: Option<VecRef>,
-    pub q_norm: Option<VecRef>,        // [head_dim] (qwen3, gemma3)
-    pub k_norm: Option<VecRef>,        // [head_dim]
-    pub wo: Mat,                       // [n_embd × n_head·head_dim]
-    pub bo: Option<VecRef>,            // [n_embd]
+    pub q_norm: Option<VecRef>,         // [head_dim] (qwen3, gemma3)
+    pub k_norm: Option<VecRef>,         // [head_dim]
+    pub wo: Mat,                        // [n_embd × n_head·head_dim]
+    pub bo: Option<VecRef>,             // [n_embd]
     pub post_attn_norm: Option<VecRef>, // [n_embd] (gemma3)
-    pub ffn_norm: VecRef,              // [n_embd]
-    pub w_gate: Mat,                   // [n_ff × n_embd]
-    pub w_up: Mat,                     // [n_ff × n_embd]
+    pub ffn_norm: VecRef,               // [n_embd]
+    pub w_gate: Mat,                    // [n_ff × n_embd]
+    pub w_up: Mat,                      // [n_ff × n_embd]
     pub b_gate: Option<VecRef>,
     pub b_up: Option<VecRef>,
     pub w_down: Mat, // [n_embd × n_ff]
@@ -39,8 +39,8 @@ pub struct LayerWeights {
 
 #[derive(Clone, Debug)]
 pub struct Weights {
-    pub token_embd: Mat,      // [vocab × n_embd]
-    pub output_norm: VecRef,  // [n_embd]
+    pub token_embd: Mat,     // [vocab × n_embd]
+    pub output_norm: VecRef, // [n_embd]
     /// The output projection; the embedding matrix itself when the model ties them.
     pub output: Mat, // [vocab × n_embd]
     pub output_bias: Option<VecRef>, // [vocab]
@@ -118,8 +118,12 @@ impl Binder<'_> {
         }
         let offset = self.arena.len();
         self.arena.resize(offset + len, 0.0);
-        quant::dequantize_row(info.ty, self.file.tensor_data(info), &mut self.arena[offset..])
-            .with_context(|| format!("tensor '{name}'"))?;
+        quant::dequantize_row(
+            info.ty,
+            self.file.tensor_data(info),
+            &mut self.arena[offset..],
+        )
+        .with_context(|| format!("tensor '{name}'"))?;
         self.used[idx] = true;
         Ok(Some(VecRef { offset, len }))
     }

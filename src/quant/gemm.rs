@@ -10,6 +10,7 @@ use super::{vec_dot, GgmlType};
 use super::{
     gemm_avx512,
     gemm_x86::{self, PanelFn},
+    order_x86,
 };
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2" or "none" (per-pair dots).
@@ -23,7 +24,14 @@ struct Panels {
     q4_1: Option<PanelFn>,
     #[cfg(target_arch = "x86_64")]
     q8_0: Option<PanelFn>,
+    /// The peer-order kernels (`order`'s repacked and tiled dots), all types in one.
+    #[cfg(target_arch = "x86_64")]
+    order: Option<OrderFn>,
 }
+
+/// `order_x86::panel`'s signature: `gemm`'s, one `order` kernel for every type.
+#[cfg(target_arch = "x86_64")]
+type OrderFn = unsafe fn(GgmlType, Order, usize, &[u8], usize, &[u8], usize, &mut [f32]);
 
 const NONE: Panels = Panels {
     name: "none",
@@ -31,6 +39,8 @@ const NONE: Panels = Panels {
     q4_1: None,
     #[cfg(target_arch = "x86_64")]
     q8_0: None,
+    #[cfg(target_arch = "x86_64")]
+    order: None,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -38,6 +48,7 @@ const AVX2: Panels = Panels {
     name: "avx2",
     q4_1: Some(gemm_x86::avx2::q4_1),
     q8_0: Some(gemm_x86::avx2::q8_0),
+    order: Some(order_x86::panel),
 };
 
 /// AVX-512 VNNI in 256-bit registers only (the 512-bit panels' fallback for short groups;
@@ -47,6 +58,7 @@ const VNNI_256: Panels = Panels {
     name: "avx512-vnni-256",
     q4_1: Some(gemm_x86::vnni::q4_1),
     q8_0: Some(gemm_x86::vnni::q8_0),
+    order: Some(order_x86::panel),
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -54,6 +66,7 @@ const VNNI: Panels = Panels {
     name: "avx512-vnni",
     q4_1: Some(gemm_avx512::q4_1),
     q8_0: Some(gemm_avx512::q8_0),
+    order: Some(order_x86::panel),
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -98,7 +111,7 @@ fn panels() -> &'static Panels {
 /// If `ty` has no dot product, `n` is not whole blocks or a buffer is too short.
 ///
 /// `order` is how the peer accumulates this product (`order::order`): the repacked and tiled
-/// orders have their own per-pair kernels.
+/// orders have their own kernels (`order_x86`'s with AVX2, else `order::dot` per pair).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     ty: GgmlType,
@@ -111,6 +124,13 @@ pub fn gemm(
     out: &mut [f32],
 ) {
     if order != Order::Lanes && super::order::has(ty, order) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(f) = panels().order {
+            // SAFETY: as for the panels below (avx2, fma and f16c were detected); the kernels
+            // index the slices with bounds checks.
+            unsafe { f(ty, order, n, w, rows, x, toks, out) };
+            return;
+        }
         let w_row = ty.row_bytes(n as u64).expect("row fits") as usize;
         let x_row = ty.vec_dot_type().row_bytes(n as u64).expect("row fits") as usize;
         for t in 0..toks {

@@ -20,11 +20,13 @@ mod blocks;
 mod dequant;
 mod dot_ref;
 mod gemm;
-pub mod order;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx512;
 #[cfg(target_arch = "x86_64")]
 mod gemm_x86;
+pub mod order;
+#[cfg(target_arch = "x86_64")]
+mod order_x86;
 mod quantize;
 #[cfg(target_arch = "aarch64")]
 mod simd_arm;

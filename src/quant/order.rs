@@ -15,6 +15,10 @@
 //! every layer into a visible logit difference (llama.cpp's own repacking on and off are as far
 //! apart as its q8_0 KV cache from its f16 one), so edgelm follows the peer's choice. The
 //! integer parts are exact and shared; only the float epilogues differ.
+//!
+//! The dots here are the scalar reference (and the fallback). `order_x86` computes the same
+//! integer parts with AVX2 and runs them through the same step functions ([`chain_step`],
+//! [`tiled_step`]), so its results are these bit for bit.
 
 use super::blocks::*;
 use super::GgmlType;
@@ -65,24 +69,25 @@ pub fn dot(ty: GgmlType, order: Order, t: usize, n: usize, w: &[u8], x: &[u8]) -
             for (a, b) in cast::<BlockQ4K>(w).iter().zip(cast::<BlockQ8K>(x)) {
                 let (dx, dw, dmin) = (b.d(), f16_to_f32(a.d), f16_to_f32(a.dmin));
                 for (s, m) in q4_k_pair_ints(a, b) {
-                    acc = (s as f32).mul_add(dw * dx, acc);
-                    acc_min = (m as f32).mul_add(dmin * dx, acc_min);
+                    acc = chain_step(acc, s, dw, dx);
+                    acc_min = chain_step(acc_min, m, dmin, dx);
                 }
             }
             acc - acc_min
         }
         (Q4_0, Order::Repacked) => chain(
-            cast::<BlockQ4_0>(w).iter().zip(cast::<BlockQ8_0>(x)).map(|(a, b)| {
-                (q4_0_ints(a, b), f16_to_f32(a.d), f16_to_f32(b.d))
-            }),
+            cast::<BlockQ4_0>(w)
+                .iter()
+                .zip(cast::<BlockQ8_0>(x))
+                .map(|(a, b)| (q4_0_ints(a, b), f16_to_f32(a.d), f16_to_f32(b.d))),
         ),
         (Q4_K, Order::Repacked) => {
             // Two chains, subtracted at the end: Σ s·(d·dx) − Σ m·(dmin·dx).
             let (mut acc, mut acc_min) = (0f32, 0f32);
             for (a, b) in cast::<BlockQ4K>(w).iter().zip(cast::<BlockQ8K>(x)) {
                 let (s, m) = q4_k_ints(a, b);
-                acc = (s as f32).mul_add(f16_to_f32(a.d) * b.d(), acc);
-                acc_min = (m as f32).mul_add(f16_to_f32(a.dmin) * b.d(), acc_min);
+                acc = chain_step(acc, s, f16_to_f32(a.d), b.d());
+                acc_min = chain_step(acc_min, m, f16_to_f32(a.dmin), b.d());
             }
             acc - acc_min
         }
@@ -110,15 +115,28 @@ pub fn dot(ty: GgmlType, order: Order, t: usize, n: usize, w: &[u8], x: &[u8]) -
 
 /// Σ over blocks of `int · (dw·dx)`, one fused multiply-add per block.
 fn chain(blocks: impl Iterator<Item = (i32, f32, f32)>) -> f32 {
-    blocks.fold(0f32, |acc, (s, dw, dx)| (s as f32).mul_add(dw * dx, acc))
+    blocks.fold(0f32, |acc, (s, dw, dx)| chain_step(acc, s, dw, dx))
 }
 
-/// The tiled kernel's epilogue per block: `r = s·d − dmin·m` (one fused step), then
-/// `acc += r·dx` (another), as its AVX2 micro-kernel computes them.
+/// One step of the repacked kernels' chains: `acc + int·(dw·dx)`, fused. Shared with
+/// `order_x86`, whose integers come from SIMD, so both round alike by construction.
+#[inline(always)]
+pub(super) fn chain_step(acc: f32, s: i32, dw: f32, dx: f32) -> f32 {
+    (s as f32).mul_add(dw * dx, acc)
+}
+
+/// The tiled kernel's epilogue over the blocks (see [`tiled_step`]).
 fn tiled(blocks: impl Iterator<Item = ((i32, i32), f32, f32, f32)>) -> f32 {
     blocks.fold(0f32, |acc, ((s, m), d, dmin, dx)| {
-        (-dmin).mul_add(m as f32, d * s as f32).mul_add(dx, acc)
+        tiled_step(acc, (s, m), d, dmin, dx)
     })
+}
+
+/// The tiled kernel's epilogue for one block: `r = s·d − dmin·m` (one fused step), then
+/// `acc += r·dx` (another), as its AVX2 micro-kernel computes them. Shared with `order_x86`.
+#[inline(always)]
+pub(super) fn tiled_step(acc: f32, (s, m): (i32, i32), d: f32, dmin: f32, dx: f32) -> f32 {
+    (-dmin).mul_add(m as f32, d * s as f32).mul_add(dx, acc)
 }
 
 /// Σ (q − 8)·q8 over one Q4_0 block.
@@ -221,7 +239,12 @@ mod tests {
     #[test]
     fn orders_agree_with_the_dequantized_product() {
         let mut rng = Rng::new(0x0de5);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
             let n = 512;
             let w = random_row(&mut rng, ty, n);
             let xf: Vec<f32> = (0..n).map(|_| rng.f32() * 2.0 - 1.0).collect();
@@ -231,7 +254,11 @@ mod tests {
             let (mut wd, mut xd) = (vec![0f32; n], vec![0f32; n]);
             dequantize_row(ty, &w, &mut wd).unwrap();
             dequantize_row(vt, &x, &mut xd).unwrap();
-            let want: f64 = wd.iter().zip(&xd).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+            let want: f64 = wd
+                .iter()
+                .zip(&xd)
+                .map(|(a, b)| (*a as f64) * (*b as f64))
+                .sum();
             let lanes = super::super::vec_dot(ty, n, &w, &x) as f64;
             for order in [Order::Repacked, Order::Tiled] {
                 if has(ty, order) {

@@ -275,7 +275,10 @@ pub(crate) unsafe fn q5_k_q8_k(_n: usize, w: &[u8], x: &[u8]) -> f32 {
         let dmin = -b.d() * h2f(a.dmin);
         let (sc, mins) = unpack_scale_min_k4(&a.scales);
         let prod = mins_dot_bsums(b, &mins);
-        let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, _mm_setzero_si128()), _mm_setzero_si128());
+        let hsum = _mm_hadd_epi32(
+            _mm_hadd_epi32(prod, _mm_setzero_si128()),
+            _mm_setzero_si128(),
+        );
         summs = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs);
 
         // Bit 2j / 2j+1 of qh[l] is the 5th bit of value l of sub-block
@@ -337,8 +340,14 @@ pub(crate) unsafe fn q6_k_q8_k(_n: usize, w: &[u8], x: &[u8]) -> f32 {
             let q = [
                 _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0),
                 _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15), q4h_2),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15), q4h_3),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15),
+                    q4h_2,
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15),
+                    q4h_3,
+                ),
             ];
             let mut p = [_mm256_setzero_si256(); 4];
             for (c, &qc) in q.iter().enumerate() {

@@ -15,8 +15,8 @@ pub use pretok::PreTokenizerKind;
 pub use vocab::{VocabKind, VocabSpec};
 
 use anyhow::{anyhow, Context, Result};
-use tokenizers::models::bpe::{Vocab, BPE};
 use special::{Fragment, SpecialTokens};
+use tokenizers::models::bpe::{Vocab, BPE};
 use vocab::{
     TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_UNUSED,
     TOKEN_TYPE_USER_DEFINED,

@@ -112,10 +112,7 @@ mod tests {
         assert_eq!(s.partition("\n\n\n\n\n", true), vec![Token(3), Token(2)]);
         assert_eq!(s.partition("plain", true), vec![Text("plain")]);
         // Control tokens stay text unless asked for; user-defined ones never do.
-        assert_eq!(
-            s.partition("\n<eos>", false),
-            vec![Token(1), Text("<eos>")]
-        );
+        assert_eq!(s.partition("\n<eos>", false), vec![Token(1), Text("<eos>")]);
     }
 
     #[test]

@@ -61,9 +61,11 @@ impl Spm {
         }
         let bytes = (0..=255u8)
             .map(|b| {
-                ids.get(&format!("<0x{b:02X}>"))
-                    .copied()
-                    .or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| ids.get(s).copied()))
+                ids.get(&format!("<0x{b:02X}>")).copied().or_else(|| {
+                    std::str::from_utf8(&[b])
+                        .ok()
+                        .and_then(|s| ids.get(s).copied())
+                })
             })
             .collect();
         Spm {
@@ -91,20 +93,21 @@ impl Spm {
         // The last pair that formed each text: how a merged symbol that is not itself a token
         // would be split again (llama.cpp's `rev_merge`).
         let mut rev_merge: HashMap<&str, (usize, usize)> = HashMap::new();
-        let mut try_pair = |heap: &mut BinaryHeap<Bigram>, syms: &[Symbol], l: Option<usize>, r: Option<usize>| {
-            let (Some(l), Some(r)) = (l, r) else { return };
-            let (a, b) = (syms[l], syms[r]);
-            let joined = &text[a.start..b.start + b.len];
-            if let Some(&id) = self.ids.get(joined) {
-                heap.push(Bigram {
-                    left: l,
-                    right: r,
-                    score: self.scores[id as usize],
-                    len: joined.len(),
-                });
-                rev_merge.insert(joined, (l, r));
-            }
-        };
+        let mut try_pair =
+            |heap: &mut BinaryHeap<Bigram>, syms: &[Symbol], l: Option<usize>, r: Option<usize>| {
+                let (Some(l), Some(r)) = (l, r) else { return };
+                let (a, b) = (syms[l], syms[r]);
+                let joined = &text[a.start..b.start + b.len];
+                if let Some(&id) = self.ids.get(joined) {
+                    heap.push(Bigram {
+                        left: l,
+                        right: r,
+                        score: self.scores[id as usize],
+                        len: joined.len(),
+                    });
+                    rev_merge.insert(joined, (l, r));
+                }
+            };
         for i in 1..symbols.len() {
             try_pair(&mut heap, &symbols, Some(i - 1), Some(i));
         }
@@ -188,9 +191,11 @@ mod tests {
 
     #[test]
     fn highest_scoring_pair_merges_first() {
-        // "bc" (-1.5) beats "ab" (-3.0); "a" + "bc" is not a token, so it stays split.
-        assert_eq!(ids("abc"), vec!["a", "bc"]);
+        // "bc" (-1.5) merges before "ab" (-3.0), then "a" + "bc" forms "abc".
+        assert_eq!(ids("abc"), vec!["abc"]);
+        // "▁a" (-0.5) beats "ab"; "▁a" + "b" is not a token, so it stays split.
         assert_eq!(ids("▁ab"), vec!["▁a", "b"]);
+        assert_eq!(ids("cab"), vec!["c", "ab"]);
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! Shared helpers for the end-to-end tests: where the model and the reference data live.
 #![allow(dead_code)]
 
+mod test_models;
+
+// Each test crate uses a part of these.
+#[allow(unused_imports)]
+pub use test_models::{test_model, GEMMA3_TEST_WINDOW, TEST_ARCHS};
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -21,11 +27,20 @@ pub fn model_path() -> PathBuf {
     p
 }
 
-/// `../shared/reference/` beside the checkout (or `EDGELM_REFERENCE_DIR`).
+/// Gemma 3 270M (`packaging/fetch-model.sh gemma3`); a missing file fails the test.
+pub fn gemma3_path() -> PathBuf {
+    let p = repo_root().join("models/gemma-3-270m-Q4_K_M.gguf");
+    assert!(
+        p.exists(),
+        "model {} is missing: run packaging/fetch-model.sh gemma3 first",
+        p.display()
+    );
+    p
+}
+
+/// The peer's reference outputs, kept in the repository (`tests/data`).
 pub fn reference_dir() -> PathBuf {
-    let p = std::env::var_os("EDGELM_REFERENCE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared/reference"));
+    let p = repo_root().join("tests/data");
     assert!(
         p.join("smollm2-llamacpp.json").exists(),
         "reference data missing at {}",
@@ -60,4 +75,42 @@ pub fn ids_of(v: &serde_json::Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
+}
+
+/// The reference model re-written with `edit` applied to its metadata and tensors (each
+/// given as (name, ggml dims, type, bytes)): for files a converter would not make.
+pub fn edited_model(
+    name: &str,
+    edit: impl FnOnce(
+        &mut Vec<(String, edgelm::gguf::Value)>,
+        &mut Vec<(String, Vec<u64>, edgelm::quant::GgmlType, Vec<u8>)>,
+    ),
+) -> PathBuf {
+    let file = edgelm::gguf::GgufFile::open(model_path()).unwrap();
+    let mut kvs: Vec<(String, edgelm::gguf::Value)> = file.metadata().to_vec();
+    let mut tensors: Vec<_> = file
+        .tensors()
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dims.clone(),
+                t.ty,
+                file.tensor_data(t).to_vec(),
+            )
+        })
+        .collect();
+    edit(&mut kvs, &mut tensors);
+    let mut w = edgelm::gguf::GgufWriter::new();
+    for (k, v) in kvs {
+        w = w.kv(k, v);
+    }
+    for (n, dims, ty, bytes) in tensors {
+        w = w.tensor(n, &dims, ty, bytes);
+    }
+    let dir = repo_root().join("target/test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    path
 }

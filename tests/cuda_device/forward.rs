@@ -1,5 +1,5 @@
 //! The CUDA forward pass on a GPU against the CPU's, on the reference model over the reference
-//! prompts (../shared/reference, `EDGELM_REFERENCE_DIR` overrides): logits parity for prefill
+//! prompts (tests/data, `EDGELM_REFERENCE_DIR` overrides): logits parity for prefill
 //! and for batched decode steps (graphs on and off), the reference greedy continuations, device
 //! sampling, and the KV pool taking all free memory but the reserve.
 //!
@@ -16,18 +16,18 @@
 
 use edgelm::backend::cuda::launch::SampleRow;
 use edgelm::backend::cuda::{CudaExecutor, ExecutorConfig, KvBudget, StepOut, Want};
-use edgelm::engine::Session;
+use edgelm::engine::{Session, SessionConfig};
 use edgelm::kv::KvType;
 use edgelm::model::{BatchMeta, Logits, Model};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const BT: usize = 16;
+pub(super) const BT: usize = 16;
 
 fn reference() -> serde_json::Value {
     let dir = std::env::var_os("EDGELM_REFERENCE_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/reference"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
     let text = std::fs::read_to_string(dir.join("smollm2-llamacpp.json"))
         .unwrap_or_else(|e| panic!("reference data missing in {}: {e}", dir.display()));
     serde_json::from_str(&text).unwrap()
@@ -43,7 +43,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// `EDGELM_CUDA_TEST_<name>` as a number: how much of the reference data to use. All of it on
 /// a GPU; a part under the host emulator (emu/cuda/), where a forward pass takes seconds.
-fn limit(name: &str) -> usize {
+pub(super) fn limit(name: &str) -> usize {
     std::env::var(format!("EDGELM_CUDA_TEST_{name}"))
         .ok()
         .and_then(|v| v.parse().ok())
@@ -70,7 +70,12 @@ fn model() -> Arc<Model> {
     Arc::new(Model::load(&crate::model()).unwrap())
 }
 
-fn executor(model: &Arc<Model>, kv: KvType, graphs: bool, kv_budget: KvBudget) -> CudaExecutor {
+pub(super) fn executor(
+    model: &Arc<Model>,
+    kv: KvType,
+    graphs: bool,
+    kv_budget: KvBudget,
+) -> CudaExecutor {
     let cfg = ExecutorConfig {
         kv_type: kv,
         block_tokens: BT,
@@ -80,11 +85,11 @@ fn executor(model: &Arc<Model>, kv: KvType, graphs: bool, kv_budget: KvBudget) -
         kv: kv_budget,
         graphs,
     };
-    CudaExecutor::new(0, model.clone(), cfg).unwrap_or_else(|e| panic!("no CUDA executor: {e}"))
+    CudaExecutor::new(0, model.as_ref(), cfg).unwrap_or_else(|e| panic!("no CUDA executor: {e}"))
 }
 
-fn logits(x: &mut CudaExecutor, b: &BatchMeta) -> Vec<f32> {
-    match x.forward(b, Want::Logits).unwrap() {
+pub(super) fn logits(x: &mut CudaExecutor, model: &Model, b: &BatchMeta) -> Vec<f32> {
+    match x.forward(model, b, Want::Logits).unwrap() {
         StepOut::Logits(l) => l,
         StepOut::Tokens(_) => panic!("tokens for logits"),
     }
@@ -117,7 +122,7 @@ fn argmax_and_margin(l: &[f32]) -> (usize, f32) {
 
 /// How the device's logits rows compare with the CPU's.
 #[derive(Default)]
-struct Agreement {
+pub(super) struct Agreement {
     rows: usize,
     rel_sum: f64,
     rel_worst: f64,
@@ -128,7 +133,7 @@ struct Agreement {
 }
 
 impl Agreement {
-    fn add(&mut self, what: &str, got: &[f32], want: &[f32]) {
+    pub(super) fn add(&mut self, what: &str, got: &[f32], want: &[f32]) {
         let e = rel_l2(got, want);
         self.rows += 1;
         self.rel_sum += e;
@@ -146,7 +151,7 @@ impl Agreement {
         }
     }
 
-    fn summary(&self) -> String {
+    pub(super) fn summary(&self) -> String {
         format!(
             "{} rows, relative L2 mean {:.2e}, worst {:.2e} ({}); top token the same in {}/{}; \
              {} confident flips {:?}",
@@ -166,9 +171,27 @@ impl Agreement {
     }
 
     /// The device is as close to the CPU as `yardstick` (the CPU with its other page format) is:
-    /// mean relative L2 at most twice the yardstick's (or 1e-2), the top token the CPU's in
-    /// >= 95% of rows, and never another top token where the CPU's margin is >= 0.5.
-    fn assert_close(&self, yardstick: &Agreement) {
+    /// mean relative L2 at most twice the yardstick's (or 1e-2), the top token the CPU's in at
+    /// least 95% of rows, and never another top token where the CPU's margin is at least 0.5.
+    /// For models whose rows are near-flat (the test models: their top tokens tie often, so a
+    /// few dozen rows say little about top-1 agreement): the distance bound of
+    /// [`Agreement::assert_close`], and no more confident flips than the yardstick has.
+    pub(super) fn assert_close_in_distance(&self, yardstick: &Agreement) {
+        let bound = (2.0 * yardstick.mean()).max(1e-2);
+        assert!(
+            self.mean() <= bound,
+            "mean relative L2 {:.2e} exceeds {bound:.2e}: {}",
+            self.mean(),
+            self.summary()
+        );
+        assert!(
+            self.confident_flips.len() <= yardstick.confident_flips.len(),
+            "{}",
+            self.summary()
+        );
+    }
+
+    pub(super) fn assert_close(&self, yardstick: &Agreement) {
         let bound = (2.0 * yardstick.mean()).max(1e-2);
         assert!(
             self.mean() <= bound,
@@ -193,18 +216,19 @@ impl Agreement {
 fn one_layer_parity(kv: KvType) {
     let mut m = Model::load(&crate::model()).unwrap();
     m.weights.layers.truncate(1);
+    m.config.layers.truncate(1);
     m.config.n_layers = 1;
+    m.layout = m.config.kv_layout();
     let model = Arc::new(m);
     let vocab = model.config.vocab_size;
     let bound = if kv == KvType::F16 { 3e-2 } else { 5e-3 };
     let mut x = executor(&model, kv, false, KvBudget::Blocks(8));
     let mut worst = 0f64;
     for (i, (prompt, _)) in cases().iter().enumerate() {
-        let mut s = Session::new(&model, prompt.len(), kv, BT).unwrap();
-        let cpu = s.extend(prompt, Logits::All, 512).unwrap();
+        let cpu = cpu_logits(&model, prompt, kv);
         let mut b = BatchMeta::default();
-        b.push_span(prompt, 0, table(0, 8 * BT), Logits::All);
-        let got = logits(&mut x, &b);
+        b.push_span_single(prompt, 0, table(0, 8 * BT), Logits::All);
+        let got = logits(&mut x, &model, &b);
         for (r, (g, w)) in got
             .chunks_exact(vocab)
             .zip(cpu.chunks_exact(vocab))
@@ -219,6 +243,14 @@ fn one_layer_parity(kv: KvType) {
         }
     }
     eprintln!("one layer, {kv} pages: worst relative L2 {worst:.2e} (bound {bound:.0e})");
+}
+
+/// The CPU's logits for every position of `tokens`, with `kv` pages.
+pub(super) fn cpu_logits(model: &Arc<Model>, tokens: &[u32], kv: KvType) -> Vec<f32> {
+    Session::new(model.clone(), SessionConfig::cpu(kv, BT, tokens.len(), 512))
+        .unwrap()
+        .extend(tokens, Logits::All)
+        .unwrap()
 }
 
 fn table(first: u32, tokens: usize) -> Vec<u32> {
@@ -259,16 +291,14 @@ fn parity(kv: KvType, graphs: bool) {
     for (i, (prompt, gen)) in cases.iter().enumerate() {
         let mut all = prompt.clone();
         all.extend(gen);
-        let mut s = Session::new(&model, all.len(), kv, BT).unwrap();
-        let cpu = s.extend(&all, Logits::All, 512).unwrap();
-        let mut s = Session::new(&model, all.len(), other, BT).unwrap();
-        let cpu_other = s.extend(&all, Logits::All, 512).unwrap();
+        let cpu = cpu_logits(&model, &all, kv);
+        let cpu_other = cpu_logits(&model, &all, other);
         for (g, w) in cpu_other.chunks_exact(vocab).zip(cpu.chunks_exact(vocab)) {
             yardstick.add("", g, w);
         }
         let mut b = BatchMeta::default();
-        b.push_span(prompt, 0, tables[i].clone(), Logits::All);
-        let got = logits(&mut x, &b);
+        b.push_span_single(prompt, 0, tables[i].clone(), Logits::All);
+        let got = logits(&mut x, &model, &b);
         check(
             &format!("prompt {i} prefill ({} tokens)", prompt.len()),
             &got,
@@ -282,7 +312,7 @@ fn parity(kv: KvType, graphs: bool) {
         let mut live = Vec::new();
         for (i, (prompt, gen)) in cases.iter().enumerate() {
             if k + 1 < gen.len() {
-                b.push_span(
+                b.push_span_single(
                     &gen[k..k + 1],
                     prompt.len() + k,
                     tables[i].clone(),
@@ -291,7 +321,7 @@ fn parity(kv: KvType, graphs: bool) {
                 live.push(i);
             }
         }
-        let got = logits(&mut x, &b);
+        let got = logits(&mut x, &model, &b);
         for (j, &i) in live.iter().enumerate() {
             let at = cases[i].0.len() + k;
             check(
@@ -339,7 +369,10 @@ fn cuda_greedy_continuations_match_the_reference() {
     let model = model();
     let tok = edgelm::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
     let mut x = executor(&model, KvType::F16, true, KvBudget::Blocks(8));
-    let greedy = |x: &mut CudaExecutor, b: &BatchMeta| match x.forward(b, Want::Greedy).unwrap() {
+    let greedy = |x: &mut CudaExecutor, b: &BatchMeta| match x
+        .forward(model.as_ref(), b, Want::Greedy)
+        .unwrap()
+    {
         StepOut::Tokens(t) => t,
         StepOut::Logits(_) => panic!("logits for tokens"),
     };
@@ -351,7 +384,7 @@ fn cuda_greedy_continuations_match_the_reference() {
     for (i, (prompt, want)) in cases.iter().enumerate() {
         let t = table(0, 8 * BT);
         let mut b = BatchMeta::default();
-        b.push_span(prompt, 0, t.clone(), Logits::Last);
+        b.push_span_single(prompt, 0, t.clone(), Logits::Last);
         let mut next = greedy(&mut x, &b)[0];
         // The same row through sample_rows: top_k = 1 is the argmax whatever the temperature.
         let row = SampleRow {
@@ -362,7 +395,7 @@ fn cuda_greedy_continuations_match_the_reference() {
             seed: 7,
             step: 0,
         };
-        match x.forward(&b, Want::Sample(&[row])).unwrap() {
+        match x.forward(model.as_ref(), &b, Want::Sample(&[row])).unwrap() {
             StepOut::Tokens(s) => assert_eq!(s[0], next, "sample_rows top_k=1 vs argmax"),
             StepOut::Logits(_) => panic!("logits for tokens"),
         }
@@ -373,7 +406,7 @@ fn cuda_greedy_continuations_match_the_reference() {
                 break;
             }
             let mut b = BatchMeta::default();
-            b.push_span(
+            b.push_span_single(
                 &[next],
                 prompt.len() + got.len() - 1,
                 t.clone(),
@@ -393,8 +426,7 @@ fn cuda_greedy_continuations_match_the_reference() {
             .unwrap_or(got.len().min(want.len()));
         let mut all = prompt.clone();
         all.extend(want);
-        let mut s = Session::new(&model, all.len(), KvType::F16, BT).unwrap();
-        let cpu = s.extend(&all, Logits::All, 512).unwrap();
+        let cpu = cpu_logits(&model, &all, KvType::F16);
         let row = &cpu[(prompt.len() + d - 1) * vocab..(prompt.len() + d) * vocab];
         let (_, margin) = argmax_and_margin(row);
         let line = format!(

@@ -17,9 +17,10 @@ use edgelm::backend::cuda::{compile_ptx, Arch};
 use edgelm::quant::{dequantize_row, quantize_row, GgmlType};
 use std::sync::Arc;
 
-const TYPES: [(GgmlType, &str); 5] = [
+const TYPES: [(GgmlType, &str); 6] = [
     (GgmlType::Q4_0, "q4_0"),
     (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
     (GgmlType::Q8_0, "q8_0"),
     (GgmlType::Q4_K, "q4_k"),
     (GgmlType::Q6_K, "q6_k"),
@@ -30,7 +31,7 @@ fn weights(rng: &mut Xs, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
     let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next() as u8).collect();
     let fields: &[usize] = match ty {
-        GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
         _ => &[208],
     };

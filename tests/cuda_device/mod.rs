@@ -2,6 +2,7 @@
 //! `packaging/gpu-check.sh` carries them to a GPU machine with the rest). Each needs a CUDA
 //! device and is `#[ignore]`d elsewhere.
 
+mod architectures;
 mod forward;
 mod gemm;
 mod sample;

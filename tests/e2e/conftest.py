@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BINARY = ROOT / "target" / "release" / "edgelm"
 MODEL = Path(os.environ.get("EDGELM_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-REFERENCE = Path(os.environ.get("EDGELM_REFERENCE_DIR", ROOT.parent / "shared" / "reference"))
+REFERENCE = Path(os.environ.get("EDGELM_REFERENCE_DIR", ROOT / "tests" / "data"))
 ARTIFACTS = ROOT / "target" / "test-artifacts"
 
 

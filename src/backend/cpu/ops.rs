@@ -230,7 +230,10 @@ mod tests {
         gelu_mul(&mut g, &up);
         for (&x, &y) in xs.iter().zip(&g) {
             let want = if x.abs() >= 10.0 { x.max(0.0) } else { gelu(x) };
-            assert!((y - want).abs() <= 2e-3 * want.abs().max(1e-2), "{x}: {y} vs {want}");
+            assert!(
+                (y - want).abs() <= 2e-3 * want.abs().max(1e-2),
+                "{x}: {y} vs {want}"
+            );
         }
         assert_eq!(g[4], 0.0);
     }

@@ -255,12 +255,17 @@ impl Ops for CpuStep<'_> {
         let hd = self.shape.head_dim;
         let kvd = self.shape.widths.kv;
         // This step's K/V first: tokens later in a span attend to earlier ones.
-        let (k, v) = (&self.bufs.bufs[index(Buf::K)], &self.bufs.bufs[index(Buf::V)]);
+        let (k, v) = (
+            &self.bufs.bufs[index(Buf::K)],
+            &self.bufs.bufs[index(Buf::V)],
+        );
         for (i, &slot) in self.slots[group].iter().enumerate() {
             for h in 0..self.shape.n_head_kv {
                 let off = i * kvd + h * hd;
-                self.kv.write_row(layer, slot, Part::K, h, &k[off..off + hd]);
-                self.kv.write_row(layer, slot, Part::V, h, &v[off..off + hd]);
+                self.kv
+                    .write_row(layer, slot, Part::K, h, &k[off..off + hd]);
+                self.kv
+                    .write_row(layer, slot, Part::V, h, &v[off..off + hd]);
             }
         }
         let shape = AttnShape {

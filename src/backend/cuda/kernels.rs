@@ -38,6 +38,7 @@ pub const FILES: &[KernelFile] = &[
         [
             "gemv_q4_0",
             "gemv_q4_1",
+            "gemv_q5_0",
             "gemv_q8_0",
             "gemv_q4_k",
             "gemv_q6_k"
@@ -48,6 +49,7 @@ pub const FILES: &[KernelFile] = &[
         [
             "gemm_q4_0",
             "gemm_q4_1",
+            "gemm_q5_0",
             "gemm_q8_0",
             "gemm_q4_k",
             "gemm_q6_k"
@@ -55,7 +57,17 @@ pub const FILES: &[KernelFile] = &[
     ),
     kernel_file!("norm", ["rmsnorm"]),
     kernel_file!("rope", ["rope", "hadamard_64"]),
-    kernel_file!("elementwise", ["silu_mul", "add_inplace"]),
+    kernel_file!(
+        "elementwise",
+        [
+            "silu_mul",
+            "gelu_mul",
+            "add_scaled",
+            "add_bias",
+            "scale",
+            "softcap"
+        ]
+    ),
     kernel_file!("embed", ["embed"]),
     kernel_file!("kv", ["kv_append", "kv_copy_block"]),
     kernel_file!(
@@ -67,6 +79,9 @@ pub const FILES: &[KernelFile] = &[
             "attention_f16_d128",
             "attention_q8_0_d128",
             "attention_q4_0_d128",
+            "attention_f16_d256",
+            "attention_q8_0_d256",
+            "attention_q4_0_d256",
         ]
     ),
     kernel_file!("sample", ["argmax_rows", "sample_rows"]),

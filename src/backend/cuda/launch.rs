@@ -31,6 +31,16 @@ fn config(grid: (usize, usize), block: usize) -> LaunchConfig {
     }
 }
 
+/// The weight types with a CUDA matmul (GEMV and GEMM).
+pub const MATMUL_TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
 /// The matmul kernel for `n_tok` tokens against weights of type `ty`: the GEMV (dp4a, weights
 /// read once for all tokens) up to [`GEMV_MAX_TOK`] tokens, the tensor-core GEMM above.
 /// `None` for weight types without a CUDA matmul.
@@ -40,11 +50,13 @@ pub fn matmul_kernel(ty: GgmlType, n_tok: usize) -> Option<&'static str> {
     Some(match (ty, gemv) {
         (Q4_0, true) => "gemv_q4_0",
         (Q4_1, true) => "gemv_q4_1",
+        (Q5_0, true) => "gemv_q5_0",
         (Q8_0, true) => "gemv_q8_0",
         (Q4_K, true) => "gemv_q4_k",
         (Q6_K, true) => "gemv_q6_k",
         (Q4_0, false) => "gemm_q4_0",
         (Q4_1, false) => "gemm_q4_1",
+        (Q5_0, false) => "gemm_q5_0",
         (Q8_0, false) => "gemm_q8_0",
         (Q4_K, false) => "gemm_q4_k",
         (Q6_K, false) => "gemm_q6_k",

@@ -1,7 +1,7 @@
-//! The CUDA backend's foundation (feature `cuda`): device probe, kernel sources, NVRTC
-//! compilation with an on-disk PTX cache, module loading, and the launch shapes of the matmul
-//! and sampling kernels, and the model's forward pass on the device ([`CudaExecutor`]: weights,
-//! KV pool, workspace, decode graphs).
+//! The CUDA backend (feature `cuda`): device probe, kernel sources, NVRTC compilation with an
+//! on-disk PTX cache, module loading, the launch shapes of the kernels, the op set on the device
+//! (`step::CudaStep`), and [`CudaExecutor`], which runs a model's one forward pass
+//! (`backend::ops::Network`) over the device's weights, KV pool, workspace and decode graphs.
 //!
 //! cudarc loads `libcuda` and `libnvrtc` at run time (`dynamic-loading`), so a `cuda` build needs
 //! no CUDA toolkit to build and starts on a machine without a GPU; [`probe`] then says why there
@@ -10,7 +10,7 @@
 
 mod cache;
 mod device;
-mod forward;
+mod executor;
 mod graphs;
 pub mod kernels;
 mod kv_pool;
@@ -19,18 +19,19 @@ mod mem;
 mod nvrtc;
 mod ops;
 mod probe;
+mod step;
 mod step_meta;
 mod weights;
 mod workspace;
 
 pub use cache::{cache_dir, cache_key};
 pub use device::CudaDevice;
-pub use forward::{CudaExecutor, ExecutorConfig, StepOut, Want};
+pub use executor::{CudaExecutor, ExecutorConfig, StepOut, Want};
 pub use kernels::{KernelFile, FILES};
 pub use kv_pool::{blocks_for, KvBudget};
 pub use nvrtc::{compile_ptx, nvrtc_version, Arch};
 pub use probe::{probe, DeviceInfo};
-pub use weights::check_supported;
+pub use weights::{check_supported, HEAD_DIMS};
 
 /// Runs `f`, turning a panic into an error: with dynamic loading, cudarc panics when a library
 /// or one of its symbols is missing, and a missing GPU must never take the process down.

@@ -7,7 +7,9 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::device::CudaDevice;
-use super::launch::{argmax_config, gemm_config, gemv_config, matmul_kernel, sample_config};
+use super::launch::{
+    argmax_config, gemm_config, gemv_config, matmul_kernel, sample_config, MATMUL_TYPES,
+};
 use crate::kv::KvType;
 use crate::quant::GgmlType;
 use cudarc::driver::sys::CUdeviceptr;
@@ -35,13 +37,17 @@ fn err(name: &str, e: cudarc::driver::DriverError) -> String {
 }
 
 /// The kernels the forward pass launches, looked up once.
-pub struct Ops {
+pub struct Kernels {
     quantize: CudaFunction,
     rmsnorm: CudaFunction,
     rope: CudaFunction,
     hadamard: CudaFunction,
     silu_mul: CudaFunction,
-    add: CudaFunction,
+    gelu_mul: CudaFunction,
+    add_scaled: CudaFunction,
+    add_bias: CudaFunction,
+    scale: CudaFunction,
+    softcap: CudaFunction,
     embed: CudaFunction,
     kv_append: CudaFunction,
     kv_copy: CudaFunction,
@@ -52,9 +58,9 @@ pub struct Ops {
     matmul: Vec<(GgmlType, bool, CudaFunction)>,
 }
 
-impl Ops {
+impl Kernels {
     /// Looks up every kernel a model with pages of `kv_type` and heads of `head_dim` needs.
-    pub fn new(dev: &CudaDevice, kv_type: KvType, head_dim: usize) -> Result<Ops, String> {
+    pub fn new(dev: &CudaDevice, kv_type: KvType, head_dim: usize) -> Result<Kernels, String> {
         let f = |name: &str| {
             dev.function(name)
                 .cloned()
@@ -62,20 +68,23 @@ impl Ops {
         };
         let attention = format!("attention_{}_d{head_dim}", kv_type.name());
         let mut matmul = Vec::new();
-        use GgmlType::*;
-        for ty in [Q4_0, Q4_1, Q8_0, Q4_K, Q6_K] {
+        for ty in MATMUL_TYPES {
             for (gemv, n) in [(true, 1), (false, 64)] {
                 let name = matmul_kernel(ty, n).expect("a CUDA matmul type");
                 matmul.push((ty, gemv, f(name)?));
             }
         }
-        Ok(Ops {
+        Ok(Kernels {
             quantize: f("quantize_q8_1")?,
             rmsnorm: f("rmsnorm")?,
             rope: f("rope")?,
             hadamard: f("hadamard_64")?,
             silu_mul: f("silu_mul")?,
-            add: f("add_inplace")?,
+            gelu_mul: f("gelu_mul")?,
+            add_scaled: f("add_scaled")?,
+            add_bias: f("add_bias")?,
+            scale: f("scale")?,
+            softcap: f("softcap")?,
             embed: f("embed")?,
             kv_append: f("kv_append")?,
             kv_copy: f("kv_copy_block")?,
@@ -239,37 +248,107 @@ impl Ops {
         .map_err(|e| err("hadamard_64", e))
     }
 
-    /// gate <- silu(gate) * up over n values.
-    pub fn silu_mul(&self, s: &CudaStream, gate: Ptr, up: Ptr, n: usize) -> Result<(), String> {
+    /// gate <- act(gate) * up over n values (`gelu`: GELU-tanh, else SiLU).
+    pub fn glu(
+        &self,
+        s: &CudaStream,
+        gelu: bool,
+        gate: Ptr,
+        up: Ptr,
+        n: usize,
+    ) -> Result<(), String> {
+        let (f, name) = if gelu {
+            (&self.gelu_mul, "gelu_mul")
+        } else {
+            (&self.silu_mul, "silu_mul")
+        };
         let n64 = n as i64;
-        // SAFETY: silu_mul(float *gate, const float *up, long long n).
+        // SAFETY: silu_mul / gelu_mul(float *gate, const float *up, long long n).
         unsafe {
-            s.launch_builder(&self.silu_mul)
+            s.launch_builder(f)
                 .arg(&gate)
                 .arg(&up)
                 .arg(&n64)
                 .launch(cfg1(n, THREADS))
         }
         .map(drop)
-        .map_err(|e| err("silu_mul", e))
+        .map_err(|e| err(name, e))
     }
 
-    /// x += y over n values.
-    pub fn add(&self, s: &CudaStream, x: Ptr, y: Ptr, n: usize) -> Result<(), String> {
+    /// x += y * scale over n values.
+    pub fn add_scaled(
+        &self,
+        s: &CudaStream,
+        x: Ptr,
+        y: Ptr,
+        scale: f32,
+        n: usize,
+    ) -> Result<(), String> {
         let n64 = n as i64;
-        // SAFETY: add_inplace(float *x, const float *y, long long n).
+        // SAFETY: add_scaled(float *x, const float *y, float s, long long n).
         unsafe {
-            s.launch_builder(&self.add)
+            s.launch_builder(&self.add_scaled)
                 .arg(&x)
                 .arg(&y)
+                .arg(&scale)
                 .arg(&n64)
                 .launch(cfg1(n, THREADS))
         }
         .map(drop)
-        .map_err(|e| err("add_inplace", e))
+        .map_err(|e| err("add_scaled", e))
     }
 
-    /// out (n_tok x cols) <- rows tokens[t] of the embedding table w (type ty).
+    /// Every `cols`-wide row of x (n values in all) += b.
+    pub fn add_bias(
+        &self,
+        s: &CudaStream,
+        x: Ptr,
+        b: Ptr,
+        n: usize,
+        cols: usize,
+    ) -> Result<(), String> {
+        let (n64, c) = (n as i64, cols as i32);
+        // SAFETY: add_bias(float *x, const float *b, long long n, int cols).
+        unsafe {
+            s.launch_builder(&self.add_bias)
+                .arg(&x)
+                .arg(&b)
+                .arg(&n64)
+                .arg(&c)
+                .launch(cfg1(n, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("add_bias", e))
+    }
+
+    /// x <- x * v (`softcap`: cap * tanh(x / cap), with v the cap) over n values.
+    pub fn scale(
+        &self,
+        s: &CudaStream,
+        softcap: bool,
+        x: Ptr,
+        v: f32,
+        n: usize,
+    ) -> Result<(), String> {
+        let (f, name) = if softcap {
+            (&self.softcap, "softcap")
+        } else {
+            (&self.scale, "scale")
+        };
+        let n64 = n as i64;
+        // SAFETY: scale / softcap(float *x, float v, long long n).
+        unsafe {
+            s.launch_builder(f)
+                .arg(&x)
+                .arg(&v)
+                .arg(&n64)
+                .launch(cfg1(n, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err(name, e))
+    }
+
+    /// out (n_tok x cols) <- rows tokens[t] of the embedding table w (type ty), times `scale`.
     pub fn embed(
         &self,
         s: &CudaStream,
@@ -278,12 +357,13 @@ impl Ops {
         row_bytes: usize,
         cols: usize,
         tokens: Ptr,
+        scale: f32,
         out: Ptr,
         n_tok: usize,
     ) -> Result<(), String> {
         let (t, rb, c) = (ty.id() as i32, row_bytes as i64, cols as i32);
         // SAFETY: embed(const u8 *w, int ty, long long row_bytes, int cols, const int *tokens,
-        // float *out); grid (ceil(cols / block), n_tok).
+        // float scale, float *out); grid (ceil(cols / block), n_tok).
         unsafe {
             s.launch_builder(&self.embed)
                 .arg(&w)
@@ -291,6 +371,7 @@ impl Ops {
                 .arg(&rb)
                 .arg(&c)
                 .arg(&tokens)
+                .arg(&scale)
                 .arg(&out)
                 .launch(LaunchConfig {
                     grid_dim: (cols.div_ceil(THREADS) as u32, n_tok as u32, 1),
@@ -377,7 +458,8 @@ impl Ops {
         .map_err(|e| err("kv_copy_block", e))
     }
 
-    /// out (n_tok x n_head x head_dim) <- causal attention of q over the paged K/V.
+    /// out (n_tok x n_head x head_dim) <- causal attention of q over the paged K/V, each token
+    /// seeing its last `window` positions (0: all of them).
     pub fn attention(
         &self,
         s: &CudaStream,
@@ -394,12 +476,13 @@ impl Ops {
         kv_heads: usize,
         block_tokens: usize,
         scale: f32,
+        window: usize,
     ) -> Result<(), String> {
-        let a = [layer, blocks, n_head, kv_heads, block_tokens].map(|v| v as i32);
+        let a = [layer, blocks, n_head, kv_heads, block_tokens, window].map(|v| v as i32);
         // SAFETY: attention_*(const float *q, float *out, const u8 *pages,
         // const int *block_tables, const int *table_offsets, const int *positions, int layer,
-        // int blocks, int n_head, int kv_heads, int block_tokens, float scale); one block of
-        // 32 * ATT_WARPS threads per (token, KV head).
+        // int blocks, int n_head, int kv_heads, int block_tokens, float scale, int window); one
+        // block of 32 * ATT_WARPS threads per (token, KV head).
         unsafe {
             s.launch_builder(&self.attention)
                 .arg(&q)
@@ -414,6 +497,7 @@ impl Ops {
                 .arg(&a[3])
                 .arg(&a[4])
                 .arg(&scale)
+                .arg(&a[5])
                 .launch(LaunchConfig {
                     grid_dim: ((n_tok * kv_heads) as u32, 1, 1),
                     block_dim: (ATT_THREADS as u32, 1, 1),

@@ -1,25 +1,27 @@
-//! A step's metadata as the kernels read it, built on the host: token ids, positions, KV
-//! slots, per-token offsets into the concatenated block tables, and the tables themselves, in
-//! one i32 image (laid out as `workspace::Meta` says), plus the RoPE (cos, sin) table. Pure
-//! data, so it is tested without a device.
+//! A step's metadata as the kernels read it, built on the host: token ids and positions, then
+//! per KV group (`kv::KvLayout`) each token's KV slot and the offset of its block table, then
+//! the concatenated tables themselves, in one i32 image (laid out as `workspace::Meta` says);
+//! and the RoPE (cos, sin) tables. Pure data, so it is tested without a device.
 
 use super::workspace::Caps;
+use crate::backend::batch::BatchMeta;
 use crate::backend::cpu::ops::rope_cos_sin;
-use crate::model::{BatchMeta, ModelConfig};
+use crate::backend::ops::Shape;
 
 /// A decode batch padded up to its graph bucket: the extra tokens read and write only the pool's
-/// padding block.
+/// padding block (in every group).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Padding {
     pub to: usize,
     pub block: usize,
 }
 
-/// Fills `ints` (resized to the used prefix of the image) for `batch`, padded when asked.
-/// Fails when the batch does not fit the workspace.
+/// Fills `ints` (resized to the used prefix of the image) for `batch` over `groups` KV groups,
+/// padded when asked. Fails when the batch does not fit the workspace.
 pub fn build_ints(
     batch: &BatchMeta,
     block_tokens: usize,
+    groups: usize,
     caps: &Caps,
     pad: Option<Padding>,
     ints: &mut Vec<i32>,
@@ -33,11 +35,15 @@ pub fn build_ints(
         ));
     }
     let t = caps.tokens;
+    // Where each (sequence, group) table starts in the concatenated tables.
     let mut tables = Vec::new();
-    let mut seq_offset = Vec::with_capacity(batch.block_tables.len());
-    for table in &batch.block_tables {
-        seq_offset.push(tables.len() as i32);
-        tables.extend(table.iter().map(|&b| b as i32));
+    let mut offset = vec![vec![0i32; groups]; batch.block_tables.len()];
+    for (seq, per_group) in batch.block_tables.iter().enumerate() {
+        for (g, table) in per_group.iter().enumerate().take(groups) {
+            offset[seq][g] = tables.len() as i32;
+            // NO_BLOCK (u32::MAX) becomes -1: an entry behind a window, never read.
+            tables.extend(table.iter().map(|&b| b as i32));
+        }
     }
     let pad_offset = tables.len() as i32;
     if let Some(p) = pad {
@@ -50,49 +56,59 @@ pub fn build_ints(
             caps.table_entries
         ));
     }
+    let head = caps.meta_head_ints(groups);
     ints.clear();
-    ints.resize(4 * t + tables.len(), 0);
+    ints.resize(head + tables.len(), 0);
     for i in 0..total {
-        let (tok, pos, slot, off) = if i < n {
-            (
-                batch.tokens[i] as i32,
-                batch.positions[i] as i32,
-                batch.slot(i, block_tokens) as i32,
-                seq_offset[batch.seq_of[i]],
-            )
-        } else {
-            let p = pad.expect("padding only when asked");
-            (0, 0, (p.block * block_tokens) as i32, pad_offset)
+        let (tok, pos) = match batch.tokens.get(i) {
+            Some(&tok) => (tok as i32, batch.positions[i] as i32),
+            None => (0, 0),
         };
         ints[i] = tok;
         ints[t + i] = pos;
-        ints[2 * t + i] = slot;
-        ints[3 * t + i] = off;
+        for g in 0..groups {
+            let (slot, off) = if i < n {
+                (
+                    batch.slot(i, g, block_tokens) as i32,
+                    offset[batch.seq_of[i]][g],
+                )
+            } else {
+                let p = pad.expect("padding only when asked");
+                ((p.block * block_tokens) as i32, pad_offset)
+            };
+            ints[(2 + 2 * g) * t + i] = slot;
+            ints[(3 + 2 * g) * t + i] = off;
+        }
     }
-    ints[4 * t..].copy_from_slice(&tables);
+    ints[head..].copy_from_slice(&tables);
     Ok(())
 }
 
-/// The (cos, sin) pairs of every token (`total` rows, padding at position 0), flattened as
-/// kernels/rope.cu reads them; computed by the CPU's own function so both apply the same angles.
+/// The (cos, sin) pairs of every token for each of the shape's RoPE tables: table k's `total`
+/// rows (padding at position 0) start at float `k * caps_tokens * n_rot`, as kernels/rope.cu
+/// reads one table. Computed by the CPU's own function so both apply the same angles.
 pub fn build_cs(
     batch: &BatchMeta,
-    cfg: &ModelConfig,
-    freq_factors: Option<&[f32]>,
+    shape: &Shape,
+    caps_tokens: usize,
     total: usize,
     pairs: &mut Vec<(f32, f32)>,
     out: &mut Vec<f32>,
 ) {
-    let half = cfg.n_rot / 2;
+    let half = shape.n_rot / 2;
     pairs.clear();
     pairs.resize(half, (0.0, 0.0));
     out.clear();
-    for i in 0..total {
-        let pos = batch.positions.get(i).copied().unwrap_or(0);
-        rope_cos_sin(pos, cfg.n_rot, cfg.rope_theta, freq_factors, pairs);
-        for &(c, s) in pairs.iter() {
-            out.push(c);
-            out.push(s);
+    let stride = caps_tokens * 2 * half;
+    for (k, table) in shape.ropes.iter().enumerate() {
+        out.resize(k * stride, 0.0);
+        for i in 0..total {
+            let pos = batch.positions.get(i).copied().unwrap_or(0);
+            rope_cos_sin(pos, shape.n_rot, table, pairs);
+            for &(c, s) in pairs.iter() {
+                out.push(c);
+                out.push(s);
+            }
         }
     }
 }
@@ -112,19 +128,20 @@ pub fn is_plain_decode(batch: &BatchMeta, max: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Logits;
+    use crate::backend::batch::Logits;
+    use crate::backend::ops::{RopeLayout, RopeTable, Widths};
 
     #[test]
     fn image_layout_and_padding() {
-        let caps = Caps::new(8, 4, 64, 4);
+        let caps = Caps::new(8, 4, 64, 4, 1);
         let mut b = BatchMeta::default();
-        b.push_span(&[7], 5, vec![3, 1], Logits::Last);
-        b.push_span(&[9], 0, vec![2], Logits::Last);
-        b.push_span(&[4], 2, vec![0], Logits::Last);
+        b.push_span_single(&[7], 5, vec![3, 1], Logits::Last);
+        b.push_span_single(&[9], 0, vec![2], Logits::Last);
+        b.push_span_single(&[4], 2, vec![0], Logits::Last);
         assert!(is_plain_decode(&b, 4));
         let mut ints = Vec::new();
         let pad = Padding { to: 4, block: 6 };
-        build_ints(&b, 4, &caps, Some(pad), &mut ints).unwrap();
+        build_ints(&b, 4, 1, &caps, Some(pad), &mut ints).unwrap();
         let t = caps.tokens;
         assert_eq!(&ints[..4], &[7, 9, 4, 0]);
         assert_eq!(&ints[t..t + 4], &[5, 0, 2, 0]);
@@ -135,15 +152,70 @@ mod tests {
     }
 
     #[test]
-    fn prefill_is_not_a_graph_step_and_oversize_fails() {
-        let caps = Caps::new(4, 2, 64, 4);
+    fn every_group_has_its_slots_and_tables() {
+        // Two groups: the second (windowed) has dropped its first block.
+        let caps = Caps::new(8, 4, 64, 4, 2);
         let mut b = BatchMeta::default();
-        b.push_span(&[1, 2, 3], 0, vec![0], Logits::Last);
+        let none = crate::kv::NO_BLOCK;
+        b.push_span(&[1, 2], 4, vec![vec![0, 1], vec![none, 5]], Logits::Last);
+        let mut ints = Vec::new();
+        build_ints(&b, 4, 2, &caps, None, &mut ints).unwrap();
+        let t = caps.tokens;
+        assert_eq!(&ints[2 * t..2 * t + 2], &[4, 5], "group 0 slots: block 1");
+        assert_eq!(&ints[3 * t..3 * t + 2], &[0, 0]);
+        assert_eq!(&ints[4 * t..4 * t + 2], &[20, 21], "group 1 slots: block 5");
+        assert_eq!(&ints[5 * t..5 * t + 2], &[2, 2]);
+        assert_eq!(&ints[6 * t..], &[0, 1, -1, 5]);
+    }
+
+    #[test]
+    fn prefill_is_not_a_graph_step_and_oversize_fails() {
+        let caps = Caps::new(4, 2, 64, 4, 1);
+        let mut b = BatchMeta::default();
+        b.push_span_single(&[1, 2, 3], 0, vec![0], Logits::Last);
         assert!(!is_plain_decode(&b, 8));
         let mut ints = Vec::new();
-        build_ints(&b, 4, &caps, None, &mut ints).unwrap();
+        build_ints(&b, 4, 1, &caps, None, &mut ints).unwrap();
         assert_eq!(&ints[3 * caps.tokens..3 * caps.tokens + 3], &[0, 0, 0]);
-        b.push_span(&[1, 2], 3, vec![1], Logits::Last);
-        assert!(build_ints(&b, 4, &caps, None, &mut ints).is_err());
+        b.push_span_single(&[1, 2], 3, vec![1], Logits::Last);
+        assert!(build_ints(&b, 4, 1, &caps, None, &mut ints).is_err());
+    }
+
+    #[test]
+    fn one_cs_table_per_rope_table() {
+        let table = |base| RopeTable {
+            base,
+            freq_scale: 1.0,
+            mscale: 1.0,
+            factors: None,
+        };
+        let shape = Shape {
+            widths: Widths {
+                embd: 8,
+                q: 8,
+                kv: 8,
+                ff: 8,
+                vocab: 8,
+            },
+            n_head: 2,
+            n_head_kv: 2,
+            head_dim: 4,
+            n_rot: 4,
+            rope_layout: RopeLayout::Neox,
+            ropes: vec![table(10000.0), table(10.0)],
+        };
+        let mut b = BatchMeta::default();
+        b.push_span_single(&[1, 2], 3, vec![0], Logits::Last);
+        let (mut pairs, mut cs) = (Vec::new(), Vec::new());
+        build_cs(&b, &shape, 8, 2, &mut pairs, &mut cs);
+        assert_eq!(cs.len(), 8 * 4 + 2 * 4);
+        for (k, t) in shape.ropes.iter().enumerate() {
+            rope_cos_sin(4, 4, t, &mut pairs);
+            let at = k * 8 * 4 + 4; // table k, token 1 (position 4)
+            assert_eq!(
+                &cs[at..at + 4],
+                &[pairs[0].0, pairs[0].1, pairs[1].0, pairs[1].1]
+            );
+        }
     }
 }

@@ -7,51 +7,59 @@
 //! Either way a tensor's device address is the data region's base plus the tensor's offset in
 //! the file, so the kernels see the same GGUF blocks the CPU reads.
 //!
-//! The norm weights and biases the CPU keeps as f32 vectors are uploaded as they are; biases
-//! are repeated for `max_tokens` rows so that one `add_inplace` adds them to a whole batch.
+//! The f32 vectors (norm weights, biases) live in the model's arena; it is uploaded once, and a
+//! `VecRef` is an offset into it on the device as on the host.
 
 use super::launch::matmul_kernel;
 use super::mem::DeviceBuf;
+use crate::backend::ops::{Mat, Network, VecRef};
 use crate::gguf::GgufFile;
-use crate::model::{Mat, Model};
 use crate::quant::GgmlType;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
 
-/// Why `model` cannot run on the CUDA kernels, or `Ok` when it can.
-pub fn check_supported(model: &Model) -> Result<(), String> {
-    let c = &model.config;
-    if c.head_dim != 64 && c.head_dim != 128 {
+/// Head sizes the attention kernels are built for (kernels/attention.cu).
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Why `net` cannot run on the CUDA kernels, or `Ok` when it can.
+pub fn check_supported(net: &impl Network) -> Result<(), String> {
+    let s = net.shape();
+    if !HEAD_DIMS.contains(&s.head_dim) {
         return Err(format!(
-            "head_dim {} (the attention kernels take 64 or 128)",
-            c.head_dim
+            "head_dim {} (the attention kernels take {HEAD_DIMS:?})",
+            s.head_dim
         ));
     }
-    if c.n_head / c.n_head_kv > 8 {
+    if s.n_head_kv == 0 || !s.n_head.is_multiple_of(s.n_head_kv) || s.n_head / s.n_head_kv > 8 {
         return Err(format!(
-            "{} query heads per KV head (the attention kernel takes at most 8)",
-            c.n_head / c.n_head_kv
+            "{} query heads for {} KV heads (the attention kernel takes at most 8 per KV head)",
+            s.n_head, s.n_head_kv
         ));
     }
-    let w = &model.weights;
-    let mut mats: Vec<&Mat> = vec![&w.output];
-    for l in &w.layers {
-        mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+    if !s.n_rot.is_multiple_of(2) || s.n_rot > s.head_dim {
+        return Err(format!(
+            "RoPE over {} of {} dimensions",
+            s.n_rot, s.head_dim
+        ));
     }
-    let mut bad: Vec<String> = mats
+    let mut bad: Vec<String> = net
+        .matrices()
         .iter()
         .filter(|m| matmul_kernel(m.ty, 1).is_none())
         .map(|m| format!("{} ({})", m.name, m.ty))
         .collect();
     use GgmlType::*;
+    let e = net.embedding();
     if !matches!(
-        w.token_embd.ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q8_0 | Q4_K | Q6_K
+        e.ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q4_K | Q6_K
     ) {
-        bad.push(format!("{} ({})", w.token_embd.name, w.token_embd.ty));
+        bad.push(format!("{} ({})", e.name, e.ty));
     }
     if !bad.is_empty() {
+        bad.sort();
+        bad.dedup();
         bad.truncate(4);
         return Err(format!(
             "no CUDA kernel for the weight types of {}",
@@ -71,8 +79,8 @@ enum Region {
 
 pub struct DeviceWeights {
     region: Region,
-    /// Keeps the memory map alive while the driver has it registered.
-    _file: Arc<GgufFile>,
+    /// Keeps the memory map alive while the driver has it registered (and finds tensors).
+    file: Arc<GgufFile>,
     /// Device address of byte 0 of the GGUF file (for a copy: a virtual base, never
     /// dereferenced below the data offset).
     base: CUdeviceptr,
@@ -81,18 +89,8 @@ pub struct DeviceWeights {
     pub zero_copy: bool,
     /// Device bytes the weights took (0 when read in place).
     pub device_bytes: usize,
-    pub layers: Vec<LayerVectors>,
-    pub output_norm: DeviceBuf,
-}
-
-/// One layer's f32 vectors on the device.
-pub struct LayerVectors {
-    pub attn_norm: DeviceBuf,
-    pub ffn_norm: DeviceBuf,
-    /// Biases repeated for `max_tokens` rows (qwen2); `None` where the model has none.
-    pub bq: Option<DeviceBuf>,
-    pub bk: Option<DeviceBuf>,
-    pub bv: Option<DeviceBuf>,
+    /// The model's vector arena.
+    arena: DeviceBuf,
 }
 
 // SAFETY: the raw host pointer is only handed back to cuMemHostUnregister; the mapping it
@@ -100,19 +98,19 @@ pub struct LayerVectors {
 unsafe impl Send for DeviceWeights {}
 
 impl DeviceWeights {
-    /// Makes `model`'s weights readable by the device: in place when `integrated` (falling back
+    /// Makes `net`'s weights readable by the device: in place when `integrated` (falling back
     /// to a copy, with a log line, when the driver refuses the registration), else copied.
     pub fn new(
         ctx: &Arc<CudaContext>,
-        model: &Model,
+        net: &impl Network,
         integrated: bool,
-        max_tokens: usize,
     ) -> Result<DeviceWeights, String> {
         ctx.bind_to_thread()
             .map_err(|e| format!("cannot use the CUDA context: {e:?}"))?;
-        let bytes = model.file.bytes();
+        let file = net.file();
+        let bytes = file.bytes();
         let host_base = bytes.as_ptr() as usize;
-        let data_offset = model.file.data_offset() as usize;
+        let data_offset = file.data_offset() as usize;
         let mut registered = None;
         if integrated {
             match register(bytes) {
@@ -143,46 +141,32 @@ impl DeviceWeights {
                 (Region::Copied { _buf: buf }, base, false, n)
             }
         };
-        let w = &model.weights;
-        let repeat = |b: &Option<Vec<f32>>| -> Result<Option<DeviceBuf>, String> {
-            b.as_ref()
-                .map(|v| {
-                    let rows: Vec<f32> = v
-                        .iter()
-                        .copied()
-                        .cycle()
-                        .take(v.len() * max_tokens)
-                        .collect();
-                    DeviceBuf::from_host(ctx, &rows)
-                })
-                .transpose()
+        // One float at least: a model with no vectors still gets a valid buffer.
+        let arena = if net.arena().is_empty() {
+            DeviceBuf::from_host(ctx, &[0f32])?
+        } else {
+            DeviceBuf::from_host(ctx, net.arena())?
         };
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for l in &w.layers {
-            layers.push(LayerVectors {
-                attn_norm: DeviceBuf::from_host(ctx, &l.attn_norm)?,
-                ffn_norm: DeviceBuf::from_host(ctx, &l.ffn_norm)?,
-                bq: repeat(&l.bq)?,
-                bk: repeat(&l.bk)?,
-                bv: repeat(&l.bv)?,
-            });
-        }
         Ok(DeviceWeights {
             region,
-            _file: model.file.clone(),
+            file: file.clone(),
             base,
             host_base,
             zero_copy,
             device_bytes,
-            layers,
-            output_norm: DeviceBuf::from_host(ctx, &w.output_norm)?,
+            arena,
         })
     }
 
     /// Device address of `m`'s first block.
-    pub fn ptr(&self, model: &Model, m: &Mat) -> CUdeviceptr {
-        let off = m.data(&model.file).as_ptr() as usize - self.host_base;
+    pub fn mat(&self, m: &Mat) -> CUdeviceptr {
+        let off = m.data(&self.file).as_ptr() as usize - self.host_base;
         self.base + off as u64
+    }
+
+    /// Device address of the vector `v`.
+    pub fn vec(&self, v: VecRef) -> CUdeviceptr {
+        self.arena.ptr() + (v.offset * 4) as u64
     }
 }
 

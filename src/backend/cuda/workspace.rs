@@ -3,7 +3,7 @@
 //! addresses a captured decode graph holds stay valid for the executor's life.
 
 use super::mem::DeviceBuf;
-use crate::model::ModelConfig;
+use crate::backend::ops::{Buf, Shape};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
@@ -15,43 +15,73 @@ pub struct Caps {
     pub tokens: usize,
     /// Logit rows computed per output-projection launch (and sampled at once).
     pub logit_rows: usize,
-    /// Block-table entries per step, all sequences together (the padding table included).
+    /// Block-table entries per step, all sequences and KV groups together (the padding table
+    /// included).
     pub table_entries: usize,
+    /// KV groups (`kv::KvLayout`): each has its own slots and tables.
+    pub groups: usize,
 }
 
 impl Caps {
     /// `max_tokens` per step, at most `max_seqs` sequences per step, sequences of at most
-    /// `context` tokens in blocks of `block_tokens`. Decode steps are padded up to a power of
-    /// two (a graph bucket), so the token capacity covers `max_seqs` rounded up too.
-    pub fn new(max_tokens: usize, max_seqs: usize, context: usize, block_tokens: usize) -> Caps {
+    /// `context` tokens in blocks of `block_tokens`, in `groups` KV groups. Decode steps are
+    /// padded up to a power of two (a graph bucket), so the token capacity covers `max_seqs`
+    /// rounded up too.
+    pub fn new(
+        max_tokens: usize,
+        max_seqs: usize,
+        context: usize,
+        block_tokens: usize,
+        groups: usize,
+    ) -> Caps {
         let bucket_max = max_seqs.max(1).next_power_of_two();
         let tokens = max_tokens.max(bucket_max).max(1);
         let logit_rows = bucket_max.max(64).min(tokens);
         let seqs = max_seqs.max(1).min(tokens);
-        let table_entries = seqs * (context.div_ceil(block_tokens.max(1)) + 1) + 1;
+        let groups = groups.max(1);
+        let table_entries = seqs * groups * (context.div_ceil(block_tokens.max(1)) + 1) + 1;
         Caps {
             tokens,
             logit_rows,
             table_entries,
+            groups,
         }
+    }
+
+    /// i32 entries before the tables: tokens and positions, then each group's slots and table
+    /// offsets, `tokens` entries each.
+    pub fn meta_head_ints(&self, groups: usize) -> usize {
+        (2 + 2 * groups) * self.tokens
     }
 
     /// i32 entries of the per-step metadata image (see [`Meta`]).
     pub fn meta_ints(&self) -> usize {
-        4 * self.tokens + self.table_entries
+        self.meta_head_ints(self.groups) + self.table_entries
     }
 }
 
 /// Where each i32 array of a step's metadata lives inside the one `meta` buffer: tokens,
-/// positions, KV slots and block-table offsets (one per token, at fixed offsets), then the
-/// concatenated block tables.
+/// positions, then per KV group the KV slots and block-table offsets (one per token, at fixed
+/// offsets), then the concatenated block tables.
 #[derive(Clone, Copy, Debug)]
 pub struct Meta {
     pub tokens: CUdeviceptr,
     pub positions: CUdeviceptr,
-    pub slots: CUdeviceptr,
-    pub table_offsets: CUdeviceptr,
     pub tables: CUdeviceptr,
+    base: CUdeviceptr,
+    tokens_cap: usize,
+}
+
+impl Meta {
+    /// Group `g`'s KV slot of every token.
+    pub fn slots(&self, g: usize) -> CUdeviceptr {
+        self.base + (((2 + 2 * g) * self.tokens_cap) * 4) as u64
+    }
+
+    /// Where each token's table of group `g` starts within `tables`.
+    pub fn table_offsets(&self, g: usize) -> CUdeviceptr {
+        self.base + (((3 + 2 * g) * self.tokens_cap) * 4) as u64
+    }
 }
 
 pub struct Workspace {
@@ -64,15 +94,17 @@ pub struct Workspace {
     pub k: DeviceBuf,
     pub v: DeviceBuf,
     pub attn: DeviceBuf,
-    /// Output of wo / w_down (n x n_embd); also the gathered rows for the logits.
+    /// Output of wo / w_down (n x n_embd).
     pub proj: DeviceBuf,
+    /// The rows whose logits are wanted, logit_rows x n_embd.
+    pub head: DeviceBuf,
     pub gate: DeviceBuf,
     pub up: DeviceBuf,
     /// q8_1 activations of the widest matmul input.
     pub act: DeviceBuf,
     /// logit_rows x vocab.
     pub logits: DeviceBuf,
-    /// Per-token (cos, sin) RoPE table, n x n_rot/2 pairs.
+    /// Per-token (cos, sin) pairs of each RoPE table: tables x tokens x n_rot/2 pairs.
     pub cs: DeviceBuf,
     /// The i32 metadata image ([`Meta`]).
     pub meta_buf: DeviceBuf,
@@ -83,24 +115,26 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    pub fn new(ctx: &Arc<CudaContext>, cfg: &ModelConfig, caps: Caps) -> Result<Workspace, String> {
+    pub fn new(ctx: &Arc<CudaContext>, shape: &Shape, caps: Caps) -> Result<Workspace, String> {
         let t = caps.tokens;
+        let w = &shape.widths;
         let f32s = |n: usize| DeviceBuf::zeroed(ctx, n * 4);
-        let widest = cfg.n_embd.max(cfg.n_ff).max(cfg.q_dim());
+        let widest = w.embd.max(w.ff).max(w.q);
         Ok(Workspace {
             caps,
-            x: f32s(t * cfg.n_embd)?,
-            h: f32s(t * cfg.n_embd)?,
-            q: f32s(t * cfg.q_dim())?,
-            k: f32s(t * cfg.kv_dim())?,
-            v: f32s(t * cfg.kv_dim())?,
-            attn: f32s(t * cfg.q_dim())?,
-            proj: f32s(t * cfg.n_embd)?,
-            gate: f32s(t * cfg.n_ff)?,
-            up: f32s(t * cfg.n_ff)?,
+            x: f32s(t * w.embd)?,
+            h: f32s(t * w.embd)?,
+            q: f32s(t * w.q)?,
+            k: f32s(t * w.kv)?,
+            v: f32s(t * w.kv)?,
+            attn: f32s(t * w.q)?,
+            proj: f32s(t * w.embd)?,
+            head: f32s(caps.logit_rows * w.embd)?,
+            gate: f32s(t * w.ff)?,
+            up: f32s(t * w.ff)?,
             act: DeviceBuf::zeroed(ctx, t * widest.div_ceil(32) * 36)?,
-            logits: f32s(caps.logit_rows * cfg.vocab_size)?,
-            cs: f32s(t * cfg.n_rot.max(2))?,
+            logits: f32s(caps.logit_rows * w.vocab)?,
+            cs: f32s(shape.ropes.len().max(1) * t * shape.n_rot.max(2))?,
             meta_buf: DeviceBuf::zeroed(ctx, caps.meta_ints() * 4)?,
             sample_params: DeviceBuf::zeroed(ctx, caps.logit_rows * 32)?,
             sampled: DeviceBuf::zeroed(ctx, caps.logit_rows * 4)?,
@@ -109,13 +143,30 @@ impl Workspace {
 
     pub fn meta(&self) -> Meta {
         let base = self.meta_buf.ptr();
-        let t = self.caps.tokens as u64 * 4;
+        let t = self.caps.tokens;
         Meta {
             tokens: base,
-            positions: base + t,
-            slots: base + 2 * t,
-            table_offsets: base + 3 * t,
-            tables: base + 4 * t,
+            positions: base + (t * 4) as u64,
+            tables: base + (self.caps.meta_head_ints(self.caps.groups) * 4) as u64,
+            base,
+            tokens_cap: t,
+        }
+    }
+
+    /// The device buffer behind `buf`.
+    pub fn ptr(&self, buf: Buf) -> CUdeviceptr {
+        match buf {
+            Buf::X => self.x.ptr(),
+            Buf::H => self.h.ptr(),
+            Buf::Q => self.q.ptr(),
+            Buf::K => self.k.ptr(),
+            Buf::V => self.v.ptr(),
+            Buf::Attn => self.attn.ptr(),
+            Buf::Proj => self.proj.ptr(),
+            Buf::Gate => self.gate.ptr(),
+            Buf::Up => self.up.ptr(),
+            Buf::Head => self.head.ptr(),
+            Buf::Logits => self.logits.ptr(),
         }
     }
 
@@ -129,6 +180,7 @@ impl Workspace {
             &self.v,
             &self.attn,
             &self.proj,
+            &self.head,
             &self.gate,
             &self.up,
             &self.act,
@@ -150,14 +202,18 @@ mod tests {
 
     #[test]
     fn caps_cover_padded_decode_and_every_table() {
-        let c = Caps::new(512, 16, 8192, 16);
+        let c = Caps::new(512, 16, 8192, 16, 1);
         assert_eq!(c.tokens, 512);
         assert_eq!(c.logit_rows, 64);
         assert_eq!(c.table_entries, 16 * 513 + 1);
         // 12 sequences decode as a bucket of 16, beyond a 12-token step budget.
-        let c = Caps::new(12, 12, 256, 16);
+        let c = Caps::new(12, 12, 256, 16, 1);
         assert_eq!(c.tokens, 16);
         assert_eq!(c.logit_rows, 16);
         assert_eq!(c.meta_ints(), 4 * 16 + c.table_entries);
+        // Gemma 3's six groups: slots and offsets for each, tables for each.
+        let c = Caps::new(12, 12, 256, 16, 6);
+        assert_eq!(c.table_entries, 12 * 6 * 17 + 1);
+        assert_eq!(c.meta_ints(), 14 * 16 + c.table_entries);
     }
 }

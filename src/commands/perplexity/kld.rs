@@ -74,7 +74,12 @@ pub struct Header {
     pub tokens: Vec<u32>,
 }
 
-pub fn write_header(w: &mut impl Write, n_ctx: usize, n_vocab: usize, tokens: &[u32]) -> Result<()> {
+pub fn write_header(
+    w: &mut impl Write,
+    n_ctx: usize,
+    n_vocab: usize,
+    tokens: &[u32],
+) -> Result<()> {
     let n_chunk = tokens.len() / n_ctx;
     w.write_all(MAGIC)?;
     w.write_all(&(n_ctx as u32).to_le_bytes())?;
@@ -211,14 +216,23 @@ impl Kld {
     fn summary(&self) -> (f64, f64, f64) {
         let (kld, _) = mean_and_uncertainty(self.sum_kld, self.sum_kld2, self.count);
         let (lp, _) = mean_and_uncertainty(self.sum_nll, self.sum_nll2, self.count);
-        (kld, self.n_same_top as f64 / self.count.max(1) as f64, lp.exp())
+        (
+            kld,
+            self.n_same_top as f64 / self.count.max(1) as f64,
+            lp.exp(),
+        )
     }
 
     /// One progress line per chunk, as llama-perplexity prints them.
     pub fn chunk_line(&self, chunk: usize) -> String {
         let (lp, lp_unc) = mean_and_uncertainty(self.sum_nll, self.sum_nll2, self.count);
         let (lb, lb_unc) = mean_and_uncertainty(self.sum_nll_base, self.sum_nll_base2, self.count);
-        let cov = covariance(self.sum_nll, self.sum_nll_base, self.sum_nll_nll_base, self.count);
+        let cov = covariance(
+            self.sum_nll,
+            self.sum_nll_base,
+            self.sum_nll_nll_base,
+            self.count,
+        );
         let ratio_unc = (lp_unc * lp_unc + lb_unc * lb_unc - 2.0 * cov).sqrt();
         let (kld, kld_unc) = mean_and_uncertainty(self.sum_kld, self.sum_kld2, self.count);
         let (mse, mse_unc) = mean_and_uncertainty(self.sum_p_diff2, self.sum_p_diff4, self.count);
@@ -252,9 +266,16 @@ impl Kld {
         let (lb, lb_unc) = mean_and_uncertainty(self.sum_nll_base, self.sum_nll_base2, self.count);
         let (ppl, ppl_base) = (lp.exp(), lb.exp());
         let (ppl_unc, ppl_base_unc) = (ppl * lp_unc, ppl_base * lb_unc);
-        let cov = covariance(self.sum_nll, self.sum_nll_base, self.sum_nll_nll_base, self.count);
+        let cov = covariance(
+            self.sum_nll,
+            self.sum_nll_base,
+            self.sum_nll_nll_base,
+            self.count,
+        );
         line("====== Perplexity statistics ======".into());
-        line(format!("Mean PPL(Q)                   : {ppl:10.6} ± {ppl_unc:10.6}"));
+        line(format!(
+            "Mean PPL(Q)                   : {ppl:10.6} ± {ppl_unc:10.6}"
+        ));
         line(format!(
             "Mean PPL(base)                : {ppl_base:10.6} ± {ppl_base_unc:10.6}"
         ));
@@ -388,7 +409,7 @@ fn percentile(sorted: &[f32], fraction: f32) -> f32 {
 
 fn median(sorted: &[f32]) -> f32 {
     let n = sorted.len();
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         0.5 * (sorted[n / 2] + sorted[n / 2 - 1])
     } else {
         sorted[n / 2]
@@ -401,7 +422,9 @@ mod tests {
 
     #[test]
     fn a_row_decodes_to_its_log_probabilities() {
-        let logits: Vec<f32> = (0..101).map(|i| ((i * 37) % 23) as f32 * 0.7 - 5.0).collect();
+        let logits: Vec<f32> = (0..101)
+            .map(|i| ((i * 37) % 23) as f32 * 0.7 - 5.0)
+            .collect();
         let mut row = vec![0u16; row_len(logits.len())];
         let nll = encode_row(&logits, 7, &mut row);
         let max = logits.iter().copied().fold(f32::MIN, f32::max);
@@ -410,7 +433,11 @@ mod tests {
         let (scale, min) = (from_halves(&row[0..2]), from_halves(&row[2..4]));
         for (i, &l) in logits.iter().enumerate() {
             let back = scale * row[4 + i] as f32 + min;
-            assert!((back - (l - lse)).abs() <= scale, "{i}: {back} vs {}", l - lse);
+            assert!(
+                (back - (l - lse)).abs() <= scale,
+                "{i}: {back} vs {}",
+                l - lse
+            );
         }
         // The same logits against their own row: no divergence, the same top token.
         let mut k = Kld::default();

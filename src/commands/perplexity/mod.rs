@@ -11,7 +11,7 @@ mod kld;
 use super::init_threads;
 use crate::cli::PerplexityArgs;
 use anyhow::{bail, Context, Result};
-use edgelm::engine::sampler::log_softmax;
+use edgelm::engine::sampler::logprobs_of;
 use edgelm::engine::{Session, SessionConfig};
 use edgelm::model::{Logits, Model};
 use edgelm::tokenizer::Tokenizer;
@@ -32,8 +32,8 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             .kl_divergence_base
             .as_ref()
             .context("--kl-divergence needs --kl-divergence-base FILE to compare against")?;
-        let f = std::fs::File::open(path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
+        let f =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         let mut r = BufReader::new(f);
         let h = kld::read_header(&mut r)
             .with_context(|| format!("{} is not a base-logits file", path.display()))?;
@@ -115,7 +115,11 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         if let Some(r) = base.as_mut() {
             kld::read_rows(r, &mut rows)?;
             for (j, row) in (first..n_ctx - 1).zip(rows.chunks_exact(row_len)) {
-                stats.add(&logits[j * vocab..(j + 1) * vocab], row, next[j + 1] as usize);
+                stats.add(
+                    &logits[j * vocab..(j + 1) * vocab],
+                    row,
+                    next[j + 1] as usize,
+                );
             }
             if c == 0 {
                 println!("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p");
@@ -126,8 +130,12 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         for (k, j) in (first..n_ctx - 1).enumerate() {
             let l = &logits[j * vocab..(j + 1) * vocab];
             let v = match writer.as_mut() {
-                Some(_) => kld::encode_row(l, next[j + 1] as usize, &mut rows[k * row_len..(k + 1) * row_len]),
-                None => -log_softmax(l)[next[j + 1] as usize] as f64,
+                Some(_) => kld::encode_row(
+                    l,
+                    next[j + 1] as usize,
+                    &mut rows[k * row_len..(k + 1) * row_len],
+                ),
+                None => -logprobs_of(l, next[j + 1], 0).0 as f64,
             };
             nll += v;
             nll2 += v * v;
@@ -156,7 +164,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if let Some(mut w) = writer {
         w.flush()?;
     }
-    let (mean, var) = (nll / count as f64, nll2 / count as f64 - (nll / count as f64).powi(2));
+    let (mean, var) = (
+        nll / count as f64,
+        nll2 / count as f64 - (nll / count as f64).powi(2),
+    );
     let ppl = mean.exp();
     println!(
         "Final estimate: PPL = {ppl:.4} +/- {:.5}",

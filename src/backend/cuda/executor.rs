@@ -1,7 +1,8 @@
-//! The model's forward pass on the GPU: src/model/forward.rs step for step (the same ops in the
-//! same order, the same Hadamard rotation of quantized pages, RoPE angles from the same host
-//! function, GQA through the attention kernel), reading and writing K/V in the device pool
-//! through the scheduler's block tables.
+//! The forward pass on the GPU. The pass itself is the model's (`backend::ops::Network`, the one
+//! layer sequence src/model/forward.rs writes for every backend); this executor gives it the
+//! device's op set (`step::CudaStep`), so the device runs the same ops in the same order as the
+//! CPU: the same Hadamard rotation of quantized pages, RoPE angles from the same host function,
+//! K/V read and written in the device pool through the scheduler's block tables.
 //!
 //! [`CudaExecutor`] owns everything on the device: the opened device, one stream, the weights,
 //! the KV pool, the workspace and the decode graphs. It is built once at start-up; a step only
@@ -13,13 +14,14 @@ use super::graphs::{bucket, DecodeGraphs};
 use super::kv_pool::{KvBudget, KvPool};
 use super::launch::SampleRow;
 use super::mem::{download, upload};
-use super::ops::Ops;
+use super::ops::Kernels;
+use super::step::CudaStep;
 use super::step_meta::{build_cs, build_ints, is_plain_decode, Padding};
 use super::weights::{check_supported, DeviceWeights};
 use super::workspace::{Caps, Workspace};
+use crate::backend::batch::BatchMeta;
+use crate::backend::ops::Network;
 use crate::kv::{KvType, PageGeometry};
-use crate::model::{BatchMeta, Model, RopeLayout};
-use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 use std::time::Instant;
@@ -60,12 +62,11 @@ pub enum StepOut {
 pub struct CudaExecutor {
     // Dropped first: graphs refer to the kernels and buffers below.
     graphs: DecodeGraphs,
-    ops: Ops,
+    kernels: Kernels,
     ws: Workspace,
     pool: KvPool,
     weights: DeviceWeights,
     stream: Arc<CudaStream>,
-    model: Arc<Model>,
     cfg: ExecutorConfig,
     /// Host scratch, reused between steps.
     ints: Vec<i32>,
@@ -76,20 +77,20 @@ pub struct CudaExecutor {
 }
 
 impl CudaExecutor {
-    /// Opens device `ordinal`, checks that `model` runs on the kernels, puts the weights on the
+    /// Opens device `ordinal`, checks that `net` runs on the kernels, puts its weights on the
     /// device, allocates the workspace and then the KV pool. Every failure is one sentence.
     pub fn new(
         ordinal: usize,
-        model: Arc<Model>,
+        net: &impl Network,
         cfg: ExecutorConfig,
     ) -> Result<CudaExecutor, String> {
         let start = Instant::now();
-        check_supported(&model)?;
-        let mc = &model.config;
-        if cfg.kv_type.row_bytes(mc.head_dim).is_none() || cfg.block_tokens == 0 {
+        check_supported(net)?;
+        let shape = net.shape();
+        if cfg.kv_type.row_bytes(shape.head_dim).is_none() || cfg.block_tokens == 0 {
             return Err(format!(
                 "KV pages of {} in blocks of {} tokens do not fit head_dim {}",
-                cfg.kv_type, cfg.block_tokens, mc.head_dim
+                cfg.kv_type, cfg.block_tokens, shape.head_dim
             ));
         }
         let dev = CudaDevice::open(ordinal)?;
@@ -99,11 +100,24 @@ impl CudaExecutor {
         let stream = ctx
             .new_stream()
             .map_err(|e| format!("cannot create a CUDA stream: {e:?}"))?;
-        let ops = Ops::new(&dev, cfg.kv_type, mc.head_dim)?;
-        let caps = Caps::new(cfg.max_tokens, cfg.max_seqs, cfg.context, cfg.block_tokens);
-        let weights = DeviceWeights::new(&ctx, &model, dev.info.integrated, caps.tokens)?;
-        let ws = Workspace::new(&ctx, mc, caps)?;
-        let geom = mc.page_geometry(cfg.kv_type, cfg.block_tokens);
+        let kernels = Kernels::new(&dev, cfg.kv_type, shape.head_dim)?;
+        let layout = net.kv_layout();
+        let caps = Caps::new(
+            cfg.max_tokens,
+            cfg.max_seqs,
+            cfg.context,
+            cfg.block_tokens,
+            layout.num_groups(),
+        );
+        let weights = DeviceWeights::new(&ctx, net, dev.info.integrated)?;
+        let ws = Workspace::new(&ctx, shape, caps)?;
+        let geom = PageGeometry {
+            layers: layout.layers_per_group(),
+            kv_heads: shape.n_head_kv,
+            head_dim: shape.head_dim,
+            block_tokens: cfg.block_tokens,
+            kv_type: cfg.kv_type,
+        };
         let pool = KvPool::new(&ctx, geom, cfg.kv)?;
         log::info!(
             "CUDA: forward pass on {}: weights {} ({} MiB on the device), workspace {} MiB for \
@@ -129,12 +143,11 @@ impl CudaExecutor {
             } else {
                 DecodeGraphs::disabled()
             },
-            ops,
+            kernels,
             ws,
             pool,
             weights,
             stream,
-            model,
             cfg,
             ints: Vec::new(),
             cs: Vec::new(),
@@ -175,7 +188,7 @@ impl CudaExecutor {
         let g = *self.pool.geometry();
         let span = 2 * g.kv_heads * g.block_tokens * g.row_bytes();
         self.bind()?;
-        self.ops.kv_copy_block(
+        self.kernels.kv_copy_block(
             &self.stream,
             self.pool.ptr(),
             g.layers,
@@ -186,25 +199,26 @@ impl CudaExecutor {
         )
     }
 
-    /// Runs `batch` and returns what `want` asks for.
-    pub fn forward(&mut self, batch: &BatchMeta, want: Want<'_>) -> Result<StepOut, String> {
-        let model = self.model.clone();
-        let mc = &model.config;
+    /// Runs `batch` through `net` (the network this executor was built for) and returns what
+    /// `want` asks for.
+    pub fn forward<N: Network>(
+        &mut self,
+        net: &N,
+        batch: &BatchMeta,
+        want: Want<'_>,
+    ) -> Result<StepOut, String> {
+        let shape = net.shape();
+        let layout = net.kv_layout();
         batch
             .validate(
                 self.cfg.block_tokens,
                 self.pool.blocks(),
-                mc.vocab_size,
-                mc.context_length.max(1) * 64,
+                shape.widths.vocab,
+                net.max_position(),
+                layout,
             )
             .map_err(|e| format!("{e:#}"))?;
         let n = batch.len();
-        if n == 0 {
-            return Ok(match want {
-                Want::Logits => StepOut::Logits(Vec::new()),
-                _ => StepOut::Tokens(Vec::new()),
-            });
-        }
         let m = batch.logits_for.len();
         if !matches!(want, Want::Logits) && m > self.ws.caps.logit_rows {
             return Err(format!(
@@ -216,6 +230,12 @@ impl CudaExecutor {
             if rows.len() != m {
                 return Err(format!("{} sampling rows for {m} logits rows", rows.len()));
             }
+        }
+        if n == 0 {
+            return Ok(match want {
+                Want::Logits => StepOut::Logits(Vec::new()),
+                _ => StepOut::Tokens(Vec::new()),
+            });
         }
         self.bind()?;
         let bucket_max = self.cfg.max_seqs.max(1).next_power_of_two();
@@ -231,78 +251,72 @@ impl CudaExecutor {
         build_ints(
             batch,
             self.cfg.block_tokens,
+            layout.num_groups(),
             &self.ws.caps,
             pad,
             &mut self.ints,
         )?;
         build_cs(
             batch,
-            mc,
-            model.weights.rope_freqs.as_deref(),
+            shape,
+            self.ws.caps.tokens,
             total,
             &mut self.pairs,
             &mut self.cs,
         );
         let s = self.stream.cu_stream();
         // SAFETY: both images fit their buffers (build_ints checked against the caps; cs is
-        // total x n_rot floats, total <= caps.tokens).
+        // ropes x caps.tokens x n_rot floats at most, total <= caps.tokens).
         unsafe {
             upload(s, self.ws.meta_buf.ptr(), &self.ints)?;
             upload(s, self.ws.cs.ptr(), &self.cs)?;
         }
+        let rotated = self.cfg.kv_type.rotated(shape.head_dim);
 
-        let mut launched = false;
         if let Some(b) = graph_bucket {
+            let rows: Vec<usize> = (0..b).collect();
             let Self {
                 graphs,
-                ops,
+                kernels,
                 ws,
                 pool,
                 weights,
                 stream,
-                model,
                 cfg,
                 ..
             } = self;
-            let (ops, ws, pool, weights, stream, model, cfg) =
-                (&*ops, &*ws, &*pool, &*weights, &*stream, &*model, *cfg);
-            launched = graphs.launch(stream, b, || {
-                Self::enqueue_layers_of(ops, ws, pool, weights, model, stream, cfg, b)?;
-                Self::enqueue_head_of(ops, ws, weights, model, stream, ws.x.ptr(), b)
+            let mut step = CudaStep {
+                kernels,
+                ws,
+                pool,
+                weights,
+                stream,
+                shape,
+                layout,
+                kv_type: cfg.kv_type,
+                block_tokens: cfg.block_tokens,
+                tokens: b,
+                head_rows: 0,
+            };
+            let launched = graphs.launch(stream, b, || {
+                net.run_blocks(&mut step, rotated)
+                    .and_then(|()| net.run_head(&mut step, &rows))
+                    .map_err(|e| format!("{e:#}"))
             })?;
+            if launched {
+                return self.finish(shape.widths.vocab, 0, n, want);
+            }
         }
-        if launched {
-            return self.finish(0, n, want);
-        }
-        self.enqueue_layers(n)?;
+        net.run_blocks(&mut self.step(net, total), rotated)
+            .map_err(|e| format!("{e:#}"))?;
         // The logits rows, a workspace's worth at a time.
-        let e = mc.n_embd;
-        let vocab = mc.vocab_size;
-        let cap = self.ws.caps.logit_rows;
+        let vocab = shape.widths.vocab;
         let mut logits = Vec::new();
         let mut tokens = Vec::new();
-        for (c, rows) in batch.logits_for.chunks(cap).enumerate() {
-            let first = rows[0];
-            let contiguous = rows.iter().enumerate().all(|(j, &r)| r == first + j);
-            let src = if contiguous {
-                self.ws.x.ptr() + (first * e * 4) as u64
-            } else {
-                for (j, &r) in rows.iter().enumerate() {
-                    // SAFETY: rows r < n and j < cap <= tokens, both inside x and proj.
-                    unsafe {
-                        cudarc::driver::result::memcpy_dtod_async(
-                            self.ws.proj.ptr() + (j * e * 4) as u64,
-                            self.ws.x.ptr() + (r * e * 4) as u64,
-                            e * 4,
-                            s,
-                        )
-                    }
-                    .map_err(|e| format!("device copy failed: {e:?}"))?;
-                }
-                self.ws.proj.ptr()
-            };
-            self.enqueue_head(src, rows.len())?;
-            match self.finish(c * cap, rows.len(), want)? {
+        for (c, rows) in batch.logits_for.chunks(self.ws.caps.logit_rows).enumerate() {
+            net.run_head(&mut self.step(net, total), rows)
+                .map_err(|e| format!("{e:#}"))?;
+            match self.finish(vocab, c * self.ws.caps.logit_rows, rows.len(), want)? {
                 StepOut::Logits(l) => {
                     if logits.is_empty() {
                         logits.reserve(m * vocab);
@@ -318,10 +332,32 @@ impl CudaExecutor {
         })
     }
 
+    /// The op set over this executor's device state, for a step of `tokens` tokens of `net`.
+    fn step<'a, N: Network>(&'a self, net: &'a N, tokens: usize) -> CudaStep<'a> {
+        CudaStep {
+            kernels: &self.kernels,
+            ws: &self.ws,
+            pool: &self.pool,
+            weights: &self.weights,
+            stream: &self.stream,
+            shape: net.shape(),
+            layout: net.kv_layout(),
+            kv_type: self.cfg.kv_type,
+            block_tokens: self.cfg.block_tokens,
+            tokens,
+            head_rows: 0,
+        }
+    }
+
     /// After the head has run over `rows` rows (row `offset` onwards of the request): the
     /// logits, or the tokens sampled from them, back on the host.
-    fn finish(&mut self, offset: usize, rows: usize, want: Want<'_>) -> Result<StepOut, String> {
-        let vocab = self.model.config.vocab_size;
+    fn finish(
+        &mut self,
+        vocab: usize,
+        offset: usize,
+        rows: usize,
+        want: Want<'_>,
+    ) -> Result<StepOut, String> {
         let s = self.stream.cu_stream();
         match want {
             Want::Logits => {
@@ -331,7 +367,7 @@ impl CudaExecutor {
                 Ok(StepOut::Logits(out))
             }
             Want::Greedy => {
-                self.ops.argmax(
+                self.kernels.argmax(
                     &self.stream,
                     self.ws.logits.ptr(),
                     vocab,
@@ -347,7 +383,7 @@ impl CudaExecutor {
                 let bytes = SampleRow::encode(&params[offset..offset + rows]);
                 // SAFETY: sample_params holds logit_rows >= rows SampleRows.
                 unsafe { upload(s, self.ws.sample_params.ptr(), &bytes)? };
-                self.ops.sample(
+                self.kernels.sample(
                     &self.stream,
                     self.ws.logits.ptr(),
                     vocab,
@@ -369,182 +405,5 @@ impl CudaExecutor {
             .ctx
             .bind_to_thread()
             .map_err(|e| format!("cannot use the CUDA context: {e:?}"))
-    }
-
-    fn enqueue_layers(&self, n: usize) -> Result<(), String> {
-        Self::enqueue_layers_of(
-            &self.ops,
-            &self.ws,
-            &self.pool,
-            &self.weights,
-            &self.model,
-            &self.stream,
-            self.cfg,
-            n,
-        )
-    }
-
-    fn enqueue_head(&self, src: CUdeviceptr, rows: usize) -> Result<(), String> {
-        Self::enqueue_head_of(
-            &self.ops,
-            &self.ws,
-            &self.weights,
-            &self.model,
-            &self.stream,
-            src,
-            rows,
-        )
-    }
-
-    /// Embedding and every transformer block for the first `n` tokens of the uploaded step,
-    /// as kernel launches only (capturable). Mirrors src/model/forward.rs line by line.
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue_layers_of(
-        ops: &Ops,
-        ws: &Workspace,
-        pool: &KvPool,
-        dw: &DeviceWeights,
-        model: &Model,
-        s: &CudaStream,
-        cfg: ExecutorConfig,
-        n: usize,
-    ) -> Result<(), String> {
-        let c = &model.config;
-        let w = &model.weights;
-        let (e, hd, qd, kvd, ff) = (c.n_embd, c.head_dim, c.q_dim(), c.kv_dim(), c.n_ff);
-        let meta = ws.meta();
-        let (x, h, q, k, v, attn, proj, gate, up, act) = (
-            ws.x.ptr(),
-            ws.h.ptr(),
-            ws.q.ptr(),
-            ws.k.ptr(),
-            ws.v.ptr(),
-            ws.attn.ptr(),
-            ws.proj.ptr(),
-            ws.gate.ptr(),
-            ws.up.ptr(),
-            ws.act.ptr(),
-        );
-        let mm = |m: &crate::model::Mat, input: CUdeviceptr, out: CUdeviceptr| {
-            ops.matmul(s, m.ty, dw.ptr(model, m), input, out, m.rows, m.cols, n)
-        };
-        let te = &w.token_embd;
-        ops.embed(
-            s,
-            dw.ptr(model, te),
-            te.ty,
-            te.row_bytes(),
-            e,
-            meta.tokens,
-            x,
-            n,
-        )?;
-        // Quantized pages hold K and V rotated; Q follows K's rotation and the attention
-        // output is rotated back (as on the CPU).
-        let rotate = cfg.kv_type != KvType::F16 && hd % 64 == 0;
-        let neox = c.rope_layout == RopeLayout::Neox;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for (li, lw) in w.layers.iter().enumerate() {
-            let lv = &dw.layers[li];
-            ops.rmsnorm(s, x, lv.attn_norm.ptr(), h, n, e, c.rms_eps)?;
-            ops.quantize(s, h, act, n, e)?;
-            mm(&lw.wq, act, q)?;
-            mm(&lw.wk, act, k)?;
-            mm(&lw.wv, act, v)?;
-            for (b, dst, dim) in [(&lv.bq, q, qd), (&lv.bk, k, kvd), (&lv.bv, v, kvd)] {
-                if let Some(b) = b {
-                    ops.add(s, dst, b.ptr(), n * dim)?;
-                }
-            }
-            ops.rope(s, q, ws.cs.ptr(), n, c.n_head, hd, c.n_rot, neox)?;
-            ops.rope(s, k, ws.cs.ptr(), n, c.n_head_kv, hd, c.n_rot, neox)?;
-            if rotate {
-                ops.hadamard(s, q, n * qd)?;
-                ops.hadamard(s, k, n * kvd)?;
-                ops.hadamard(s, v, n * kvd)?;
-            }
-            // This step's K/V first: tokens later in a span attend to earlier ones.
-            ops.kv_append(
-                s,
-                k,
-                v,
-                meta.slots,
-                n,
-                pool.ptr(),
-                li,
-                pool.allocated_blocks(),
-                c.n_head_kv,
-                hd,
-                cfg.block_tokens,
-                cfg.kv_type,
-            )?;
-            ops.attention(
-                s,
-                q,
-                attn,
-                pool.ptr(),
-                meta.tables,
-                meta.table_offsets,
-                meta.positions,
-                n,
-                li,
-                pool.allocated_blocks(),
-                c.n_head,
-                c.n_head_kv,
-                cfg.block_tokens,
-                scale,
-            )?;
-            if rotate {
-                ops.hadamard(s, attn, n * qd)?;
-            }
-            ops.quantize(s, attn, act, n, qd)?;
-            mm(&lw.wo, act, proj)?;
-            ops.add(s, x, proj, n * e)?;
-
-            ops.rmsnorm(s, x, lv.ffn_norm.ptr(), h, n, e, c.rms_eps)?;
-            ops.quantize(s, h, act, n, e)?;
-            mm(&lw.w_gate, act, gate)?;
-            mm(&lw.w_up, act, up)?;
-            ops.silu_mul(s, gate, up, n * ff)?;
-            ops.quantize(s, gate, act, n, ff)?;
-            mm(&lw.w_down, act, proj)?;
-            ops.add(s, x, proj, n * e)?;
-        }
-        Ok(())
-    }
-
-    /// Output norm and projection of `rows` rows of the residual stream starting at `src`,
-    /// into the logits buffer.
-    fn enqueue_head_of(
-        ops: &Ops,
-        ws: &Workspace,
-        dw: &DeviceWeights,
-        model: &Model,
-        s: &CudaStream,
-        src: CUdeviceptr,
-        rows: usize,
-    ) -> Result<(), String> {
-        let c = &model.config;
-        let out = &model.weights.output;
-        ops.rmsnorm(
-            s,
-            src,
-            dw.output_norm.ptr(),
-            ws.h.ptr(),
-            rows,
-            c.n_embd,
-            c.rms_eps,
-        )?;
-        ops.quantize(s, ws.h.ptr(), ws.act.ptr(), rows, c.n_embd)?;
-        ops.matmul(
-            s,
-            out.ty,
-            dw.ptr(model, out),
-            ws.act.ptr(),
-            ws.logits.ptr(),
-            out.rows,
-            out.cols,
-            rows,
-        )
     }
 }

@@ -1,0 +1,257 @@
+//! The op set (`backend::ops::Ops`) on the device: each op is one or two kernel launches on the
+//! executor's stream, over the workspace's buffers, the device weights and the KV pool, for the
+//! step whose metadata is already uploaded. Nothing here allocates, copies from the host or
+//! synchronises, so a whole pass can be captured into a CUDA graph.
+
+use super::kv_pool::KvPool;
+use super::ops::Kernels;
+use super::weights::DeviceWeights;
+use super::workspace::Workspace;
+use crate::backend::ops::{Activation, Attention, Buf, Mat, Ops, RopeLayout, Shape, VecRef};
+use crate::kv::{KvLayout, KvType};
+use anyhow::{anyhow, Result};
+use cudarc::driver::CudaStream;
+
+/// One step's view of the device.
+pub struct CudaStep<'a> {
+    pub kernels: &'a Kernels,
+    pub ws: &'a Workspace,
+    pub pool: &'a KvPool,
+    pub weights: &'a DeviceWeights,
+    pub stream: &'a CudaStream,
+    pub shape: &'a Shape,
+    pub layout: &'a KvLayout,
+    pub kv_type: KvType,
+    pub block_tokens: usize,
+    /// Tokens of the step (padding included).
+    pub tokens: usize,
+    /// Rows gathered into Head by the last `gather`.
+    pub head_rows: usize,
+}
+
+impl CudaStep<'_> {
+    fn rows(&self, buf: Buf) -> usize {
+        match buf {
+            Buf::Head | Buf::Logits => self.head_rows,
+            _ => self.tokens,
+        }
+    }
+
+    fn values(&self, buf: Buf) -> usize {
+        self.rows(buf) * self.shape.widths.of(buf)
+    }
+
+    fn ptr(&self, buf: Buf) -> u64 {
+        self.ws.ptr(buf)
+    }
+}
+
+fn dev(e: String) -> anyhow::Error {
+    anyhow!(e)
+}
+
+impl Ops for CudaStep<'_> {
+    fn embed(&mut self, table: &Mat, scale: f32) -> Result<()> {
+        self.kernels
+            .embed(
+                self.stream,
+                self.weights.mat(table),
+                table.ty,
+                table.row_bytes(),
+                table.cols,
+                self.ws.meta().tokens,
+                scale,
+                self.ptr(Buf::X),
+                self.tokens,
+            )
+            .map_err(dev)
+    }
+
+    fn rmsnorm(&mut self, src: Buf, w: VecRef, eps: f32, dst: Buf) -> Result<()> {
+        // A row of `w.len` values: the whole row, or one head (Q/K norms).
+        let rows = self.values(src) / w.len;
+        self.kernels
+            .rmsnorm(
+                self.stream,
+                self.ptr(src),
+                self.weights.vec(w),
+                self.ptr(dst),
+                rows,
+                w.len,
+                eps,
+            )
+            .map_err(dev)
+    }
+
+    fn matmul(&mut self, x: Buf, outs: &[(&Mat, Buf)]) -> Result<()> {
+        let (rows, cols) = (self.rows(x), self.shape.widths.of(x));
+        let act = self.ws.act.ptr();
+        // The activations are quantized once for every matrix that reads them.
+        self.kernels
+            .quantize(self.stream, self.ptr(x), act, rows, cols)
+            .map_err(dev)?;
+        for &(m, out) in outs {
+            self.kernels
+                .matmul(
+                    self.stream,
+                    m.ty,
+                    self.weights.mat(m),
+                    act,
+                    self.ptr(out),
+                    m.rows,
+                    m.cols,
+                    rows,
+                )
+                .map_err(dev)?;
+        }
+        Ok(())
+    }
+
+    fn add_bias(&mut self, buf: Buf, b: VecRef) -> Result<()> {
+        self.kernels
+            .add_bias(
+                self.stream,
+                self.ptr(buf),
+                self.weights.vec(b),
+                self.values(buf),
+                b.len,
+            )
+            .map_err(dev)
+    }
+
+    fn rope(&mut self, buf: Buf, table: usize) -> Result<()> {
+        let s = self.shape;
+        let cs = self.ws.cs.ptr() + (table * self.ws.caps.tokens * s.n_rot * 4) as u64;
+        self.kernels
+            .rope(
+                self.stream,
+                self.ptr(buf),
+                cs,
+                self.tokens,
+                s.widths.of(buf) / s.head_dim,
+                s.head_dim,
+                s.n_rot,
+                s.rope_layout == RopeLayout::Neox,
+            )
+            .map_err(dev)
+    }
+
+    fn hadamard(&mut self, buf: Buf) -> Result<()> {
+        self.kernels
+            .hadamard(self.stream, self.ptr(buf), self.values(buf))
+            .map_err(dev)
+    }
+
+    fn attention(&mut self, a: Attention) -> Result<()> {
+        let s = self.shape;
+        let (group, layer) = self.layout.layer_slot[a.layer];
+        let meta = self.ws.meta();
+        let blocks = self.pool.allocated_blocks();
+        // This step's K/V first: tokens later in a span attend to earlier ones.
+        self.kernels
+            .kv_append(
+                self.stream,
+                self.ptr(Buf::K),
+                self.ptr(Buf::V),
+                meta.slots(group),
+                self.tokens,
+                self.pool.ptr(),
+                layer,
+                blocks,
+                s.n_head_kv,
+                s.head_dim,
+                self.block_tokens,
+                self.kv_type,
+            )
+            .map_err(dev)?;
+        self.kernels
+            .attention(
+                self.stream,
+                self.ptr(Buf::Q),
+                self.ptr(Buf::Attn),
+                self.pool.ptr(),
+                meta.tables,
+                meta.table_offsets(group),
+                meta.positions,
+                self.tokens,
+                layer,
+                blocks,
+                s.n_head,
+                s.n_head_kv,
+                self.block_tokens,
+                a.scale,
+                a.window.unwrap_or(0),
+            )
+            .map_err(dev)
+    }
+
+    fn glu(&mut self, act: Activation) -> Result<()> {
+        self.kernels
+            .glu(
+                self.stream,
+                act == Activation::GeluTanh,
+                self.ptr(Buf::Gate),
+                self.ptr(Buf::Up),
+                self.values(Buf::Gate),
+            )
+            .map_err(dev)
+    }
+
+    fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()> {
+        self.kernels
+            .add_scaled(
+                self.stream,
+                self.ptr(dst),
+                self.ptr(src),
+                scale,
+                self.values(dst),
+            )
+            .map_err(dev)
+    }
+
+    fn scale(&mut self, buf: Buf, s: f32) -> Result<()> {
+        self.kernels
+            .scale(self.stream, false, self.ptr(buf), s, self.values(buf))
+            .map_err(dev)
+    }
+
+    fn softcap(&mut self, buf: Buf, cap: f32) -> Result<()> {
+        self.kernels
+            .scale(self.stream, true, self.ptr(buf), cap, self.values(buf))
+            .map_err(dev)
+    }
+
+    fn gather(&mut self, rows: &[usize]) -> Result<()> {
+        if rows.len() > self.ws.caps.logit_rows {
+            return Err(anyhow!(
+                "{} logits rows exceed the workspace's {}",
+                rows.len(),
+                self.ws.caps.logit_rows
+            ));
+        }
+        self.head_rows = rows.len();
+        let bytes = self.shape.widths.embd * 4;
+        let (x, head) = (self.ptr(Buf::X), self.ptr(Buf::Head));
+        // Runs of consecutive rows are one copy each (a decode step's rows are one run).
+        let mut j = 0;
+        while j < rows.len() {
+            let mut run = 1;
+            while j + run < rows.len() && rows[j + run] == rows[j] + run {
+                run += 1;
+            }
+            // SAFETY: rows[j..j + run] < tokens rows of X, and j + run <= logit_rows rows of
+            // Head; both buffers are the workspace's, alive for the step.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    head + (j * bytes) as u64,
+                    x + (rows[j] * bytes) as u64,
+                    run * bytes,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| anyhow!("device copy failed: {e:?}"))?;
+            j += run;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! Every supported architecture end to end through the real binary: `run`, `perplexity` and
+//! `serve` (a completion over HTTP) on each test model (tests/common/test_models.rs), on
+//! Gemma 3 270M, and on a `mistral`-labelled copy of the reference model. Whether the numbers
+//! are right is tests/kld.rs's question; this one asks that every entry point takes every
+//! family.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+fn models() -> Vec<(String, PathBuf)> {
+    let mut all: Vec<(String, PathBuf)> = TEST_ARCHS
+        .iter()
+        .map(|a| (a.to_string(), test_model(a)))
+        .collect();
+    all.push(("gemma3 270M".into(), gemma3_path()));
+    let mistral = edited_model("mistral-labelled.gguf", |kvs, _| {
+        for (key, value) in kvs.iter_mut() {
+            if key == "general.architecture" {
+                *value = edgelm::gguf::Value::String("mistral".into());
+            } else if let Some(rest) = key.strip_prefix("llama.") {
+                *key = format!("mistral.{rest}");
+            }
+        }
+    });
+    all.push(("mistral".into(), mistral));
+    all
+}
+
+#[test]
+fn every_architecture_runs() {
+    for (name, model) in models() {
+        let out = run_ok(
+            edgelm()
+                .args(["run", "-p", "The weather today", "-n", "6", "--temp", "0"])
+                .args(["--ignore-eos", "-t", "2", "-m"])
+                .arg(&model),
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("{name}: {text:?}");
+        assert!(!text.is_empty(), "{name}: no text");
+    }
+}
+
+#[test]
+fn every_architecture_computes_perplexity() {
+    for (name, model) in models() {
+        let out = run_ok(
+            edgelm()
+                .args(["perplexity", "-c", "128", "--chunks", "1", "-t", "2", "-f"])
+                .arg(repo_root().join("tests/data/gpl-2.txt"))
+                .arg("-m")
+                .arg(&model),
+        );
+        let all = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        let ppl: f64 = all
+            .lines()
+            .find_map(|l| l.split("Final estimate: PPL = ").nth(1))
+            .unwrap_or_else(|| panic!("{name}: no estimate in {all}"))
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        eprintln!("{name}: PPL {ppl}");
+        assert!(ppl.is_finite() && ppl > 1.0, "{name}: PPL {ppl}");
+    }
+}
+
+/// A served model, stopped (SIGTERM) when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(model: &Path) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = edgelm()
+            .args(["serve", "--port", &port.to_string(), "-t", "2"])
+            .args(["--kv-memory-mib", "64", "-m"])
+            .arg(model)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut server = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while server.request("GET", "/health", "").0 != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "{} never became healthy",
+                model.display()
+            );
+            assert!(server.child.try_wait().unwrap().is_none(), "serve exited");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    /// (status, body) of one request; status 0 when the server cannot be reached.
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return (0, String::new());
+        };
+        c.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        let req = format!(
+            "{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut resp = String::new();
+        if c.write_all(req.as_bytes()).is_err() || c.read_to_string(&mut resp).is_err() {
+            return (0, String::new());
+        }
+        let status = resp
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (status, body)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn every_architecture_serves_a_completion() {
+    for (name, model) in models() {
+        let server = Server::start(&model);
+        let (status, body) = server.request(
+            "POST",
+            "/v1/completions",
+            r#"{"prompt":"The weather today","max_tokens":6,"temperature":0,"ignore_eos":true}"#,
+        );
+        assert_eq!(status, 200, "{name}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let usage = v["usage"]["completion_tokens"].as_u64().unwrap();
+        eprintln!("{name}: {}", v["choices"][0]["text"]);
+        assert!(usage > 0, "{name}: {body}");
+    }
+}

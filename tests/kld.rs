@@ -1,0 +1,252 @@
+//! Correctness as a distance: for every supported architecture, edgelm's logits against
+//! llama.cpp's on the same GGUF (f16 KV, 512-token chunks of tests/data/gpl-2.txt), measured
+//! with llama-perplexity's KL-divergence method and file format. The bar is what llama.cpp's
+//! own q8_0 KV cache costs against its f16 cache on the same model and text: edgelm must be
+//! at least that close (mean KLD no larger, "same top p" no smaller) and its perplexity within
+//! 1% of the peer's.
+//!
+//! Needs the peer (scripts/build-peer.sh builds llama-perplexity into target/peer) and the
+//! models: the reference model, Gemma 3 270M (packaging/fetch-model.sh gemma3) and the test
+//! models made from the reference model (tests/common/test_models.rs). Base files are kept in
+//! target/kld and remade when the model is newer.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The statistics a KL-divergence run prints.
+#[derive(Debug, Clone, Copy)]
+struct Kld {
+    kld: f64,
+    same_top: f64,
+    ppl: f64,
+}
+
+fn parse(out: &str) -> Kld {
+    let field = |prefix: &str| -> f64 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no '{prefix}' line in:\n{out}"));
+        line[line.find(':').unwrap() + 1..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    Kld {
+        kld: field("Mean    KLD:"),
+        same_top: field("Same top p:"),
+        ppl: field("Mean PPL(Q)  "),
+    }
+}
+
+fn peer(tool: &str) -> PathBuf {
+    let p = repo_root().join("target/peer/build/bin").join(tool);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/build-peer.sh first",
+        p.display()
+    );
+    p
+}
+
+fn text() -> PathBuf {
+    repo_root().join("tests/data/gpl-2.txt")
+}
+
+fn output_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{cmd:?} failed:\n{all}");
+    all
+}
+
+fn newer(a: &Path, b: &Path) -> bool {
+    let t = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    matches!((t(a), t(b)), (Some(x), Some(y)) if x >= y)
+}
+
+/// The peer's f16-KV base file for `model` over `chunks` chunks, and the peer's perplexity on
+/// them (made once, then kept). The perplexity comes from the run that wrote the file, not from
+/// the file: a base file keeps log-probabilities only down to 16 nats below each row's best, so
+/// the "PPL(base)" a KLD run prints from it is not the peer's perplexity when the right token
+/// is often less likely than that (as on the test models).
+fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
+    let dir = repo_root().join("target/kld");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stem = model.file_stem().unwrap().to_string_lossy();
+    let base = dir.join(format!("{stem}.c512x{chunks}.base"));
+    let ppl_file = base.with_extension("base.ppl");
+    if !newer(&base, model) || !newer(&ppl_file, &base) {
+        // Written beside and renamed: an interrupted run leaves no truncated base behind.
+        let tmp = base.with_extension("base.tmp");
+        let out = output_of(
+            Command::new(peer("llama-perplexity"))
+                .args(["-c", "512", "-t", "2", "--chunks", &chunks.to_string()])
+                .arg("-m")
+                .arg(model)
+                .arg("-f")
+                .arg(text())
+                .arg("--kl-divergence-base")
+                .arg(&tmp),
+        );
+        let ppl = out
+            .lines()
+            .find_map(|l| l.split("Final estimate: PPL = ").nth(1))
+            .unwrap_or_else(|| panic!("no final estimate in:\n{out}"))
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        std::fs::rename(&tmp, &base).unwrap();
+        std::fs::write(&ppl_file, ppl).unwrap();
+    }
+    let ppl = std::fs::read_to_string(&ppl_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (base, ppl)
+}
+
+/// The yardstick: llama.cpp with a q8_0 KV cache against its own f16 base.
+fn peer_q8_0(model: &Path, base: &Path) -> Kld {
+    parse(&output_of(
+        Command::new(peer("llama-perplexity"))
+            .args(["-c", "512", "-t", "2", "-ctk", "q8_0", "-ctv", "q8_0"])
+            .arg("-m")
+            .arg(model)
+            .arg("--kl-divergence-base")
+            .arg(base)
+            .arg("--kl-divergence"),
+    ))
+}
+
+fn ours(model: &Path, base: &Path) -> Kld {
+    parse(&output_of(
+        edgelm()
+            .args(["perplexity", "-t", "2", "--kl-divergence"])
+            .arg("-m")
+            .arg(model)
+            .arg("--kl-divergence-base")
+            .arg(base),
+    ))
+}
+
+fn check(name: &str, model: &Path, chunks: usize) {
+    check_as(name, model, model, chunks);
+}
+
+/// edgelm on `ours_model` against the peer on `peer_model` (the same weights, or the same file).
+fn check_as(name: &str, ours_model: &Path, peer_model: &Path, chunks: usize) {
+    let (base, peer_ppl) = base_file(peer_model, chunks);
+    let yard = peer_q8_0(peer_model, &base);
+    let got = ours(ours_model, &base);
+    eprintln!(
+        "{name}: edgelm KLD {:.6}, same top {:.3}%, PPL {:.4} (peer {peer_ppl:.4}) | llama.cpp q8_0 KV: KLD {:.6}, same top {:.3}%",
+        got.kld, got.same_top, got.ppl, yard.kld, yard.same_top
+    );
+    assert!(
+        got.kld <= yard.kld,
+        "{name}: mean KLD {} > llama.cpp's q8_0-cache {}",
+        got.kld,
+        yard.kld
+    );
+    assert!(
+        got.same_top >= yard.same_top,
+        "{name}: same top {}% < llama.cpp's q8_0-cache {}%",
+        got.same_top,
+        yard.same_top
+    );
+    let ratio = got.ppl / peer_ppl;
+    assert!(
+        (ratio - 1.0).abs() < 0.01,
+        "{name}: perplexity {} vs the peer's {peer_ppl}",
+        got.ppl
+    );
+}
+
+#[test]
+fn reference_model_logits_are_as_close_as_the_peers_q8_0_cache() {
+    check("SmolLM2-135M (llama)", &model_path(), 7);
+}
+
+#[test]
+fn gemma3_logits_are_as_close_as_the_peers_q8_0_cache() {
+    check("Gemma 3 270M", &gemma3_path(), 7);
+}
+
+/// `mistral` is what some converters write for Mistral 7B; llama.cpp reads such weights as
+/// `llama` (it has no `mistral` architecture), so the peer runs the original file.
+#[test]
+fn a_mistral_labelled_model_runs_as_llama() {
+    let mistral = edited_model("mistral-labelled.gguf", |kvs, _| {
+        for (key, value) in kvs.iter_mut() {
+            if key == "general.architecture" {
+                *value = edgelm::gguf::Value::String("mistral".into());
+            } else if let Some(rest) = key.strip_prefix("llama.") {
+                *key = format!("mistral.{rest}");
+            }
+        }
+    });
+    check_as(
+        "mistral (labelled)",
+        &mistral,
+        &model_path(),
+        TEST_MODEL_CHUNKS,
+    );
+}
+
+/// The test models are exact enough that fewer chunks tell as much (and save CI minutes).
+const TEST_MODEL_CHUNKS: usize = 4;
+
+#[test]
+fn llama3_rope_freqs_and_untied_output_match_the_peer() {
+    check(
+        "llama + rope_freqs",
+        &test_model("llama"),
+        TEST_MODEL_CHUNKS,
+    );
+}
+
+#[test]
+fn qwen2_match_the_peer() {
+    check("qwen2", &test_model("qwen2"), TEST_MODEL_CHUNKS);
+}
+
+#[test]
+fn qwen3_match_the_peer() {
+    check("qwen3", &test_model("qwen3"), TEST_MODEL_CHUNKS);
+}
+
+#[test]
+fn phi3_match_the_peer() {
+    check("phi3", &test_model("phi3"), TEST_MODEL_CHUNKS);
+}
+
+/// Sliding windows of `GEMMA3_TEST_WINDOW` (96) positions on five of every six layers, so a
+/// 512-token chunk crosses them many times (the real Gemma 3's window of 512 never binds at `-c 512`), with Gemma's
+/// four norms, Q/K norms, GELU, embedding and query scales.
+#[test]
+fn gemma3_with_short_windows_match_the_peer() {
+    let name = format!("gemma3 (window {GEMMA3_TEST_WINDOW})");
+    check(&name, &test_model("gemma3"), TEST_MODEL_CHUNKS);
+}
+
+#[test]
+fn smollm3_match_the_peer() {
+    check("smollm3", &test_model("smollm3"), TEST_MODEL_CHUNKS);
+}
+
+#[test]
+fn granite_match_the_peer() {
+    check("granite", &test_model("granite"), TEST_MODEL_CHUNKS);
+}
