@@ -127,8 +127,13 @@ impl Server {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-        (status, body)
+        // The JSON document, whether or not the body came in chunks.
+        let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let json = match (body.find('{'), body.rfind('}')) {
+            (Some(a), Some(b)) if a < b => &body[a..=b],
+            _ => body,
+        };
+        (status, json.to_string())
     }
 }
 
