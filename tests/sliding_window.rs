@@ -103,8 +103,9 @@ fn a_shared_prompt_is_served_from_the_prefix_cache() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let s = &r["shared_prefix"];
     eprintln!("Gemma 3, 1,000 shared tokens: {s}");
-    // Every full block of the shared prompt comes from the cache, for every layer (windowed
-    // ones included): only the partial last block and the request's own tokens are computed.
-    let cached = s["cached_tokens"].as_u64().unwrap();
-    assert!(cached >= 1000 - 16, "{cached} of 1000 shared tokens cached");
+    // Every layer (windowed ones included) takes the shared blocks from the cache, so the
+    // second request computes only its own tokens: issue 3's bar, a quarter of the cold TTFT
+    // at most (measured about 4%).
+    let ratio = s["ratio"].as_f64().unwrap();
+    assert!(ratio <= 0.25, "cached TTFT {ratio:.2} of the cold one");
 }

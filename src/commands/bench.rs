@@ -42,8 +42,6 @@ struct Report {
 #[derive(Serialize)]
 struct SharedPrefix {
     prefix_tokens: usize,
-    /// Prompt tokens the second request took from the prefix cache (median).
-    cached_tokens: u64,
     first_ttft_s: f64,
     second_ttft_s: f64,
     ratio: f64,
@@ -225,7 +223,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     // Prefix cache: a long shared system prompt, then a second request that extends it.
     let shared_prefix = if args.shared_prefix > 0 {
-        let (mut first, mut second, mut cached) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut first, mut second) = (Vec::new(), Vec::new());
         for i in 0..args.repeats {
             progress("shared prefix", i, args.repeats);
             let system = prompt(args.shared_prefix);
@@ -239,15 +237,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     .as_secs_f64())
             };
             first.push(ttft(prompt(16))?);
-            let hits = engine.stats().prefix_hit_tokens;
             second.push(ttft(prompt(16))?);
-            cached.push((engine.stats().prefix_hit_tokens - hits) as f64);
         }
         progress("shared prefix", args.repeats, args.repeats);
         let (a, b) = (median(first), median(second));
         Some(SharedPrefix {
             prefix_tokens: args.shared_prefix,
-            cached_tokens: median(cached) as u64,
             first_ttft_s: a,
             second_ttft_s: b,
             ratio: b / a,
@@ -313,9 +308,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if let Some(s) = &report.shared_prefix {
         println!(
-            "prefix   {} shared tokens ({} from the cache): TTFT {:.3} s cold, {:.3} s cached ({:.0}%)",
+            "prefix   {} shared tokens: TTFT {:.3} s cold, {:.3} s cached ({:.0}%)",
             s.prefix_tokens,
-            s.cached_tokens,
             s.first_ttft_s,
             s.second_ttft_s,
             s.ratio * 100.0
