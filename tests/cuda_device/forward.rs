@@ -170,13 +170,9 @@ impl Agreement {
         self.rel_sum / self.rows.max(1) as f64
     }
 
-    /// The device is as close to the CPU as `yardstick` (the CPU with its other page format) is:
-    /// mean relative L2 at most twice the yardstick's (or 1e-2), the top token the CPU's in at
-    /// least 95% of rows, and never another top token where the CPU's margin is at least 0.5.
-    /// For models whose rows are near-flat (the test models: their top tokens tie often, so a
-    /// few dozen rows say little about top-1 agreement): the distance bound of
-    /// [`Agreement::assert_close`], and no more confident flips than the yardstick has.
-    pub(super) fn assert_close_in_distance(&self, yardstick: &Agreement) {
+    /// Mean relative L2 at most twice the yardstick's (the CPU with its other page format), or
+    /// 1e-2.
+    fn assert_distance(&self, yardstick: &Agreement) {
         let bound = (2.0 * yardstick.mean()).max(1e-2);
         assert!(
             self.mean() <= bound,
@@ -184,6 +180,13 @@ impl Agreement {
             self.mean(),
             self.summary()
         );
+    }
+
+    /// For models whose rows are near-flat (the test models: their top tokens tie often, so a
+    /// few dozen rows say little about top-1 agreement): the distance bound, and no more
+    /// confident flips than the yardstick has.
+    pub(super) fn assert_close_in_distance(&self, yardstick: &Agreement) {
+        self.assert_distance(yardstick);
         assert!(
             self.confident_flips.len() <= yardstick.confident_flips.len(),
             "{}",
@@ -191,14 +194,11 @@ impl Agreement {
         );
     }
 
+    /// The device is as close to the CPU as `yardstick` is: the distance bound, the top token
+    /// the CPU's in at least 95% of rows, and never another top token where the CPU's margin
+    /// is at least 0.5.
     pub(super) fn assert_close(&self, yardstick: &Agreement) {
-        let bound = (2.0 * yardstick.mean()).max(1e-2);
-        assert!(
-            self.mean() <= bound,
-            "mean relative L2 {:.2e} exceeds {bound:.2e}: {}",
-            self.mean(),
-            self.summary()
-        );
+        self.assert_distance(yardstick);
         assert!(
             self.top1_same * 100 >= 95 * self.rows,
             "top token differs too often: {}",
