@@ -16,7 +16,9 @@
 // output after (rope.cu `hadamard_64`), as src/model/forward.rs does.
 
 #define ATT_WARPS 4
-#define ATT_MAX_REP 8 // query heads per KV head at most (the host checks)
+#define ATT_MAX_REP 8      // query heads per KV head at most (the host checks)...
+#define ATT_MAX_REP_D256 4 // ...and at D = 256, where eight heads' accumulators spill on sm_87
+                           // (every Gemma 3 size has at most 4)
 // __launch_bounds__(128, 1) below: without the minimum-blocks hint ptxas picked 72-96 registers
 // for some of these kernels and spilled (sm_90); with it, 123-255 registers and no spill.
 // Occupancy tuning waits for a GPU to measure on.
@@ -59,7 +61,7 @@ __device__ __forceinline__ void attention_body(
     const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,
     int block_tokens, float scale, int window) {
     constexpr int DPL = D / WARP;
-    constexpr int R = ATT_MAX_REP;
+    constexpr int R = D >= 256 ? ATT_MAX_REP_D256 : ATT_MAX_REP;
     __shared__ float q_sh[R][D];
     __shared__ float sm_acc[ATT_WARPS][R][D];
     __shared__ float sm_m[ATT_WARPS][R];

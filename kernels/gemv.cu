@@ -96,7 +96,7 @@ __device__ __forceinline__ float dot_q4_1(const UnitQ4_1 &u, const u8 *act) {
 // 2-byte aligned. A unit is half a block, as for Q4_0, with the fifth bits already in place.
 struct UnitQ5_0 {
     float d;
-    int q[4]; // values 8h..8h+8 (q[0], q[1]) and 16+8h..16+8h+8 (q[2], q[3]), one per byte
+    int q0, q1, q2, q3; // values 8h..8h+8 (q0, q1) and 16+8h..16+8h+8 (q2, q3), one per byte
     int blk, h;
 };
 
@@ -107,23 +107,22 @@ __device__ __forceinline__ UnitQ5_0 load_q5_0(const u8 *row, int unit) {
     const u8 *b = row + (long long)u.blk * BYTES_Q5_0;
     u.d = f16_to_f32(ld_u16(b));
     const u32 qh = (u32)ld_i32_a2(b + 2);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int q = ld_i32_a2(b + 6 + 8 * u.h + 4 * i);
-        const int lo = 8 * u.h + 4 * i; // the value index of the word's low nibbles
-        u.q[i] = (q & M4) | spread_bit4(qh >> lo);
-        u.q[2 + i] = (int)(((u32)q >> 4) & M4) | spread_bit4(qh >> (16 + lo));
-    }
+    const int w0 = ld_i32_a2(b + 6 + 8 * u.h), w1 = ld_i32_a2(b + 10 + 8 * u.h);
+    const int lo = 8 * u.h; // the value index of w0's low nibbles
+    u.q0 = (w0 & M4) | spread_bit4(qh >> lo);
+    u.q1 = (w1 & M4) | spread_bit4(qh >> (lo + 4));
+    u.q2 = (int)(((u32)w0 >> 4) & M4) | spread_bit4(qh >> (16 + lo));
+    u.q3 = (int)(((u32)w1 >> 4) & M4) | spread_bit4(qh >> (20 + lo));
     return u;
 }
 
 __device__ __forceinline__ float dot_q5_0(const UnitQ5_0 &u, const u8 *act) {
     const Q8_1 a = q8_1_at(act, u.blk);
     const ActHalf x = act_half(a, u.h);
-    int sumi = dp4a(u.q[0], x.a0, 0);
-    sumi = dp4a(u.q[1], x.a1, sumi);
-    sumi = dp4a(u.q[2], x.a4, sumi);
-    sumi = dp4a(u.q[3], x.a5, sumi);
+    int sumi = dp4a(u.q0, x.a0, 0);
+    sumi = dp4a(u.q1, x.a1, sumi);
+    sumi = dp4a(u.q2, x.a4, sumi);
+    sumi = dp4a(u.q3, x.a5, sumi);
     int suma = dp4a(ONES, x.a0, 0);
     suma = dp4a(ONES, x.a1, suma);
     suma = dp4a(ONES, x.a4, suma);

@@ -167,6 +167,9 @@ mod tests {
         assert_eq!(GEMM_BM, 16 * GEMM_THREADS / 32, "16 rows per warp");
         assert_eq!(num("sample", "ARGMAX_THREADS"), ARGMAX_THREADS);
         assert_eq!(num("sample", "SAMPLE_THREADS"), SAMPLE_THREADS);
+        use super::super::weights::max_query_heads_per_kv_head as max_rep;
+        assert_eq!(num("attention", "ATT_MAX_REP"), max_rep(128));
+        assert_eq!(num("attention", "ATT_MAX_REP_D256"), max_rep(256));
     }
 
     #[test]

@@ -22,6 +22,16 @@ use std::sync::Arc;
 /// Head sizes the attention kernels are built for (kernels/attention.cu).
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
+/// Query heads per KV head the attention kernel takes at most (kernels/attention.cu
+/// `ATT_MAX_REP`, `ATT_MAX_REP_D256`): its per-head accumulators live in registers.
+pub fn max_query_heads_per_kv_head(head_dim: usize) -> usize {
+    if head_dim >= 256 {
+        4
+    } else {
+        8
+    }
+}
+
 /// Why `net` cannot run on the CUDA kernels, or `Ok` when it can.
 pub fn check_supported(net: &impl Network) -> Result<(), String> {
     let s = net.shape();
@@ -31,10 +41,15 @@ pub fn check_supported(net: &impl Network) -> Result<(), String> {
             s.head_dim
         ));
     }
-    if s.n_head_kv == 0 || !s.n_head.is_multiple_of(s.n_head_kv) || s.n_head / s.n_head_kv > 8 {
+    let max_rep = max_query_heads_per_kv_head(s.head_dim);
+    if s.n_head_kv == 0
+        || !s.n_head.is_multiple_of(s.n_head_kv)
+        || s.n_head / s.n_head_kv > max_rep
+    {
         return Err(format!(
-            "{} query heads for {} KV heads (the attention kernel takes at most 8 per KV head)",
-            s.n_head, s.n_head_kv
+            "{} query heads for {} KV heads (the attention kernel takes at most {max_rep} per \
+             KV head at head_dim {})",
+            s.n_head, s.n_head_kv, s.head_dim
         ));
     }
     if !s.n_rot.is_multiple_of(2) || s.n_rot > s.head_dim {
