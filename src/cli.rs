@@ -163,6 +163,10 @@ pub struct BenchArgs {
     /// Repeats per test (the median is reported).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub repeats: usize,
+    /// Also time decode constrained by this JSON schema (a file), beside unconstrained decode
+    /// on the same prompts, at each concurrency level.
+    #[arg(long = "json-schema")]
+    pub json_schema: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

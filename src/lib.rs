@@ -9,6 +9,7 @@ pub mod backend;
 pub mod config;
 pub mod engine;
 pub mod gguf;
+pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod quant;

@@ -1,16 +1,18 @@
-//! The reference model's tokenizer and chat template, built once per fuzzing process.
+//! The reference model's tokenizer, chat template and grammar compiler, built once per fuzzing process.
 //! Model path: `$EDGELM_FUZZ_MODEL`, else `../models/SmolLM2-135M-Instruct.Q4_1.gguf`
 //! relative to the fuzz crate.
 
 #![allow(dead_code)]
 
 use edgelm::gguf::GgufFile;
+use edgelm::grammar::Grammars;
 use edgelm::tokenizer::{ChatTemplate, Tokenizer};
 use std::sync::OnceLock;
 
 pub struct Reference {
     pub tokenizer: Tokenizer,
     pub chat: ChatTemplate,
+    pub grammars: Grammars,
 }
 
 pub fn reference() -> &'static Reference {
@@ -38,6 +40,11 @@ pub fn reference() -> &'static Reference {
             tokenizer.special_text(tokenizer.eos),
         )
         .expect("reference chat template compiles");
-        Reference { tokenizer, chat }
+        let grammars = Grammars::new(&tokenizer).expect("grammar vocabulary");
+        Reference {
+            tokenizer,
+            chat,
+            grammars,
+        }
     })
 }

@@ -1,6 +1,7 @@
 //! Arbitrary request bodies through the /v1/completions and /v1/chat/completions parsing and
 //! validation (`server::parse_request`: JSON, unknown keys, sampling ranges, prompts, token
-//! ids, chat messages through the reference chat template, tokenization), with the reference
+//! ids, chat messages and tools through the reference chat template, response formats and
+//! grammars compiled, tokenization), with the reference
 //! model's tokenizer and no engine. Every input is accepted or rejected with a 4xx; no panic.
 //! The first byte picks the endpoint.
 
@@ -22,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         "/v1/chat/completions"
     };
-    if let Err(status) = fuzz_parse_request(&r.tokenizer, Some(&r.chat), path, body) {
+    if let Err(status) = fuzz_parse_request(&r.tokenizer, Some(&r.chat), &r.grammars, path, body) {
         assert!((400..500).contains(&status), "{path}: status {status}");
     }
 });

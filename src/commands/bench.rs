@@ -6,6 +6,7 @@ use super::{engine_config, init_threads, kv_bytes_for};
 use crate::cli::BenchArgs;
 use anyhow::{bail, Result};
 use edgelm::engine::{Engine, EngineHandle, Event, GenParams, Rng, SamplingParams};
+use edgelm::grammar::{Constraint, ConstraintSpec, Grammars};
 use edgelm::model::Model;
 use serde::Serialize;
 use std::io::Write;
@@ -35,8 +36,19 @@ struct Report {
     peak_gflops: f64,
     peak_gbs: f64,
     concurrency: Vec<Concurrency>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    constrained: Vec<Constrained>,
     #[serde(skip_serializing_if = "Option::is_none")]
     shared_prefix: Option<SharedPrefix>,
+}
+
+/// Decode under a JSON schema beside free decode, on the same prompts.
+#[derive(Serialize)]
+struct Constrained {
+    sequences: usize,
+    unconstrained_tok_s: f64,
+    constrained_tok_s: f64,
+    ratio: f64,
 }
 
 #[derive(Serialize)]
@@ -60,10 +72,21 @@ fn run_requests(
     prompts: Vec<Vec<u32>>,
     max_tokens: usize,
 ) -> Result<Vec<Timing>> {
+    run_constrained(engine, prompts, max_tokens, None)
+}
+
+/// [`run_requests`], each request's output following `constraint` when given.
+fn run_constrained(
+    engine: &EngineHandle,
+    prompts: Vec<Vec<u32>>,
+    max_tokens: usize,
+    constraint: Option<&Constraint>,
+) -> Result<Vec<Timing>> {
     let params = GenParams {
         max_tokens,
         sampling: SamplingParams::greedy(),
         ignore_eos: true,
+        constraint: constraint.cloned(),
         ..Default::default()
     };
     // One reader thread per request, so every token is timestamped as it arrives.
@@ -157,6 +180,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .unwrap_or(0);
     let kv_bytes_per_pos = 2 * model.config.n_layers * model.config.n_head_kv * kv_row_bytes;
     let decode_bytes = (model.weight_bytes() + kv_bytes_per_pos * (8 + args.n_gen / 2)) as f64;
+    let constraint = match &args.json_schema {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            let schema = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{} is not JSON: {e}", path.display()))?;
+            let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file)?;
+            let grammars = Grammars::new(&tokenizer)?;
+            Some(
+                grammars
+                    .compile(&ConstraintSpec::JsonSchema(schema))
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+            )
+        }
+    };
     let (engine, thread) = Engine::start(model, Vec::new(), config)?;
     let mut rng = Rng::new(0x5eed);
     let mut prompt =
@@ -200,25 +239,51 @@ pub fn run(args: BenchArgs) -> Result<()> {
         for i in 0..args.repeats {
             progress(&format!("{n} sequences"), i, args.repeats);
             let prompts = (0..n).map(|_| prompt(args.concurrency_prompt)).collect();
-            let ts = run_requests(&engine, prompts, args.n_gen)?;
-            let t0 = ts.iter().filter_map(|t| t.first).max().unwrap();
-            let t1 = ts
-                .iter()
-                .filter_map(|t| t.tokens.last().copied())
-                .max()
-                .unwrap();
-            let tokens = ts
-                .iter()
-                .flat_map(|t| t.tokens.iter())
-                .filter(|&&at| at > t0)
-                .count();
-            rates.push(tokens as f64 / t1.duration_since(t0).as_secs_f64().max(1e-9));
+            rates.push(decode_rate(&run_requests(&engine, prompts, args.n_gen)?));
         }
         progress(&format!("{n} sequences"), args.repeats, args.repeats);
         concurrency.push(Concurrency {
             sequences: n,
             decode_tok_s: median(rates),
         });
+    }
+
+    // Constrained decode: the same prompts free and under the schema, interleaved (the schema
+    // should not let the output end before n_gen tokens, or fewer tokens are timed).
+    let mut constrained = Vec::new();
+    if let Some(c) = &constraint {
+        for &n in &args.concurrency {
+            let (mut free, mut bound) = (Vec::new(), Vec::new());
+            for i in 0..args.repeats {
+                progress(&format!("{n} sequences, constrained"), i, args.repeats);
+                let prompts: Vec<Vec<u32>> =
+                    (0..n).map(|_| prompt(args.concurrency_prompt)).collect();
+                free.push(decode_rate(&run_constrained(
+                    &engine,
+                    prompts.clone(),
+                    args.n_gen,
+                    None,
+                )?));
+                bound.push(decode_rate(&run_constrained(
+                    &engine,
+                    prompts,
+                    args.n_gen,
+                    Some(c),
+                )?));
+            }
+            progress(
+                &format!("{n} sequences, constrained"),
+                args.repeats,
+                args.repeats,
+            );
+            let (u, k) = (median(free), median(bound));
+            constrained.push(Constrained {
+                sequences: n,
+                unconstrained_tok_s: u,
+                constrained_tok_s: k,
+                ratio: k / u,
+            });
+        }
     }
 
     // Prefix cache: a long shared system prompt, then a second request that extends it.
@@ -266,6 +331,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         peak_gflops,
         peak_gbs,
         concurrency,
+        constrained,
         shared_prefix,
     };
     if args.json {
@@ -306,6 +372,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             c.sequences, c.decode_tok_s
         );
     }
+    for c in &report.constrained {
+        println!(
+            "schema   {:>3} seqs  {:>9.1} tok/s constrained, {:.1} free ({:.0}%)",
+            c.sequences,
+            c.constrained_tok_s,
+            c.unconstrained_tok_s,
+            100.0 * c.ratio
+        );
+    }
     if let Some(s) = &report.shared_prefix {
         println!(
             "prefix   {} shared tokens: TTFT {:.3} s cold, {:.3} s cached ({:.0}%)",
@@ -316,4 +391,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Aggregate decode rate of requests that ran together: tokens generated once every one is
+/// past its prompt, over that window (prefill excluded, as llama-batched-bench reports S_TG).
+fn decode_rate(ts: &[Timing]) -> f64 {
+    let t0 = ts.iter().filter_map(|t| t.first).max().unwrap();
+    let t1 = ts
+        .iter()
+        .filter_map(|t| t.tokens.last().copied())
+        .max()
+        .unwrap();
+    let tokens = ts
+        .iter()
+        .flat_map(|t| t.tokens.iter())
+        .filter(|&&at| at > t0)
+        .count();
+    tokens as f64 / t1.duration_since(t0).as_secs_f64().max(1e-9)
 }

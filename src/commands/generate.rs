@@ -107,11 +107,13 @@ fn render_chat(tok: &Tokenizer, system: Option<&str>, user: &str) -> Result<Stri
         msgs.push(ChatMessage {
             role: "system".into(),
             content: s.into(),
+            ..Default::default()
         });
     }
     msgs.push(ChatMessage {
         role: "user".into(),
         content: user.into(),
+        ..Default::default()
     });
     tmpl.render(&msgs, true)
 }

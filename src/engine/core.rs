@@ -5,11 +5,14 @@
 use super::executor::{Executor, ExecutorPlan};
 use super::metrics::{EngineStats, SharedStats};
 use super::pacer::PrefillPacer;
-use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
+use super::request::{
+    Event, FinishReason, GenParams, Request, RequestId, TokenLogprob, UNTIL_CONTEXT_END,
+};
 use super::sampler::{logprobs_of, Sampler, SamplingParams};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
 use crate::backend::select::Backend;
+use crate::grammar::{Constraint, Mask};
 use crate::kv::plan::KvPlan;
 use crate::kv::{BlockPool, KvType};
 use crate::model::{BatchMeta, Logits, Model};
@@ -96,9 +99,15 @@ impl EngineHandle {
     pub fn submit(
         &self,
         prompt: Vec<u32>,
-        params: GenParams,
+        mut params: GenParams,
     ) -> Result<(RequestId, Receiver<Event>)> {
         let l = &self.limits;
+        if params.max_tokens == UNTIL_CONTEXT_END {
+            // As far as the context (and the pool) allow; a prompt that leaves no room fails
+            // the checks below.
+            let room = l.context.min(l.capacity_tokens);
+            params.max_tokens = room.saturating_sub(prompt.len()).max(1);
+        }
         if prompt.is_empty() {
             bail!("the prompt is empty");
         }
@@ -111,7 +120,7 @@ impl EngineHandle {
         if params.n == 0 || params.n > l.max_n {
             bail!("n must be between 1 and {}", l.max_n);
         }
-        let total = prompt.len() + params.max_tokens;
+        let total = prompt.len().saturating_add(params.max_tokens);
         if total > l.context {
             bail!(
                 "prompt ({} tokens) plus max_tokens ({}) exceeds the context length of {} tokens",
@@ -174,6 +183,12 @@ pub struct Engine {
     requests: HashMap<RequestId, RequestState>,
     seq_request: HashMap<SeqId, RequestId>,
     samplers: HashMap<SeqId, Sampler>,
+    /// Each constrained sequence's grammar state (requests with a response format or tools).
+    constraints: HashMap<SeqId, Constraint>,
+    /// Masks computed beside this step's forward pass, for the sequences that sample in it.
+    ready_masks: HashMap<SeqId, Result<Mask, String>>,
+    /// Scratch logits row a constraint masks (no vocab-sized allocation per step).
+    masked: Vec<f32>,
     eog: Vec<u32>,
     context: usize,
     next_seq: SeqId,
@@ -277,6 +292,9 @@ impl Engine {
             requests: HashMap::new(),
             seq_request: HashMap::new(),
             samplers: HashMap::new(),
+            constraints: HashMap::new(),
+            ready_masks: HashMap::new(),
+            masked: Vec::new(),
             eog,
             context,
             next_seq: 0,
@@ -367,12 +385,20 @@ impl Engine {
         let id = self.next_seq;
         self.next_seq += 1;
         self.arrivals += 1;
-        let max_len = (req.prompt.len() + p.max_tokens).min(self.context);
+        let max_len = req
+            .prompt
+            .len()
+            .saturating_add(p.max_tokens)
+            .min(self.context);
         let mut seq = Sequence::new(id, req.id, self.arrivals, req.prompt.clone(), max_len);
         seq.arrived = req.submitted;
         seq.want_prompt_logits = p.prompt_logprobs.is_some();
         seq.forks_pending = p.n - 1;
         self.samplers.insert(id, Sampler::new(p.sampling.clone()));
+        if let Some(c) = &p.constraint {
+            self.constraints.insert(id, c.clone());
+            self.local.constrained_requests += 1;
+        }
         self.seq_request.insert(id, req.id);
         self.sched.add(seq);
         self.local.prompt_tokens += req.prompt.len() as u64;
@@ -426,21 +452,54 @@ impl Engine {
         let device_rows = (!greedy && self.exec.is_cuda())
             .then(|| self.device_sample_rows(&batch))
             .flatten();
-        let result = match failed {
-            Some(e) => Err(e),
-            None if device_rows.is_some() => self
-                .exec
-                .forward_sample(&self.model, &meta, device_rows.as_deref().unwrap_or(&[]))
-                .map(StepOutput::Sampled),
-            None if greedy => self
-                .exec
-                .forward_greedy(&self.model, &meta)
-                .map(StepOutput::Tokens),
-            None => self
-                .exec
-                .forward(&self.model, &meta)
-                .map(StepOutput::Logits),
-        };
+        // The constrained sequences that sample in this step have their masks computed on
+        // another thread while the forward pass runs (a mask depends only on the tokens so far).
+        let mut mask_jobs: Vec<(SeqId, Constraint)> = batch
+            .spans
+            .iter()
+            .filter(|sp| {
+                sp.logits != Logits::None
+                    && self
+                        .sched
+                        .get(sp.seq)
+                        .is_some_and(|s| sp.start + sp.len == s.tokens.len())
+            })
+            .filter_map(|sp| self.constraints.remove(&sp.seq).map(|c| (sp.seq, c)))
+            .collect();
+        let (result, masks) = std::thread::scope(|scope| {
+            let masking = (!mask_jobs.is_empty()).then(|| {
+                scope.spawn(|| {
+                    let started = Instant::now();
+                    let masks: Vec<(SeqId, Result<Mask, String>)> = mask_jobs
+                        .iter_mut()
+                        .map(|(id, c)| (*id, c.mask()))
+                        .collect();
+                    (masks, started.elapsed().as_secs_f64())
+                })
+            });
+            let result = match failed {
+                Some(e) => Err(e),
+                None if device_rows.is_some() => self
+                    .exec
+                    .forward_sample(&self.model, &meta, device_rows.as_deref().unwrap_or(&[]))
+                    .map(StepOutput::Sampled),
+                None if greedy => self
+                    .exec
+                    .forward_greedy(&self.model, &meta)
+                    .map(StepOutput::Tokens),
+                None => self
+                    .exec
+                    .forward(&self.model, &meta)
+                    .map(StepOutput::Logits),
+            };
+            let masks = masking.map(|h| h.join().expect("the mask thread does not panic"));
+            (result, masks)
+        });
+        self.constraints.extend(mask_jobs);
+        if let Some((masks, secs)) = masks {
+            self.local.grammar_mask_seconds += secs;
+            self.ready_masks.extend(masks);
+        }
         let decodes = batch.spans.iter().filter(|s| s.len == 1).count();
         self.pacer.observe(
             decodes,
@@ -492,6 +551,7 @@ impl Engine {
             let sampler = self.samplers.get(&span.seq)?;
             let p = sampler.params();
             let plain = span.logits == Logits::Last
+                && !self.constraints.contains_key(&span.seq)
                 && s.forks_pending == 0
                 && st.params.logprobs.is_none()
                 && p.repetition_penalty == 1.0
@@ -521,6 +581,7 @@ impl Engine {
             };
             let p = &st.params.sampling;
             span.logits == Logits::Last
+                && !self.constraints.contains_key(&span.seq)
                 && s.forks_pending == 0
                 && st.params.logprobs.is_none()
                 && p.temperature <= 0.0
@@ -632,6 +693,11 @@ impl Engine {
                 let mut p = params.clone();
                 p.seed = p.seed.map(|s| s.wrapping_add(i as u64));
                 self.samplers.insert(id, Sampler::new(p));
+                if let Some(c) = self.constraints.get(&seq) {
+                    // The fork starts where the parent stands: at the end of the prompt.
+                    let c = c.clone();
+                    self.constraints.insert(id, c);
+                }
                 self.seq_request.insert(id, rid);
                 let st = self.requests.get_mut(&rid).expect("live");
                 st.seqs.push(id);
@@ -664,12 +730,47 @@ impl Engine {
             return;
         }
         let history = &self.sched.get(seq).expect("live").tokens[prompt_len..];
+        // A constrained sequence samples from its masked row (or takes the one token its
+        // grammar allows); logprobs then describe what it could choose from.
+        let mut pick = pick;
+        if let (Pick::Logits(logits), Some(c)) = (pick, self.constraints.get_mut(&seq)) {
+            let mask = self.ready_masks.remove(&seq).unwrap_or_else(|| {
+                // A fork, or a row the step did not foresee: computed here.
+                let started = Instant::now();
+                let m = c.mask();
+                self.local.grammar_mask_seconds += started.elapsed().as_secs_f64();
+                m
+            });
+            match mask {
+                Ok(mask) => match mask.forced() {
+                    Some(t) => pick = Pick::Token(t),
+                    None => {
+                        self.masked.clear();
+                        self.masked.extend_from_slice(logits);
+                        mask.apply(&mut self.masked, &self.eog);
+                        pick = Pick::Masked;
+                    }
+                },
+                Err(e) => {
+                    let _ = st
+                        .events
+                        .send(Event::Error(format!("the grammar failed: {e}")));
+                    self.finish_seq(seq, FinishReason::Cancelled);
+                    return;
+                }
+            }
+        }
         let token = match pick {
             Pick::Logits(logits) => self
                 .samplers
                 .get_mut(&seq)
                 .expect("sampler")
                 .sample(logits, history),
+            Pick::Masked => self
+                .samplers
+                .get_mut(&seq)
+                .expect("sampler")
+                .sample(&self.masked, history),
             // Greedy without penalties: the CPU sampler would have taken the argmax and drawn
             // nothing from its generator, so skipping it leaves it where it would be.
             Pick::Token(t) => t,
@@ -693,13 +794,34 @@ impl Engine {
         }
         let logprob = match pick {
             Pick::Logits(logits) => st.params.logprobs.map(|n| token_logprob(logits, token, n)),
+            Pick::Masked => st
+                .params
+                .logprobs
+                .map(|n| token_logprob(&self.masked, token, n)),
             Pick::Token(_) => None,
         };
+        // The grammar follows the token; a complete output ends the sequence.
+        let mut grammar_done = false;
+        if let Some(c) = self.constraints.get_mut(&seq) {
+            if let Err(e) = c.accept(token) {
+                let _ = st
+                    .events
+                    .send(Event::Error(format!("the grammar failed: {e}")));
+                self.finish_seq(seq, FinishReason::Cancelled);
+                return;
+            }
+            grammar_done = c.is_finished();
+        }
         let _ = st.events.send(Event::Token {
             index,
             token,
             logprob,
         });
+        if grammar_done {
+            self.sched.get_mut(seq).expect("live").tokens.push(token);
+            self.finish_seq(seq, FinishReason::Stop);
+            return;
+        }
         if generated + 1 >= st.params.max_tokens || len + 1 >= max_len {
             self.sched.get_mut(seq).expect("live").tokens.push(token);
             self.finish_seq(seq, FinishReason::Length);
@@ -713,6 +835,8 @@ impl Engine {
             return;
         };
         self.samplers.remove(&seq);
+        self.constraints.remove(&seq);
+        self.ready_masks.remove(&seq);
         self.seq_request.remove(&seq);
         let rid = s.request;
         let Some(st) = self.requests.get_mut(&rid) else {
@@ -782,6 +906,8 @@ enum StepOutput {
 #[derive(Clone, Copy)]
 enum Pick<'a> {
     Logits(&'a [f32]),
+    /// From the engine's masked copy of the row (a constrained sequence).
+    Masked,
     Token(u32),
 }
 

@@ -68,6 +68,10 @@ pub struct EngineStats {
     pub generation_tokens: u64,
     pub requests_finished: u64,
     pub steps: u64,
+    /// Requests with a response format, grammar or forced tool call.
+    pub constrained_requests: u64,
+    /// Time spent computing grammar masks.
+    pub grammar_mask_seconds: f64,
     pub ttft: Histogram,
     pub tpot: Histogram,
     /// Recent (unix seconds, TTFT seconds) samples for the status page's chart.
@@ -93,6 +97,8 @@ impl Default for EngineStats {
             generation_tokens: 0,
             requests_finished: 0,
             steps: 0,
+            constrained_requests: 0,
+            grammar_mask_seconds: 0.0,
             ttft: Histogram::new(TTFT_BUCKETS),
             tpot: Histogram::new(TPOT_BUCKETS),
             recent_ttft: Vec::new(),

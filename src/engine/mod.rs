@@ -15,7 +15,7 @@ pub use self::core::{
     Engine, EngineConfig, EngineHandle, EngineLimits, DEFAULT_GPU_RESERVE_MIB,
     DEFAULT_PREFILL_PACING,
 };
-pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob};
+pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob, UNTIL_CONTEXT_END};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use session::{Session, SessionConfig};

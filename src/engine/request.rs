@@ -4,6 +4,9 @@ use super::SamplingParams;
 
 pub type RequestId = u64;
 
+/// `max_tokens` for "until the model stops or the context is full" (chat without a limit).
+pub const UNTIL_CONTEXT_END: usize = usize::MAX;
+
 #[derive(Clone, Debug)]
 pub struct GenParams {
     pub max_tokens: usize,
@@ -19,6 +22,8 @@ pub struct GenParams {
     /// Report the prompt tokens' log-probabilities (scoring); disables prefix-cache reuse for
     /// this request, since every prompt position needs its logits.
     pub prompt_logprobs: Option<usize>,
+    /// What the output must match (a compiled grammar at its start), or free text.
+    pub constraint: Option<crate::grammar::Constraint>,
 }
 
 impl Default for GenParams {
@@ -31,6 +36,7 @@ impl Default for GenParams {
             stop_tokens: Vec::new(),
             logprobs: None,
             prompt_logprobs: None,
+            constraint: None,
         }
     }
 }

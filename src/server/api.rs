@@ -4,6 +4,7 @@
 
 use super::error::ApiError;
 use crate::engine::{GenParams, SamplingParams};
+use crate::grammar::ConstraintSpec;
 use serde::Deserialize;
 
 #[derive(Deserialize, Debug)]
@@ -46,6 +47,14 @@ pub struct Sampling {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub ignore_eos: Option<bool>,
+    /// OpenAI's `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
+    pub response_format: Option<serde_json::Value>,
+    /// llama.cpp's field: a JSON schema the output must match.
+    pub json_schema: Option<serde_json::Value>,
+    /// A grammar in llguidance's Lark syntax.
+    pub grammar: Option<String>,
+    /// A regular expression the whole output must match.
+    pub regex: Option<String>,
 }
 
 /// Keys the sampling block accepts, on both endpoints.
@@ -64,6 +73,10 @@ pub const SAMPLING_KEYS: &[&str] = &[
     "stream",
     "stream_options",
     "ignore_eos",
+    "response_format",
+    "json_schema",
+    "grammar",
+    "regex",
 ];
 pub const COMPLETION_KEYS: &[&str] = &["model", "prompt", "logprobs", "echo", "user"];
 pub const CHAT_KEYS: &[&str] = &[
@@ -73,6 +86,9 @@ pub const CHAT_KEYS: &[&str] = &[
     "top_logprobs",
     "max_completion_tokens",
     "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// Rejects keys neither list names (serde cannot deny unknown fields next to `flatten`).
@@ -124,8 +140,17 @@ pub struct ContentPart {
 pub struct Message {
     pub role: String,
     pub content: Option<MessageContent>,
-    #[allow(dead_code)]
     pub name: Option<String>,
+    /// An assistant turn's calls, as OpenAI sends them back.
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool result's call.
+    pub tool_call_id: Option<String>,
+    /// Sent back by some clients with an assistant turn; not part of the prompt.
+    #[allow(dead_code)]
+    pub refusal: Option<serde_json::Value>,
+    /// Qwen3/R1 clients may send the reasoning back; templates drop it.
+    #[allow(dead_code)]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -139,6 +164,9 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<i64>,
     #[allow(dead_code)]
     pub user: Option<String>,
+    pub tools: Option<Vec<super::tools::Tool>>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }
@@ -149,6 +177,8 @@ pub struct TokenizeRequest {
     /// Accepted for compatibility: one model is served, whatever the name.
     #[allow(dead_code)]
     pub model: Option<String>,
+    /// Tools the chat template is to show (with `messages`).
+    pub tools: Option<Vec<super::tools::Tool>>,
     pub prompt: Option<String>,
     pub messages: Option<Vec<Message>>,
     pub add_special_tokens: Option<bool>,
@@ -285,6 +315,66 @@ pub fn validate_sampling(
         stream,
         include_usage: s.stream_options.as_ref().is_some_and(|o| o.include_usage),
     })
+}
+
+/// The constraint the request names, if any (at most one of `response_format` with JSON,
+/// `json_schema`, `grammar` and `regex`).
+pub fn constraint_spec(s: &Sampling) -> Result<Option<ConstraintSpec>, ApiError> {
+    let mut specs: Vec<(&str, ConstraintSpec)> = Vec::new();
+    if let Some(rf) = &s.response_format {
+        let bad = |m: &str| ApiError::bad_request(m.to_string()).param("response_format");
+        match rf.get("type").and_then(|t| t.as_str()) {
+            Some("text") => {}
+            Some("json_object") => specs.push((
+                "response_format",
+                match rf.get("schema") {
+                    Some(schema) => ConstraintSpec::JsonSchema(schema.clone()),
+                    None => ConstraintSpec::JsonObject,
+                },
+            )),
+            Some("json_schema") => {
+                let schema = rf
+                    .pointer("/json_schema/schema")
+                    .or_else(|| rf.get("schema"))
+                    .ok_or_else(|| bad("response_format json_schema needs json_schema.schema"))?;
+                if !(schema.is_object() || schema.is_boolean()) {
+                    return Err(bad("the schema must be a JSON object"));
+                }
+                specs.push((
+                    "response_format",
+                    ConstraintSpec::JsonSchema(schema.clone()),
+                ));
+            }
+            _ => {
+                return Err(bad(
+                    "response_format type must be text, json_object or json_schema",
+                ))
+            }
+        }
+    }
+    if let Some(schema) = &s.json_schema {
+        if !(schema.is_object() || schema.is_boolean()) {
+            return Err(
+                ApiError::bad_request("json_schema must be a JSON schema object")
+                    .param("json_schema"),
+            );
+        }
+        specs.push(("json_schema", ConstraintSpec::JsonSchema(schema.clone())));
+    }
+    if let Some(g) = &s.grammar {
+        specs.push(("grammar", ConstraintSpec::Lark(g.clone())));
+    }
+    if let Some(r) = &s.regex {
+        specs.push(("regex", ConstraintSpec::Regex(r.clone())));
+    }
+    if specs.len() > 1 {
+        let names: Vec<&str> = specs.iter().map(|(n, _)| *n).collect();
+        return Err(
+            ApiError::bad_request(format!("give at most one of {}", names.join(", ")))
+                .param(names[1]),
+        );
+    }
+    Ok(specs.pop().map(|(_, s)| s))
 }
 
 pub fn check_logprobs(

@@ -3,6 +3,8 @@
 //! answer once with the whole result. A failed write means the client left: its engine
 //! requests are cancelled right away.
 
+use super::chat_output::{ChatOutput, Delta};
+use super::chat_request::OutputRules;
 use super::error::ApiError;
 use super::http::RawResponse;
 use super::text::ChoiceText;
@@ -13,8 +15,11 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 pub enum Flavor {
-    Completion { echo: Vec<String> },
-    Chat,
+    Completion {
+        echo: Vec<String>,
+    },
+    /// A chat answer, split into reasoning, content and tool calls by these rules.
+    Chat(OutputRules),
 }
 
 pub struct Job {
@@ -30,9 +35,20 @@ pub struct Job {
     pub flavor: Flavor,
 }
 
+/// What one event released for choice `ci`: its deltas, the token's logprob, and the finish
+/// reason if it ended.
+type Released = (
+    usize,
+    Vec<Delta>,
+    Option<TokenLogprob>,
+    Option<&'static str>,
+);
+
 #[derive(Default)]
 struct Choice {
     text: ChoiceText,
+    /// Chat only: the text split into reasoning, content and calls.
+    chat: Option<ChatOutput>,
     tokens: Vec<u32>,
     logprobs: Vec<TokenLogprob>,
     finish: Option<&'static str>,
@@ -105,7 +121,15 @@ pub fn run(
     drop(tx);
     let cancel_all = |ids: &[RequestId]| ids.iter().for_each(|&id| ready.engine.cancel(id));
     let total = job.prompts.len() * n;
-    let mut choices: Vec<Choice> = (0..total).map(|_| Choice::default()).collect();
+    let mut choices: Vec<Choice> = (0..total)
+        .map(|_| Choice {
+            chat: match &job.flavor {
+                Flavor::Chat(rules) => Some(rules.output()),
+                Flavor::Completion { .. } => None,
+            },
+            ..Default::default()
+        })
+        .collect();
     let mut usage = Usage {
         prompt: job.prompts.iter().map(|p| p.len() * n).sum(),
         completion: 0,
@@ -160,7 +184,7 @@ pub fn run(
                 break;
             }
         };
-        let mut out: Vec<(usize, String, Option<TokenLogprob>, Option<&'static str>)> = Vec::new();
+        let mut out: Vec<Released> = Vec::new();
         match ev {
             Event::PromptLogprobs(lp) => {
                 for c in choices[pi * n..(pi + 1) * n].iter_mut() {
@@ -189,11 +213,13 @@ pub fn run(
                 if let Some(lp) = &logprob {
                     c.logprobs.push(lp.clone());
                 }
+                let mut deltas = c.deltas(piece);
                 if c.text.stopped {
-                    c.finish = Some("stop");
+                    deltas.extend(c.end());
+                    c.finish = Some(c.finish_reason("stop"));
                     done += 1;
                 }
-                out.push((ci, piece, logprob, c.finish));
+                out.push((ci, deltas, logprob, c.finish));
             }
             Event::Finished {
                 index,
@@ -210,13 +236,17 @@ pub fn run(
                 let c = &mut choices[ci];
                 if c.finish.is_none() {
                     let tail = c.text.finish(&job.stop);
-                    c.finish = Some(if reason == crate::engine::FinishReason::Length {
-                        "length"
-                    } else {
-                        "stop"
-                    });
+                    let mut deltas = c.deltas(tail);
+                    deltas.extend(c.end());
+                    c.finish = Some(c.finish_reason(
+                        if reason == crate::engine::FinishReason::Length {
+                            "length"
+                        } else {
+                            "stop"
+                        },
+                    ));
                     done += 1;
-                    out.push((ci, tail, None, c.finish));
+                    out.push((ci, deltas, None, c.finish));
                 }
             }
             Event::Error(e) => {
@@ -233,7 +263,7 @@ pub fn run(
             }
         }
         if job.stream {
-            for (ci, text, lp, finish) in out {
+            for (ci, deltas, lp, finish) in out {
                 let mut events = Vec::new();
                 if !first_chunk_sent[ci] {
                     first_chunk_sent[ci] = true;
@@ -241,9 +271,7 @@ pub fn run(
                         events.push(first);
                     }
                 }
-                if !text.is_empty() || lp.is_some() || finish.is_some() {
-                    events.push(stream_chunk(ready, &job, ci, &text, lp.as_ref(), finish));
-                }
+                events.extend(stream_chunks(ready, &job, ci, &deltas, lp.as_ref(), finish));
                 for e in events {
                     if body.sse(&e.to_string()).is_err() {
                         cancel_all(&ids);
@@ -264,7 +292,7 @@ pub fn run(
     let write = if job.stream {
         let mut r = Ok(());
         if job.include_usage {
-            let obj = if matches!(job.flavor, Flavor::Chat) {
+            let obj = if matches!(job.flavor, Flavor::Chat(_)) {
                 "chat.completion.chunk"
             } else {
                 "text_completion"
@@ -280,7 +308,7 @@ pub fn run(
             .map(|(ci, c)| final_choice(ready, &job, ci, c))
             .collect();
         let obj = match job.flavor {
-            Flavor::Chat => "chat.completion",
+            Flavor::Chat(_) => "chat.completion",
             Flavor::Completion { .. } => "text_completion",
         };
         let v = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": choices_json, "usage": usage_json});
@@ -341,9 +369,25 @@ fn completion_logprobs(
 
 fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
     match &job.flavor {
-        Flavor::Chat => {
+        Flavor::Chat(_) => {
             let logprobs = job.logprobs.map(|_| json!({"content": c.logprobs.iter().map(|l| chat_logprob_entry(ready, l)).collect::<Vec<_>>()}));
-            json!({"index": ci, "message": {"role": "assistant", "content": c.text.text}, "logprobs": logprobs, "finish_reason": c.finish})
+            let out = c.chat.as_ref().expect("chat choices have an output");
+            let mut message = json!({"role": "assistant", "content": out.content});
+            if !out.reasoning.is_empty() {
+                message["reasoning_content"] = json!(out.reasoning);
+            }
+            if !out.calls.is_empty() {
+                if out.content.is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = out
+                    .calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, call)| json!({"id": call_id(job, ci, i), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}))
+                    .collect();
+            }
+            json!({"index": ci, "message": message, "logprobs": logprobs, "finish_reason": c.finish})
         }
         Flavor::Completion { echo } => {
             let pi = ci / job.params.n;
@@ -371,7 +415,7 @@ fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
 /// Chat streams open with the assistant role; echoed completion streams with the prompt.
 fn first_stream_chunk(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Option<Value> {
     match &job.flavor {
-        Flavor::Chat => Some(json!({
+        Flavor::Chat(_) => Some(json!({
             "id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name,
             "choices": [{"index": ci, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}],
         })),
@@ -393,29 +437,93 @@ fn first_stream_chunk(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Option
     }
 }
 
-fn stream_chunk(
+/// The SSE chunks for one event of choice `ci`: its text (content or reasoning), each call as
+/// two `delta.tool_calls` fragments (id and name, then arguments), then the finish reason.
+fn stream_chunks(
     ready: &Ready,
     job: &Job,
     ci: usize,
-    text: &str,
+    deltas: &[Delta],
     lp: Option<&TokenLogprob>,
     finish: Option<&str>,
-) -> Value {
-    match job.flavor {
-        Flavor::Chat => {
+) -> Vec<Value> {
+    let chunk = |delta: Value, lp: Option<&TokenLogprob>, finish: Option<&str>| match job.flavor {
+        Flavor::Chat(_) => {
             let logprobs = lp.map(|l| json!({"content": [chat_logprob_entry(ready, l)]}));
-            let delta = if text.is_empty() && finish.is_some() {
-                json!({})
-            } else {
-                json!({"content": text})
-            };
             json!({"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name,
                 "choices": [{"index": ci, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
         }
         Flavor::Completion { .. } => {
             let logprobs = lp.map(|l| completion_logprobs(ready, &[Some(l)], &[l.token], 0));
             json!({"id": job.id, "object": "text_completion", "created": job.created, "model": ready.model_name,
-                "choices": [{"index": ci, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
+                "choices": [{"index": ci, "text": delta["content"].as_str().unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]})
+        }
+    };
+    let mut content = String::new();
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
+    for d in deltas {
+        match d {
+            Delta::Content(t) => content.push_str(t),
+            Delta::Reasoning(t) => reasoning.push_str(t),
+            Delta::Call(i, call) => calls.push((*i, call)),
+        }
+    }
+    let mut out = Vec::new();
+    let mut lp = lp;
+    if !content.is_empty() || !reasoning.is_empty() || lp.is_some() {
+        let mut delta = json!({});
+        if !reasoning.is_empty() {
+            delta["reasoning_content"] = json!(reasoning);
+        }
+        if !content.is_empty() || reasoning.is_empty() {
+            delta["content"] = json!(content);
+        }
+        out.push(chunk(delta, lp.take(), None));
+    }
+    for (i, call) in calls {
+        out.push(chunk(
+            json!({"tool_calls": [{"index": i, "id": call_id(job, ci, i), "type": "function", "function": {"name": call.name, "arguments": ""}}]}),
+            None,
+            None,
+        ));
+        out.push(chunk(
+            json!({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}),
+            None,
+            None,
+        ));
+    }
+    if finish.is_some() {
+        out.push(chunk(json!({}), None, finish));
+    }
+    out
+}
+
+/// A call's id: unique per request, choice and call.
+fn call_id(job: &Job, ci: usize, i: usize) -> String {
+    format!("call_{}_{ci}_{i}", job.id)
+}
+
+impl Choice {
+    /// Text released by the stop-string filter, as deltas (chat: split; completions: as is).
+    fn deltas(&mut self, text: String) -> Vec<Delta> {
+        match &mut self.chat {
+            Some(out) => out.push(&text),
+            None if text.is_empty() => Vec::new(),
+            None => vec![Delta::Content(text)],
+        }
+    }
+
+    /// The text is complete: what the chat split still held back.
+    fn end(&mut self) -> Vec<Delta> {
+        self.chat.as_mut().map(|o| o.finish()).unwrap_or_default()
+    }
+
+    /// "tool_calls" when the answer called tools, else `reason`.
+    fn finish_reason(&self, reason: &'static str) -> &'static str {
+        match &self.chat {
+            Some(o) if !o.calls.is_empty() => "tool_calls",
+            _ => reason,
         }
     }
 }

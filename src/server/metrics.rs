@@ -107,6 +107,18 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         s.preemptions as f64,
     );
     metric(
+        "edgelm_constrained_requests_total",
+        "counter",
+        "Requests whose output a JSON schema, grammar, regex or forced tool call constrained.",
+        s.constrained_requests as f64,
+    );
+    metric(
+        "edgelm_grammar_mask_seconds_total",
+        "counter",
+        "Seconds spent computing the token masks of constrained requests.",
+        s.grammar_mask_seconds,
+    );
+    metric(
         "edgelm_prompt_tokens_total",
         "counter",
         "Prompt tokens received.",

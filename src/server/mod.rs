@@ -4,16 +4,20 @@
 
 mod admission;
 mod api;
+mod chat_output;
+mod chat_request;
 mod error;
 mod generate;
 mod http;
 mod metrics;
 mod text;
+mod tools;
 
 use crate::engine::{Engine, EngineConfig, EngineHandle};
+use crate::grammar::{Constraint, ConstraintSpec, Grammars};
 use crate::model::Model;
 use crate::systemd;
-use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use crate::tokenizer::{ChatTemplate, Tokenizer};
 use admission::Admission;
 use api::{
     ChatRequest, CompletionRequest, DetokenizeRequest, Limits, PromptInput, TokenizeRequest,
@@ -50,6 +54,8 @@ pub struct Ready {
     pub engine: EngineHandle,
     pub tokenizer: Tokenizer,
     pub chat: Option<ChatTemplate>,
+    /// Compiles response formats, grammars and tool-call grammars over the vocabulary.
+    pub grammars: Grammars,
     pub model_name: String,
     pub limits: Limits,
 }
@@ -138,6 +144,7 @@ impl Server {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
+        let grammars = Grammars::new(&tokenizer)?;
         let (engine, thread) = Engine::start(
             model,
             tokenizer.eog_tokens().to_vec(),
@@ -154,6 +161,7 @@ impl Server {
             engine,
             tokenizer,
             chat,
+            grammars,
             model_name,
             limits,
         });
@@ -397,6 +405,7 @@ impl Server {
         parse_request(
             &ready.tokenizer,
             ready.chat.as_ref(),
+            &ready.grammars,
             &ready.limits,
             path,
             body,
@@ -426,6 +435,8 @@ impl Server {
             "kv_cached": s.kv_blocks_cached,
             "prefix_hit_rate": hit_rate,
             "generation_tokens": s.generation_tokens,
+            "constrained_requests": s.constrained_requests,
+            "grammar_mask_seconds": s.grammar_mask_seconds,
             "tokens_per_second": s.recent_tokens.iter().map(|&(t, n)| (t, n)).collect::<Vec<_>>(),
             "ttft": s.recent_ttft,
         })
@@ -437,6 +448,7 @@ impl Server {
 fn parse_request(
     tokenizer: &Tokenizer,
     chat: Option<&ChatTemplate>,
+    grammars: &Grammars,
     limits: &Limits,
     path: &str,
     body: &[u8],
@@ -452,6 +464,7 @@ fn parse_request(
         let req: CompletionRequest = serde_json::from_value(value)
             .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
         let mut v = api::validate_sampling(&req.sampling, None, limits)?;
+        v.params.constraint = compile(grammars, api::constraint_spec(&req.sampling)?)?;
         let logprobs = api::check_logprobs(req.logprobs, limits, "logprobs")?;
         let prompts: Vec<Vec<u32>> = match &req.prompt {
             PromptInput::Text(t) => vec![encode(tokenizer, t)?],
@@ -510,11 +523,19 @@ fn parse_request(
             return Err(ApiError::bad_request("messages must not be empty").param("messages"));
         }
         let mut v = api::validate_sampling(&req.sampling, req.max_completion_tokens, limits)?;
-        let msgs = chat_messages(&req.messages)?;
-        let prompt_text = tmpl
-            .render(&msgs, true)
-            .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
-        let prompt = encode(tokenizer, &prompt_text)?;
+        if req
+            .sampling
+            .max_tokens
+            .or(req.max_completion_tokens)
+            .is_none()
+        {
+            // A chat answer runs until the model stops or the context is full (the engine
+            // bounds every sequence by the context).
+            v.params.max_tokens = crate::engine::UNTIL_CONTEXT_END;
+        }
+        let setup = chat_request::prepare(tmpl, &req, api::constraint_spec(&req.sampling)?)?;
+        v.params.constraint = compile(grammars, setup.constraint)?;
+        let prompt = encode(tokenizer, &setup.prompt)?;
         let logprobs = if req.logprobs.unwrap_or(false) {
             Some(
                 api::check_logprobs(req.top_logprobs.or(Some(0)), limits, "top_logprobs")?
@@ -537,9 +558,22 @@ fn parse_request(
             stream: v.stream,
             include_usage: v.include_usage,
             logprobs,
-            flavor: Flavor::Chat,
+            flavor: Flavor::Chat(setup.rules),
         })
     }
+}
+
+/// The request's constraint compiled against the vocabulary (400 when it does not compile or
+/// exceeds the grammar limits).
+fn compile(
+    grammars: &Grammars,
+    spec: Option<ConstraintSpec>,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some(spec) = spec else { return Ok(None) };
+    grammars
+        .compile(&spec)
+        .map(Some)
+        .map_err(|e| ApiError::bad_request(e).param(spec.kind()))
 }
 
 /// Fuzzing entry (not an API): [`parse_request`] with the server's default limits, as the
@@ -548,6 +582,7 @@ fn parse_request(
 pub fn fuzz_parse_request(
     tokenizer: &Tokenizer,
     chat: Option<&ChatTemplate>,
+    grammars: &Grammars,
     path: &str,
     body: &[u8],
 ) -> Result<(), u16> {
@@ -558,7 +593,7 @@ pub fn fuzz_parse_request(
         max_logprobs: 20,
         default_max_tokens: 16,
     };
-    parse_request(tokenizer, chat, &limits, path, body, 0)
+    parse_request(tokenizer, chat, grammars, &limits, path, body, 0)
         .map(|_| ())
         .map_err(|e| e.status)
 }
@@ -573,27 +608,6 @@ fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
         .map_err(|e| ApiError::bad_request(e.to_string()).param("prompt"))
 }
 
-fn chat_messages(messages: &[api::Message]) -> Result<Vec<ChatMessage>, ApiError> {
-    messages
-        .iter()
-        .map(|m| {
-            if !matches!(
-                m.role.as_str(),
-                "system" | "user" | "assistant" | "tool" | "developer"
-            ) {
-                return Err(
-                    ApiError::bad_request(format!("unknown message role '{}'", m.role))
-                        .param("messages"),
-                );
-            }
-            Ok(ChatMessage {
-                role: m.role.clone(),
-                content: m.text()?,
-            })
-        })
-        .collect()
-}
-
 fn tokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
     let req: TokenizeRequest = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
@@ -604,8 +618,11 @@ fn tokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
                 .chat
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("this model has no chat template"))?;
-            tmpl.render(
-                &chat_messages(msgs)?,
+            let syntax = tools::Syntax::of_template(tmpl.source());
+            let tools_json = req.tools.as_deref().map(tools::template_tools);
+            tmpl.render_with_tools(
+                &chat_request::chat_messages(msgs, syntax)?,
+                tools_json.as_ref(),
                 req.add_generation_prompt.unwrap_or(true),
             )
             .map_err(|e| ApiError::bad_request(e.to_string()))?
@@ -745,7 +762,7 @@ pub fn serve(
 mod tests {
     use super::*;
 
-    fn reference() -> (Tokenizer, ChatTemplate) {
+    fn reference() -> (Tokenizer, ChatTemplate, Grammars) {
         let file = crate::gguf::GgufFile::open(crate::gguf::test_model_path()).unwrap();
         let tok = Tokenizer::from_gguf(&file).unwrap();
         let chat = ChatTemplate::new(
@@ -754,14 +771,16 @@ mod tests {
             tok.special_text(tok.eos),
         )
         .unwrap();
-        (tok, chat)
+        let g = Grammars::new(&tok).unwrap();
+        (tok, chat, g)
     }
 
     #[test]
     fn parse_request_accepts_and_rejects() {
-        let (tok, chat) = reference();
-        let p =
-            |path: &str, body: &str| fuzz_parse_request(&tok, Some(&chat), path, body.as_bytes());
+        let (tok, chat, g) = reference();
+        let p = |path: &str, body: &str| {
+            fuzz_parse_request(&tok, Some(&chat), &g, path, body.as_bytes())
+        };
         assert_eq!(
             p("/v1/completions", r#"{"prompt":"Hi","max_tokens":3}"#),
             Ok(())
@@ -794,10 +813,37 @@ mod tests {
             Err(400)
         );
         assert_eq!(p("/v1/chat/completions", r#"{"messages":[]}"#), Err(400));
+        let chat = |extra: &str| {
+            p(
+                "/v1/chat/completions",
+                &format!(r#"{{"messages":[{{"role":"user","content":"Hi"}}]{extra}}}"#),
+            )
+        };
+        let lamp = r#""tools":[{"type":"function","function":{"name":"lamp","parameters":{"type":"object","properties":{"on":{"type":"boolean"}}}}}]"#;
+        assert_eq!(chat(r#","response_format":{"type":"json_object"}"#), Ok(()));
+        assert_eq!(
+            chat(&format!(",{lamp},\"tool_choice\":\"required\"")),
+            Ok(())
+        );
+        assert_eq!(
+            chat(r#","regex":"[0-9]+","grammar":"start: \"a\"""#),
+            Err(400)
+        );
+        assert_eq!(
+            chat(
+                r#","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"bogus"}}}"#
+            ),
+            Err(400)
+        );
+        assert_eq!(
+            chat(&format!(",{lamp},\"tool_choice\":\"sometimes\"")),
+            Err(400)
+        );
         assert_eq!(
             fuzz_parse_request(
                 &tok,
                 None,
+                &g,
                 "/v1/chat/completions",
                 br#"{"messages":[{"role":"user","content":"Hi"}]}"#
             ),

@@ -5,15 +5,25 @@ use anyhow::{anyhow, Result};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls, as templates read them: `[{"id", "type", "function":
+    /// {"name", "arguments": {...}}}]` (arguments as an object, not OpenAI's string).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A tool result's call id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// A compiled chat template. Rendering is pure: same messages, same prompt.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -50,19 +60,36 @@ impl ChatTemplate {
             .map_err(|e| anyhow!("chat template does not compile: {e}"))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token,
             eos_token,
         })
     }
 
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The prompt for `messages`, with the assistant turn opened when `add_generation_prompt`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`Self::render`] with the request's tools (OpenAI's shape) for templates that show them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
             .expect("added in new()");
         tmpl.render(minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
@@ -82,6 +109,7 @@ mod tests {
         let msgs = vec![ChatMessage {
             role: "user".into(),
             content: "  hi ".into(),
+            ..Default::default()
         }];
         assert_eq!(
             t.render(&msgs, true).unwrap(),

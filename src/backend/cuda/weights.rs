@@ -42,9 +42,7 @@ pub fn check_supported(net: &impl Network) -> Result<(), String> {
         ));
     }
     let max_rep = max_query_heads_per_kv_head(s.head_dim);
-    if s.n_head_kv == 0
-        || !s.n_head.is_multiple_of(s.n_head_kv)
-        || s.n_head / s.n_head_kv > max_rep
+    if s.n_head_kv == 0 || !s.n_head.is_multiple_of(s.n_head_kv) || s.n_head / s.n_head_kv > max_rep
     {
         return Err(format!(
             "{} query heads for {} KV heads (the attention kernel takes at most {max_rep} per \

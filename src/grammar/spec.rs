@@ -1,0 +1,149 @@
+//! The constraint kinds requests can name, as llguidance grammars.
+
+use llguidance::api::TopLevelGrammar;
+use serde_json::{json, Value};
+
+/// What the output must match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConstraintSpec {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A JSON schema (`response_format` `json_schema`, or llama.cpp's `json_schema` field).
+    JsonSchema(Value),
+    /// A grammar in llguidance's Lark syntax (may embed `%json {...}` schemas).
+    Lark(String),
+    /// A regular expression (Rust `regex` syntax) the whole output must match.
+    Regex(String),
+}
+
+impl ConstraintSpec {
+    pub fn grammar(&self) -> TopLevelGrammar {
+        match self {
+            ConstraintSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(schema_as_generated(&json!({"type": "object"})))
+            }
+            ConstraintSpec::JsonSchema(s) => {
+                TopLevelGrammar::from_json_schema(schema_as_generated(s))
+            }
+            ConstraintSpec::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+            ConstraintSpec::Regex(r) => TopLevelGrammar::from_regex(r),
+        }
+    }
+
+    /// A short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ConstraintSpec::JsonObject => "json_object",
+            ConstraintSpec::JsonSchema(_) => "json_schema",
+            ConstraintSpec::Lark(_) => "grammar",
+            ConstraintSpec::Regex(_) => "regex",
+        }
+    }
+}
+
+impl ConstraintSpec {
+    /// The same constraint on the answer after a reasoning model's `<think>…</think>` block
+    /// (free text; `opened`: the prompt already opened the block). A Lark grammar keeps its
+    /// own start rule, so it is left as given.
+    pub fn after_reasoning(self, opened: bool) -> ConstraintSpec {
+        let body = match &self {
+            ConstraintSpec::JsonObject => {
+                format!("%json {}", schema_as_generated(&json!({"type": "object"})))
+            }
+            ConstraintSpec::JsonSchema(s) => format!("%json {}", schema_as_generated(s)),
+            ConstraintSpec::Regex(r) => format!("/{}/", r.replace('/', "\\/")),
+            ConstraintSpec::Lark(_) => return self,
+        };
+        // THINK runs to the first `</think>` and ends there (its regex admits no other end:
+        // the lexer takes the longest match, so the block must end inside the lexeme).
+        let open = if opened { "" } else { "\"<think>\" " };
+        ConstraintSpec::Lark(format!(
+            "start: {open}THINK WS body\nbody: {body}\nTHINK: /(?s:.*)<\\/think>/ & ~/(?s:.*<\\/think>.+)/\nWS: /[ \\t\\r\\n]*/\n"
+        ))
+    }
+}
+
+/// The schema as edgelm generates it:
+/// - objects that list `properties` and say nothing of others take no others (llama.cpp's
+///   rule: a small model left free to add keys rambles on instead of closing the object);
+/// - integers without bounds stay within ±(2^53 - 1), the integers every JSON parser reads
+///   exactly (llama.cpp bounds them by digits), so a sampled run of digits ends;
+/// - compact JSON (`", "` and `": "`, no free whitespace), so that a sampled run of spaces or
+///   newlines cannot use up the answer's tokens. A schema's own `x-guidance` options win.
+pub fn schema_as_generated(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    close_objects(&mut s, 0);
+    if let Value::Object(o) = &mut s {
+        o.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
+    }
+    s
+}
+
+/// Depth bound: request bodies are small, but a schema is still user input.
+const MAX_SCHEMA_DEPTH: usize = 64;
+
+fn close_objects(v: &mut Value, depth: usize) {
+    if depth > MAX_SCHEMA_DEPTH {
+        return;
+    }
+    let Value::Object(o) = v else { return };
+    let bounded = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]
+        .iter()
+        .any(|k| o.contains_key(*k));
+    if o.get("type") == Some(&json!("integer")) && !bounded {
+        const SAFE: i64 = (1 << 53) - 1;
+        o.insert("minimum".into(), json!(-SAFE));
+        o.insert("maximum".into(), json!(SAFE));
+    }
+    if o.contains_key("properties")
+        && !o.contains_key("additionalProperties")
+        && !o.contains_key("patternProperties")
+        && !o.contains_key("unevaluatedProperties")
+    {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (k, child) in o.iter_mut() {
+        match k.as_str() {
+            // allOf members combine: closing each would forbid the others' keys.
+            "allOf" | "const" | "enum" | "default" | "examples" | "x-guidance" => {}
+            "properties" | "$defs" | "definitions" | "patternProperties" => {
+                if let Value::Object(m) = child {
+                    m.values_mut().for_each(|c| close_objects(c, depth + 1));
+                }
+            }
+            "anyOf" | "oneOf" | "prefixItems" => {
+                if let Value::Array(a) = child {
+                    a.iter_mut().for_each(|c| close_objects(c, depth + 1));
+                }
+            }
+            "items" | "additionalProperties" | "not" => close_objects(child, depth + 1),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_objects_are_closed_unless_the_schema_says_otherwise() {
+        let s = schema_as_generated(&json!({
+            "type": "object",
+            "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}},
+            "$defs": {"open": {"properties": {}, "additionalProperties": true}},
+            "allOf": [{"properties": {"c": {}}}],
+        }));
+        assert_eq!(s["additionalProperties"], json!(false));
+        assert_eq!(s["properties"]["a"]["additionalProperties"], json!(false));
+        assert_eq!(s["$defs"]["open"]["additionalProperties"], json!(true));
+        assert!(s["allOf"][0].get("additionalProperties").is_none());
+        assert_eq!(s["x-guidance"]["whitespace_flexible"], json!(false));
+        assert_eq!(
+            s["properties"]["a"]["properties"]["b"]["maximum"],
+            json!((1i64 << 53) - 1)
+        );
+    }
+}

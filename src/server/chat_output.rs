@@ -1,0 +1,243 @@
+//! A chat answer as it streams in, split three ways: reasoning (`<think>…</think>` of Qwen3
+//! and the DeepSeek-R1 distills, reported as `reasoning_content`), content, and tool calls.
+//! Text that may still turn out to be a call is held back until it is known.
+
+use super::tools::{self, Call, Syntax, Tool};
+
+/// A piece of the answer, ready to send.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Delta {
+    Content(String),
+    Reasoning(String),
+    /// The `index`-th call of this answer.
+    Call(usize, Call),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Think {
+    /// Not a reasoning model, or its reasoning is over.
+    Off,
+    /// At the start of a reasoning model's answer: `<think>` may come.
+    MayOpen,
+    Inside,
+}
+
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+
+pub struct ChatOutput {
+    tools: Option<(Syntax, Vec<Tool>)>,
+    think: Think,
+    /// Text not yet classified.
+    buf: String,
+    /// Content text held back because it may be a call (JSON syntaxes: the whole answer).
+    held: String,
+    pub content: String,
+    pub reasoning: String,
+    pub calls: Vec<Call>,
+}
+
+impl ChatOutput {
+    /// `tools`: the syntax and the offered tools when calls are possible. `reasoning`: the
+    /// model thinks first; `opened`: the prompt already opened its `<think>` block.
+    pub fn new(tools: Option<(Syntax, Vec<Tool>)>, reasoning: bool, opened: bool) -> ChatOutput {
+        let think = match (reasoning, opened) {
+            (false, _) => Think::Off,
+            (true, true) => Think::Inside,
+            (true, false) => Think::MayOpen,
+        };
+        ChatOutput {
+            tools,
+            think,
+            buf: String::new(),
+            held: String::new(),
+            content: String::new(),
+            reasoning: String::new(),
+            calls: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<Delta> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        self.advance(false, &mut out);
+        out
+    }
+
+    /// The answer is complete: everything held back is classified and released.
+    pub fn finish(&mut self) -> Vec<Delta> {
+        let mut out = Vec::new();
+        self.advance(true, &mut out);
+        let held = std::mem::take(&mut self.held);
+        if let Some((syntax, tools)) = &self.tools {
+            let (text, calls) = tools::parse_calls(*syntax, &held, tools);
+            self.emit_content(text, &mut out);
+            for c in calls {
+                out.push(Delta::Call(self.calls.len(), c.clone()));
+                self.calls.push(c);
+            }
+        } else {
+            self.emit_content(held, &mut out);
+        }
+        out
+    }
+
+    fn advance(&mut self, end: bool, out: &mut Vec<Delta>) {
+        loop {
+            match self.think {
+                Think::MayOpen => {
+                    let t = self.buf.trim_start();
+                    if let Some(rest) = t.strip_prefix(OPEN) {
+                        self.buf = rest.to_string();
+                        self.think = Think::Inside;
+                    } else if !end && OPEN.starts_with(t) {
+                        return; // maybe the start of `<think>`
+                    } else {
+                        self.think = Think::Off;
+                    }
+                }
+                Think::Inside => {
+                    if let Some(i) = self.buf.find(CLOSE) {
+                        let r = self.buf[..i].to_string();
+                        self.buf = self.buf[i + CLOSE.len()..].trim_start().to_string();
+                        self.emit_reasoning(r, out);
+                        self.think = Think::Off;
+                    } else {
+                        let keep = if end {
+                            0
+                        } else {
+                            partial_suffix(&self.buf, CLOSE)
+                        };
+                        let r: String = self.buf.drain(..self.buf.len() - keep).collect();
+                        self.emit_reasoning(r, out);
+                        return;
+                    }
+                }
+                Think::Off => {
+                    let text = std::mem::take(&mut self.buf);
+                    self.content_text(text, end, out);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Content text: straight out without tools; with tools, held while it may be a call
+    /// (Hermes blocks are parsed as each closes).
+    fn content_text(&mut self, text: String, end: bool, out: &mut Vec<Delta>) {
+        let Some((syntax, tools)) = &self.tools else {
+            self.emit_content(text, out);
+            return;
+        };
+        let (syntax, tools) = (*syntax, tools.clone());
+        self.held.push_str(&text);
+        if syntax == Syntax::Hermes {
+            while let Some(close) = self.held.find("</tool_call>") {
+                let block: String = self.held.drain(..close + "</tool_call>".len()).collect();
+                let (t, calls) = tools::parse_calls(syntax, &block, &tools);
+                self.emit_content(t, out);
+                for c in calls {
+                    out.push(Delta::Call(self.calls.len(), c.clone()));
+                    self.calls.push(c);
+                }
+            }
+            if !end {
+                // Release what cannot be part of a block.
+                let start = self
+                    .held
+                    .find("<tool_call>")
+                    .unwrap_or(self.held.len() - partial_suffix(&self.held, "<tool_call>"));
+                let free: String = self.held.drain(..start).collect();
+                self.emit_content(free, out);
+            }
+        } else if !end && !tools::may_be_call(syntax, &(self.content.clone() + &self.held)) {
+            let free = std::mem::take(&mut self.held);
+            self.emit_content(free, out);
+        }
+    }
+
+    fn emit_content(&mut self, text: String, out: &mut Vec<Delta>) {
+        if !text.is_empty() {
+            self.content.push_str(&text);
+            out.push(Delta::Content(text));
+        }
+    }
+
+    fn emit_reasoning(&mut self, text: String, out: &mut Vec<Delta>) {
+        if !text.is_empty() {
+            self.reasoning.push_str(&text);
+            out.push(Delta::Reasoning(text));
+        }
+    }
+}
+
+/// The length of the longest end of `s` that begins `tag` (on a char boundary).
+fn partial_suffix(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn all(o: &mut ChatOutput, pieces: &[&str]) -> Vec<Delta> {
+        let mut d: Vec<Delta> = pieces.iter().flat_map(|p| o.push(p)).collect();
+        d.extend(o.finish());
+        d
+    }
+
+    #[test]
+    fn reasoning_is_split_from_content_across_pieces() {
+        let mut o = ChatOutput::new(None, true, false);
+        all(
+            &mut o,
+            &["<thi", "nk>I should ", "greet.</th", "ink>\n\nHello!"],
+        );
+        assert_eq!(o.reasoning, "I should greet.");
+        assert_eq!(o.content, "Hello!");
+        let mut o = ChatOutput::new(None, true, true);
+        all(&mut o, &["hmm</think>Hi"]);
+        assert_eq!((o.reasoning.as_str(), o.content.as_str()), ("hmm", "Hi"));
+        let mut o = ChatOutput::new(None, true, false);
+        all(&mut o, &["No thinking here."]);
+        assert_eq!(
+            (o.reasoning.as_str(), o.content.as_str()),
+            ("", "No thinking here.")
+        );
+    }
+
+    #[test]
+    fn calls_are_held_back_and_parsed() {
+        let tools: Vec<Tool> =
+            serde_json::from_value(json!([{"type": "function", "function": {"name": "f"}}]))
+                .unwrap();
+        let mut o = ChatOutput::new(Some((Syntax::Hermes, tools.clone())), false, false);
+        let d = all(
+            &mut o,
+            &[
+                "Sure. <tool_",
+                "call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>",
+            ],
+        );
+        assert_eq!(d[0], Delta::Content("Sure. ".into()));
+        assert!(matches!(&d[1], Delta::Call(0, c) if c.name == "f"));
+        let mut o = ChatOutput::new(Some((Syntax::Generic, tools.clone())), false, false);
+        let d = all(
+            &mut o,
+            &[
+                "{\"tool_calls\": [{\"name\": \"f\", ",
+                "\"arguments\": {}}]}",
+            ],
+        );
+        assert_eq!(d.len(), 1);
+        assert_eq!(o.content, "");
+        let mut o = ChatOutput::new(Some((Syntax::Generic, tools)), false, false);
+        let d = all(&mut o, &["Plain ", "answer."]);
+        assert_eq!(d[0], Delta::Content("Plain ".into()));
+        assert_eq!(o.content, "Plain answer.");
+    }
+}
