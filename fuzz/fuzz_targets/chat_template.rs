@@ -62,6 +62,7 @@ fn messages(msgs: Vec<Msg>) -> (Vec<ChatMessage>, bool) {
             ChatMessage {
                 role,
                 content: m.content,
+                ..Default::default()
             }
         })
         .collect();

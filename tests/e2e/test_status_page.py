@@ -27,6 +27,7 @@ def test_status_page_renders_live_figures(server, tmp_path):
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in dom, "the model name was filled in by the page's own script"
     assert 'id="state" class="label">ready<' in dom
     assert 'id="gen">–<' not in dom, "live generated-token count shown"
+    assert 'id="constrained">–<' not in dom, "constrained requests and mask time shown"
     shot = ARTIFACTS / "status-page.png"
     subprocess.run([*common, f"--screenshot={shot}", server.base + "/"], capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 5000
