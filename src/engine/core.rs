@@ -742,7 +742,8 @@ impl Engine {
                 m
             });
             match mask {
-                Ok(mask) => match mask.forced() {
+                // A forced token needs no sampling (unless its logprob is asked for).
+                Ok(mask) => match mask.forced().filter(|_| st.params.logprobs.is_none()) {
                     Some(t) => pick = Pick::Token(t),
                     None => {
                         self.masked.clear();

@@ -212,10 +212,14 @@ pub fn logprobs_of(logits: &[f32], token: u32, n: usize) -> (f32, Vec<(u32, f32)
     let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
     let lse = max as f64 + sum.ln();
     let lp = |l: f32| (l as f64 - lse) as f32;
-    // The n best so far, kept sorted (n is at most 20).
+    // The n best so far, kept sorted (n is at most 20). Masked-out entries (-inf, a
+    // constrained row) are never alternatives.
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
     if n > 0 {
         for (i, &l) in logits.iter().enumerate() {
+            if l == f32::NEG_INFINITY {
+                continue;
+            }
             if top.len() == n && by_logit(&(i as u32, l), &top[n - 1]).is_ge() {
                 continue;
             }

@@ -45,7 +45,7 @@ def ask(name):
 def test_every_answer_validates_at_temperature_0_8(client, name):
     schema = SCHEMAS[name]
     r = client.chat.completions.create(
-        model="m", messages=ask(name), temperature=0.8, n=3, max_tokens=200,
+        model="m", messages=ask(name), temperature=0.8, n=3, max_tokens=400,
         response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}})
     for c in r.choices:
         assert c.finish_reason == "stop", c
@@ -214,3 +214,19 @@ def test_metrics_count_constrained_requests(server, client):
     m = server.metrics()
     assert m["edgelm_constrained_requests_total"] == before + 1
     assert m["edgelm_grammar_mask_seconds_total"] > 0
+
+
+def test_constraints_with_logprobs_and_stop_strings(server):
+    """Logprobs describe the masked choices (every reported alternative is allowed), and a stop
+    string still ends the output."""
+    r = httpx.post(server.base + "/v1/completions", json={
+        "prompt": "Code:", "max_tokens": 30, "temperature": 0.8, "regex": "[0-9]{3}-[a-z]{3}",
+        "logprobs": 3}, timeout=60).json()
+    c = r["choices"][0]
+    assert __import__("re").fullmatch("[0-9]{3}-[a-z]{3}", c["text"]), c
+    for top in c["logprobs"]["top_logprobs"]:
+        assert all(lp > -1e30 for lp in top.values()), top
+    r = httpx.post(server.base + "/v1/completions", json={
+        "prompt": "Code:", "max_tokens": 30, "temperature": 0.8, "regex": "[0-9]{3}-[a-z]{3}",
+        "stop": ["-"]}, timeout=60).json()
+    assert __import__("re").fullmatch("[0-9]{3}", r["choices"][0]["text"]), r
