@@ -117,3 +117,37 @@ impl Constraint {
         self.matcher.is_stopped()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apply_keeps_exactly_the_allowed_tokens_and_the_end_when_it_may_end() {
+        let mut allowed = SimpleVob::alloc(70);
+        for t in [0u32, 31, 32, 64] {
+            allowed.allow_token(t);
+        }
+        let eog = [5u32];
+        for may_end in [false, true] {
+            let mask = Mask {
+                allowed: allowed.clone(),
+                may_end,
+            };
+            let mut logits = vec![1.0f32; 80]; // longer than the grammar's vocabulary
+            logits[5] = 2.0;
+            mask.apply(&mut logits, &eog);
+            let kept: Vec<usize> = (0..80).filter(|&i| logits[i].is_finite()).collect();
+            assert_eq!(kept, vec![0, 31, 32, 64], "may_end {may_end}");
+            assert_eq!(mask.allows(5, &eog), may_end);
+            assert_eq!(mask.forced(), None);
+        }
+        let mut one = SimpleVob::alloc(70);
+        one.allow_token(42);
+        let mask = Mask {
+            allowed: one,
+            may_end: false,
+        };
+        assert_eq!(mask.forced(), Some(42));
+    }
+}
