@@ -368,7 +368,9 @@ impl Engine {
         false
     }
 
-    fn admit(&mut self, req: Request, events: Sender<Event>) {
+    fn admit(&mut self, mut req: Request, events: Sender<Event>) {
+        // The request's compiled constraint moves to its first sequence (forks clone it).
+        let constraint = req.params.constraint.take();
         let p = &req.params;
         if p.max_tokens == 0 && p.prompt_logprobs.is_none() {
             for index in 0..p.n {
@@ -395,8 +397,8 @@ impl Engine {
         seq.want_prompt_logits = p.prompt_logprobs.is_some();
         seq.forks_pending = p.n - 1;
         self.samplers.insert(id, Sampler::new(p.sampling.clone()));
-        if let Some(c) = &p.constraint {
-            self.constraints.insert(id, c.clone());
+        if let Some(c) = constraint {
+            self.constraints.insert(id, c);
             self.local.constrained_requests += 1;
         }
         self.seq_request.insert(id, req.id);
@@ -752,13 +754,7 @@ impl Engine {
                         pick = Pick::Masked;
                     }
                 },
-                Err(e) => {
-                    let _ = st
-                        .events
-                        .send(Event::Error(format!("the grammar failed: {e}")));
-                    self.finish_seq(seq, FinishReason::Cancelled);
-                    return;
-                }
+                Err(e) => return self.fail_grammar(seq, &e),
             }
         }
         let token = match pick {
@@ -805,11 +801,7 @@ impl Engine {
         let mut grammar_done = false;
         if let Some(c) = self.constraints.get_mut(&seq) {
             if let Err(e) = c.accept(token) {
-                let _ = st
-                    .events
-                    .send(Event::Error(format!("the grammar failed: {e}")));
-                self.finish_seq(seq, FinishReason::Cancelled);
-                return;
+                return self.fail_grammar(seq, &e);
             }
             grammar_done = c.is_finished();
         }
@@ -829,6 +821,21 @@ impl Engine {
             return;
         }
         self.sched.get_mut(seq).expect("live").tokens.push(token);
+    }
+
+    /// A constrained sequence's grammar failed (a per-step limit): its request ends with the
+    /// error; the engine goes on.
+    fn fail_grammar(&mut self, seq: SeqId, e: &str) {
+        if let Some(st) = self
+            .seq_request
+            .get(&seq)
+            .and_then(|r| self.requests.get(r))
+        {
+            let _ = st
+                .events
+                .send(Event::Error(format!("the grammar failed: {e}")));
+        }
+        self.finish_seq(seq, FinishReason::Cancelled);
     }
 
     fn finish_seq(&mut self, seq: SeqId, reason: FinishReason) {

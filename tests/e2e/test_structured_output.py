@@ -81,7 +81,7 @@ def test_pydantic_parse(client):
         celsius: float
         ok: bool
 
-    r = client.beta.chat.completions.parse(model="m", messages=ask("reading"), response_format=Reading, temperature=0.8, max_tokens=200)
+    r = client.beta.chat.completions.parse(model="m", messages=ask("reading"), response_format=Reading, temperature=0.8, max_tokens=400)
     parsed = r.choices[0].message.parsed
     assert isinstance(parsed, Reading)
 

@@ -364,21 +364,15 @@ impl CudaExecutor {
                 let mut out = vec![0f32; rows * vocab];
                 // SAFETY: the logits buffer holds logit_rows >= rows rows.
                 unsafe { download(s, &mut out, self.ws.logits.ptr())? };
-                Ok(StepOut::Logits(out))
+                return Ok(StepOut::Logits(out));
             }
-            Want::Greedy => {
-                self.kernels.argmax(
-                    &self.stream,
-                    self.ws.logits.ptr(),
-                    vocab,
-                    self.ws.sampled.ptr(),
-                    rows,
-                )?;
-                let mut out = vec![0u32; rows];
-                // SAFETY: `sampled` holds logit_rows >= rows ids.
-                unsafe { download(s, &mut out, self.ws.sampled.ptr())? };
-                Ok(StepOut::Tokens(out))
-            }
+            Want::Greedy => self.kernels.argmax(
+                &self.stream,
+                self.ws.logits.ptr(),
+                vocab,
+                self.ws.sampled.ptr(),
+                rows,
+            )?,
             Want::Sample(params) => {
                 let bytes = SampleRow::encode(&params[offset..offset + rows]);
                 // SAFETY: sample_params holds logit_rows >= rows SampleRows.
@@ -390,14 +384,15 @@ impl CudaExecutor {
                     self.ws.sample_params.ptr(),
                     self.ws.sampled.ptr(),
                     rows,
-                )?;
-                let mut out = vec![0u32; rows];
-                // SAFETY: as above (the upload was staged before it returned, and the download
-                // waits for the kernel).
-                unsafe { download(s, &mut out, self.ws.sampled.ptr())? };
-                Ok(StepOut::Tokens(out))
+                )?
             }
         }
+        // Greedy or sampled: the chosen ids come back.
+        let mut out = vec![0u32; rows];
+        // SAFETY: `sampled` holds logit_rows >= rows ids (any upload was staged before it
+        // returned, and the download waits for the kernel).
+        unsafe { download(s, &mut out, self.ws.sampled.ptr())? };
+        Ok(StepOut::Tokens(out))
     }
 
     fn bind(&self) -> Result<(), String> {
