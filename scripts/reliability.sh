@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reliability figures for the README, measured with `edgelm loadgen` against the real server:
+# Reliability figures for docs/performance.md (its Reliability section), measured with
+# `edgelm loadgen` against the real server:
 #   1. capacity: a closed loop of 8 clients on the mixed workload; the sustainable rate is
 #      70% of the requests per second it completes;
 #   2. soak at the sustainable rate (SOAK seconds, default 600): failed requests, leaked KV

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The aarch64 (Jetson) checks, on an x86 host: cross-builds the library's unit tests for
-# aarch64-unknown-linux-gnu with the `cuda` feature (Debian's cross gcc links; the `onig` C code
-# goes through the cc crate with the same compiler; cudarc loads libcuda/libnvrtc at run time,
-# so the cuda build needs nothing CUDA here) and runs the `quant::` tests under qemu-user, once
+# aarch64-unknown-linux-gnu with the `cuda` feature (Debian's cross gcc links; no dependency
+# compiles C, as Cargo.lock has no `cc` crate; cudarc loads libcuda/libnvrtc at run time, so
+# the cuda build needs nothing CUDA here) and runs the `quant::` tests under qemu-user, once
 # per emulated CPU model in EDGELM_QEMU_CPUS (default "max neoverse-n1 cortex-a72"): `max` has
 # every extension qemu knows (NEON dotprod, i8mm, SVE2, ...); neoverse-n1 is the closest model
 # to the Jetson Orin's Cortex-A78AE (NEON dotprod and fp16, no i8mm, no SVE); cortex-a72 has
@@ -41,7 +41,7 @@ if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/
 fi
 
 # The linker comes from .cargo/config.toml (repeated here so that the script stands alone);
-# the cc crate (onig's C sources) gets the cross compiler explicitly.
+# CC/AR name the cross compiler too, for any build script that compiles C (none in Cargo.lock does).
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar

@@ -104,8 +104,8 @@ fn a_shared_prompt_is_served_from_the_prefix_cache() {
     let s = &r["shared_prefix"];
     eprintln!("Gemma 3, 1,000 shared tokens: {s}");
     // Every layer (windowed ones included) takes the shared blocks from the cache, so the
-    // second request computes only its own tokens: issue 3's bar, a quarter of the cold TTFT
-    // at most (measured about 4%).
+    // second request computes only its own tokens. The bar: its TTFT is at most a quarter of
+    // the cold request's (measured about 4%).
     let ratio = s["ratio"].as_f64().unwrap();
     assert!(ratio <= 0.25, "cached TTFT {ratio:.2} of the cold one");
 }

@@ -327,6 +327,8 @@ impl Engine {
         let mut shutting_down = false;
         // systemd's watchdog is fed from here, so a wedged loop stops the pings.
         let mut watchdog = crate::systemd::Watchdog::from_env();
+        // Whether a step ran since the heap was last trimmed.
+        let mut worked = false;
         loop {
             if let Some(w) = watchdog.as_mut() {
                 w.ping();
@@ -336,6 +338,10 @@ impl Engine {
             if self.sched.is_idle() {
                 if shutting_down {
                     break;
+                }
+                if std::mem::take(&mut worked) {
+                    self.exec.release_step_buffers();
+                    super::heap::release_free_memory();
                 }
                 let cmd = match &watchdog {
                     None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -352,6 +358,7 @@ impl Engine {
             }
             if !self.sched.is_idle() {
                 self.step();
+                worked = true;
             }
             self.publish();
         }

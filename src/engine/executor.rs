@@ -86,6 +86,17 @@ impl Executor {
         }
     }
 
+    /// Drops the CPU's step buffers (they grow to the largest step: about 13 MiB for a
+    /// 512-token prefill of the reference model) so that an idle engine holds only the weights
+    /// and the KV pool. The next step grows them again, at a few page faults' cost.
+    pub fn release_step_buffers(&mut self) {
+        match self {
+            Executor::Cpu(c) => c.bufs = CpuBuffers::default(),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) => {}
+        }
+    }
+
     /// Returns a logits vector from [`Executor::forward`] for reuse.
     pub fn recycle(&mut self, logits: Vec<f32>) {
         match self {

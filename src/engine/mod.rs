@@ -2,6 +2,7 @@
 
 mod core;
 pub mod executor;
+mod heap;
 pub mod metrics;
 mod pacer;
 pub mod request;

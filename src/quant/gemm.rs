@@ -1,7 +1,8 @@
 //! Matrix-multiply panels: `rows` weight rows × `toks` activation rows in one call, so the
 //! fast paths can tile (unpack a weight block once for several tokens, run several FMA
-//! chains side by side). Every output is bit-identical to [`super::vec_dot`] of its pair:
-//! tiling changes the speed, never the numbers.
+//! chains side by side). Every output is bit-identical to the per-pair dot of its order
+//! ([`super::vec_dot`] for `Order::Lanes`, `order::dot` for the peer's other orders): tiling
+//! changes the speed, never the numbers.
 
 use super::order::Order;
 use super::{vec_dot, GgmlType};

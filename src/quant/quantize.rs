@@ -1,13 +1,15 @@
 //! Quantization of f32 activations into the "vec_dot types" the weight rows
 //! are multiplied against (Q8_0, Q8_1, Q8_K, F16, BF16, F32).
 //!
-//! These follow ggml's `quantize_row_*_ref` functions exactly (same f32
-//! operations, same rounding rules: `roundf` = half away from zero for
-//! Q8_0/Q8_1, `nearest_int` = half to even for Q8_K), so a row quantized here
-//! is byte-identical to one quantized by ggml's reference code. Note that
-//! ggml-cpu's own x86/ARM SIMD quantizers differ from the reference in the
-//! last bit in rare cases (they use `127/amax` and round ties to even); we
-//! deliberately follow the reference, which is what its tests pin down.
+//! Q8_0 and Q8_1 follow ggml-cpu's x86 SIMD `quantize_row_q8_0`/`_q8_1`, not
+//! ggml's `quantize_row_*_ref`: the multiplier is `127/amax` and ties round to
+//! even, where the reference C code multiplies by `1/d` and uses `roundf`
+//! (half away from zero). The two differ by one in a quant, in rare cases
+//! where the scaled value sits on a half; we follow what the peer actually
+//! runs, and the tests pin that down (ties to even, and agreement with the
+//! reference oracle up to such ties). Q8_K follows `quantize_row_q8_K_ref`
+//! (`nearest_int`, half to even) and F16/BF16 are plain conversions; those
+//! match the oracle vectors byte for byte.
 
 use super::blocks::*;
 use super::GgmlType;
@@ -284,7 +286,7 @@ mod tests {
     #[test]
     fn q8_k_ties_round_to_even_and_bsums_add_up() {
         // max = -127 → iscale = -127/max = 1, d = 1; 2.5 → 2 and -3.5 → -4
-        // (half to even, where Q8_0's roundf would give 3 and -4).
+        // (half to even, where ggml's reference `roundf` would give 3 and -4).
         let mut x = vec![0f32; 256];
         x[0] = -127.0;
         x[1] = 2.5;

@@ -1,5 +1,8 @@
-//! Tokenizer built from the GGUF's own vocabulary with the `tokenizers` crate, plus our own
-//! token → bytes table for streaming detokenization and the chat template renderer.
+//! Tokenizer built from the GGUF's own vocabulary: byte-level BPE vocabularies go through the
+//! `tokenizers` crate (with the pre-tokenizer `pretok` picks), SentencePiece vocabularies
+//! through our own `spm` (llama.cpp's merge-by-score algorithm); special tokens are split out
+//! first (`special`) either way. Plus our own token → bytes table for streaming
+//! detokenization and the chat template renderer.
 
 mod bytelevel;
 pub mod chat;

@@ -358,11 +358,13 @@ fn cuda_logits_match_the_cpu_without_graphs_and_q8_0_pages() {
 }
 
 /// Greedy generation on the device (only token ids come back), one prompt at a time, as the
-/// reference test does on the CPU. The CPU reproduces the peer's 48-token continuations
-/// exactly; the device cannot be held to that (see the module comment: the CPU's own q8_0 pages
-/// keep 4 of 12, the peer's own q8_0 cache 3 of 12). What must hold: wherever the device's
-/// continuation leaves the reference, the two tokens were a near tie for the CPU too (top-2
-/// margin < 0.5 on the same context), never a token the CPU was sure of.
+/// reference test does on the CPU. Neither side is held to the peer's 48-token continuations
+/// token for token: tests/reference.rs lets the CPU leave them only where the peer's top-2
+/// margin is under 0.5, since any perturbation of this model's K/V changes whole trajectories
+/// (its q8_0 pages keep 4 of the 12 f16 continuations, the peer's own q8_0 cache 3 of 12).
+/// What must hold here: wherever the device's continuation leaves the reference, the two
+/// tokens were a near tie for the CPU too (top-2 margin < 0.5 on the same context), never a
+/// token the CPU was sure of; identical continuations are only counted.
 #[test]
 #[ignore = "needs a CUDA device: packaging/gpu-check.sh runs it"]
 fn cuda_greedy_continuations_match_the_reference() {
