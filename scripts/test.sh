@@ -2,28 +2,35 @@
 # The whole test suite: formatting, lints, unit and end-to-end tests on the real models (Rust;
 # the KL-divergence tests against the peer, llama.cpp, which scripts/build-peer.sh builds once),
 # the quantization kernels again on emulated aarch64 (NEON, NEON dotprod; scripts/test-aarch64.sh),
-# the static amd64/arm64 binaries the packages ship (scripts/build-static.sh), then the
+# the static amd64/arm64 binaries the packages ship (scripts/build-static.sh), the OCI image
+# archive (scripts/build-image.sh: it adds the arm64 glibc `cuda` build), then the
 # end-to-end tests: HTTP with the official OpenAI Python client, curl and Chromium; the systemd
 # notify protocol and unit; the static binaries (arm64 under qemu), .debs (lintian) and the
 # offline bundle installed into a fresh root with no network; the fault tests and the load
-# generator; the CUDA kernels compiled by NVRTC for sm_87/sm_90 and checked by ptxas for spills,
-# with the `cuda` build's CPU fallback (scripts/check-kernels.sh; no GPU needed); the CUDA
+# generator; the OCI image (skopeo, umoci), the deploy/ manifests and a local fleet behind
+# HAProxy with Prometheus (docs/fleet.md); the CUDA kernels compiled by NVRTC for sm_87/sm_90
+# and checked by ptxas for spills, with the `cuda` build's CPU fallback (scripts/check-kernels.sh; no GPU needed); the CUDA
 # backend's device tests on the host CUDA emulator (scripts/check-cuda-emu.sh); last, each
 # cargo-fuzz target briefly (EDGELM_FUZZ_SECONDS, default 20) from the checked-in corpus.
+# First, scripts/test-preflight.sh checks root, the tools and free disk, and lists what the
+# steps will install; scripts/check-layers.py checks the import order (docs/architecture.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+scripts/test-preflight.sh
 packaging/fetch-model.sh
 packaging/fetch-model.sh gemma3
 scripts/build-peer.sh
 cargo fmt --check
+scripts/check-layers.py
 cargo clippy --release --all-targets -- -D warnings
 cargo clippy --release --features cuda --all-targets -- -D warnings
 cargo build --release
 cargo test --release -- --test-threads=1
 scripts/test-aarch64.sh
 scripts/build-static.sh
-python3 -m pytest -q tests/e2e
+EDGELM_AMD64_BIN=target/static/amd64/edgelm scripts/build-image.sh
+python3 -m pytest -q -rs tests/e2e
 scripts/check-kernels.sh
 scripts/check-cuda-emu.sh
 scripts/fuzz.sh "${EDGELM_FUZZ_SECONDS:-20}"

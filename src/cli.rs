@@ -1,6 +1,8 @@
 //! Command-line flags (clap) for every subcommand.
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
+use edgelm::backend::select::Requested;
 use edgelm::kv::KvType;
 use std::path::PathBuf;
 
@@ -107,6 +109,18 @@ pub struct ServeArgs {
     /// Requests that may wait beyond the running batch before new ones get 429 [profile: server.max_queue].
     #[arg(long = "max-queue")]
     pub max_queue: Option<usize>,
+    /// Seconds a connection has to send its request head [profile: server.header_timeout_s].
+    #[arg(long = "header-timeout")]
+    pub header_timeout: Option<f64>,
+    /// Connections held open at once; beyond, closed at accept [profile: server.max_connections].
+    #[arg(long = "max-connections")]
+    pub max_connections: Option<usize>,
+    /// Generation requests a second per client address; 0: off [profile: server.client_rate_per_s].
+    #[arg(long = "client-rate")]
+    pub client_rate: Option<f64>,
+    /// Requests a client may send at once [profile: server.client_burst].
+    #[arg(long = "client-burst")]
+    pub client_burst: Option<f64>,
     /// Seconds to let in-flight requests finish after SIGTERM [profile: server.drain_seconds].
     #[arg(long = "drain-seconds")]
     pub drain_seconds: Option<u64>,
@@ -222,11 +236,20 @@ pub struct ComputeArgs {
     #[arg(long = "prefill-pacing", default_value_t = edgelm::engine::DEFAULT_PREFILL_PACING)]
     pub prefill_pacing: f64,
     /// Compute backend: cpu, cuda or auto (cuda and auto fall back to the CPU, saying why).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
-    pub backend: String,
+    #[arg(long, default_value = "cpu", value_parser = backend_parser())]
+    pub backend: Requested,
     /// CUDA: MiB of device memory the KV pool leaves free (it takes all the rest).
     #[arg(long = "gpu-reserve-mib", default_value_t = edgelm::engine::DEFAULT_GPU_RESERVE_MIB)]
     pub gpu_reserve_mib: usize,
+}
+
+/// `--backend`: one of [`Requested::NAMES`] (listed in `--help`), parsed once into a
+/// [`Requested`].
+fn backend_parser() -> impl TypedValueParser<Value = Requested> {
+    PossibleValuesParser::new(Requested::NAMES).map(|name| {
+        name.parse()
+            .expect("PossibleValuesParser admits only Requested::NAMES")
+    })
 }
 
 impl ComputeArgs {
@@ -240,7 +263,10 @@ impl ComputeArgs {
             max_seqs: e.max_seqs,
             max_batched_tokens: e.max_batched_tokens,
             prefill_pacing: e.prefill_pacing,
-            backend: e.backend.clone(),
+            backend: e
+                .backend
+                .parse()
+                .expect("the profile loader accepts only backends Requested parses"),
             gpu_reserve_mib: e.gpu_reserve_mib,
         }
     }

@@ -34,6 +34,24 @@ pub struct ServerSection {
     /// (the requests not yet started, at the recent time between first tokens) gets 429; 0:
     /// only max_queue bounds the queue.
     pub max_queue_wait_s: f64,
+    /// Seconds from accepting a connection (or from the first byte of a further request on a
+    /// kept-alive one) to the end of its request head; then it is closed.
+    pub header_timeout_s: f64,
+    /// Seconds from the end of a request head to the end of its body.
+    pub body_timeout_s: f64,
+    /// Seconds a kept-alive connection may wait for its next request, and a response may wait
+    /// for the client to read it.
+    pub idle_timeout_s: f64,
+    /// Connections held open at once (reading a request, kept alive or refused); a connection
+    /// beyond is closed at once (a minimal 503).
+    pub max_connections: usize,
+    /// Generation requests a second one client address may send (token bucket); 0: off.
+    pub client_rate_per_s: f64,
+    /// The bucket's size: requests a client may send at once after a pause.
+    pub client_burst: f64,
+    /// Refusals (429, 401, 404, ...) the server answers a second at most; the rest wait their
+    /// turn, so that a flood of them takes a bounded share of the CPU; 0: no bound.
+    pub max_rejections_per_s: f64,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -81,6 +99,13 @@ impl Default for ServerSection {
             body_limit_kib: 1024,
             drain_seconds: 30,
             max_queue_wait_s: 5.0,
+            header_timeout_s: 10.0,
+            body_timeout_s: 30.0,
+            idle_timeout_s: 60.0,
+            max_connections: 3072,
+            client_rate_per_s: 0.0,
+            client_burst: 20.0,
+            max_rejections_per_s: 500.0,
         }
     }
 }
@@ -185,6 +210,33 @@ impl Profile {
                 ),
             );
         }
+        for (key, v) in [
+            ("server.header_timeout_s", s.header_timeout_s),
+            ("server.body_timeout_s", s.body_timeout_s),
+            ("server.idle_timeout_s", s.idle_timeout_s),
+        ] {
+            if !(0.1..=3600.0).contains(&v) {
+                return bad(key, "must be 0.1 to 3600 seconds");
+            }
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&s.max_connections) {
+            return bad(
+                "server.max_connections",
+                format!("must be 1 to {MAX_CONNECTIONS}"),
+            );
+        }
+        if !(0.0..=1e6).contains(&s.client_rate_per_s) {
+            return bad("server.client_rate_per_s", "must be 0 (off) to 1000000");
+        }
+        if !(1.0..=1e6).contains(&s.client_burst) {
+            return bad("server.client_burst", "must be 1 to 1000000");
+        }
+        if !(0.0..=1e7).contains(&s.max_rejections_per_s) {
+            return bad(
+                "server.max_rejections_per_s",
+                "must be 0 (no bound) to 10000000",
+            );
+        }
         if !matches!(e.backend.as_str(), "cpu" | "cuda" | "auto") {
             return bad("engine.backend", "must be \"cpu\", \"cuda\" or \"auto\"");
         }
@@ -273,6 +325,7 @@ const MAX_BATCHED_TOKENS: usize = 65_536;
 const MAX_QUEUE: usize = 100_000;
 const MAX_BODY_KIB: usize = 1 << 20;
 const MAX_DRAIN_SECONDS: u64 = 600;
+const MAX_CONNECTIONS: usize = 1_000_000;
 
 fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
@@ -417,6 +470,21 @@ mod tests {
             ("[server]\nhost = \"my host\"\n", "server.host"),
             ("[server]\ndrain_seconds = 601\n", "server.drain_seconds"),
             ("[model]\npath = \"\"\n", "model.path"),
+            (
+                "[server]\nheader_timeout_s = 0\n",
+                "server.header_timeout_s",
+            ),
+            ("[server]\nidle_timeout_s = 5000\n", "server.idle_timeout_s"),
+            ("[server]\nmax_connections = 0\n", "server.max_connections"),
+            (
+                "[server]\nclient_rate_per_s = -1\n",
+                "server.client_rate_per_s",
+            ),
+            ("[server]\nclient_burst = 0.5\n", "server.client_burst"),
+            (
+                "[server]\nmax_rejections_per_s = -2\n",
+                "server.max_rejections_per_s",
+            ),
         ] {
             let err = Profile::parse(text).unwrap_err();
             assert!(err.starts_with(key), "{text}: {err}");

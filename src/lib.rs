@@ -3,10 +3,12 @@
 //! Data flows one way: GGUF weights (`gguf`) and quantized math (`quant`) feed the model
 //! (`model`), which reads and writes K/V through the paged pool (`kv`) using a compute
 //! backend (`backend`); the engine (`engine`) schedules sequences and samples tokens.
+//! Imports follow the same order, top to bottom; docs/architecture.md lists the layers and
+//! scripts/check-layers.py enforces them.
 
-#[macro_use]
 pub mod backend;
 pub mod config;
+pub mod cpu_features;
 pub mod engine;
 pub mod gguf;
 pub mod grammar;

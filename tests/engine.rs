@@ -43,6 +43,13 @@ fn start(
     Engine::start(m, tok.eog_tokens().to_vec(), config).unwrap()
 }
 
+/// f16 K and V of one token across every layer, from the model's hyper-parameters
+/// (2 × layers × KV heads × head dim × 2 bytes): the pool sizes below are in these units.
+fn f16_kv_bytes_per_token() -> usize {
+    let c = &model().config;
+    2 * c.n_layers * c.n_head_kv * c.head_dim * 2
+}
+
 fn greedy(max_tokens: usize) -> GenParams {
     GenParams {
         max_tokens,
@@ -153,7 +160,7 @@ fn twelve_concurrent_greedy_requests_match_the_peer() {
 #[test]
 fn preemption_under_a_tiny_pool_changes_no_output() {
     // 24 blocks of 16 tokens (384 tokens) for 12 sequences of up to ~80 tokens each.
-    let geom_bytes_per_block = 23_040 * 16;
+    let geom_bytes_per_block = f16_kv_bytes_per_token() * 16;
     let (engine, thread) = start(24 * geom_bytes_per_block, 12, 128);
     let exact = run_all_at_once(&engine);
     let stats = engine.stats();
@@ -326,7 +333,7 @@ fn scoring_the_peer_tokens_agrees_with_its_argmax() {
 
 #[test]
 fn requests_that_can_never_fit_are_rejected_up_front() {
-    let (engine, thread) = start(16 * 23_040 * 16, 4, 128); // 256 tokens of KV
+    let (engine, thread) = start(16 * f16_kv_bytes_per_token() * 16, 4, 128); // 256 tokens of KV
     let err = engine
         .submit(vec![1; 200], greedy(100))
         .unwrap_err()

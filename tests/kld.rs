@@ -44,16 +44,6 @@ fn parse(out: &str) -> Kld {
     }
 }
 
-fn peer(tool: &str) -> PathBuf {
-    let p = repo_root().join("target/peer/build/bin").join(tool);
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/build-peer.sh first",
-        p.display()
-    );
-    p
-}
-
 fn text() -> PathBuf {
     repo_root().join("tests/data/gpl-2.txt")
 }
@@ -89,7 +79,7 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
         // Written beside and renamed: an interrupted run leaves no truncated base behind.
         let tmp = base.with_extension("base.tmp");
         let out = output_of(
-            Command::new(peer("llama-perplexity"))
+            Command::new(peer_tool("llama-perplexity"))
                 .args(["-c", "512", "-t", "2", "--chunks", &chunks.to_string()])
                 .arg("-m")
                 .arg(model)
@@ -120,7 +110,7 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
 /// The yardstick: llama.cpp with a q8_0 KV cache against its own f16 base.
 fn peer_q8_0(model: &Path, base: &Path) -> Kld {
     parse(&output_of(
-        Command::new(peer("llama-perplexity"))
+        Command::new(peer_tool("llama-perplexity"))
             .args(["-c", "512", "-t", "2", "-ctk", "q8_0", "-ctv", "q8_0"])
             .arg("-m")
             .arg(model)

@@ -4,6 +4,14 @@
 use crate::kv::{KvLayout, NO_BLOCK};
 use anyhow::{bail, Result};
 
+/// What a forward pass hands back: the logits rows the batch asked for, or (where the backend
+/// reduced them itself: greedy argmax, device sampling) one token id per row.
+#[derive(Debug, PartialEq)]
+pub enum StepOutput {
+    Logits(Vec<f32>),
+    Tokens(Vec<u32>),
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct BatchMeta {
     /// Token ids, all sequences' spans one after another.

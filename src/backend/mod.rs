@@ -1,10 +1,11 @@
 //! Compute backends: the op set the forward pass is written against (`ops`), what a step
-//! computes (`batch`), the CPU backend (always built) and CUDA (feature `cuda`).
+//! computes (`batch`), a sequence's sampling settings (`sampling`, which the device sampler
+//! reads), the CPU backend (always built) and CUDA (feature `cuda`).
 
 pub mod batch;
-#[macro_use]
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod ops;
+pub mod sampling;
 pub mod select;

@@ -146,7 +146,7 @@ fn progress(label: &str, i: usize, n: usize) {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let threads = init_threads(&args.compute)?;
-    edgelm::backend::select::resolve(&args.compute.backend, "benchmarking");
+    args.compute.backend.resolve("benchmarking");
     if args.repeats == 0 || args.n_gen < 2 || args.n_prompt == 0 {
         bail!("--repeats must be ≥ 1, -n ≥ 2 and -p ≥ 1");
     }

@@ -14,7 +14,7 @@ use std::time::Instant;
 pub fn run(args: RunArgs) -> Result<()> {
     let start = Instant::now();
     let threads = init_threads(&args.compute)?;
-    edgelm::backend::select::resolve(&args.compute.backend, "running");
+    args.compute.backend.resolve("running");
     let model = Arc::new(Model::load(&args.model.model)?);
     let tok = Tokenizer::from_gguf(&model.file)?;
     let prompt = if args.chat {

@@ -41,7 +41,7 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
         max_context: 0,
         prefill_pacing: c.prefill_pacing,
         // The command has resolved (and logged) the backend already; this is the same answer.
-        backend: edgelm::backend::select::resolve_quietly(&c.backend),
+        backend: c.backend.resolve_quietly(),
         gpu_reserve_bytes: c.gpu_reserve_mib << 20,
     }
 }

@@ -5,7 +5,7 @@ use super::{engine_config, init_threads};
 use crate::cli::{ComputeArgs, ConfigCheckArgs, ServeArgs};
 use anyhow::{Context, Result};
 use edgelm::config::Profile;
-use edgelm::server::{serve, ServeConfig};
+use edgelm::server::{serve, FrontConfig, ServeConfig};
 use std::net::ToSocketAddrs;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -50,9 +50,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(d) = args.drain_seconds {
         p.server.drain_seconds = d;
     }
+    if let Some(t) = args.header_timeout {
+        p.server.header_timeout_s = t;
+    }
+    if let Some(n) = args.max_connections {
+        p.server.max_connections = n;
+    }
+    if let Some(r) = args.client_rate {
+        p.server.client_rate_per_s = r;
+    }
+    if let Some(b) = args.client_burst {
+        p.server.client_burst = b;
+    }
     p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     edgelm::backend::select::resolve(&p.engine.backend, "serving");
     let compute = ComputeArgs::from_profile(&p.engine);
+    // The engine's threads at the normal priority; the HTTP threads take a lower one.
+    edgelm::backend::cpu::pool::set_compute_nice(edgelm::server::compute_nice());
     init_threads(&compute)?;
     let addr = (p.server.host.as_str(), p.server.port)
         .to_socket_addrs()
@@ -94,6 +108,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_queue_wait: std::time::Duration::from_secs_f64(p.server.max_queue_wait_s),
         body_limit: p.server.body_limit_kib * 1024,
         profile: profile_name,
+        front: FrontConfig {
+            header_timeout: Duration::from_secs_f64(p.server.header_timeout_s),
+            body_timeout: Duration::from_secs_f64(p.server.body_timeout_s),
+            idle_timeout: Duration::from_secs_f64(p.server.idle_timeout_s),
+            max_connections: p.server.max_connections,
+            client_rate_per_s: p.server.client_rate_per_s,
+            client_burst: p.server.client_burst,
+            max_rejections_per_s: p.server.max_rejections_per_s,
+        },
     };
     serve(config, stop, Duration::from_secs(p.server.drain_seconds))
 }

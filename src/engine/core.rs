@@ -3,14 +3,14 @@
 //! lines: schedule → run → postprocess → emit.
 
 use super::executor::{Executor, ExecutorPlan};
+use super::handle::{Command, EngineHandle, EngineLimits};
 use super::metrics::{EngineStats, SharedStats};
 use super::pacer::PrefillPacer;
-use super::request::{
-    Event, FinishReason, GenParams, Request, RequestId, TokenLogprob, UNTIL_CONTEXT_END,
-};
+use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
 use super::sampler::{logprobs_of, Sampler, SamplingParams};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
+use crate::backend::batch::StepOutput;
 use crate::backend::select::Backend;
 use crate::grammar::{Constraint, Mask};
 use crate::kv::plan::KvPlan;
@@ -18,7 +18,6 @@ use crate::kv::{BlockPool, KvType};
 use crate::model::{BatchMeta, Logits, Model};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -66,101 +65,6 @@ impl Default for EngineConfig {
             backend: Backend::Cpu,
             gpu_reserve_bytes: DEFAULT_GPU_RESERVE_MIB << 20,
         }
-    }
-}
-
-enum Command {
-    Submit(Box<Request>, Sender<Event>),
-    Cancel(RequestId),
-    Shutdown,
-}
-
-/// Limits every request is checked against before it reaches the engine thread.
-#[derive(Clone, Debug)]
-pub struct EngineLimits {
-    pub context: usize,
-    pub capacity_tokens: usize,
-    pub vocab_size: usize,
-    pub max_n: usize,
-}
-
-/// The cloneable way in: submit, cancel, read stats.
-#[derive(Clone)]
-pub struct EngineHandle {
-    tx: Sender<Command>,
-    stats: SharedStats,
-    next_id: Arc<AtomicU64>,
-    pub limits: EngineLimits,
-    pub plan: KvPlan,
-}
-
-impl EngineHandle {
-    /// Validates and queues a request; its events arrive on the returned receiver.
-    pub fn submit(
-        &self,
-        prompt: Vec<u32>,
-        mut params: GenParams,
-    ) -> Result<(RequestId, Receiver<Event>)> {
-        let l = &self.limits;
-        if params.max_tokens == UNTIL_CONTEXT_END {
-            // As far as the context (and the pool) allow; a prompt that leaves no room fails
-            // the checks below.
-            let room = l.context.min(l.capacity_tokens);
-            params.max_tokens = room.saturating_sub(prompt.len()).max(1);
-        }
-        if prompt.is_empty() {
-            bail!("the prompt is empty");
-        }
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary ({} tokens)",
-                l.vocab_size
-            );
-        }
-        if params.n == 0 || params.n > l.max_n {
-            bail!("n must be between 1 and {}", l.max_n);
-        }
-        let total = prompt.len().saturating_add(params.max_tokens);
-        if total > l.context {
-            bail!(
-                "prompt ({} tokens) plus max_tokens ({}) exceeds the context length of {} tokens",
-                prompt.len(),
-                params.max_tokens,
-                l.context
-            );
-        }
-        if total > l.capacity_tokens {
-            bail!(
-                "prompt plus max_tokens ({total} tokens) exceeds the KV pool ({} tokens)",
-                l.capacity_tokens
-            );
-        }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel();
-        let req = Request {
-            id,
-            prompt,
-            params,
-            submitted: std::time::Instant::now(),
-        };
-        self.tx
-            .send(Command::Submit(Box::new(req), tx))
-            .map_err(|_| anyhow::anyhow!("the engine has stopped"))?;
-        Ok((id, rx))
-    }
-
-    /// Cancels a request: all its blocks are freed at the start of the next step.
-    pub fn cancel(&self, id: RequestId) {
-        let _ = self.tx.send(Command::Cancel(id));
-    }
-
-    /// Asks the engine to finish in-flight work and stop.
-    pub fn shutdown(&self) {
-        let _ = self.tx.send(Command::Shutdown);
-    }
-
-    pub fn stats(&self) -> EngineStats {
-        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
 
@@ -304,26 +208,22 @@ impl Engine {
             pacer: PrefillPacer::new(config.prefill_pacing, PACED_MIN_CHUNK),
         };
         engine.local.kv_pool_bytes = engine.exec.kv_bytes();
+        engine.local.block_tokens = config.block_tokens;
         engine.local.weight_bytes = engine.model.file_bytes();
         engine.publish();
-        let handle = EngineHandle {
-            tx,
-            stats,
-            next_id: Arc::new(AtomicU64::new(1)),
-            limits,
-            plan,
-        };
+        let handle = EngineHandle::new(tx, stats, limits, plan);
         let thread = std::thread::Builder::new()
             .name("edgelm-engine".into())
             .spawn(move || {
                 // The engine thread computes too (it is one of the pool's threads).
                 crate::backend::cpu::pool::lower_thread_priority();
-                engine.run(rx)
+                engine.serve(rx)
             })?;
         Ok((handle, thread))
     }
 
-    fn run(mut self, rx: Receiver<Command>) {
+    /// The engine thread's loop: take commands, step while there is work, publish stats.
+    fn serve(mut self, rx: Receiver<Command>) {
         let mut shutting_down = false;
         // systemd's watchdog is fed from here, so a wedged loop stops the pings.
         let mut watchdog = crate::systemd::Watchdog::from_env();
@@ -427,40 +327,36 @@ impl Engine {
         );
     }
 
-    /// One engine step.
+    /// One engine step: schedule → run → postprocess, which emits each request's events.
     fn step(&mut self) {
+        let Some(batch) = self.schedule() else {
+            return;
+        };
+        let readout = self.readout(&batch);
+        match self.run(&batch, &readout) {
+            Ok(out) => self.postprocess(&batch, out, &readout),
+            Err(e) => self.fail_batch(&batch, &e),
+        }
+    }
+
+    /// The next batch within the step's token budget, its prefill share paced against the
+    /// streams it would delay; `None` when nothing can run.
+    fn schedule(&mut self) -> Option<ScheduledBatch> {
         let pacer = &self.pacer;
         let batch = self
             .sched
             .schedule_paced(|decodes, left| pacer.prefill_budget(decodes, left));
-        if batch.spans.is_empty() {
-            return;
-        }
-        let mut failed = None;
+        (!batch.spans.is_empty()).then_some(batch)
+    }
+
+    /// Runs `batch` through the model (with the constrained rows' masks computed beside it)
+    /// and returns its rows as `readout` asks.
+    fn run(&mut self, batch: &ScheduledBatch, readout: &Readout) -> Result<StepOutput> {
         for &(src, dst) in &batch.copies {
-            if let Err(e) = self.exec.copy_block(src as usize, dst as usize) {
-                failed = Some(e);
-            }
+            self.exec.copy_block(src as usize, dst as usize)?;
         }
-        let mut meta = BatchMeta::default();
-        for span in &batch.spans {
-            let s = self.sched.get(span.seq).expect("scheduled seq exists");
-            meta.push_span(
-                &s.tokens[span.start..span.start + span.len],
-                span.start,
-                s.blocks.tables().to_vec(),
-                span.logits,
-            );
-        }
+        let meta = self.batch_meta(batch);
         let started = Instant::now();
-        // Greedy rows are reduced to their argmax by the executor: on the GPU only token ids
-        // come back; on the CPU it is the argmax the sampler would take (one path, so the CPU
-        // tests exercise it too).
-        let greedy = self.all_greedy(&batch);
-        // On the GPU, other rows without penalties or logprobs are sampled there too.
-        let device_rows = (!greedy && self.exec.is_cuda())
-            .then(|| self.device_sample_rows(&batch))
-            .flatten();
         // The constrained sequences that sample in this step have their masks computed on
         // another thread while the forward pass runs (a mask depends only on the tokens so far).
         let mut mask_jobs: Vec<(SeqId, Constraint)> = batch
@@ -486,17 +382,16 @@ impl Engine {
                     (masks, started.elapsed().as_secs_f64())
                 })
             });
-            let result = match failed {
-                Some(e) => Err(e),
-                None if device_rows.is_some() => self
+            let result = match readout {
+                Readout::DeviceSampled(rows) => self
                     .exec
-                    .forward_sample(&self.model, &meta, device_rows.as_deref().unwrap_or(&[]))
-                    .map(StepOutput::Sampled),
-                None if greedy => self
+                    .forward_sample(&self.model, &meta, rows)
+                    .map(StepOutput::Tokens),
+                Readout::Greedy => self
                     .exec
                     .forward_greedy(&self.model, &meta)
                     .map(StepOutput::Tokens),
-                None => self
+                Readout::Logits => self
                     .exec
                     .forward(&self.model, &meta)
                     .map(StepOutput::Logits),
@@ -515,34 +410,69 @@ impl Engine {
             batch.num_tokens() - decodes,
             started.elapsed().as_secs_f64(),
         );
-        let out = match result {
-            Ok(o) => o,
-            Err(e) => {
-                // Should be unreachable (everything was validated); never take the engine down.
-                log::error!("forward pass failed: {e:#}");
-                let reqs: Vec<RequestId> = batch
-                    .spans
-                    .iter()
-                    .filter_map(|s| self.seq_request.get(&s.seq).copied())
-                    .collect();
-                for r in reqs {
-                    if let Some(st) = self.requests.get(&r) {
-                        let _ = st.events.send(Event::Error(format!("internal error: {e}")));
-                    }
-                    self.finish_request(r, FinishReason::Cancelled);
-                }
-                return;
-            }
-        };
-        self.sched.commit(&batch);
+        result
+    }
+
+    /// The step's tokens, positions and block tables, as the forward pass takes them.
+    fn batch_meta(&self, batch: &ScheduledBatch) -> BatchMeta {
+        let mut meta = BatchMeta::default();
+        for span in &batch.spans {
+            let s = self.sched.get(span.seq).expect("scheduled seq exists");
+            meta.push_span(
+                &s.tokens[span.start..span.start + span.len],
+                span.start,
+                s.blocks.tables().to_vec(),
+                span.logits,
+            );
+        }
+        meta
+    }
+
+    /// How this step's rows come back. Greedy rows are reduced to their argmax by the
+    /// executor: on the GPU only token ids come back; on the CPU it is the argmax the sampler
+    /// would take (one path, so the CPU tests exercise it too). On the GPU, other rows without
+    /// penalties or logprobs are sampled there too.
+    fn readout(&self, batch: &ScheduledBatch) -> Readout {
+        if self.all_greedy(batch) {
+            return Readout::Greedy;
+        }
+        match self.exec.is_cuda().then(|| self.device_sample_rows(batch)) {
+            Some(Some(rows)) => Readout::DeviceSampled(rows),
+            _ => Readout::Logits,
+        }
+    }
+
+    /// The step ran: its planned KV changes take effect, and each row's token is chosen (and
+    /// sent to its request).
+    fn postprocess(&mut self, batch: &ScheduledBatch, out: StepOutput, readout: &Readout) {
+        self.sched.commit(batch);
         self.local.steps += 1;
         match out {
             StepOutput::Logits(logits) => {
-                self.postprocess(&batch, &logits);
+                self.postprocess_logits(batch, &logits);
                 self.exec.recycle(logits);
             }
-            StepOutput::Tokens(tokens) => self.postprocess_tokens(&batch, &tokens, false),
-            StepOutput::Sampled(tokens) => self.postprocess_tokens(&batch, &tokens, true),
+            StepOutput::Tokens(tokens) => {
+                let drawn = matches!(readout, Readout::DeviceSampled(_));
+                self.postprocess_tokens(batch, &tokens, drawn);
+            }
+        }
+    }
+
+    /// A step that failed (should be unreachable: everything was validated) ends the requests
+    /// it carried with an error; it never takes the engine down.
+    fn fail_batch(&mut self, batch: &ScheduledBatch, e: &anyhow::Error) {
+        log::error!("forward pass failed: {e:#}");
+        let reqs: Vec<RequestId> = batch
+            .spans
+            .iter()
+            .filter_map(|s| self.seq_request.get(&s.seq).copied())
+            .collect();
+        for r in reqs {
+            if let Some(st) = self.requests.get(&r) {
+                let _ = st.events.send(Event::Error(format!("internal error: {e}")));
+            }
+            self.finish_request(r, FinishReason::Cancelled);
         }
     }
 
@@ -625,7 +555,8 @@ impl Engine {
         }
     }
 
-    fn postprocess(&mut self, batch: &ScheduledBatch, logits: &[f32]) {
+    /// [`Self::postprocess`] for a step whose rows came back as logits.
+    fn postprocess_logits(&mut self, batch: &ScheduledBatch, logits: &[f32]) {
         let vocab = self.model.config.vocab_size;
         let mut row = 0;
         for span in &batch.spans {
@@ -908,13 +839,13 @@ impl Engine {
     }
 }
 
-/// What a step produced: logits rows, or (greedy on the GPU) the chosen token ids.
-enum StepOutput {
-    Logits(Vec<f32>),
-    /// Greedy token ids.
-    Tokens(Vec<u32>),
-    /// Token ids drawn on the device from the samplers' generator states.
-    Sampled(Vec<u32>),
+/// How a step's rows come back, chosen before it runs.
+enum Readout {
+    Logits,
+    /// Each row's argmax.
+    Greedy,
+    /// A token per row drawn on the device with (parameters, the row's sampler state).
+    DeviceSampled(Vec<(SamplingParams, u64)>),
 }
 
 /// How the next token of a sequence is chosen: by its sampler from logits, or already chosen.

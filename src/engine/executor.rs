@@ -117,7 +117,7 @@ impl Executor {
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => {
                 match x.forward(model, batch, crate::backend::cuda::Want::Logits) {
-                    Ok(crate::backend::cuda::StepOut::Logits(l)) => Ok(l),
+                    Ok(crate::backend::batch::StepOutput::Logits(l)) => Ok(l),
                     Ok(_) => anyhow::bail!("the CUDA executor returned tokens for logits"),
                     Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
                 }
@@ -197,7 +197,7 @@ fn cuda_tokens(
     want: crate::backend::cuda::Want<'_>,
 ) -> Result<Vec<u32>> {
     match x.forward(model, batch, want) {
-        Ok(crate::backend::cuda::StepOut::Tokens(t)) => Ok(t),
+        Ok(crate::backend::batch::StepOutput::Tokens(t)) => Ok(t),
         Ok(_) => anyhow::bail!("the CUDA executor returned logits for tokens"),
         Err(e) => anyhow::bail!("CUDA forward pass failed: {e}"),
     }

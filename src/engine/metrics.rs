@@ -59,6 +59,8 @@ pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
     pub kv_blocks_total: usize,
+    /// Tokens per KV block (fixed at start).
+    pub block_tokens: usize,
     pub kv_blocks_used: usize,
     pub kv_blocks_cached: usize,
     pub prefix_queried_tokens: u64,
@@ -88,6 +90,7 @@ impl Default for EngineStats {
             running: 0,
             waiting: 0,
             kv_blocks_total: 0,
+            block_tokens: 0,
             kv_blocks_used: 0,
             kv_blocks_cached: 0,
             prefix_queried_tokens: 0,

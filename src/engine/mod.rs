@@ -2,6 +2,7 @@
 
 mod core;
 pub mod executor;
+mod handle;
 mod heap;
 pub mod metrics;
 mod pacer;
@@ -12,10 +13,8 @@ pub mod scheduler;
 pub mod sequence;
 mod session;
 
-pub use self::core::{
-    Engine, EngineConfig, EngineHandle, EngineLimits, DEFAULT_GPU_RESERVE_MIB,
-    DEFAULT_PREFILL_PACING,
-};
+pub use self::core::{Engine, EngineConfig, DEFAULT_GPU_RESERVE_MIB, DEFAULT_PREFILL_PACING};
+pub use handle::{EngineHandle, EngineLimits};
 pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob, UNTIL_CONTEXT_END};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplingParams};

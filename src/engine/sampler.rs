@@ -1,45 +1,8 @@
 //! Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, seeded.
 
 use super::rng::Rng;
+pub use crate::backend::sampling::SamplingParams;
 use std::collections::HashMap;
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct SamplingParams {
-    /// 0 means greedy.
-    pub temperature: f32,
-    /// 0 means no limit.
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub seed: Option<u64>,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: None,
-        }
-    }
-}
-
-impl SamplingParams {
-    pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        }
-    }
-}
 
 pub struct Sampler {
     params: SamplingParams,

@@ -44,144 +44,15 @@ pub struct GgufHeader {
 }
 
 impl GgufHeader {
-    /// Parses and validates a whole GGUF file image (header and data bounds).
+    /// Parses and validates a whole GGUF file image (header and data bounds), in four passes:
+    /// the preamble, the metadata, the tensor infos, then where each tensor's data lies.
     pub fn parse(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
         let mut r = Reader::new(bytes);
         let file_len = r.len();
-
-        let magic = r.bytes(4).map_err(|s| s.context("magic"))?;
-        check_magic(magic)?;
-        let version = r.u32().map_err(|s| s.context("version"))?;
-        check_version(version)?;
-        let tensor_count = r.u64().map_err(|s| s.context("tensor count"))?;
-        let kv_count = r.u64().map_err(|s| s.context("metadata entry count"))?;
-        let min = kv_count
-            .saturating_mul(MIN_KV_BYTES)
-            .saturating_add(tensor_count.saturating_mul(MIN_TENSOR_INFO_BYTES));
-        r.require(min).map_err(|s| {
-            s.context(format!("header with {kv_count} metadata entries and {tensor_count} tensor infos (at least {min} bytes)"))
-        })?;
-        // Both counts are now bounded by the file length, so they fit in usize
-        // (allocations are further capped by `prealloc`).
-        let (kv_count, tensor_count) = (kv_count as usize, tensor_count as usize);
-
-        let mut metadata = Vec::with_capacity(prealloc(kv_count));
-        let mut key_index = HashMap::with_capacity(prealloc(kv_count));
-        let mut alignment = DEFAULT_ALIGNMENT;
-        for i in 0..kv_count {
-            let at = r.pos();
-            let key = read_string(&mut r, &|| format!("metadata key #{i}"))?;
-            let ctx = || format!("metadata key #{i} '{}'", escape(&key, 80));
-            if key.is_empty() || key.len() > MAX_KEY_LEN {
-                return Err(GgufError::malformed(
-                    ctx(),
-                    at,
-                    format!("key length {} is outside 1..={MAX_KEY_LEN}", key.len()),
-                ));
-            }
-            let ty = read_type(&mut r, &ctx)?;
-            let value_at = r.pos();
-            let value = read_value(&mut r, ty, 0, &ctx)?;
-            if key == "general.alignment" {
-                alignment = match value.as_u32() {
-                    Some(a) if a.is_power_of_two() => a.into(),
-                    _ => {
-                        return Err(GgufError::malformed(
-                            ctx(),
-                            value_at,
-                            format!(
-                                "alignment {value} is not a nonzero power of two that fits in u32"
-                            ),
-                        ))
-                    }
-                };
-            }
-            if let Some(&first) = key_index.get(&key) {
-                return Err(GgufError::malformed(
-                    ctx(),
-                    at,
-                    format!("duplicate metadata key (first seen as key #{first})"),
-                ));
-            }
-            key_index.insert(key.clone(), i);
-            metadata.push((key, value));
-        }
-
-        let mut tensors = Vec::with_capacity(prealloc(tensor_count));
-        let mut info_offsets = Vec::with_capacity(prealloc(tensor_count));
-        let mut rel_offsets = Vec::with_capacity(prealloc(tensor_count));
-        let mut tensor_index = HashMap::with_capacity(prealloc(tensor_count));
-        for j in 0..tensor_count {
-            let at = r.pos();
-            let name = read_string(&mut r, &|| format!("tensor #{j} name"))?;
-            let ctx = || format!("tensor #{j} '{}'", escape(&name, 80));
-            if name.is_empty() || name.len() > MAX_TENSOR_NAME {
-                return Err(GgufError::malformed(
-                    ctx(),
-                    at,
-                    format!(
-                        "name length {} is outside 1..={MAX_TENSOR_NAME}",
-                        name.len()
-                    ),
-                ));
-            }
-            let nd_at = r.pos();
-            let n_dims = r
-                .u32()
-                .map_err(|s| s.context(format!("{} dimension count", ctx())))?;
-            if n_dims == 0 || n_dims as usize > MAX_DIMS {
-                return Err(GgufError::malformed(
-                    ctx(),
-                    nd_at,
-                    format!("{n_dims} dimensions; 1..={MAX_DIMS} are supported"),
-                ));
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for d in 0..n_dims {
-                let dim_at = r.pos();
-                let dim = r
-                    .u64()
-                    .map_err(|s| s.context(format!("{} dim {d}", ctx())))?;
-                if dim == 0 || dim > i64::MAX as u64 {
-                    return Err(GgufError::malformed(
-                        ctx(),
-                        dim_at,
-                        format!("dim {d} is {dim}; each dim must be in 1..=i64::MAX"),
-                    ));
-                }
-                dims.push(dim);
-            }
-            let ty_at = r.pos();
-            let ty_id = r.u32().map_err(|s| s.context(format!("{} type", ctx())))?;
-            let ty = GgmlType::from_u32(ty_id).ok_or_else(|| {
-                GgufError::malformed(
-                    ctx(),
-                    ty_at,
-                    format!("unknown or unsupported ggml type id {ty_id}"),
-                )
-            })?;
-            let rel = r
-                .u64()
-                .map_err(|s| s.context(format!("{} data offset", ctx())))?;
-            if let Some(&first) = tensor_index.get(&name) {
-                return Err(GgufError::malformed(
-                    ctx(),
-                    at,
-                    format!("duplicate tensor name (first seen as tensor #{first})"),
-                ));
-            }
-            tensor_index.insert(name.clone(), j);
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ty,
-                offset: 0,
-                size: 0,
-            });
-            info_offsets.push(at);
-            rel_offsets.push(rel);
-        }
-
+        let preamble = read_preamble(&mut r)?;
+        let metadata = read_metadata(&mut r, preamble.kv_count)?;
+        let mut infos = read_tensor_infos(&mut r, preamble.tensor_count)?;
+        let alignment = metadata.alignment;
         let data_offset = align_up(r.pos(), alignment).ok_or_else(|| {
             GgufError::malformed(
                 "tensor data section",
@@ -189,84 +60,18 @@ impl GgufHeader {
                 format!("aligning to {alignment} overflows"),
             )
         })?;
-        for (j, t) in tensors.iter_mut().enumerate() {
-            let at = info_offsets[j];
-            let rel = rel_offsets[j];
-            let ctx = || format!("tensor #{j} '{}'", escape(&t.name, 80));
-            let n_elements = t
-                .dims
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .filter(|&n| n <= i64::MAX as u64);
-            if n_elements.is_none() {
-                return Err(GgufError::malformed(
-                    ctx(),
-                    at,
-                    format!("element count of dims {:?} overflows i64", t.dims),
-                ));
-            }
-            let row = t.ty.row_bytes(t.dims[0]).ok_or_else(|| {
-                GgufError::malformed(
-                    ctx(),
-                    at,
-                    format!(
-                        "row length {} is not a multiple of {}'s block size {}",
-                        t.dims[0],
-                        t.ty,
-                        t.ty.block_elems()
-                    ),
-                )
-            })?;
-            let size = t.dims[1..]
-                .iter()
-                .try_fold(row, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| {
-                    GgufError::malformed(
-                        ctx(),
-                        at,
-                        format!(
-                            "byte size of {} tensor with dims {:?} overflows",
-                            t.ty, t.dims
-                        ),
-                    )
-                })?;
-            if rel % alignment != 0 {
-                return Err(GgufError::malformed(
-                    ctx(),
-                    at,
-                    format!("data offset {rel} is not a multiple of the alignment {alignment}"),
-                ));
-            }
-            let start = data_offset.checked_add(rel);
-            let end = start.and_then(|s| s.checked_add(size));
-            match (start, end) {
-                (Some(start), Some(end)) if end <= file_len => {
-                    t.offset = start;
-                    t.size = size;
-                }
-                _ => {
-                    return Err(GgufError::malformed(
-                        ctx(),
-                        at,
-                        format!(
-                            "data of {size} bytes at data offset {rel} (absolute {}) ends past the end of the file ({file_len} bytes)",
-                            data_offset as u128 + rel as u128
-                        ),
-                    ))
-                }
-            }
-        }
-        check_overlaps(&tensors, &info_offsets)?;
+        place_tensors(&mut infos, data_offset, alignment, file_len)?;
+        check_overlaps(&infos.tensors, &infos.info_offsets)?;
 
         Ok(GgufHeader {
-            version,
-            metadata,
-            tensors,
+            version: preamble.version,
+            metadata: metadata.entries,
+            tensors: infos.tensors,
             alignment,
             data_offset,
             file_size: file_len,
-            key_index,
-            tensor_index,
+            key_index: metadata.key_index,
+            tensor_index: infos.tensor_index,
         })
     }
 
@@ -312,6 +117,268 @@ impl GgufHeader {
             .get(name)
             .and_then(|&i| self.tensors.get(i))
     }
+}
+
+/// What the fixed-size start of the file says: the version and how many entries follow.
+struct Preamble {
+    version: u32,
+    kv_count: usize,
+    tensor_count: usize,
+}
+
+/// Reads the magic, version and the two counts, and proves the counts could fit in the
+/// bytes left (each entry has a minimum size), so no later loop or allocation is driven by a
+/// count the file cannot back.
+fn read_preamble(r: &mut Reader<'_>) -> Result<Preamble, GgufError> {
+    let magic = r.bytes(4).map_err(|s| s.context("magic"))?;
+    check_magic(magic)?;
+    let version = r.u32().map_err(|s| s.context("version"))?;
+    check_version(version)?;
+    let tensor_count = r.u64().map_err(|s| s.context("tensor count"))?;
+    let kv_count = r.u64().map_err(|s| s.context("metadata entry count"))?;
+    let min = kv_count
+        .saturating_mul(MIN_KV_BYTES)
+        .saturating_add(tensor_count.saturating_mul(MIN_TENSOR_INFO_BYTES));
+    r.require(min).map_err(|s| {
+        s.context(format!("header with {kv_count} metadata entries and {tensor_count} tensor infos (at least {min} bytes)"))
+    })?;
+    // Both counts are now bounded by the file length, so they fit in usize
+    // (allocations are further capped by `prealloc`).
+    Ok(Preamble {
+        version,
+        kv_count: kv_count as usize,
+        tensor_count: tensor_count as usize,
+    })
+}
+
+/// The metadata section: entries in file order, their index by key, and the data alignment
+/// (`general.alignment`, else [`DEFAULT_ALIGNMENT`]).
+struct Metadata {
+    entries: Vec<(String, Value)>,
+    key_index: HashMap<String, usize>,
+    alignment: u64,
+}
+
+/// Reads `kv_count` metadata entries, rejecting bad keys, duplicates and an alignment that is
+/// not a power of two.
+fn read_metadata(r: &mut Reader<'_>, kv_count: usize) -> Result<Metadata, GgufError> {
+    let mut entries = Vec::with_capacity(prealloc(kv_count));
+    let mut key_index = HashMap::with_capacity(prealloc(kv_count));
+    let mut alignment = DEFAULT_ALIGNMENT;
+    for i in 0..kv_count {
+        let at = r.pos();
+        let key = read_string(r, &|| format!("metadata key #{i}"))?;
+        let ctx = || format!("metadata key #{i} '{}'", escape(&key, 80));
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return Err(GgufError::malformed(
+                ctx(),
+                at,
+                format!("key length {} is outside 1..={MAX_KEY_LEN}", key.len()),
+            ));
+        }
+        let ty = read_type(r, &ctx)?;
+        let value_at = r.pos();
+        let value = read_value(r, ty, 0, &ctx)?;
+        if key == "general.alignment" {
+            alignment = match value.as_u32() {
+                Some(a) if a.is_power_of_two() => a.into(),
+                _ => {
+                    return Err(GgufError::malformed(
+                        ctx(),
+                        value_at,
+                        format!("alignment {value} is not a nonzero power of two that fits in u32"),
+                    ))
+                }
+            };
+        }
+        if let Some(&first) = key_index.get(&key) {
+            return Err(GgufError::malformed(
+                ctx(),
+                at,
+                format!("duplicate metadata key (first seen as key #{first})"),
+            ));
+        }
+        key_index.insert(key.clone(), i);
+        entries.push((key, value));
+    }
+    Ok(Metadata {
+        entries,
+        key_index,
+        alignment,
+    })
+}
+
+/// The tensor-info section. `tensors` have no offset or size yet ([`place_tensors`] fills
+/// them); `info_offsets[j]` is where tensor `j`'s info starts (for error messages) and
+/// `rel_offsets[j]` its data offset as written, relative to the data section.
+struct TensorInfos {
+    tensors: Vec<TensorInfo>,
+    info_offsets: Vec<u64>,
+    rel_offsets: Vec<u64>,
+    tensor_index: HashMap<String, usize>,
+}
+
+/// Reads `tensor_count` tensor infos, rejecting bad names, duplicates, bad dimensions and
+/// unknown types.
+fn read_tensor_infos(r: &mut Reader<'_>, tensor_count: usize) -> Result<TensorInfos, GgufError> {
+    let mut infos = TensorInfos {
+        tensors: Vec::with_capacity(prealloc(tensor_count)),
+        info_offsets: Vec::with_capacity(prealloc(tensor_count)),
+        rel_offsets: Vec::with_capacity(prealloc(tensor_count)),
+        tensor_index: HashMap::with_capacity(prealloc(tensor_count)),
+    };
+    for j in 0..tensor_count {
+        let at = r.pos();
+        let (info, rel) = read_tensor_info(r, j)?;
+        if let Some(&first) = infos.tensor_index.get(&info.name) {
+            return Err(GgufError::malformed(
+                format!("tensor #{j} '{}'", escape(&info.name, 80)),
+                at,
+                format!("duplicate tensor name (first seen as tensor #{first})"),
+            ));
+        }
+        infos.tensor_index.insert(info.name.clone(), j);
+        infos.tensors.push(info);
+        infos.info_offsets.push(at);
+        infos.rel_offsets.push(rel);
+    }
+    Ok(infos)
+}
+
+/// Reads tensor `j`'s info (name, dimensions, type) and its relative data offset.
+fn read_tensor_info(r: &mut Reader<'_>, j: usize) -> Result<(TensorInfo, u64), GgufError> {
+    let at = r.pos();
+    let name = read_string(r, &|| format!("tensor #{j} name"))?;
+    let ctx = || format!("tensor #{j} '{}'", escape(&name, 80));
+    if name.is_empty() || name.len() > MAX_TENSOR_NAME {
+        return Err(GgufError::malformed(
+            ctx(),
+            at,
+            format!(
+                "name length {} is outside 1..={MAX_TENSOR_NAME}",
+                name.len()
+            ),
+        ));
+    }
+    let nd_at = r.pos();
+    let n_dims = r
+        .u32()
+        .map_err(|s| s.context(format!("{} dimension count", ctx())))?;
+    if n_dims == 0 || n_dims as usize > MAX_DIMS {
+        return Err(GgufError::malformed(
+            ctx(),
+            nd_at,
+            format!("{n_dims} dimensions; 1..={MAX_DIMS} are supported"),
+        ));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for d in 0..n_dims {
+        let dim_at = r.pos();
+        let dim = r
+            .u64()
+            .map_err(|s| s.context(format!("{} dim {d}", ctx())))?;
+        if dim == 0 || dim > i64::MAX as u64 {
+            return Err(GgufError::malformed(
+                ctx(),
+                dim_at,
+                format!("dim {d} is {dim}; each dim must be in 1..=i64::MAX"),
+            ));
+        }
+        dims.push(dim);
+    }
+    let ty_at = r.pos();
+    let ty_id = r.u32().map_err(|s| s.context(format!("{} type", ctx())))?;
+    let ty = GgmlType::from_u32(ty_id).ok_or_else(|| {
+        GgufError::malformed(
+            ctx(),
+            ty_at,
+            format!("unknown or unsupported ggml type id {ty_id}"),
+        )
+    })?;
+    let rel = r
+        .u64()
+        .map_err(|s| s.context(format!("{} data offset", ctx())))?;
+    let info = TensorInfo {
+        name,
+        dims,
+        ty,
+        offset: 0,
+        size: 0,
+    };
+    Ok((info, rel))
+}
+
+/// Gives every tensor its absolute offset and byte size, proving each is a whole number of
+/// blocks per row, aligned, and inside the file (`data_offset` is the aligned start of the
+/// data section, `file_len` the file's length).
+fn place_tensors(
+    infos: &mut TensorInfos,
+    data_offset: u64,
+    alignment: u64,
+    file_len: u64,
+) -> Result<(), GgufError> {
+    for (j, t) in infos.tensors.iter_mut().enumerate() {
+        let at = infos.info_offsets[j];
+        let rel = infos.rel_offsets[j];
+        let ctx = || format!("tensor #{j} '{}'", escape(&t.name, 80));
+        let size = tensor_bytes(t).map_err(|why| GgufError::malformed(ctx(), at, why))?;
+        if !rel.is_multiple_of(alignment) {
+            return Err(GgufError::malformed(
+                ctx(),
+                at,
+                format!("data offset {rel} is not a multiple of the alignment {alignment}"),
+            ));
+        }
+        let start = data_offset.checked_add(rel);
+        let end = start.and_then(|s| s.checked_add(size));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= file_len => {
+                t.offset = start;
+                t.size = size;
+            }
+            _ => {
+                return Err(GgufError::malformed(
+                    ctx(),
+                    at,
+                    format!(
+                        "data of {size} bytes at data offset {rel} (absolute {}) ends past the end of the file ({file_len} bytes)",
+                        data_offset as u128 + rel as u128
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The byte size of `t`'s data, or why it has none: an element count beyond i64, a row that
+/// is not whole blocks of its type, or a size that overflows.
+fn tensor_bytes(t: &TensorInfo) -> Result<u64, String> {
+    let n_elements = t
+        .dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as u64);
+    if n_elements.is_none() {
+        return Err(format!("element count of dims {:?} overflows i64", t.dims));
+    }
+    let row = t.ty.row_bytes(t.dims[0]).ok_or_else(|| {
+        format!(
+            "row length {} is not a multiple of {}'s block size {}",
+            t.dims[0],
+            t.ty,
+            t.ty.block_elems()
+        )
+    })?;
+    t.dims[1..]
+        .iter()
+        .try_fold(row, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            format!(
+                "byte size of {} tensor with dims {:?} overflows",
+                t.ty, t.dims
+            )
+        })
 }
 
 fn check_magic(magic: &[u8]) -> Result<(), GgufError> {

@@ -7,6 +7,7 @@
 
 use super::blocks::*;
 use super::GgmlType;
+use crate::cpu_features::fma_dispatch;
 
 /// Dequantizes `dst.len()` values. Lengths were checked by the caller
 /// (`quant::dequantize_row`); returns false for types we cannot decode.

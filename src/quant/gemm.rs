@@ -70,32 +70,23 @@ const VNNI: Panels = Panels {
     order: Some(order_x86::panel),
 };
 
-#[cfg(target_arch = "x86_64")]
-fn has_vnni() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vnni")
-}
-
+/// The fastest panels [`crate::cpu_features::enabled`] allows (the per-pair dot elsewhere).
 fn detect() -> &'static Panels {
-    let forced = std::env::var("EDGELM_SIMD").unwrap_or_default();
-    if forced == "scalar" || super::simd_level() == "scalar" {
-        return &NONE;
-    }
     #[cfg(target_arch = "x86_64")]
     {
-        if forced != "avx2" && has_vnni() {
-            return if forced == "avx512-256" {
+        use crate::cpu_features::{enabled, simd_override, SimdOverride};
+        let cpu = enabled();
+        if cpu.avx512_vnni {
+            return if simd_override() == SimdOverride::Avx512In256 {
                 &VNNI_256
             } else {
                 &VNNI
             };
         }
-        // `simd_level` is "avx2" here: avx2, fma and f16c were detected.
-        return &AVX2;
+        if cpu.avx2 {
+            return &AVX2;
+        }
     }
-    #[allow(unreachable_code)]
     &NONE
 }
 
@@ -191,8 +182,6 @@ fn gemm_with(
 #[cfg(test)]
 mod tests {
     use super::super::quantize_row;
-    #[cfg(target_arch = "x86_64")]
-    use super::super::simd_level;
     use super::super::test_util::{random_row, Rng};
     use super::*;
 
@@ -260,9 +249,9 @@ mod tests {
     fn panels_match_per_pair_dots_bit_for_bit() {
         check_panels(&NONE);
         #[cfg(target_arch = "x86_64")]
-        if simd_level() == "avx2" {
+        if crate::cpu_features::hardware().avx2 {
             check_panels(&AVX2);
-            if has_vnni() {
+            if crate::cpu_features::hardware().avx512_vnni {
                 check_panels(&VNNI_256);
                 check_panels(&VNNI);
             } else {

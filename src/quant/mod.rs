@@ -210,29 +210,21 @@ const SCALAR: Kernels = Kernels {
 
 static KERNELS: OnceLock<&'static Kernels> = OnceLock::new();
 
-/// Picks the best table for this CPU. `EDGELM_SIMD=scalar` forces the
-/// reference kernels (for diagnosing suspected SIMD bugs in the field).
+/// Picks the best table [`crate::cpu_features::enabled`] allows (`EDGELM_SIMD=scalar` leaves
+/// only the reference kernels, for diagnosing suspected SIMD bugs in the field).
 fn detect() -> &'static Kernels {
-    if std::env::var_os("EDGELM_SIMD").is_some_and(|v| v == "scalar") {
-        return &SCALAR;
-    }
+    #[allow(unused_variables)]
+    let cpu = crate::cpu_features::enabled();
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-        {
-            return &simd_x86::AVX2;
-        }
+    if cpu.avx2 {
+        return &simd_x86::AVX2;
     }
     #[cfg(target_arch = "aarch64")]
     {
-        if std::env::var_os("EDGELM_SIMD").is_none_or(|v| v != "neon")
-            && std::arch::is_aarch64_feature_detected!("dotprod")
-        {
+        if cpu.neon_dotprod {
             return &simd_arm::NEON_DOTPROD;
         }
-        if std::arch::is_aarch64_feature_detected!("neon") {
+        if cpu.neon {
             return &simd_arm::NEON;
         }
     }
@@ -308,7 +300,7 @@ pub fn f16_row_to_f32(src: &[u8], dst: &mut [f32]) {
     assert!(src.len() >= dst.len() * 2, "f16 row too short");
     #[cfg(target_arch = "x86_64")]
     if kernels().name == "avx2" {
-        // SAFETY: the avx2 table is only chosen after detecting avx2, fma and f16c.
+        // SAFETY: the avx2 table is only chosen when cpu_features saw avx2, fma and f16c.
         return unsafe { simd_x86::f16_row(src, dst) };
     }
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
@@ -365,17 +357,16 @@ mod tests {
     fn fast_tables() -> Vec<&'static Kernels> {
         #[allow(unused_mut)]
         let mut v: Vec<&'static Kernels> = Vec::new();
+        #[allow(unused_variables)]
+        let cpu = crate::cpu_features::hardware();
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-        {
+        if cpu.avx2 {
             v.push(&simd_x86::AVX2);
         }
         #[cfg(target_arch = "aarch64")]
         {
             v.push(&simd_arm::NEON);
-            if std::arch::is_aarch64_feature_detected!("dotprod") {
+            if cpu.neon_dotprod {
                 v.push(&simd_arm::NEON_DOTPROD);
             }
         }
@@ -453,17 +444,21 @@ mod tests {
             "{l}"
         );
         assert_eq!(l, simd_level());
+        use crate::cpu_features::{hardware, simd_override, SimdOverride};
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::env::var_os("EDGELM_SIMD").is_none()
-        {
+        if hardware().avx2 && simd_override() != SimdOverride::Scalar {
             assert_eq!(l, "avx2");
         }
         #[cfg(target_arch = "aarch64")]
-        if std::env::var_os("EDGELM_SIMD").is_none() {
-            let dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
-            assert_eq!(l, if dotprod { "neon-dotprod" } else { "neon" });
+        if simd_override() == SimdOverride::Auto {
+            assert_eq!(
+                l,
+                if hardware().neon_dotprod {
+                    "neon-dotprod"
+                } else {
+                    "neon"
+                }
+            );
         }
     }
 

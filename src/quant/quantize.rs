@@ -13,6 +13,7 @@
 
 use super::blocks::*;
 use super::GgmlType;
+use crate::cpu_features::fma_dispatch;
 
 /// Quantizes `src` into `dst` (lengths checked by the caller). Returns false
 /// for a type that is not a vec-dot type.
@@ -82,7 +83,7 @@ fn q8_0(x: &[f32], y: &mut [BlockQ8_0]) {
 #[inline(always)]
 fn q8_block(x: &[f32], qs: &mut [i8; QK]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if crate::backend::cpu::simd::has_avx2_fma() {
+    if crate::cpu_features::avx2() {
         // SAFETY: the CPU has AVX2, FMA and F16C; `x` holds a whole block (chunks_exact).
         return unsafe { q8_block_avx2(x, qs) };
     }
@@ -328,9 +329,10 @@ mod tests {
     #[test]
     fn q8_block_avx2_matches_scalar() {
         use super::super::blocks::QK;
-        if !crate::backend::cpu::simd::has_avx2_fma() {
-            return;
-        }
+        assert!(
+            crate::cpu_features::hardware().avx2,
+            "this x86-64 CPU lacks AVX2, FMA or F16C: q8_block_avx2 cannot be compared here"
+        );
         let mut rng = Rng::new(7);
         for case in 0..2000 {
             let x: Vec<f32> = (0..QK)

@@ -6,7 +6,7 @@
 //!
 //! Every kernel is an `unsafe fn` with `#[target_feature]`; the only way
 //! they are called is through the `AVX2` table, which `quant::detect` hands
-//! out only after `is_x86_feature_detected!` confirmed avx2, fma and f16c.
+//! out only after `crate::cpu_features` detected avx2, fma and f16c.
 //! Memory safety does not depend on `n`: the kernels iterate over the block
 //! slices they are given and load only from inside those blocks.
 

@@ -93,25 +93,8 @@ impl Admission {
         now: Instant,
     ) -> Result<Ticket<'_>, Refused> {
         let mut st = self.state();
-        let service = st.service_time(now);
-        let wait_s = service.map(|s| st.unstarted.len() as f64 * s);
-        if in_flight >= self.max_in_flight {
-            return Err(Refused {
-                retry_after_s: wait_s.map_or(1, |w| w.ceil().clamp(1.0, 60.0) as u64),
-                queue_full: true,
-            });
-        }
-        let bound = self.max_wait.as_secs_f64();
-        let standing =
-            st.unstarted.values().next().is_some_and(|&oldest| {
-                now.saturating_duration_since(oldest).as_secs_f64() >= bound
-            });
-        if let Some(w) = wait_s.filter(|&w| bound > 0.0 && w > bound && standing) {
-            return Err(Refused {
-                // When enough of the backlog ahead will have started.
-                retry_after_s: (w - bound).ceil().clamp(1.0, 60.0) as u64,
-                queue_full: false,
-            });
+        if let Some(r) = self.refusal(&st, in_flight, now) {
+            return Err(r);
         }
         let number = st.next_ticket;
         st.next_ticket += 1;
@@ -124,6 +107,43 @@ impl Admission {
             arrived: now,
             started: false,
         })
+    }
+
+    /// Whether a request arriving now, with `in_flight` already in, would be refused, and
+    /// why: the same rules as [`Admission::admit`] (which a refusal does not depend on the
+    /// prompt for), without taking a ticket. The HTTP front asks this from the request head,
+    /// so that a request admission would refuse anyway is answered before its body is read
+    /// and parsed.
+    pub fn would_refuse(&self, in_flight: usize, now: Instant) -> Option<Refused> {
+        self.refusal(&self.state(), in_flight, now)
+    }
+
+    /// Requests in flight at most (the running batch plus the queue).
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    fn refusal(&self, st: &State, in_flight: usize, now: Instant) -> Option<Refused> {
+        let service = st.service_time(now);
+        let wait_s = service.map(|s| st.unstarted.len() as f64 * s);
+        if in_flight >= self.max_in_flight {
+            return Some(Refused {
+                retry_after_s: wait_s.map_or(1, |w| w.ceil().clamp(1.0, 60.0) as u64),
+                queue_full: true,
+            });
+        }
+        let bound = self.max_wait.as_secs_f64();
+        let standing =
+            st.unstarted.values().next().is_some_and(|&oldest| {
+                now.saturating_duration_since(oldest).as_secs_f64() >= bound
+            });
+        wait_s
+            .filter(|&w| bound > 0.0 && w > bound && standing)
+            .map(|w| Refused {
+                // When enough of the backlog ahead will have started.
+                retry_after_s: (w - bound).ceil().clamp(1.0, 60.0) as u64,
+                queue_full: false,
+            })
     }
 
     /// The state, even after a panic elsewhere poisoned the lock (it stays consistent: every
@@ -271,6 +291,19 @@ mod tests {
         // is refused.
         assert!(a.admit(20, 100, now + 2 * S).is_ok());
         assert!(a.admit(21, 100, now + 6 * S).is_err());
+    }
+
+    #[test]
+    fn the_peek_agrees_with_admit_and_takes_no_ticket() {
+        let a = admission(16, 100, 5);
+        let t0 = Instant::now();
+        let _first = backlog(&a, t0);
+        let held = a.unstarted();
+        for (in_flight, at) in [(10, t0 + 8 * S), (10, t0 + S), (116, t0 + S), (0, t0)] {
+            let peek = a.would_refuse(in_flight, at);
+            assert_eq!(a.unstarted(), held, "a peek takes no ticket");
+            assert_eq!(peek, a.admit(in_flight, 100, at).err(), "at {in_flight}");
+        }
     }
 
     #[test]

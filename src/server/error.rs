@@ -90,6 +90,43 @@ impl ApiError {
         }
     }
 
+    /// 429 from the per-client token bucket: this client sends faster than its share.
+    pub fn client_rate(retry_after_s: u64) -> ApiError {
+        ApiError {
+            status: 429,
+            message: format!("too many requests from this client; retry in {retry_after_s} s"),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("client_rate_limited"),
+            retry_after: Some(retry_after_s),
+        }
+    }
+
+    /// 400 for a request head that does not parse (or is over the head limit, 431).
+    pub fn bad_head(status: u16, message: &str) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("bad_request_head"),
+            retry_after: None,
+        }
+    }
+
+    /// 411: a request body must come with Content-Length (chunked request bodies are not
+    /// read: no client of this API sends them).
+    pub fn length_required() -> ApiError {
+        ApiError {
+            status: 411,
+            message: "send the request body with Content-Length (chunked request bodies are not accepted)".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("length_required"),
+            retry_after: None,
+        }
+    }
+
     pub fn unavailable(message: &str) -> ApiError {
         ApiError {
             status: 503,
@@ -119,7 +156,10 @@ impl ApiError {
             401 => "unauthorized",
             404 => "not_found",
             405 => "method_not_allowed",
+            411 => "length_required",
             413 => "too_large",
+            431 => "head_too_large",
+            429 if self.code == Some("client_rate_limited") => "client_rate",
             429 => "queue_full",
             503 => "unavailable",
             _ => "internal",

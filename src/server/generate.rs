@@ -93,6 +93,7 @@ pub fn run(
     job: Job,
     resp: RawResponse,
     on_first_token: &mut dyn FnMut(Instant),
+    shed: &dyn Fn(Duration) -> bool,
 ) -> Result<Outcome, (ApiError, RawResponse)> {
     let n = job.params.n;
     let mut ids: Vec<RequestId> = Vec::new();
@@ -135,6 +136,32 @@ pub fn run(
         completion: 0,
         cached: 0,
     };
+    // A non-streaming answer sends nothing before its first event: until then it can still be
+    // refused (429) when `shed` says so (a flood: its clients would take the slot it waits for
+    // anyway, sooner), and a client gone is seen by polling the socket instead of writing.
+    let mut early: Option<(usize, Event)> = None;
+    if !job.stream {
+        let since = Instant::now();
+        loop {
+            match rx.recv_timeout(Duration::from_millis(250)) {
+                Ok(x) => {
+                    early = Some(x);
+                    break;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if resp.peer_gone() {
+                        cancel_all(&ids);
+                        return Ok(outcome(GONE, &choices, None));
+                    }
+                    if shed(since.elapsed()) {
+                        cancel_all(&ids);
+                        return Err((ApiError::overloaded(1, false), resp));
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
     let Ok(mut body) = resp.start_chunked(
         200,
         if job.stream {
@@ -162,7 +189,11 @@ pub fn run(
             }
             last_write = std::time::Instant::now();
         }
-        let (pi, ev) = match rx.recv_timeout(heartbeat) {
+        let received = match early.take() {
+            Some(x) => Ok(x),
+            None => rx.recv_timeout(heartbeat),
+        };
+        let (pi, ev) = match received {
             Ok(x) => x,
             Err(RecvTimeoutError::Timeout) => {
                 // Writing is the only way to notice a vanished client: a comment line for SSE,

@@ -71,10 +71,18 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         s.waiting as f64,
     );
     metric(
-        "edgelm_kv_blocks_total",
+        "edgelm_kv_pool_blocks",
         "gauge",
         "KV blocks in the pool.",
         s.kv_blocks_total as f64,
+    );
+    // What a router's endpoint picker reads (the inference extension's model-server
+    // protocol): one unlabelled gauge for KV use, and the cache geometry as an info series.
+    metric(
+        "edgelm_kv_cache_usage_ratio",
+        "gauge",
+        "Fraction of the KV blocks in use by running sequences (0 to 1).",
+        kv_usage_ratio(s),
     );
     metric(
         "edgelm_kv_blocks_used",
@@ -148,6 +156,13 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         "Seconds since start.",
         uptime_s,
     );
+    let _ = writeln!(
+        out,
+        "# HELP edgelm_cache_config_info The KV cache's geometry (value always 1).\n\
+         # TYPE edgelm_cache_config_info gauge\n\
+         edgelm_cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
+        s.block_tokens, s.kv_blocks_total
+    );
     histogram(
         &mut out,
         "edgelm_time_to_first_token_seconds",
@@ -193,4 +208,59 @@ fn resident_bytes() -> Option<u64> {
     // SAFETY: sysconf has no memory-safety preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * page.max(1) as u64)
+}
+
+/// The share of the KV pool's blocks in use (0 before the pool exists).
+fn kv_usage_ratio(s: &EngineStats) -> f64 {
+    if s.kv_blocks_total == 0 {
+        return 0.0;
+    }
+    (s.kv_blocks_used as f64 / s.kv_blocks_total as f64).clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The series an endpoint picker reads: one unlabelled gauge per value, and the info series.
+    #[test]
+    fn the_router_metrics_are_single_gauges() {
+        let s = EngineStats {
+            kv_blocks_total: 200,
+            kv_blocks_used: 50,
+            block_tokens: 16,
+            running: 3,
+            waiting: 2,
+            ..Default::default()
+        };
+        let text = render(&s, &BTreeMap::new(), 1.0);
+        for (name, value) in [
+            ("edgelm_kv_cache_usage_ratio", "0.25"),
+            ("edgelm_requests_running", "3"),
+            ("edgelm_requests_waiting", "2"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} gauge\n{name} {value}\n")),
+                "{name}"
+            );
+        }
+        assert!(text.contains(
+            "# TYPE edgelm_cache_config_info gauge\n\
+             edgelm_cache_config_info{block_size=\"16\",num_gpu_blocks=\"200\"} 1\n"
+        ));
+        // No gauge is named like a counter.
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let (name, kind) = line[7..].split_once(' ').unwrap();
+            assert_eq!(name.ends_with("_total"), kind == "counter", "{line}");
+        }
+    }
+
+    #[test]
+    fn usage_is_a_ratio_even_before_the_pool_exists() {
+        let mut s = EngineStats::default();
+        assert_eq!(kv_usage_ratio(&s), 0.0);
+        s.kv_blocks_total = 4;
+        s.kv_blocks_used = 4;
+        assert_eq!(kv_usage_ratio(&s), 1.0);
+    }
 }

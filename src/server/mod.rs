@@ -1,17 +1,28 @@
-//! The OpenAI-compatible HTTP server on tiny_http. HTTP threads parse and validate, then hand
-//! work to the single engine thread through its channels; nothing of the engine sits behind
-//! a lock here (its published stats are a read-only copy).
+//! The OpenAI-compatible HTTP server. The front (`front`) owns every connection until its
+//! request is complete, on one epoll thread, and answers what the head alone decides; fixed
+//! pools of handler threads (`handlers`) parse and validate complete requests, then hand work
+//! to the single engine thread through its channels; nothing of the engine sits behind a lock
+//! here (its published stats are a read-only copy). docs/http-front.md says why it is built
+//! this way.
 
 mod admission;
 mod api;
 mod chat_output;
 mod chat_request;
 mod error;
+mod fd_limit;
+mod front;
 mod generate;
+mod handlers;
 mod http;
 mod metrics;
+mod priority;
 mod text;
 mod tools;
+mod triage;
+
+pub use front::FrontConfig;
+pub use priority::compute_nice;
 
 use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::grammar::{Constraint, ConstraintSpec, Grammars};
@@ -27,8 +38,7 @@ use generate::{Flavor, Job};
 use http::RawResponse;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -47,6 +57,8 @@ pub struct ServeConfig {
     pub max_queue_wait: std::time::Duration,
     pub body_limit: usize,
     pub profile: String,
+    /// Timeouts, the connection cap, the per-client buckets and the refusal pacing.
+    pub front: FrontConfig,
 }
 
 /// Everything that exists once the model is loaded.
@@ -70,27 +82,60 @@ pub struct Server {
     admission: Admission,
     next_id: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// Generation requests handed to handlers, not yet through admission (`triage::Pending`).
+    pending: AtomicUsize,
+    /// Overload refusals of the last second (`triage`): a flood shows as a high rate.
+    refusals: Mutex<triage::RefusalRate>,
+    front_stats: front::stats::FrontStats,
 }
 
-/// One of the SO_REUSEPORT listening sockets (see `serve`). The first binds without
-/// SO_REUSEPORT and turns it on only once bound: any socket already on the port, another
-/// edgelm's included, makes that bind fail, where a second edgelm started by mistake would
-/// otherwise join the first one's group and silently take a share of its connections. The
-/// others bind with it and join the first one's group. SO_REUSEADDR: a restart right after a
-/// crash binds despite connections in TIME_WAIT.
-fn reuseport_listener(addr: SocketAddr, first: bool) -> std::io::Result<std::net::TcpListener> {
+/// A complete request, as the front hands it to a handler.
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub auth: Option<String>,
+    pub body: Vec<u8>,
+    /// The connection, blocking again; every response ends it (`Connection: close`).
+    pub stream: TcpStream,
+    /// Set for generation requests: counted until admission has decided.
+    pending: Option<triage::Pending>,
+}
+
+/// The listening socket. SO_REUSEADDR: a restart right after a crash binds despite
+/// connections in TIME_WAIT. No SO_REUSEPORT: any socket already on the port, another
+/// edgelm's included, makes the bind fail, where a second edgelm started by mistake would
+/// otherwise silently take a share of the first one's connections. The backlog is the most
+/// the kernel allows (it caps it at net.core.somaxconn): a connect storm waits there for the
+/// front rather than being refused by the kernel.
+fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
-    socket.set_reuse_port(!first)?;
     socket.bind(&addr.into())?;
-    socket.set_reuse_port(true)?;
-    socket.listen(1024)?;
+    socket.listen(libc::c_int::MAX)?;
     Ok(socket.into())
 }
 
-/// tiny_http servers accepting on the listening socket (see `serve`).
-const ACCEPTORS: usize = 16;
+/// Closes a connection whose response is complete without resetting it: says so (FIN), then
+/// reads and drops whatever the client still sends until it closes too. A client that ignores
+/// `Connection: close` and has already written its next request (load tools do) would
+/// otherwise get a reset, which can also destroy the end of the response it has not read yet.
+/// Bounded: a client that neither sends nor closes is let go after a moment.
+fn lingering_close(s: TcpStream) {
+    use std::io::Read;
+    const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
+    if s.shutdown(std::net::Shutdown::Write).is_err() || s.set_read_timeout(Some(LINGER)).is_err() {
+        return;
+    }
+    let t0 = Instant::now();
+    let mut scratch = [0u8; 4096];
+    while t0.elapsed() < LINGER {
+        match (&s).read(&mut scratch) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+    }
+}
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -117,6 +162,9 @@ impl Server {
             in_flight: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             errors: Mutex::new(BTreeMap::new()),
+            pending: AtomicUsize::new(0),
+            refusals: Mutex::new(Default::default()),
+            front_stats: Default::default(),
         })
     }
 
@@ -200,40 +248,29 @@ impl Server {
         }
     }
 
-    /// Handles one request to completion (called on its own thread).
-    pub fn handle(self: &Arc<Self>, mut req: tiny_http::Request) {
-        let method = req.method().as_str().to_string();
-        let url = req.url().to_string();
-        let path = url.split('?').next().unwrap_or("").to_string();
-        let auth = req
-            .headers()
-            .iter()
-            .find(|h| h.field.equiv("Authorization"))
-            .map(|h| h.value.as_str().to_string());
-        let declared_len = req.body_length();
-        // Read the body (bounded) before taking over the connection.
-        let limit = self.config.body_limit;
-        let mut body = Vec::new();
-        let too_large = declared_len.is_some_and(|l| l > limit)
-            || req
-                .as_reader()
-                .take(limit as u64 + 1)
-                .read_to_end(&mut body)
-                .is_err()
-            || body.len() > limit;
-        let resp = RawResponse::new(req.into_writer());
-        let result = if too_large {
-            Err((ApiError::too_large(limit), resp))
-        } else {
-            self.route(&method, &path, auth.as_deref(), &body, resp)
-        };
-        if let Err((e, resp)) = result {
+    /// Handles one complete request to the end of its response (on a handler thread).
+    pub fn handle(self: &Arc<Self>, req: Request) {
+        let Request {
+            method: _,
+            path,
+            auth: _,
+            body,
+            stream,
+            pending,
+        } = req;
+        let linger = stream.try_clone().ok();
+        // Buffered: a response goes out in one write per flush (the head, then each chunk).
+        let resp = RawResponse::new(Box::new(std::io::BufWriter::new(stream)));
+        if let Err((e, resp)) = self.route(&path, &body, resp, pending) {
             self.count_error(&e);
             let retry = match e.retry_after {
                 Some(s) => vec![("Retry-After", s.to_string())],
                 None => Vec::new(),
             };
             let _ = resp.send(e.status, "application/json", &retry, e.body().as_bytes());
+        }
+        if let Some(s) = linger {
+            lingering_close(s);
         }
     }
 
@@ -246,65 +283,22 @@ impl Server {
         }
     }
 
+    /// The response to a request the front has already checked (route, method, key, size).
     fn route(
         self: &Arc<Self>,
-        method: &str,
         path: &str,
-        auth: Option<&str>,
         body: &[u8],
         resp: RawResponse,
+        pending: Option<triage::Pending>,
     ) -> Result<(), (ApiError, RawResponse)> {
-        const ROUTES: &[(&str, &str)] = &[
-            ("/", "GET"),
-            ("/health", "GET"),
-            ("/metrics", "GET"),
-            ("/api/status", "GET"),
-            ("/v1/models", "GET"),
-            ("/v1/completions", "POST"),
-            ("/v1/chat/completions", "POST"),
-            ("/tokenize", "POST"),
-            ("/detokenize", "POST"),
-        ];
-        let Some(&(_, allowed)) = ROUTES.iter().find(|(p, _)| *p == path) else {
-            return Err((ApiError::not_found(path), resp));
-        };
-        if method != allowed && !(method == "HEAD" && allowed == "GET") {
-            return Err((ApiError::method_not_allowed(method, path), resp));
-        }
-        // Health and the status page stay open; everything else needs the key if one is set.
-        let open = matches!(path, "/health" | "/");
-        if !open && !self.authorized(auth) {
-            return Err((ApiError::unauthorized(), resp));
-        }
-        match path {
-            "/health" => {
-                let (status, state) = if self.is_ready() {
-                    (200, "ready")
-                } else if self.draining.load(Ordering::Relaxed) {
-                    (503, "draining")
-                } else if self.load_error.get().is_some() {
-                    (503, "failed")
-                } else {
-                    (503, "loading")
-                };
-                let _ = resp.send(
-                    status,
-                    "application/json",
-                    &[],
-                    json!({"status": state}).to_string().as_bytes(),
-                );
-                return Ok(());
-            }
-            "/" => {
-                let _ = resp.send(
-                    200,
-                    "text/html; charset=utf-8",
-                    &[],
-                    include_str!("status.html").as_bytes(),
-                );
-                return Ok(());
-            }
-            _ => {}
+        if path == "/" {
+            let _ = resp.send(
+                200,
+                "text/html; charset=utf-8",
+                &[],
+                include_str!("status.html").as_bytes(),
+            );
+            return Ok(());
         }
         let Some(ready) = self.ready.get() else {
             return Err((ApiError::unavailable("the model is still loading"), resp));
@@ -312,11 +306,12 @@ impl Server {
         let result = match path {
             "/metrics" => {
                 let errors = self.errors.lock().map(|e| e.clone()).unwrap_or_default();
-                let text = metrics::render(
+                let mut text = metrics::render(
                     &ready.engine.stats(),
                     &errors,
                     self.started.elapsed().as_secs_f64(),
                 );
+                self.front_stats.render(&mut text);
                 let _ = resp.send(200, "text/plain; version=0.0.4", &[], text.as_bytes());
                 return Ok(());
             }
@@ -328,7 +323,7 @@ impl Server {
             "/tokenize" => tokenize(ready, body),
             "/detokenize" => detokenize(ready, body),
             "/v1/completions" | "/v1/chat/completions" => {
-                return self.generate(ready, path, body, resp);
+                return self.generate(ready, path, body, resp, pending);
             }
             _ => Err(ApiError::not_found(path)),
         };
@@ -347,6 +342,7 @@ impl Server {
         path: &str,
         body: &[u8],
         resp: RawResponse,
+        pending: Option<triage::Pending>,
     ) -> Result<(), (ApiError, RawResponse)> {
         if self.draining.load(Ordering::Relaxed) {
             return Err((ApiError::unavailable("the server is shutting down"), resp));
@@ -359,7 +355,10 @@ impl Server {
         // unstarted requests bounded in expected wait; past that, 429.
         let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
         let n_prompt: usize = job.prompts.iter().map(|p| p.len()).sum();
-        let mut ticket = match self.admission.admit(before, n_prompt, Instant::now()) {
+        let admitted = self.admission.admit(before, n_prompt, Instant::now());
+        // Admission has decided (and `in_flight` counts it if admitted): no longer pending.
+        drop(pending);
+        let mut ticket = match admitted {
             Ok(t) => t,
             Err(r) => {
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -376,13 +375,25 @@ impl Server {
         let started = Instant::now();
         let id = job.id.clone();
         let mut on_first_token = |at: Instant| ticket.first_token(at);
-        let out = generate::run(ready, job, resp, &mut on_first_token).inspect_err(|(e, _)| {
-            log::info!(
-                "{id}: rejected ({} {}), prompt_tokens={n_prompt}",
-                e.status,
-                e.reason()
-            );
-        })?;
+        let shed = |waited: std::time::Duration| {
+            // Only while there is a queue at all (more in flight than running slots): a
+            // request in a running slot is never shed, however slow its first token.
+            let shed = waited >= triage::SHED_AFTER
+                && self.in_flight() > self.config.engine.max_seqs
+                && self.flooded(Instant::now());
+            if shed {
+                front::stats::bump(&self.front_stats.shed);
+            }
+            shed
+        };
+        let out =
+            generate::run(ready, job, resp, &mut on_first_token, &shed).inspect_err(|(e, _)| {
+                log::info!(
+                    "{id}: rejected ({} {}), prompt_tokens={n_prompt}",
+                    e.status,
+                    e.reason()
+                );
+            })?;
         let ttft = out
             .first_token
             .map(|t| format!("{:.3}s", t.duration_since(started).as_secs_f64()))
@@ -650,22 +661,13 @@ fn detokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError>
 /// Binds, loads the model in the background (503 meanwhile), serves until `stop` is set,
 /// then drains in-flight requests (bounded by `drain_timeout`).
 pub fn serve(
-    config: ServeConfig,
+    mut config: ServeConfig,
     stop: Arc<AtomicBool>,
     drain_timeout: std::time::Duration,
 ) -> anyhow::Result<()> {
-    // tiny_http parks one pool thread per open connection, and its pool grows only when it
-    // sees no idle thread, so a burst of long-lived streams can queue behind its 4 initial
-    // threads. Several servers, each on its own SO_REUSEPORT socket (the kernel spreads
-    // connections across them), multiply that head start.
-    let mut servers = Vec::new();
-    for i in 0..ACCEPTORS {
-        let l = reuseport_listener(config.addr, i == 0)
-            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
-        let http = tiny_http::Server::from_listener(l, None)
-            .map_err(|e| anyhow::anyhow!("cannot serve: {e}"))?;
-        servers.push(Arc::new(http));
-    }
+    let listener = listener(config.addr)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.addr))?;
+    config.front.max_connections = fd_limit::raise_for(config.front.max_connections);
     log::info!("listening on http://{}", config.addr);
     let addr = config.addr;
     let server = Server::new(config);
@@ -692,24 +694,13 @@ pub fn serve(
         })
     };
     let accepting = Arc::new(AtomicBool::new(true));
-    let acceptors: Vec<_> = servers
-        .iter()
-        .map(|http| {
-            let (http, server, accepting) = (http.clone(), server.clone(), accepting.clone());
-            std::thread::spawn(move || {
-                while accepting.load(Ordering::Relaxed) {
-                    match http.recv_timeout(std::time::Duration::from_millis(100)) {
-                        Ok(Some(req)) => {
-                            let server = server.clone();
-                            std::thread::spawn(move || server.handle(req));
-                        }
-                        Ok(None) => {}
-                        Err(e) => log::error!("accept failed: {e}"),
-                    }
-                }
-            })
-        })
-        .collect();
+    let front = front::Front::start(
+        listener,
+        server.clone(),
+        server.config.front.clone(),
+        accepting.clone(),
+    )
+    .map_err(|e| anyhow::anyhow!("cannot start serving: {e}"))?;
     while !stop.load(Ordering::Relaxed) && server.load_error.get().is_none() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -732,9 +723,7 @@ pub fn serve(
     }
     let cut_short = server.in_flight();
     accepting.store(false, Ordering::Relaxed);
-    for a in acceptors {
-        let _ = a.join();
-    }
+    front.join();
     // A stop that came while the model was loading waits for the load to end (it cannot be
     // interrupted), then stops the engine it started: only after the join is that certain.
     let engine_thread = loader.join().ok().flatten();

@@ -49,6 +49,18 @@ pub fn reference_dir() -> PathBuf {
     p
 }
 
+/// A tool of the peer, llama.cpp (scripts/build-peer.sh builds them into target/peer); a
+/// missing one fails the test.
+pub fn peer_tool(tool: &str) -> PathBuf {
+    let p = repo_root().join("target/peer/build/bin").join(tool);
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/build-peer.sh first",
+        p.display()
+    );
+    p
+}
+
 pub fn reference() -> serde_json::Value {
     let text = std::fs::read_to_string(reference_dir().join("smollm2-llamacpp.json")).unwrap();
     serde_json::from_str(&text).unwrap()

@@ -14,8 +14,9 @@
 //! yardstick, with the top token the CPU's nearly everywhere and never another one where the
 //! CPU is confident.
 
+use edgelm::backend::batch::StepOutput;
 use edgelm::backend::cuda::launch::SampleRow;
-use edgelm::backend::cuda::{CudaExecutor, ExecutorConfig, KvBudget, StepOut, Want};
+use edgelm::backend::cuda::{CudaExecutor, ExecutorConfig, KvBudget, Want};
 use edgelm::engine::{Session, SessionConfig};
 use edgelm::kv::KvType;
 use edgelm::model::{BatchMeta, Logits, Model};
@@ -90,8 +91,8 @@ pub(super) fn executor(
 
 pub(super) fn logits(x: &mut CudaExecutor, model: &Model, b: &BatchMeta) -> Vec<f32> {
     match x.forward(model, b, Want::Logits).unwrap() {
-        StepOut::Logits(l) => l,
-        StepOut::Tokens(_) => panic!("tokens for logits"),
+        StepOutput::Logits(l) => l,
+        StepOutput::Tokens(_) => panic!("tokens for logits"),
     }
 }
 
@@ -375,8 +376,8 @@ fn cuda_greedy_continuations_match_the_reference() {
         .forward(model.as_ref(), b, Want::Greedy)
         .unwrap()
     {
-        StepOut::Tokens(t) => t,
-        StepOut::Logits(_) => panic!("logits for tokens"),
+        StepOutput::Tokens(t) => t,
+        StepOutput::Logits(_) => panic!("logits for tokens"),
     };
     let vocab = model.config.vocab_size;
     let mut exact = 0;
@@ -398,8 +399,8 @@ fn cuda_greedy_continuations_match_the_reference() {
             step: 0,
         };
         match x.forward(model.as_ref(), &b, Want::Sample(&[row])).unwrap() {
-            StepOut::Tokens(s) => assert_eq!(s[0], next, "sample_rows top_k=1 vs argmax"),
-            StepOut::Logits(_) => panic!("logits for tokens"),
+            StepOutput::Tokens(s) => assert_eq!(s[0], next, "sample_rows top_k=1 vs argmax"),
+            StepOutput::Logits(_) => panic!("logits for tokens"),
         }
         let mut got = Vec::new();
         while got.len() < want.len() {

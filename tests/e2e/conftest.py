@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BINARY = ROOT / "target" / "release" / "edgelm"
+# EDGELM_BINARY: test another build of the server (default: the release build of this tree).
+BINARY = Path(os.environ.get("EDGELM_BINARY", ROOT / "target" / "release" / "edgelm"))
 MODEL = Path(os.environ.get("EDGELM_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 REFERENCE = Path(os.environ.get("EDGELM_REFERENCE_DIR", ROOT / "tests" / "data"))
 ARTIFACTS = ROOT / "target" / "test-artifacts"

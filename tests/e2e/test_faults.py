@@ -129,7 +129,7 @@ def test_kv_exhaustion_preempts_and_recomputes_without_changing_output():
     srv = FaultServer("--kv-memory-mib", "2")
     try:
         m0 = srv.metrics()
-        assert m0["edgelm_kv_blocks_total"] == 5, m0
+        assert m0["edgelm_kv_pool_blocks"] == 5, m0
         results: dict[str, httpx.Response] = {}
 
         def go(p):

@@ -22,6 +22,7 @@
 use super::f16_round::{fma_round, scale_round};
 use super::parallel::SharedSlice;
 use super::pool;
+use crate::cpu_features::fma_dispatch;
 use crate::kv::{KvPages, KvType, Part};
 use half::f16;
 
@@ -439,7 +440,7 @@ fn reduce_add_16(v: &[f32]) -> f32 {
 #[inline(always)]
 fn dot_f16_ggml(x: &[f32], y: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2_fma() {
+    if crate::cpu_features::avx2() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { dot_f16_ggml_avx2(x, y) };
     }

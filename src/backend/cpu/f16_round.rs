@@ -34,7 +34,7 @@ pub fn round_to_f16(x: f32) -> f32 {
 #[inline]
 pub fn scale_round(acc: &mut [f32], s: f32) {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2_fma() {
+    if crate::cpu_features::avx2() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
         return unsafe { x86::fma_round(acc, None, s) };
     }
@@ -46,7 +46,7 @@ pub fn scale_round(acc: &mut [f32], s: f32) {
 pub fn fma_round(acc: &mut [f32], v: &[f32], vs: f32) {
     assert_eq!(acc.len(), v.len());
     #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2_fma() {
+    if crate::cpu_features::avx2() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
         return unsafe { x86::fma_round(acc, Some(v), vs) };
     }

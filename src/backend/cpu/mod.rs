@@ -1,7 +1,5 @@
 //! The CPU backend: quantized matmul, paged attention and the small element-wise ops.
 
-#[macro_use]
-pub(crate) mod simd;
 pub mod attention;
 mod f16_round;
 pub mod matmul;

@@ -1,6 +1,7 @@
 //! Element-wise and row-wise ops of a Llama block, written to match ggml's CPU numerics.
 
 use crate::backend::ops::{RopeLayout, RopeTable};
+use crate::cpu_features::fma_dispatch;
 use crate::kv::HADAMARD_DIM;
 use half::f16;
 use std::sync::OnceLock;

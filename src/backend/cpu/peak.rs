@@ -29,7 +29,7 @@ pub fn peak_gflops() -> f64 {
 /// Returns (flops per iteration, a value depending on every FMA so none is optimised out).
 fn fma_loop(iters: usize) -> (usize, f32) {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2_fma() {
+    if crate::cpu_features::avx2() {
         // SAFETY: the CPU has AVX2 and FMA (checked above).
         return unsafe { x86::fma_loop(iters) };
     }

@@ -60,16 +60,35 @@ fn global() -> &'static Pool {
     })
 }
 
-/// Compute threads run one nice level below the rest, so the HTTP threads (health checks,
-/// metrics, streaming writes) are scheduled promptly even while every core is busy with a
-/// long prefill. Linux's nice values are per thread.
+/// The nice level compute threads take (`set_compute_nice`); 0, the default, leaves them at
+/// the normal level. `edgelm serve` keeps 0 and runs its HTTP threads at a lower priority
+/// instead (src/server/priority.rs): the engine's step must keep its CPU under any load, and a
+/// flood of requests to refuse must not take it.
+static COMPUTE_NICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Sets the nice level compute threads take when they start (call before the pool starts).
+pub fn set_compute_nice(nice: i32) {
+    COMPUTE_NICE.store(nice, Relaxed);
+}
+
+/// Runs first on every compute thread (and the engine's): takes the configured nice level.
 pub fn lower_thread_priority() {
+    let nice = COMPUTE_NICE.load(Relaxed);
+    if nice != 0 {
+        set_this_thread_nice(nice);
+    }
+}
+
+/// Sets the calling thread's nice level (Linux's nice values are per thread).
+pub fn set_this_thread_nice(nice: i32) {
     #[cfg(target_os = "linux")]
     // SAFETY: setpriority with PRIO_PROCESS and who = 0 only changes the calling thread's nice
     // value; it touches no memory of ours.
     unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, 5);
+        libc::setpriority(libc::PRIO_PROCESS, 0, nice);
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 /// Threads the process-wide pool runs on (the caller included).

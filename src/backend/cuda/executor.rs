@@ -19,7 +19,7 @@ use super::step::CudaStep;
 use super::step_meta::{build_cs, build_ints, is_plain_decode, Padding};
 use super::weights::{check_supported, DeviceWeights};
 use super::workspace::{Caps, Workspace};
-use crate::backend::batch::BatchMeta;
+use crate::backend::batch::{BatchMeta, StepOutput};
 use crate::backend::ops::Network;
 use crate::kv::{KvType, PageGeometry};
 use cudarc::driver::CudaStream;
@@ -50,13 +50,6 @@ pub enum Want<'a> {
     Greedy,
     /// A token drawn per logits row with these parameters.
     Sample(&'a [SampleRow]),
-}
-
-/// The output of a step.
-#[derive(Debug, PartialEq)]
-pub enum StepOut {
-    Logits(Vec<f32>),
-    Tokens(Vec<u32>),
 }
 
 pub struct CudaExecutor {
@@ -206,7 +199,7 @@ impl CudaExecutor {
         net: &N,
         batch: &BatchMeta,
         want: Want<'_>,
-    ) -> Result<StepOut, String> {
+    ) -> Result<StepOutput, String> {
         let shape = net.shape();
         let layout = net.kv_layout();
         batch
@@ -233,8 +226,8 @@ impl CudaExecutor {
         }
         if n == 0 {
             return Ok(match want {
-                Want::Logits => StepOut::Logits(Vec::new()),
-                _ => StepOut::Tokens(Vec::new()),
+                Want::Logits => StepOutput::Logits(Vec::new()),
+                _ => StepOutput::Tokens(Vec::new()),
             });
         }
         self.bind()?;
@@ -317,18 +310,18 @@ impl CudaExecutor {
             net.run_head(&mut self.step(net, total), rows)
                 .map_err(|e| format!("{e:#}"))?;
             match self.finish(vocab, c * self.ws.caps.logit_rows, rows.len(), want)? {
-                StepOut::Logits(l) => {
+                StepOutput::Logits(l) => {
                     if logits.is_empty() {
                         logits.reserve(m * vocab);
                     }
                     logits.extend_from_slice(&l)
                 }
-                StepOut::Tokens(t) => tokens.extend(t),
+                StepOutput::Tokens(t) => tokens.extend(t),
             }
         }
         Ok(match want {
-            Want::Logits => StepOut::Logits(logits),
-            _ => StepOut::Tokens(tokens),
+            Want::Logits => StepOutput::Logits(logits),
+            _ => StepOutput::Tokens(tokens),
         })
     }
 
@@ -357,14 +350,14 @@ impl CudaExecutor {
         offset: usize,
         rows: usize,
         want: Want<'_>,
-    ) -> Result<StepOut, String> {
+    ) -> Result<StepOutput, String> {
         let s = self.stream.cu_stream();
         match want {
             Want::Logits => {
                 let mut out = vec![0f32; rows * vocab];
                 // SAFETY: the logits buffer holds logit_rows >= rows rows.
                 unsafe { download(s, &mut out, self.ws.logits.ptr())? };
-                return Ok(StepOut::Logits(out));
+                return Ok(StepOutput::Logits(out));
             }
             Want::Greedy => self.kernels.argmax(
                 &self.stream,
@@ -392,7 +385,7 @@ impl CudaExecutor {
         // SAFETY: `sampled` holds logit_rows >= rows ids (any upload was staged before it
         // returned, and the download waits for the kernel).
         unsafe { download(s, &mut out, self.ws.sampled.ptr())? };
-        Ok(StepOut::Tokens(out))
+        Ok(StepOutput::Tokens(out))
     }
 
     fn bind(&self) -> Result<(), String> {

@@ -3,7 +3,7 @@
 //! test reads those back, so the two sides cannot drift apart), the grid each needs, and the
 //! per-row parameters `sample_rows` reads.
 
-use crate::engine::sampler::SamplingParams;
+use crate::backend::sampling::SamplingParams;
 use crate::quant::GgmlType;
 use cudarc::driver::LaunchConfig;
 

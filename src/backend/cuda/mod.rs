@@ -26,7 +26,7 @@ mod workspace;
 
 pub use cache::{cache_dir, cache_key};
 pub use device::CudaDevice;
-pub use executor::{CudaExecutor, ExecutorConfig, StepOut, Want};
+pub use executor::{CudaExecutor, ExecutorConfig, Want};
 pub use kernels::{KernelFile, FILES};
 pub use kv_pool::{blocks_for, KvBudget};
 pub use nvrtc::{compile_ptx, nvrtc_version, Arch};

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
     init_threads(&args.compute)?;
-    let backend = edgelm::backend::select::resolve(&args.compute.backend, "scoring");
+    let backend = args.compute.backend.resolve("scoring");
     let mut model = Model::load(&args.model.model)?;
     let tok = Tokenizer::from_gguf(&model.file)?;
     let vocab = model.config.vocab_size;

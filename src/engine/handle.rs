@@ -1,0 +1,239 @@
+//! The way into the engine thread from any other: submit (validated here, before the request
+//! reaches the engine), cancel, shut down, read the published stats. Only plain data crosses:
+//! a request in, its events out on a channel of its own.
+
+use super::metrics::{EngineStats, SharedStats};
+use super::request::{Event, GenParams, Request, RequestId, UNTIL_CONTEXT_END};
+use crate::kv::plan::KvPlan;
+use anyhow::{bail, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+
+/// What the engine thread receives.
+pub(super) enum Command {
+    Submit(Box<Request>, Sender<Event>),
+    Cancel(RequestId),
+    Shutdown,
+}
+
+/// Limits every request is checked against before it reaches the engine thread.
+#[derive(Clone, Debug)]
+pub struct EngineLimits {
+    pub context: usize,
+    pub capacity_tokens: usize,
+    pub vocab_size: usize,
+    pub max_n: usize,
+}
+
+/// The cloneable way in: submit, cancel, read stats.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    stats: SharedStats,
+    next_id: Arc<AtomicU64>,
+    pub limits: EngineLimits,
+    pub plan: KvPlan,
+}
+
+impl EngineHandle {
+    pub(super) fn new(
+        tx: Sender<Command>,
+        stats: SharedStats,
+        limits: EngineLimits,
+        plan: KvPlan,
+    ) -> EngineHandle {
+        EngineHandle {
+            tx,
+            stats,
+            next_id: Arc::new(AtomicU64::new(1)),
+            limits,
+            plan,
+        }
+    }
+
+    /// Validates and queues a request; its events arrive on the returned receiver.
+    pub fn submit(
+        &self,
+        prompt: Vec<u32>,
+        mut params: GenParams,
+    ) -> Result<(RequestId, Receiver<Event>)> {
+        let l = &self.limits;
+        if params.max_tokens == UNTIL_CONTEXT_END {
+            // As far as the context (and the pool) allow; a prompt that leaves no room fails
+            // the checks below.
+            let room = l.context.min(l.capacity_tokens);
+            params.max_tokens = room.saturating_sub(prompt.len()).max(1);
+        }
+        if prompt.is_empty() {
+            bail!("the prompt is empty");
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
+            bail!(
+                "token id {bad} is outside the vocabulary ({} tokens)",
+                l.vocab_size
+            );
+        }
+        if params.n == 0 || params.n > l.max_n {
+            bail!("n must be between 1 and {}", l.max_n);
+        }
+        let total = prompt.len().saturating_add(params.max_tokens);
+        if total > l.context {
+            bail!(
+                "prompt ({} tokens) plus max_tokens ({}) exceeds the context length of {} tokens",
+                prompt.len(),
+                params.max_tokens,
+                l.context
+            );
+        }
+        if total > l.capacity_tokens {
+            bail!(
+                "prompt plus max_tokens ({total} tokens) exceeds the KV pool ({} tokens)",
+                l.capacity_tokens
+            );
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let req = Request {
+            id,
+            prompt,
+            params,
+            submitted: std::time::Instant::now(),
+        };
+        self.tx
+            .send(Command::Submit(Box::new(req), tx))
+            .map_err(|_| anyhow::anyhow!("the engine has stopped"))?;
+        Ok((id, rx))
+    }
+
+    /// Cancels a request: all its blocks are freed at the start of the next step.
+    pub fn cancel(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// Asks the engine to finish in-flight work and stop.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvLayout, KvType, PageGeometry};
+    use std::sync::Mutex;
+
+    const LIMITS: EngineLimits = EngineLimits {
+        context: 100,
+        capacity_tokens: 80,
+        vocab_size: 50,
+        max_n: 4,
+    };
+
+    /// A handle whose engine is the returned receiver.
+    fn handle(limits: EngineLimits) -> (EngineHandle, Receiver<Command>) {
+        let geom = PageGeometry {
+            layers: 2,
+            kv_heads: 1,
+            head_dim: 32,
+            block_tokens: 16,
+            kv_type: KvType::F16,
+        };
+        let plan = KvPlan::new(&geom, &KvLayout::full(2), 1, 1 << 20, 100, 16);
+        let stats: SharedStats = Arc::new(Mutex::new(EngineStats::default()));
+        let (tx, rx) = mpsc::channel();
+        (EngineHandle::new(tx, stats, limits, plan), rx)
+    }
+
+    fn params(max_tokens: usize) -> GenParams {
+        GenParams {
+            max_tokens,
+            ..Default::default()
+        }
+    }
+
+    fn submitted(rx: &Receiver<Command>) -> Request {
+        match rx.try_recv() {
+            Ok(Command::Submit(req, _)) => *req,
+            _ => panic!("no request reached the engine"),
+        }
+    }
+
+    #[test]
+    fn a_valid_request_reaches_the_engine_with_a_fresh_id() {
+        let (h, rx) = handle(LIMITS);
+        let (a, _) = h.submit(vec![1, 2, 3], params(10)).unwrap();
+        let (b, _) = h.clone().submit(vec![4], params(10)).unwrap();
+        assert_ne!(a, b, "ids are unique across clones");
+        let req = submitted(&rx);
+        assert_eq!(
+            (req.id, req.prompt, req.params.max_tokens),
+            (a, vec![1, 2, 3], 10)
+        );
+        assert_eq!(submitted(&rx).id, b);
+    }
+
+    #[test]
+    fn until_the_context_end_means_what_the_context_and_the_pool_leave() {
+        let (h, rx) = handle(LIMITS);
+        h.submit(vec![1; 30], params(UNTIL_CONTEXT_END)).unwrap();
+        // The pool (80 tokens) binds before the context (100).
+        assert_eq!(submitted(&rx).params.max_tokens, 50);
+    }
+
+    #[test]
+    fn invalid_requests_never_reach_the_engine() {
+        let (h, rx) = handle(LIMITS);
+        let refused = |prompt: Vec<u32>, p: GenParams, why: &str| {
+            let e = h.submit(prompt, p).unwrap_err().to_string();
+            assert!(e.contains(why), "{e:?} should say {why:?}");
+        };
+        refused(vec![], params(1), "empty");
+        refused(
+            vec![1, 50],
+            params(1),
+            "token id 50 is outside the vocabulary",
+        );
+        refused(
+            vec![1],
+            GenParams { n: 0, ..params(1) },
+            "n must be between 1 and 4",
+        );
+        refused(
+            vec![1],
+            GenParams { n: 5, ..params(1) },
+            "n must be between 1 and 4",
+        );
+        refused(vec![1; 60], params(41), "exceeds the context length of 100");
+        refused(vec![1; 60], params(21), "exceeds the KV pool (80 tokens)");
+        refused(
+            vec![1; 90],
+            params(UNTIL_CONTEXT_END),
+            "exceeds the KV pool",
+        );
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn cancel_and_shutdown_are_sent_as_commands() {
+        let (h, rx) = handle(LIMITS);
+        h.cancel(7);
+        h.shutdown();
+        assert!(matches!(rx.try_recv(), Ok(Command::Cancel(7))));
+        assert!(matches!(rx.try_recv(), Ok(Command::Shutdown)));
+    }
+
+    #[test]
+    fn a_stopped_engine_is_an_error_not_a_panic() {
+        let (h, rx) = handle(LIMITS);
+        drop(rx);
+        let e = h.submit(vec![1], params(1)).unwrap_err().to_string();
+        assert!(e.contains("stopped"), "{e}");
+        h.cancel(1);
+        h.shutdown();
+    }
+}

@@ -1,0 +1,218 @@
+//! What can be decided from a request head alone, before its body is read: the route, the
+//! method, the API key, the declared size, and whether admission would refuse a generation
+//! request right now. The front answers all of these itself, cheaply, without a thread.
+
+use super::error::ApiError;
+use super::front::Head;
+use super::Server;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The endpoints and the method each takes (HEAD is accepted wherever GET is).
+const ROUTES: &[(&str, &str)] = &[
+    ("/", "GET"),
+    ("/health", "GET"),
+    ("/metrics", "GET"),
+    ("/api/status", "GET"),
+    ("/v1/models", "GET"),
+    ("/v1/completions", "POST"),
+    ("/v1/chat/completions", "POST"),
+    ("/tokenize", "POST"),
+    ("/detokenize", "POST"),
+];
+
+/// Which handler pool a request goes to once its body is in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Lane {
+    /// Completions: their pool is sized to what admission lets in.
+    Generate,
+    /// Everything else: a few threads, so a flood of cheap-looking requests (tokenize,
+    /// metrics) cannot take more than those threads' CPU.
+    Other,
+}
+
+/// What the front does with a head.
+pub enum Route {
+    Dispatch(Lane),
+    /// /health: answered by the front itself (status, JSON body), never paced, so that health
+    /// checks see the truth quickly even during a flood.
+    Health(u16, String),
+}
+
+/// A queued request without a first token after this long is shed (429) under a flood.
+pub const SHED_AFTER: Duration = Duration::from_secs(1);
+
+/// Overload refusals counted over the last second, in tenths.
+#[derive(Default)]
+pub struct RefusalRate {
+    tenths: [u64; 10],
+    /// The tenth of a second (since the server started) the newest slot is.
+    last: u64,
+}
+
+impl RefusalRate {
+    fn advance(&mut self, tenth: u64) {
+        let from = self.last.max(tenth.saturating_sub(10));
+        for t in from + 1..=tenth {
+            self.tenths[(t % 10) as usize] = 0;
+        }
+        self.last = self.last.max(tenth);
+    }
+
+    fn note(&mut self, tenth: u64) {
+        self.advance(tenth);
+        self.tenths[(tenth % 10) as usize] += 1;
+    }
+
+    fn last_second(&mut self, tenth: u64) -> u64 {
+        self.advance(tenth);
+        self.tenths.iter().sum()
+    }
+}
+
+impl Server {
+    /// The route of a request from its head, or the error to answer it with.
+    pub(super) fn route_check(&self, head: &Head) -> Result<Route, ApiError> {
+        let path = head.path.as_str();
+        let Some(&(_, allowed)) = ROUTES.iter().find(|(p, _)| *p == path) else {
+            return Err(ApiError::not_found(path));
+        };
+        let method = head.method.as_str();
+        if method != allowed && !(method == "HEAD" && allowed == "GET") {
+            return Err(ApiError::method_not_allowed(method, path));
+        }
+        // Health and the status page stay open; everything else needs the key if one is set.
+        let open = matches!(path, "/health" | "/");
+        if !open && !self.authorized(head.authorization.as_deref()) {
+            return Err(ApiError::unauthorized());
+        }
+        if head.content_length > self.config.body_limit {
+            return Err(ApiError::too_large(self.config.body_limit));
+        }
+        if head.chunked {
+            return Err(ApiError::length_required());
+        }
+        Ok(match path {
+            "/health" => {
+                let (status, state) = self.health();
+                Route::Health(status, json!({ "status": state }).to_string())
+            }
+            "/v1/completions" | "/v1/chat/completions" => Route::Dispatch(Lane::Generate),
+            _ => Route::Dispatch(Lane::Other),
+        })
+    }
+
+    /// Whether a generation request arriving now may go on to have its body read and parsed.
+    /// Admission's own rules, peeked with the requests already handed to handlers but not yet
+    /// through admission counted as in flight; and one rule of the front's: under a flood
+    /// (see [`Server::flooded`]) clients resend as soon as they are refused, so there is
+    /// always one ready to take a running slot the moment it frees. A queue then only adds
+    /// latency (its requests wait for slots that retrying clients would fill anyway), so a
+    /// request only goes on when a running slot is free.
+    pub(super) fn admission_check(&self, now: Instant) -> Result<(), ApiError> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        if self.ready.get().is_none() {
+            return Err(ApiError::unavailable("the model is still loading"));
+        }
+        let in_flight = self.in_flight() + self.pending.load(Ordering::SeqCst);
+        let refused = match self.admission.would_refuse(in_flight, now) {
+            Some(r) => Some(ApiError::overloaded(r.retry_after_s, r.queue_full)),
+            None if in_flight >= self.config.engine.max_seqs && self.flooded(now) => {
+                Some(ApiError::overloaded(1, false))
+            }
+            None => None,
+        };
+        match refused {
+            Some(e) => {
+                let tenth = self.tenth(now);
+                self.refusals().note(tenth);
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn tenth(&self, now: Instant) -> u64 {
+        (now.saturating_duration_since(self.started).as_millis() / 100) as u64
+    }
+
+    fn refusals(&self) -> std::sync::MutexGuard<'_, RefusalRate> {
+        self.refusals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A flood: more overload refusals in the last second than twice the requests admission
+    /// lets in at once. Clients that wait as Retry-After says come back at most once a
+    /// second each, so only clients resending at once (or more of them than the box holds
+    /// twice over) refuse that fast; a burst that overflows the queue once does not. The
+    /// front answers refusals at `max_rejections_per_s` at most (a client resending at once
+    /// sends no faster than it is answered), so the bound is at most a quarter of that.
+    pub(super) fn flooded(&self, now: Instant) -> bool {
+        let tenth = self.tenth(now);
+        let mut bound = 2 * self.admission.max_in_flight() as u64;
+        let paced = self.config.front.max_rejections_per_s;
+        if paced > 0.0 {
+            bound = bound.min((paced / 4.0) as u64);
+        }
+        self.refusals().last_second(tenth) > bound
+    }
+
+    /// /health's status and state.
+    pub(super) fn health(&self) -> (u16, &'static str) {
+        if self.is_ready() {
+            (200, "ready")
+        } else if self.draining.load(Ordering::Relaxed) {
+            (503, "draining")
+        } else if self.load_error.get().is_some() {
+            (503, "failed")
+        } else {
+            (503, "loading")
+        }
+    }
+
+    /// Counts an error the front answered, as the handlers count theirs.
+    pub(super) fn count_front_error(&self, e: &ApiError) {
+        self.count_error(e);
+    }
+}
+
+/// A generation request handed to a handler and not yet through admission: counted as in
+/// flight by [`Server::admission_check`] until dropped, so that when one slot frees, the
+/// front lets one request through, not every one that arrives before the first is admitted.
+pub struct Pending(Arc<Server>);
+
+impl Pending {
+    pub fn new(server: &Arc<Server>) -> Pending {
+        server.pending.fetch_add(1, Ordering::SeqCst);
+        Pending(server.clone())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RefusalRate;
+
+    #[test]
+    fn the_refusal_rate_counts_the_last_second_only() {
+        let mut r = RefusalRate::default();
+        for _ in 0..5 {
+            r.note(3);
+        }
+        r.note(9);
+        assert_eq!(r.last_second(9), 6);
+        assert_eq!(r.last_second(12), 6, "tenths 3..12 are the last second");
+        assert_eq!(r.last_second(13), 1, "tenth 3 has gone");
+        assert_eq!(r.last_second(500), 0);
+        r.note(500);
+        assert_eq!(r.last_second(500), 1);
+    }
+}
