@@ -105,7 +105,7 @@ impl Default for ServerSection {
             max_connections: 3072,
             client_rate_per_s: 0.0,
             client_burst: 20.0,
-            max_rejections_per_s: 500.0,
+            max_rejections_per_s: 150.0,
         }
     }
 }
