@@ -27,33 +27,22 @@ struct Kld {
 }
 
 fn parse(out: &str) -> Kld {
-    let field = |prefix: &str| -> f64 {
+    // The first number after `sep` on the line that starts with `prefix`.
+    let number = |prefix: &str, sep: char| -> f64 {
         let line = out
             .lines()
             .find(|l| l.starts_with(prefix))
             .unwrap_or_else(|| panic!("no '{prefix}' line in:\n{out}"));
-        line[line.find(':').unwrap() + 1..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
+        line.split_once(sep)
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no number after '{sep}' in {line:?}"))
     };
-    let same_top_line = out
-        .lines()
-        .find(|l| l.starts_with("Same top p:"))
-        .unwrap_or_else(|| panic!("no 'Same top p:' line in:\n{out}"));
-    let same_top_err = same_top_line
-        .split('±')
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no '±' in {same_top_line:?}"));
     Kld {
-        kld: field("Mean    KLD:"),
-        same_top: field("Same top p:"),
-        same_top_err,
-        ppl: field("Mean PPL(Q)  "),
+        kld: number("Mean    KLD:", ':'),
+        same_top: number("Same top p:", ':'),
+        same_top_err: number("Same top p:", '±'),
+        ppl: number("Mean PPL(Q)  ", ':'),
     }
 }
 
