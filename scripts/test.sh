@@ -17,20 +17,28 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-scripts/test-preflight.sh
-packaging/fetch-model.sh
-packaging/fetch-model.sh gemma3
-scripts/build-peer.sh
-cargo fmt --check
-scripts/check-layers.py
-cargo clippy --release --all-targets -- -D warnings
-cargo clippy --release --features cuda --all-targets -- -D warnings
-cargo build --release
-cargo test --release -- --test-threads=1
-scripts/test-aarch64.sh
-scripts/build-static.sh
-EDGELM_AMD64_BIN=target/static/amd64/edgelm scripts/build-image.sh
-python3 -m pytest -q -rs tests/e2e
-scripts/check-kernels.sh
-scripts/check-cuda-emu.sh
-scripts/fuzz.sh "${EDGELM_FUZZ_SECONDS:-20}"
+# Each step's wall time goes to stderr, so a slow CI run shows where its minutes went.
+step() {
+    local start=$SECONDS
+    "$@"
+    echo "test.sh: $((SECONDS - start)) s: $*" >&2
+}
+
+step scripts/test-preflight.sh
+step packaging/fetch-model.sh
+step packaging/fetch-model.sh gemma3
+step scripts/build-peer.sh
+step cargo fmt --check
+step scripts/check-layers.py
+step cargo clippy --release --all-targets -- -D warnings
+step cargo clippy --release --features cuda --all-targets -- -D warnings
+step cargo build --release
+step cargo test --release -- --test-threads=1
+step scripts/test-aarch64.sh
+step scripts/build-static.sh
+step env EDGELM_AMD64_BIN=target/static/amd64/edgelm scripts/build-image.sh
+step python3 -m pytest -q -rs tests/e2e
+step scripts/check-kernels.sh
+step scripts/check-cuda-emu.sh
+step scripts/fuzz.sh "${EDGELM_FUZZ_SECONDS:-20}"
+echo "test.sh: all steps passed in $SECONDS s" >&2

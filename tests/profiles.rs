@@ -7,7 +7,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 /// Every key of the schema; the device profiles set them all.
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 26] = [
     "model.path",
     "server.host",
     "server.port",
@@ -16,6 +16,13 @@ const KEYS: [&str; 19] = [
     "server.max_queue_wait_s",
     "server.body_limit_kib",
     "server.drain_seconds",
+    "server.header_timeout_s",
+    "server.body_timeout_s",
+    "server.idle_timeout_s",
+    "server.max_connections",
+    "server.client_rate_per_s",
+    "server.client_burst",
+    "server.max_rejections_per_s",
     "engine.backend",
     "engine.threads",
     "engine.kv_type",
