@@ -59,7 +59,7 @@ __device__ __forceinline__ void attention_body(
     const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,
     const int *__restrict__ block_tables, const int *__restrict__ table_offsets,
     const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,
-    int block_tokens, float scale, int window) {
+    int block_size, float scale, int window) {
     constexpr int DPL = D / WARP;
     constexpr int R = D >= 256 ? ATT_MAX_REP_D256 : ATT_MAX_REP;
     __shared__ float q_sh[R][D];
@@ -78,7 +78,7 @@ __device__ __forceinline__ void attention_body(
     const int n_ctx = pos + 1 - first; // positions seen, from `first`
     const int *table = block_tables + table_offsets[t];
     const int row_bytes = kv_row_bytes(KT, D);
-    const u64 head_bytes = (u64)block_tokens * row_bytes;
+    const u64 head_bytes = (u64)block_size * row_bytes;
     const u64 v_delta = (u64)kv_heads * head_bytes; // V rows follow the K rows of a block
 
     const float *qg = q + (t * n_head + (long long)g * rep) * D;
@@ -103,9 +103,9 @@ __device__ __forceinline__ void attention_body(
 #pragma unroll
         for (int r = 0; r < R; ++r) s[r] = 0.0f;
         if (valid) {
-            const int blk = table[p / block_tokens];
+            const int blk = table[p / block_size];
             k_off = kv_head_offset(layer, blocks, blk, 0, kv_heads, g, head_bytes) +
-                    (u64)(p % block_tokens) * row_bytes;
+                    (u64)(p % block_size) * row_bytes;
             const u8 *krow = pages + k_off;
 #pragma unroll
             for (int d0 = 0; d0 < D; d0 += 4) {
@@ -185,9 +185,9 @@ __device__ __forceinline__ void attention_body(
         const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,    \
         const int *__restrict__ block_tables, const int *__restrict__ table_offsets,           \
         const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,    \
-        int block_tokens, float scale, int window) {                                           \
+        int block_size, float scale, int window) {                                           \
         attention_body<KT, D>(q, out, pages, block_tables, table_offsets, positions, layer,    \
-                              blocks, n_head, kv_heads, block_tokens, scale, window);          \
+                              blocks, n_head, kv_heads, block_size, scale, window);          \
     }
 
 ATTENTION_KERNEL(attention_f16_d64, KV_F16, 64)

@@ -6,12 +6,12 @@
 //   to -8, d = max / -8, q = min(15, (int)(v / d + 8.5)).
 // K and V arrive already rotated (RoPE, and the Hadamard rotation for quantized pages).
 
-// k, v: n_tok x kv_heads x head_dim; slots[t]: the pool slot (block * block_tokens + offset).
+// k, v: n_tok x kv_heads x head_dim; slots[t]: the pool slot (block * block_size + offset).
 // One warp per (token, part, head, 32-value block); blockDim a multiple of 32.
 extern "C" __global__ void kv_append(const float *__restrict__ k, const float *__restrict__ v,
                                      const int *__restrict__ slots, int n_tok,
                                      u8 *__restrict__ pages, int layer, int blocks,
-                                     int kv_heads, int head_dim, int block_tokens, int kv_type) {
+                                     int kv_heads, int head_dim, int block_size, int kv_type) {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nb = head_dim / QK;
@@ -24,10 +24,10 @@ extern "C" __global__ void kv_append(const float *__restrict__ k, const float *_
 
     const int slot = slots[t];
     const int row_bytes = kv_row_bytes(kv_type, head_dim);
-    const u64 head_bytes = (u64)block_tokens * row_bytes;
-    u8 *row = pages + kv_head_offset(layer, blocks, slot / block_tokens, part, kv_heads, head,
+    const u64 head_bytes = (u64)block_size * row_bytes;
+    u8 *row = pages + kv_head_offset(layer, blocks, slot / block_size, part, kv_heads, head,
                                      head_bytes) +
-              (u64)(slot % block_tokens) * row_bytes;
+              (u64)(slot % block_size) * row_bytes;
 
     if (kv_type == KV_F16) {
         ((u16 *)row)[c * QK + lane] = f32_to_f16(x);

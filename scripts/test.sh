@@ -27,7 +27,9 @@ step() {
 step scripts/test-preflight.sh
 step packaging/fetch-model.sh
 step packaging/fetch-model.sh gemma3
-step scripts/build-peer.sh
+# The suite runs only llama-perplexity (the KL-divergence and perplexity tests); the other peer
+# tools are for scripts/compare-peer.sh and scripts/reliability.sh, which build them on first use.
+step scripts/build-peer.sh llama-perplexity
 step cargo fmt --check
 step scripts/check-layers.py
 step cargo clippy --release --all-targets -- -D warnings

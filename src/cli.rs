@@ -74,7 +74,8 @@ pub struct ServeArgs {
     /// Firmware profile (TOML); flags given here override its values.
     #[arg(short = 'c', long)]
     pub config: Option<PathBuf>,
-    /// Path to the GGUF model [profile: model.path].
+    /// Path to the GGUF model [profile: model.path, default
+    /// models/SmolLM2-135M-Instruct.Q4_1.gguf, which packaging/fetch-model.sh downloads].
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// [profile: server.host, default 127.0.0.1]

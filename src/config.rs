@@ -81,12 +81,32 @@ pub struct LogSection {
     pub level: String,
 }
 
+/// Where `packaging/fetch-model.sh` puts the reference model, relative to the checkout.
+pub const DEFAULT_MODEL_PATH: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
 impl Default for ModelSection {
     fn default() -> Self {
         ModelSection {
-            path: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            path: PathBuf::from(DEFAULT_MODEL_PATH),
         }
     }
+}
+
+/// The one message for a model file that is not there: where a relative path was looked up,
+/// and how to get the reference model.
+pub fn missing_model(path: &Path) -> String {
+    let from = if path.is_relative() {
+        std::env::current_dir()
+            .map(|d| format!(" (looked up from {})", d.display()))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    format!(
+        "model {} does not exist{from}: run packaging/fetch-model.sh in the edgelm checkout \
+         (it downloads the reference model to {DEFAULT_MODEL_PATH}), or pass --model FILE",
+        path.display()
+    )
 }
 
 impl Default for ServerSection {

@@ -292,7 +292,7 @@ fn kv_plan_for_the_reference_model() {
     );
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["kv_bytes_per_token"], 23_040);
-    assert_eq!(plan["block_tokens"], 16);
+    assert_eq!(plan["block_size"], 16);
     assert_eq!(plan["block_bytes"], 23_040 * 16);
     for key in ["pool_blocks", "max_seqs_paged", "max_seqs_contiguous"] {
         assert!(plan[key].is_u64(), "{key} missing");

@@ -32,7 +32,7 @@ fn start(
     let tok = Tokenizer::from_gguf(&m.file).unwrap();
     let config = EngineConfig {
         kv_type: KvType::F16,
-        block_tokens: 16,
+        block_size: 16,
         kv_memory_bytes,
         max_seqs,
         max_batched_tokens,

@@ -39,7 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// Every cached block's tokens are the sequence's tokens at that block, and its identity is
 /// the chained hash of the sequence's blocks up to it.
 fn check_cached_blocks(s: &Scheduler) -> Result<(), String> {
-    let bt = s.pool.block_tokens();
+    let bt = s.pool.block_size();
     for seq in s.sequences() {
         for table in seq.blocks.tables() {
             let mut parent = None;

@@ -78,11 +78,11 @@ impl BatchMeta {
         lens
     }
 
-    /// KV slot (block · block_tokens + offset) of token `i` in KV group `group`.
-    pub fn slot(&self, i: usize, group: usize, block_tokens: usize) -> usize {
+    /// KV slot (block · block_size + offset) of token `i` in KV group `group`.
+    pub fn slot(&self, i: usize, group: usize, block_size: usize) -> usize {
         let pos = self.positions[i];
-        self.block_tables[self.seq_of[i]][group][pos / block_tokens] as usize * block_tokens
-            + pos % block_tokens
+        self.block_tables[self.seq_of[i]][group][pos / block_size] as usize * block_size
+            + pos % block_size
     }
 
     /// Checks that ids are in range and that every token has, in every KV group, a block for
@@ -90,7 +90,7 @@ impl BatchMeta {
     /// of bounds.
     pub fn validate(
         &self,
-        block_tokens: usize,
+        block_size: usize,
         pool_blocks: usize,
         vocab: usize,
         max_pos: usize,
@@ -128,8 +128,8 @@ impl BatchMeta {
             // must be there.
             let Some((lo, hi)) = spans[seq] else { continue };
             for (g, table) in tables.iter().enumerate() {
-                let from = layout.first_needed_block(g, lo, block_tokens);
-                let to = hi / block_tokens;
+                let from = layout.first_needed_block(g, lo, block_size);
+                let to = hi / block_size;
                 if to >= table.len() {
                     bail!(
                         "position {hi} has no KV block (group {g}'s table has {} blocks)",

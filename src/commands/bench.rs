@@ -145,6 +145,7 @@ fn progress(label: &str, i: usize, n: usize) {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    super::require_model(&args.model.model)?;
     let threads = init_threads(&args.compute)?;
     args.compute.backend.resolve("benchmarking");
     if args.repeats == 0 || args.n_gen < 2 || args.n_prompt == 0 {

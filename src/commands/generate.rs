@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub fn run(args: RunArgs) -> Result<()> {
+    super::require_model(&args.model.model)?;
     let start = Instant::now();
     let threads = init_threads(&args.compute)?;
     args.compute.backend.resolve("running");

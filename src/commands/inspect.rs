@@ -8,6 +8,7 @@ use edgelm::tokenizer::Tokenizer;
 use std::sync::Arc;
 
 pub fn run(args: InspectArgs) -> Result<()> {
+    super::require_model(&args.model)?;
     let file = GgufFile::open(&args.model)
         .with_context(|| format!("cannot read {}", args.model.display()))?;
     let file = Arc::new(file);

@@ -8,6 +8,7 @@ use edgelm::model::ModelConfig;
 
 pub fn run(args: KvPlanArgs) -> Result<()> {
     let path = &args.model.model;
+    super::require_model(path)?;
     let file = GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let cfg = ModelConfig::from_gguf(&file)?;
     if args.block_size == 0 || args.ctx == 0 || args.avg_tokens == 0 {
@@ -52,7 +53,7 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
     );
     println!(
         "block                 {} tokens, {} bytes ({} KV group{} of {} layers{})",
-        plan.block_tokens,
+        plan.block_size,
         plan.block_bytes,
         plan.kv_groups,
         if plan.kv_groups == 1 { "" } else { "s" },

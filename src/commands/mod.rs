@@ -34,7 +34,7 @@ pub fn kv_bytes_for(model: &Model, c: &ComputeArgs, tokens: usize) -> usize {
 pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
     EngineConfig {
         kv_type: c.kv_type,
-        block_tokens: c.block_size,
+        block_size: c.block_size,
         kv_memory_bytes: c.kv_memory_mib.unwrap_or(256) << 20,
         max_seqs: c.max_seqs,
         max_batched_tokens: c.max_batched_tokens,
@@ -44,6 +44,15 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
         backend: c.backend.resolve_quietly(),
         gpu_reserve_bytes: c.gpu_reserve_mib << 20,
     }
+}
+
+/// Fails with the fetch-model hint when the model file is not there (a command checks before
+/// it sizes anything from the model).
+pub fn require_model(path: &std::path::Path) -> Result<()> {
+    if !path.exists() {
+        anyhow::bail!("{}", edgelm::config::missing_model(path));
+    }
+    Ok(())
 }
 
 /// Sizes the global worker pool once, before any compute runs.

@@ -1,5 +1,6 @@
 //! `edgelm serve`: the OpenAI-compatible HTTP endpoint, configured by a firmware profile and
-//! flags. SIGTERM/SIGINT drain in-flight requests (bounded), then the process exits 0.
+//! flags. SIGTERM/SIGINT drain in-flight requests (bounded), then the process exits 0; a second
+//! signal exits at once (status 1).
 
 use super::{engine_config, init_threads};
 use crate::cli::{ComputeArgs, ConfigCheckArgs, ServeArgs};
@@ -75,7 +76,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .context("no address to listen on")?;
     let model_bytes = match std::fs::metadata(&p.model.path) {
         Ok(m) => m.len(),
-        Err(_) => anyhow::bail!("model {} does not exist", p.model.path.display()),
+        Err(_) => anyhow::bail!("{}", edgelm::config::missing_model(&p.model.path)),
     };
     if let Some(total) = total_ram_bytes() {
         p.check_memory(model_bytes, total)
@@ -91,6 +92,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .filter(|k| !k.is_empty());
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // A second signal while draining exits at once (status 1): someone at the terminal
+        // pressing Ctrl-C again wants out now, not after the drain. Registered before the flag
+        // so that the first signal only sets it.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
+            .context("cannot install signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
     let profile_name = args

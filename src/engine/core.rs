@@ -32,7 +32,7 @@ pub const DEFAULT_PREFILL_PACING: f64 = 2.0;
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub kv_type: KvType,
-    pub block_tokens: usize,
+    pub block_size: usize,
     /// Bytes of KV memory to preallocate.
     pub kv_memory_bytes: usize,
     pub max_seqs: usize,
@@ -56,7 +56,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             kv_type: KvType::F16,
-            block_tokens: 16,
+            block_size: 16,
             kv_memory_bytes: 256 << 20,
             max_seqs: 16,
             max_batched_tokens: 512,
@@ -110,8 +110,8 @@ impl Engine {
         config: EngineConfig,
     ) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
         let cfg = &model.config;
-        let geom = cfg.page_geometry(config.kv_type, config.block_tokens);
-        if config.block_tokens == 0 {
+        let geom = cfg.page_geometry(config.kv_type, config.block_size);
+        if config.block_size == 0 {
             bail!("block size must be at least 1 token");
         }
         if config.kv_type.row_bytes(cfg.head_dim).is_none() {
@@ -159,7 +159,7 @@ impl Engine {
             "KV pool{}: {} blocks of {} tokens, {} bytes per block ({} KiB per token... {} B/token), {} MiB in all, {}",
             if exec.is_cuda() { " (device memory)" } else { "" },
             blocks,
-            config.block_tokens,
+            config.block_size,
             geom.block_bytes(),
             plan.kv_bytes_per_token / 1024,
             plan.kv_bytes_per_token,
@@ -178,7 +178,7 @@ impl Engine {
                 max_seqs: config.max_seqs,
                 max_batched_tokens: config.max_batched_tokens,
             },
-            BlockPool::new(blocks, config.block_tokens),
+            BlockPool::new(blocks, config.block_size),
             model.layout.clone(),
         );
         let limits = EngineLimits {
@@ -208,8 +208,9 @@ impl Engine {
             pacer: PrefillPacer::new(config.prefill_pacing, PACED_MIN_CHUNK),
         };
         engine.local.kv_pool_bytes = engine.exec.kv_bytes();
-        engine.local.block_tokens = config.block_tokens;
+        engine.local.block_size = config.block_size;
         engine.local.weight_bytes = engine.model.file_bytes();
+        engine.local.backend = engine.exec.backend_name();
         engine.publish();
         let handle = EngineHandle::new(tx, stats, limits, plan);
         let thread = std::thread::Builder::new()

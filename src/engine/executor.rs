@@ -56,6 +56,15 @@ impl Executor {
         !matches!(self, Executor::Cpu(_))
     }
 
+    /// The backend that runs, after any fallback (the status page shows it).
+    pub fn backend_name(&self) -> &'static str {
+        if self.is_cuda() {
+            "cuda"
+        } else {
+            "cpu"
+        }
+    }
+
     /// Blocks the scheduler may hand out.
     pub fn blocks(&self) -> usize {
         match self {
@@ -209,7 +218,7 @@ fn start_cuda(model: &Arc<Model>, plan: &ExecutorPlan) -> Option<Executor> {
     use crate::backend::cuda::{CudaExecutor, ExecutorConfig, KvBudget};
     let cfg = ExecutorConfig {
         kv_type: plan.geom.kv_type,
-        block_tokens: plan.geom.block_tokens,
+        block_size: plan.geom.block_size,
         max_tokens: plan.max_tokens,
         max_seqs: plan.max_seqs,
         context: plan.context,

@@ -140,7 +140,7 @@ mod tests {
             layers: 2,
             kv_heads: 1,
             head_dim: 32,
-            block_tokens: 16,
+            block_size: 16,
             kv_type: KvType::F16,
         };
         let plan = KvPlan::new(&geom, &KvLayout::full(2), 1, 1 << 20, 100, 16);

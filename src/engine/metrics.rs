@@ -56,11 +56,13 @@ pub struct EngineStats {
     /// Bytes of the preallocated KV pool and of the weight matrices (fixed at start).
     pub kv_pool_bytes: usize,
     pub weight_bytes: usize,
+    /// The backend that runs ("cpu" or "cuda", after any fallback; fixed at start).
+    pub backend: &'static str,
     pub running: usize,
     pub waiting: usize,
     pub kv_blocks_total: usize,
     /// Tokens per KV block (fixed at start).
-    pub block_tokens: usize,
+    pub block_size: usize,
     pub kv_blocks_used: usize,
     pub kv_blocks_cached: usize,
     pub prefix_queried_tokens: u64,
@@ -87,10 +89,11 @@ impl Default for EngineStats {
         EngineStats {
             kv_pool_bytes: 0,
             weight_bytes: 0,
+            backend: "",
             running: 0,
             waiting: 0,
             kv_blocks_total: 0,
-            block_tokens: 0,
+            block_size: 0,
             kv_blocks_used: 0,
             kv_blocks_cached: 0,
             prefix_queried_tokens: 0,

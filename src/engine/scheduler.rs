@@ -169,7 +169,7 @@ impl Scheduler {
         self.layout.max_tokens(
             self.pool.total(),
             self.config.max_batched_tokens,
-            self.pool.block_tokens(),
+            self.pool.block_size(),
         )
     }
 
@@ -404,7 +404,7 @@ impl Scheduler {
     /// prefilling: then it waits until they reach the prefix cache rather than compute them a
     /// second time (requests sharing a long system prompt).
     fn waits_for_prefix(&self, id: SeqId) -> bool {
-        let bt = self.pool.block_tokens();
+        let bt = self.pool.block_size();
         let s = &self.seqs[&id];
         if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits {
             return false;
@@ -448,7 +448,7 @@ impl Scheduler {
     /// last token to compute, so there are logits to sample from): as many leading blocks as
     /// every KV group still holds what resuming there needs (`SeqBlocks::attach_prefix`).
     fn attach_cached_prefix(&mut self, id: SeqId) {
-        let bt = self.pool.block_tokens();
+        let bt = self.pool.block_size();
         let s = self.seqs.get_mut(&id).expect("seq exists");
         if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits {
             return;
@@ -524,7 +524,7 @@ impl Scheduler {
     /// Records that the step ran: computed counts advance and newly full blocks join the
     /// prefix cache.
     pub fn commit(&mut self, batch: &ScheduledBatch) {
-        let bt = self.pool.block_tokens();
+        let bt = self.pool.block_size();
         for span in &batch.spans {
             let Some(s) = self.seqs.get_mut(&span.seq) else {
                 continue;

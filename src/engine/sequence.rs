@@ -85,20 +85,17 @@ impl Sequence {
     }
 
     /// Hash of full block `i`, extending the chain as needed (requires the tokens).
-    pub fn hash_of_block(&mut self, i: usize, block_tokens: usize) -> u64 {
-        self.hashes_up_to(i + 1, block_tokens);
+    pub fn hash_of_block(&mut self, i: usize, block_size: usize) -> u64 {
+        self.hashes_up_to(i + 1, block_size);
         self.block_hashes[i]
     }
 
     /// The chained hashes of the first `n` full blocks (requires the tokens).
-    pub fn hashes_up_to(&mut self, n: usize, block_tokens: usize) -> &[u64] {
+    pub fn hashes_up_to(&mut self, n: usize, block_size: usize) -> &[u64] {
         while self.block_hashes.len() < n {
             let j = self.block_hashes.len();
             let parent = j.checked_sub(1).map(|p| self.block_hashes[p]);
-            let h = block_hash(
-                parent,
-                &self.tokens[j * block_tokens..(j + 1) * block_tokens],
-            );
+            let h = block_hash(parent, &self.tokens[j * block_size..(j + 1) * block_size]);
             self.block_hashes.push(h);
         }
         &self.block_hashes[..n]

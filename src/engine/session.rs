@@ -13,7 +13,7 @@ use std::sync::Arc;
 #[derive(Clone, Copy, Debug)]
 pub struct SessionConfig {
     pub kv_type: KvType,
-    pub block_tokens: usize,
+    pub block_size: usize,
     /// The longest sequence it must hold.
     pub max_tokens: usize,
     /// The largest chunk `extend` runs at once.
@@ -25,10 +25,10 @@ pub struct SessionConfig {
 
 impl SessionConfig {
     /// A CPU session for sequences of `max_tokens`, run in chunks of up to `chunk`.
-    pub fn cpu(kv_type: KvType, block_tokens: usize, max_tokens: usize, chunk: usize) -> Self {
+    pub fn cpu(kv_type: KvType, block_size: usize, max_tokens: usize, chunk: usize) -> Self {
         SessionConfig {
             kv_type,
-            block_tokens,
+            block_size,
             max_tokens,
             chunk,
             backend: Backend::Cpu,
@@ -52,9 +52,9 @@ impl Session {
     pub fn new(model: Arc<Model>, cfg: SessionConfig) -> Result<Session> {
         let chunk = cfg.chunk.max(1);
         let layout = &model.layout;
-        let geom = model.config.page_geometry(cfg.kv_type, cfg.block_tokens);
+        let geom = model.config.page_geometry(cfg.kv_type, cfg.block_size);
         let want = layout
-            .peak_blocks(cfg.max_tokens, chunk, cfg.block_tokens)
+            .peak_blocks(cfg.max_tokens, chunk, cfg.block_size)
             .max(1);
         let exec = Executor::start(
             &model,
@@ -71,9 +71,9 @@ impl Session {
         // The CUDA pool sizes itself from free device memory.
         let blocks = exec.blocks();
         Ok(Session {
-            pool: BlockPool::new(blocks, cfg.block_tokens),
+            pool: BlockPool::new(blocks, cfg.block_size),
             blocks: SeqBlocks::new(layout.num_groups()),
-            capacity: layout.max_tokens(blocks, chunk, cfg.block_tokens),
+            capacity: layout.max_tokens(blocks, chunk, cfg.block_size),
             model,
             exec,
             chunk,

@@ -66,8 +66,11 @@ impl ConstraintSpec {
 /// The schema as edgelm generates it:
 /// - objects that list `properties` and say nothing of others take no others (llama.cpp's
 ///   rule: a small model left free to add keys rambles on instead of closing the object);
-/// - integers without bounds stay within ±(2^53 - 1), the integers every JSON parser reads
-///   exactly (llama.cpp bounds them by digits), so a sampled run of digits ends;
+/// - numbers stay within ±(2^53 - 1) (where a side is unbounded; the integers every JSON
+///   parser reads exactly) with at most 10 fraction digits (`multipleOf` 1e-10, where the
+///   schema sets none; llguidance reads no finer step exactly, and counts digits, trailing
+///   zeros included): llama.cpp bounds both parts by digits too (16 each), and without a bound a
+///   sampled run of digits need never end;
 /// - compact JSON (`", "` and `": "`, no free whitespace), so that a sampled run of spaces or
 ///   newlines cannot use up the answer's tokens. A schema's own `x-guidance` options win.
 pub fn schema_as_generated(schema: &Value) -> Value {
@@ -89,13 +92,8 @@ fn close_objects(v: &mut Value, depth: usize) {
         return;
     }
     let Value::Object(o) = v else { return };
-    let bounded = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]
-        .iter()
-        .any(|k| o.contains_key(*k));
-    if o.get("type") == Some(&json!("integer")) && !bounded {
-        const SAFE: i64 = (1 << 53) - 1;
-        o.insert("minimum".into(), json!(-SAFE));
-        o.insert("maximum".into(), json!(SAFE));
+    if is_numeric(o.get("type")) {
+        bound_digits(o);
     }
     if o.contains_key("properties")
         && !o.contains_key("additionalProperties")
@@ -121,6 +119,39 @@ fn close_objects(v: &mut Value, depth: usize) {
             "items" | "additionalProperties" | "not" => close_objects(child, depth + 1),
             _ => {}
         }
+    }
+}
+
+/// Whether a schema's `type` is (or includes) a number.
+fn is_numeric(ty: Option<&Value>) -> bool {
+    let numeric = |t: &Value| t == "integer" || t == "number";
+    match ty {
+        Some(Value::Array(a)) => a.iter().any(numeric),
+        Some(t) => numeric(t),
+        None => false,
+    }
+}
+
+/// Bounds a number's digits where the schema leaves them free (see [`schema_as_generated`]);
+/// a bound is added only where it keeps the schema's own range satisfiable.
+fn bound_digits(o: &mut serde_json::Map<String, Value>) {
+    const SAFE: f64 = ((1u64 << 53) - 1) as f64;
+    let bound = |o: &serde_json::Map<String, Value>, keys: [&str; 2]| {
+        keys.iter().filter_map(|k| o.get(*k)?.as_f64()).next()
+    };
+    let lower = bound(o, ["minimum", "exclusiveMinimum"]);
+    let upper = bound(o, ["maximum", "exclusiveMaximum"]);
+    let has = |o: &serde_json::Map<String, Value>, keys: [&str; 2]| {
+        keys.iter().any(|k| o.contains_key(*k))
+    };
+    if !has(o, ["minimum", "exclusiveMinimum"]) && upper.is_none_or(|u| u > -SAFE) {
+        o.insert("minimum".into(), json!(-SAFE as i64));
+    }
+    if !has(o, ["maximum", "exclusiveMaximum"]) && lower.is_none_or(|l| l < SAFE) {
+        o.insert("maximum".into(), json!(SAFE as i64));
+    }
+    if !o.contains_key("multipleOf") && o.get("type") != Some(&json!("integer")) {
+        o.insert("multipleOf".into(), json!(1e-10));
     }
 }
 

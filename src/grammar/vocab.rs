@@ -127,6 +127,35 @@ mod tests {
     }
 
     #[test]
+    fn numbers_end_within_the_digits_llama_cpp_allows() {
+        let (tok, g) = reference();
+        let schema = serde_json::json!({"type": "array", "items": {"type": "number"}});
+        let ok = |text: &str| {
+            let mut c = g
+                .compile(&ConstraintSpec::JsonSchema(schema.clone()))
+                .unwrap();
+            follows(&mut c, &tok, text)
+        };
+        for good in [
+            "[-12.5]",
+            "[0, 3.1415926535]",
+            "[9007199254740991]",
+            "[1.5000000000]",
+        ] {
+            assert!(ok(good), "{good}");
+        }
+        assert!(!ok("[3.14159265358]"), "an 11th fraction digit");
+        assert!(
+            !ok("[1.50000000000]"),
+            "an 11th fraction digit, even a zero"
+        );
+        assert!(!ok("[90071992547409920]"), "beyond 2^53 - 1");
+        let integers = serde_json::json!({"type": "object", "properties": {"n": {"type": ["integer", "null"], "minimum": 5}}});
+        let mut c = g.compile(&ConstraintSpec::JsonSchema(integers)).unwrap();
+        assert!(!follows(&mut c, &tok, r#"{"n": 12345678901234567"#));
+    }
+
+    #[test]
     fn lark_regex_and_forced_tokens() {
         let (tok, g) = reference();
         let mut c = g

@@ -32,7 +32,7 @@ pub struct BlockPool {
     free: LruList,
     /// (chained hash, group) → block.
     cached: HashMap<(u64, usize), u32>,
-    block_tokens: usize,
+    block_size: usize,
 }
 
 /// The hash identifying a full block: chained over its parent's hash, so equal tokens at
@@ -45,7 +45,7 @@ pub fn block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
 }
 
 impl BlockPool {
-    pub fn new(blocks: usize, block_tokens: usize) -> BlockPool {
+    pub fn new(blocks: usize, block_size: usize) -> BlockPool {
         assert!(blocks < u32::MAX as usize, "block ids are u32");
         let mut free = LruList::new(blocks);
         for b in 0..blocks as u32 {
@@ -55,7 +55,7 @@ impl BlockPool {
             blocks: vec![BlockMeta::default(); blocks],
             free,
             cached: HashMap::new(),
-            block_tokens,
+            block_size,
         }
     }
 
@@ -77,8 +77,8 @@ impl BlockPool {
         self.cached.len()
     }
 
-    pub fn block_tokens(&self) -> usize {
-        self.block_tokens
+    pub fn block_size(&self) -> usize {
+        self.block_size
     }
 
     pub fn refcount(&self, block: u32) -> u32 {
@@ -152,7 +152,7 @@ impl BlockPool {
     /// Registers a block of `group` that now holds `tokens` (a full block) under `hash`. If
     /// another block already has that identity, this one simply stays uncached.
     pub fn register(&mut self, block: u32, hash: u64, group: usize, tokens: &[u32]) {
-        debug_assert_eq!(tokens.len(), self.block_tokens);
+        debug_assert_eq!(tokens.len(), self.block_size);
         let meta = &mut self.blocks[block as usize];
         if meta.hash.is_some() || self.cached.contains_key(&(hash, group)) {
             return;
@@ -192,7 +192,7 @@ impl BlockPool {
                 if self.cached.get(&(h, meta.group)) != Some(&(b as u32)) {
                     return Err(format!("block {b}: hash not mapped back to it"));
                 }
-                if meta.tokens.len() != self.block_tokens {
+                if meta.tokens.len() != self.block_size {
                     return Err(format!(
                         "block {b}: cached with {} tokens",
                         meta.tokens.len()

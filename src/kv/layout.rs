@@ -94,28 +94,28 @@ impl KvLayout {
 
     /// The first block of `group` that computing position `pos` (or any later one) needs:
     /// blocks before it can be released.
-    pub fn first_needed_block(&self, group: usize, pos: usize, block_tokens: usize) -> usize {
-        self.first_visible(group, pos) / block_tokens
+    pub fn first_needed_block(&self, group: usize, pos: usize, block_size: usize) -> usize {
+        self.first_visible(group, pos) / block_size
     }
 
     /// Blocks one sequence of `tokens` tokens holds once it decodes (windowed groups keep the
     /// blocks that the next position still reads).
-    pub fn blocks_for_sequence(&self, tokens: usize, block_tokens: usize) -> usize {
-        let total = tokens.div_ceil(block_tokens);
+    pub fn blocks_for_sequence(&self, tokens: usize, block_size: usize) -> usize {
+        let total = tokens.div_ceil(block_size);
         (0..self.num_groups())
-            .map(|g| total - self.first_needed_block(g, tokens, block_tokens).min(total))
+            .map(|g| total - self.first_needed_block(g, tokens, block_size).min(total))
             .sum()
     }
 
     /// Blocks a sequence holds at most while its prompt of `tokens` is prefilled in chunks of
     /// `chunk` tokens (a chunk's first token still reads a whole window behind it).
-    pub fn peak_blocks(&self, tokens: usize, chunk: usize, block_tokens: usize) -> usize {
-        let total = tokens.div_ceil(block_tokens);
+    pub fn peak_blocks(&self, tokens: usize, chunk: usize, block_size: usize) -> usize {
+        let total = tokens.div_ceil(block_size);
         (0..self.num_groups())
             .map(|g| {
                 let held = match self.groups[g].window {
                     None => total,
-                    Some(w) => (w + chunk.max(1)).div_ceil(block_tokens) + 1,
+                    Some(w) => (w + chunk.max(1)).div_ceil(block_size) + 1,
                 };
                 held.min(total)
             })
@@ -123,15 +123,15 @@ impl KvLayout {
     }
 
     /// The longest sequence whose blocks fit in `pool_blocks` (prefilled in chunks of `chunk`).
-    pub fn max_tokens(&self, pool_blocks: usize, chunk: usize, block_tokens: usize) -> usize {
+    pub fn max_tokens(&self, pool_blocks: usize, chunk: usize, block_size: usize) -> usize {
         // peak_blocks grows with tokens: binary search over whole blocks.
         let (mut lo, mut hi) = (
             0usize,
-            pool_blocks.saturating_mul(block_tokens).saturating_add(1),
+            pool_blocks.saturating_mul(block_size).saturating_add(1),
         );
         while lo + 1 < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.peak_blocks(mid, chunk, block_tokens) <= pool_blocks {
+            if self.peak_blocks(mid, chunk, block_size) <= pool_blocks {
                 lo = mid;
             } else {
                 hi = mid;

@@ -10,7 +10,7 @@ pub struct PageGeometry {
     pub layers: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    pub block_tokens: usize,
+    pub block_size: usize,
     pub kv_type: KvType,
 }
 
@@ -28,11 +28,11 @@ impl PageGeometry {
 
     /// Bytes of one block across all layers: the unit the pool hands out.
     pub fn block_bytes(&self) -> usize {
-        self.bytes_per_token() * self.block_tokens
+        self.bytes_per_token() * self.block_size
     }
 
     fn head_bytes(&self) -> usize {
-        self.block_tokens * self.row_bytes()
+        self.block_size * self.row_bytes()
     }
 }
 
@@ -58,7 +58,7 @@ impl KvPages {
                 geom.kv_type
             );
         }
-        if geom.block_tokens == 0 || blocks == 0 {
+        if geom.block_size == 0 || blocks == 0 {
             anyhow::bail!("the KV pool needs at least one block of at least one token");
         }
         let bytes = geom
@@ -90,7 +90,7 @@ impl KvPages {
         (((layer * self.blocks + block) * 2 + part as usize) * g.kv_heads + head) * g.head_bytes()
     }
 
-    /// All `block_tokens` rows of one head in one block (what attention walks through).
+    /// All `block_size` rows of one head in one block (what attention walks through).
     pub fn head_rows(&self, layer: usize, block: usize, part: Part, head: usize) -> &[u8] {
         let off = self.head_offset(layer, block, part, head);
         &self.data[off..off + self.geom.head_bytes()]
@@ -98,7 +98,7 @@ impl KvPages {
 
     /// Writes one token's row for one head.
     pub fn write_row(&mut self, layer: usize, slot: usize, part: Part, head: usize, row: &[f32]) {
-        let (block, within) = (slot / self.geom.block_tokens, slot % self.geom.block_tokens);
+        let (block, within) = (slot / self.geom.block_size, slot % self.geom.block_size);
         let rb = self.geom.row_bytes();
         let off = self.head_offset(layer, block, part, head) + within * rb;
         self.geom
@@ -129,7 +129,7 @@ mod tests {
             layers: 30,
             kv_heads: 3,
             head_dim: 64,
-            block_tokens: 16,
+            block_size: 16,
             kv_type: KvType::F16,
         };
         assert_eq!(g.bytes_per_token(), 23_040);
@@ -141,7 +141,7 @@ mod tests {
             layers: 2,
             kv_heads: 2,
             head_dim: 32,
-            block_tokens: 4,
+            block_size: 4,
             kv_type: KvType::F16,
         };
         let mut p = KvPages::new(g, 3).unwrap();

@@ -10,7 +10,7 @@ pub struct KvPlan {
     pub kv_type: KvType,
     /// Bytes one token's K and V take in every layer (what full attention holds per token).
     pub kv_bytes_per_token: usize,
-    pub block_tokens: usize,
+    pub block_size: usize,
     /// Bytes of one block (one KV group's layers).
     pub block_bytes: usize,
     /// KV groups (blocks per position without windows) and how many have a window.
@@ -49,7 +49,7 @@ impl KvPlan {
         let per_token = geom.bytes_per_token() * groups;
         let block_bytes = geom.block_bytes();
         let pool_blocks = memory_bytes / block_bytes;
-        let bt = geom.block_tokens;
+        let bt = geom.block_size;
         let per_seq = |tokens: usize| layout.blocks_for_sequence(tokens.max(1), bt);
         let no_gqa = PageGeometry {
             kv_heads: n_head,
@@ -59,7 +59,7 @@ impl KvPlan {
         KvPlan {
             kv_type: geom.kv_type,
             kv_bytes_per_token: per_token,
-            block_tokens: bt,
+            block_size: bt,
             block_bytes,
             kv_groups: groups,
             windowed_groups: layout.groups.iter().filter(|g| g.window.is_some()).count(),
@@ -84,7 +84,7 @@ impl KvPlan {
         self.pool_blocks
             / self
                 .layout
-                .blocks_for_sequence(tokens.max(1), self.block_tokens)
+                .blocks_for_sequence(tokens.max(1), self.block_size)
     }
 }
 
@@ -97,7 +97,7 @@ mod tests {
             layers: 30,
             kv_heads: 3,
             head_dim: 64,
-            block_tokens: 16,
+            block_size: 16,
             kv_type,
         }
     }
@@ -135,7 +135,7 @@ mod tests {
             layers: layout.layers_per_group(),
             kv_heads: 1,
             head_dim: 256,
-            block_tokens: 16,
+            block_size: 16,
             kv_type: KvType::F16,
         };
         let p = KvPlan::new(&geom, &layout, 4, 256 << 20, 32768, 512);

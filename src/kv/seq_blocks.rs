@@ -36,7 +36,7 @@ impl SeqBlocks {
         start: usize,
         len: usize,
     ) -> usize {
-        let bt = pool.block_tokens();
+        let bt = pool.block_size();
         let need = (start + len).div_ceil(bt);
         let first = start / bt;
         let mut n = 0;
@@ -62,7 +62,7 @@ impl SeqBlocks {
         len: usize,
         copies: &mut Vec<(u32, u32)>,
     ) {
-        let bt = pool.block_tokens();
+        let bt = pool.block_size();
         let need = (start + len).div_ceil(bt);
         let first = start / bt;
         for (g, table) in self.tables.iter_mut().enumerate() {
@@ -120,15 +120,15 @@ impl SeqBlocks {
         max_blocks: usize,
     ) -> usize {
         debug_assert!(self.is_empty());
-        let bt = pool.block_tokens();
+        let bt = pool.block_size();
         let max_blocks = max_blocks.min(hashes.len()).min(tokens.len() / bt);
-        let block_tokens = |i: usize| &tokens[i * bt..(i + 1) * bt];
+        let block_size = |i: usize| &tokens[i * bt..(i + 1) * bt];
         // missing[g][i]: blocks among the first i that group g does not have cached.
         let missing: Vec<Vec<usize>> = (0..layout.num_groups())
             .map(|g| {
                 let mut m = vec![0; max_blocks + 1];
                 for i in 0..max_blocks {
-                    let absent = pool.peek(hashes[i], g, block_tokens(i)).is_none();
+                    let absent = pool.peek(hashes[i], g, block_size(i)).is_none();
                     m[i + 1] = m[i] + usize::from(absent);
                 }
                 m
@@ -148,7 +148,7 @@ impl SeqBlocks {
             table.resize(from, NO_BLOCK);
             for (i, &hash) in hashes.iter().enumerate().take(k).skip(from) {
                 let b = pool
-                    .lookup(hash, g, block_tokens(i))
+                    .lookup(hash, g, block_size(i))
                     .expect("checked present above");
                 table.push(b);
             }
@@ -164,7 +164,7 @@ impl SeqBlocks {
         hashes: &[u64],
         tokens: &[u32],
     ) {
-        let bt = pool.block_tokens();
+        let bt = pool.block_size();
         for (g, table) in self.tables.iter().enumerate() {
             for i in blocks.clone() {
                 if let Some(&b) = table.get(i).filter(|&&b| b != NO_BLOCK) {

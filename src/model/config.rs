@@ -340,12 +340,12 @@ impl ModelConfig {
 
     /// The KV page geometry for this model: only its KV heads are stored (GQA), and a block
     /// holds one KV group's layers.
-    pub fn page_geometry(&self, kv_type: KvType, block_tokens: usize) -> PageGeometry {
+    pub fn page_geometry(&self, kv_type: KvType, block_size: usize) -> PageGeometry {
         PageGeometry {
             layers: self.kv_layout().layers_per_group(),
             kv_heads: self.n_head_kv,
             head_dim: self.head_dim,
-            block_tokens,
+            block_size,
             kv_type,
         }
     }

@@ -23,11 +23,11 @@ impl Model {
     ) -> Result<()> {
         let cfg = &self.config;
         let geom = *kv.geometry();
-        if geom != cfg.page_geometry(geom.kv_type, geom.block_tokens) {
+        if geom != cfg.page_geometry(geom.kv_type, geom.block_size) {
             bail!("KV pool geometry {geom:?} does not fit the model");
         }
         batch.validate(
-            geom.block_tokens,
+            geom.block_size,
             kv.blocks(),
             cfg.vocab_size,
             self.max_position(),

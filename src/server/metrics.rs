@@ -161,7 +161,7 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         "# HELP edgelm_cache_config_info The KV cache's geometry (value always 1).\n\
          # TYPE edgelm_cache_config_info gauge\n\
          edgelm_cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
-        s.block_tokens, s.kv_blocks_total
+        s.block_size, s.kv_blocks_total
     );
     histogram(
         &mut out,
@@ -202,7 +202,7 @@ fn thread_count() -> Option<u64> {
 }
 
 /// Resident set size from /proc (Linux); None elsewhere.
-fn resident_bytes() -> Option<u64> {
+pub(super) fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     // SAFETY: sysconf has no memory-safety preconditions.
@@ -228,7 +228,7 @@ mod tests {
         let s = EngineStats {
             kv_blocks_total: 200,
             kv_blocks_used: 50,
-            block_tokens: 16,
+            block_size: 16,
             running: 3,
             waiting: 2,
             ..Default::default()

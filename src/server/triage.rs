@@ -73,6 +73,16 @@ impl RefusalRate {
 }
 
 impl Server {
+    /// Whether the request carries the API key (any request does when none is set).
+    fn authorized(&self, auth: Option<&str>) -> bool {
+        match &self.config.api_key {
+            None => true,
+            Some(key) => auth
+                .and_then(|a| a.strip_prefix("Bearer "))
+                .is_some_and(|k| constant_time_eq(k.trim().as_bytes(), key.as_bytes())),
+        }
+    }
+
     /// The route of a request from its head, or the error to answer it with.
     pub(super) fn route_check(&self, head: &Head) -> Result<Route, ApiError> {
         let path = head.path.as_str();
@@ -195,6 +205,11 @@ impl Drop for Pending {
     fn drop(&mut self) {
         self.0.pending.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Compares the key in time independent of where it differs.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub(super) fn executor(
 ) -> CudaExecutor {
     let cfg = ExecutorConfig {
         kv_type: kv,
-        block_tokens: BT,
+        block_size: BT,
         max_tokens: 512,
         max_seqs: 16,
         context: 2048,

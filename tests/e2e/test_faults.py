@@ -321,6 +321,29 @@ def test_sigterm_drain_is_bounded_by_drain_seconds():
         srv.stop()
 
 
+def test_second_sigint_exits_at_once():
+    """Ctrl-C starts the drain; a second Ctrl-C is someone who wants out now: exit 1 at once."""
+    srv = FaultServer("--drain-seconds", "30")
+    s = post_raw(srv.port, {"prompt": "Go on forever:", "max_tokens": 3000, "ignore_eos": True, "stream": True})
+    try:
+        read_until(s, b"data: {")
+        srv.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert srv.proc.poll() is None, "the first SIGINT must drain, not exit"
+        t0 = time.time()
+        srv.proc.send_signal(signal.SIGINT)
+        rc = srv.proc.wait(timeout=10)
+        took = time.time() - t0
+        print(f"second SIGINT: exit {rc} after {took:.2f} s")
+        assert rc == 1 and took < 2, (rc, took)
+    finally:
+        s.close()
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+        srv.log.close()
+
+
 # 4. SIGKILL, then a restart on the same port --------------------------------------------------
 
 def test_sigterm_while_starting_up_exits_promptly():

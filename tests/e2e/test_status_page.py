@@ -28,6 +28,12 @@ def test_status_page_renders_live_figures(server, tmp_path):
     assert 'id="state" class="label">ready<' in dom
     assert 'id="gen">–<' not in dom, "live generated-token count shown"
     assert 'id="constrained">–<' not in dom, "constrained requests and mask time shown"
+    status = httpx.get(server.base + "/api/status").json()
+    assert f'id="version" class="label">v{status["version"]}<' in dom, "version shown"
+    assert f'id="backend">backend: {status["backend"]}<' in dom and status["backend"] == "cpu"
+    assert status["resident_bytes"] > 0 and status["kv_pool_bytes"] > 0 and status["weight_bytes"] > 0
+    assert 'id="mem">–<' not in dom and "KV pool" in dom, "memory shown"
+    assert f'id="errors">{status["errors"]}<' in dom, "error count shown"
     shot = ARTIFACTS / "status-page.png"
     subprocess.run([*common, f"--screenshot={shot}", server.base + "/"], capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 5000

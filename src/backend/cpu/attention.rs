@@ -203,7 +203,7 @@ fn attend_group(
 ) {
     let geom = kv.geometry();
     let kv_type = geom.kv_type;
-    let bt = geom.block_tokens;
+    let bt = geom.block_size;
     let row_bytes = geom.row_bytes();
     let n_ctx = tok.pos + 1;
     // f16 pages follow ggml's f16 arithmetic (the peer's greedy tokens depend on it);
@@ -331,7 +331,7 @@ fn attend_chunk_tiled(
     outs: &mut [&mut [f32]],
 ) {
     let geom = kv.geometry();
-    let bt = geom.block_tokens;
+    let bt = geom.block_size;
     let row_bytes = geom.row_bytes();
     let block_table = toks[0].block_table;
     let max_ctx = toks.iter().map(|t| t.pos + 1).max().unwrap_or(0);
@@ -540,7 +540,7 @@ mod tests {
                 layers: 1,
                 kv_heads: 2,
                 head_dim: 64,
-                block_tokens: 4,
+                block_size: 4,
                 kv_type,
             };
             let mut kv = KvPages::new(geom, 8).unwrap();
@@ -606,7 +606,7 @@ mod tests {
             layers: 1,
             kv_heads: 1,
             head_dim: 64,
-            block_tokens: 16,
+            block_size: 16,
             kv_type: KvType::F16,
         };
         let mut kv = KvPages::new(geom, 16).unwrap();
@@ -695,7 +695,7 @@ mod tests {
             layers: 1,
             kv_heads: 1,
             head_dim: 64,
-            block_tokens: 4,
+            block_size: 4,
             kv_type: KvType::F16,
         };
         let mut kv = KvPages::new(geom, 32).unwrap();

@@ -106,7 +106,7 @@ impl<'a> CpuStep<'a> {
                 cs
             })
             .collect();
-        let bt = kv.geometry().block_tokens;
+        let bt = kv.geometry().block_size;
         let span_len = batch.span_lengths();
         let attn_tokens = (0..layout.num_groups())
             .map(|g| {

@@ -30,7 +30,7 @@ use std::time::Instant;
 #[derive(Clone, Copy, Debug)]
 pub struct ExecutorConfig {
     pub kv_type: KvType,
-    pub block_tokens: usize,
+    pub block_size: usize,
     /// Tokens one step carries at most (the engine's max_batched_tokens).
     pub max_tokens: usize,
     pub max_seqs: usize,
@@ -80,10 +80,10 @@ impl CudaExecutor {
         let start = Instant::now();
         check_supported(net)?;
         let shape = net.shape();
-        if cfg.kv_type.row_bytes(shape.head_dim).is_none() || cfg.block_tokens == 0 {
+        if cfg.kv_type.row_bytes(shape.head_dim).is_none() || cfg.block_size == 0 {
             return Err(format!(
                 "KV pages of {} in blocks of {} tokens do not fit head_dim {}",
-                cfg.kv_type, cfg.block_tokens, shape.head_dim
+                cfg.kv_type, cfg.block_size, shape.head_dim
             ));
         }
         let dev = CudaDevice::open(ordinal)?;
@@ -99,7 +99,7 @@ impl CudaExecutor {
             cfg.max_tokens,
             cfg.max_seqs,
             cfg.context,
-            cfg.block_tokens,
+            cfg.block_size,
             layout.num_groups(),
         );
         let weights = DeviceWeights::new(&ctx, net, dev.info.integrated)?;
@@ -108,7 +108,7 @@ impl CudaExecutor {
             layers: layout.layers_per_group(),
             kv_heads: shape.n_head_kv,
             head_dim: shape.head_dim,
-            block_tokens: cfg.block_tokens,
+            block_size: cfg.block_size,
             kv_type: cfg.kv_type,
         };
         let pool = KvPool::new(&ctx, geom, cfg.kv)?;
@@ -179,7 +179,7 @@ impl CudaExecutor {
     /// Copy-on-write of a shared block (queued; ordered before the next step's kernels).
     pub fn copy_block(&mut self, src: usize, dst: usize) -> Result<(), String> {
         let g = *self.pool.geometry();
-        let span = 2 * g.kv_heads * g.block_tokens * g.row_bytes();
+        let span = 2 * g.kv_heads * g.block_size * g.row_bytes();
         self.bind()?;
         self.kernels.kv_copy_block(
             &self.stream,
@@ -204,7 +204,7 @@ impl CudaExecutor {
         let layout = net.kv_layout();
         batch
             .validate(
-                self.cfg.block_tokens,
+                self.cfg.block_size,
                 self.pool.blocks(),
                 shape.widths.vocab,
                 net.max_position(),
@@ -243,7 +243,7 @@ impl CudaExecutor {
         });
         build_ints(
             batch,
-            self.cfg.block_tokens,
+            self.cfg.block_size,
             layout.num_groups(),
             &self.ws.caps,
             pad,
@@ -287,7 +287,7 @@ impl CudaExecutor {
                 shape,
                 layout,
                 kv_type: cfg.kv_type,
-                block_tokens: cfg.block_tokens,
+                block_size: cfg.block_size,
                 tokens: b,
                 head_rows: 0,
             };
@@ -336,7 +336,7 @@ impl CudaExecutor {
             shape: net.shape(),
             layout: net.kv_layout(),
             kv_type: self.cfg.kv_type,
-            block_tokens: self.cfg.block_tokens,
+            block_size: self.cfg.block_size,
             tokens,
             head_rows: 0,
         }

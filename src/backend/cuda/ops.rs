@@ -396,14 +396,14 @@ impl Kernels {
         blocks: usize,
         kv_heads: usize,
         head_dim: usize,
-        block_tokens: usize,
+        block_size: usize,
         kv_type: KvType,
     ) -> Result<(), String> {
         let warps = n_tok * 2 * kv_heads * (head_dim / 32);
-        let args = [n_tok, layer, blocks, kv_heads, head_dim, block_tokens].map(|v| v as i32);
+        let args = [n_tok, layer, blocks, kv_heads, head_dim, block_size].map(|v| v as i32);
         let kt = kv_type_id(kv_type);
         // SAFETY: kv_append(const float *k, const float *v, const int *slots, int n_tok,
-        // u8 *pages, int layer, int blocks, int kv_heads, int head_dim, int block_tokens,
+        // u8 *pages, int layer, int blocks, int kv_heads, int head_dim, int block_size,
         // int kv_type); one warp per (token, part, head, 32 values).
         unsafe {
             s.launch_builder(&self.kv_append)
@@ -474,14 +474,14 @@ impl Kernels {
         blocks: usize,
         n_head: usize,
         kv_heads: usize,
-        block_tokens: usize,
+        block_size: usize,
         scale: f32,
         window: usize,
     ) -> Result<(), String> {
-        let a = [layer, blocks, n_head, kv_heads, block_tokens, window].map(|v| v as i32);
+        let a = [layer, blocks, n_head, kv_heads, block_size, window].map(|v| v as i32);
         // SAFETY: attention_*(const float *q, float *out, const u8 *pages,
         // const int *block_tables, const int *table_offsets, const int *positions, int layer,
-        // int blocks, int n_head, int kv_heads, int block_tokens, float scale, int window); one
+        // int blocks, int n_head, int kv_heads, int block_size, float scale, int window); one
         // block of 32 * ATT_WARPS threads per (token, KV head).
         unsafe {
             s.launch_builder(&self.attention)

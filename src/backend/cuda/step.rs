@@ -22,7 +22,7 @@ pub struct CudaStep<'a> {
     pub shape: &'a Shape,
     pub layout: &'a KvLayout,
     pub kv_type: KvType,
-    pub block_tokens: usize,
+    pub block_size: usize,
     /// Tokens of the step (padding included).
     pub tokens: usize,
     /// Rows gathered into Head by the last `gather`.
@@ -160,7 +160,7 @@ impl Ops for CudaStep<'_> {
                 blocks,
                 s.n_head_kv,
                 s.head_dim,
-                self.block_tokens,
+                self.block_size,
                 self.kv_type,
             )
             .map_err(dev)?;
@@ -178,7 +178,7 @@ impl Ops for CudaStep<'_> {
                 blocks,
                 s.n_head,
                 s.n_head_kv,
-                self.block_tokens,
+                self.block_size,
                 a.scale,
                 a.window.unwrap_or(0),
             )

@@ -20,7 +20,7 @@ pub struct Padding {
 /// padded when asked. Fails when the batch does not fit the workspace.
 pub fn build_ints(
     batch: &BatchMeta,
-    block_tokens: usize,
+    block_size: usize,
     groups: usize,
     caps: &Caps,
     pad: Option<Padding>,
@@ -69,12 +69,12 @@ pub fn build_ints(
         for g in 0..groups {
             let (slot, off) = if i < n {
                 (
-                    batch.slot(i, g, block_tokens) as i32,
+                    batch.slot(i, g, block_size) as i32,
                     offset[batch.seq_of[i]][g],
                 )
             } else {
                 let p = pad.expect("padding only when asked");
-                ((p.block * block_tokens) as i32, pad_offset)
+                ((p.block * block_size) as i32, pad_offset)
             };
             ints[(2 + 2 * g) * t + i] = slot;
             ints[(3 + 2 * g) * t + i] = off;

@@ -24,14 +24,14 @@ pub struct Caps {
 
 impl Caps {
     /// `max_tokens` per step, at most `max_seqs` sequences per step, sequences of at most
-    /// `context` tokens in blocks of `block_tokens`, in `groups` KV groups. Decode steps are
+    /// `context` tokens in blocks of `block_size`, in `groups` KV groups. Decode steps are
     /// padded up to a power of two (a graph bucket), so the token capacity covers `max_seqs`
     /// rounded up too.
     pub fn new(
         max_tokens: usize,
         max_seqs: usize,
         context: usize,
-        block_tokens: usize,
+        block_size: usize,
         groups: usize,
     ) -> Caps {
         let bucket_max = max_seqs.max(1).next_power_of_two();
@@ -39,7 +39,7 @@ impl Caps {
         let logit_rows = bucket_max.max(64).min(tokens);
         let seqs = max_seqs.max(1).min(tokens);
         let groups = groups.max(1);
-        let table_entries = seqs * groups * (context.div_ceil(block_tokens.max(1)) + 1) + 1;
+        let table_entries = seqs * groups * (context.div_ceil(block_size.max(1)) + 1) + 1;
         Caps {
             tokens,
             logit_rows,

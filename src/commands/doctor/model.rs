@@ -122,7 +122,7 @@ pub fn model(ctx: &Context) -> (Check, Option<Parsed>) {
     if !path.exists() {
         return (
             c.fail(
-                format!("{} does not exist", path.display()),
+                edgelm::config::missing_model(path),
                 "pass --model FILE or set model.path in the profile",
             ),
             None,
@@ -278,7 +278,7 @@ pub fn kv_plan(ctx: &Context, parsed: Option<&Parsed>) -> Check {
         cfg.context_length,
         AVG_TOKENS,
     );
-    let tokens = layout.max_tokens(plan.pool_blocks, e.max_batched_tokens, plan.block_tokens);
+    let tokens = layout.max_tokens(plan.pool_blocks, e.max_batched_tokens, plan.block_size);
     let need = p.file_bytes + budget + OVERHEAD_BYTES;
     c.detail("kv_type", e.kv_type.to_string());
     c.detail("kv_bytes_per_token", plan.kv_bytes_per_token);

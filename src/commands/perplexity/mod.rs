@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
+    crate::commands::require_model(&args.model.model)?;
     init_threads(&args.compute)?;
     let backend = args.compute.backend.resolve("scoring");
     let mut model = Model::load(&args.model.model)?;
@@ -82,7 +83,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         model.clone(),
         SessionConfig {
             kv_type: args.compute.kv_type,
-            block_tokens: args.compute.block_size,
+            block_size: args.compute.block_size,
             max_tokens: n_ctx,
             chunk: args.compute.max_batched_tokens,
             backend,

@@ -1,0 +1,325 @@
+//! Writing a job's answer: as SSE chunks while its choices grow (`stream`), or as one JSON
+//! object at the end, with whitespace before it now and then so that a vanished client shows.
+//! The OpenAI shapes of both endpoints' choices, chunks, logprobs and usage live here.
+
+use super::chat_output::Delta;
+use super::choices::{Choice, Choices, Released};
+use super::error::ApiError;
+use super::generate::{Flavor, Job};
+use super::http::ChunkedBody;
+use super::Ready;
+use crate::engine::TokenLogprob;
+use serde_json::{json, Value};
+use std::io;
+use std::time::Duration;
+
+/// Where the answer goes.
+pub enum Writer {
+    /// SSE: each choice's first chunk (role, or the echoed prompt) is sent once.
+    Stream { first_chunk_sent: Vec<bool> },
+    /// One JSON object when every choice is done.
+    Whole,
+}
+
+impl Writer {
+    pub fn new(job: &Job, choices: &Choices) -> Writer {
+        if job.stream {
+            Writer::Stream {
+                first_chunk_sent: vec![false; choices.list.len()],
+            }
+        } else {
+            Writer::Whole
+        }
+    }
+
+    pub fn content_type(&self) -> &'static str {
+        match self {
+            Writer::Stream { .. } => "text/event-stream",
+            Writer::Whole => "application/json",
+        }
+    }
+
+    /// How long the answer may go without a write. Writing is the only way to notice a
+    /// vanished client; a whole answer writes nothing until the end, so it beats more often.
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_millis(match self {
+            Writer::Stream { .. } => 1000,
+            Writer::Whole => 250,
+        })
+    }
+
+    /// A write that changes nothing for the client: an SSE comment line, or whitespace (valid
+    /// before JSON).
+    pub fn beat(&self, body: &mut ChunkedBody) -> io::Result<()> {
+        body.chunk(match self {
+            Writer::Stream { .. } => b": keep-alive\n\n",
+            Writer::Whole => b" ",
+        })
+    }
+
+    /// Sends what an event released (a stream only); whether anything was written.
+    pub fn released(
+        &mut self,
+        body: &mut ChunkedBody,
+        ready: &Ready,
+        job: &Job,
+        choices: &Choices,
+        r: Released,
+    ) -> io::Result<bool> {
+        let Writer::Stream { first_chunk_sent } = self else {
+            return Ok(false);
+        };
+        let mut events = Vec::new();
+        if !first_chunk_sent[r.ci] {
+            first_chunk_sent[r.ci] = true;
+            events.extend(first_stream_chunk(ready, job, r.ci, &choices.list[r.ci]));
+        }
+        events.extend(stream_chunks(
+            ready,
+            job,
+            r.ci,
+            &r.deltas,
+            r.logprob.as_ref(),
+            r.finish,
+        ));
+        for e in &events {
+            body.sse(&e.to_string())?;
+        }
+        Ok(!events.is_empty())
+    }
+
+    /// The engine failed mid-answer: the error in the answer's own form, then the end.
+    pub fn error(&self, mut body: ChunkedBody, err: &ApiError) {
+        let _ = match self {
+            Writer::Stream { .. } => body.sse(&err.body()),
+            Writer::Whole => body.chunk(err.body().as_bytes()),
+        };
+        let _ = body.finish();
+    }
+
+    /// Every choice is done: a stream's usage chunk (when asked for) and `[DONE]`, or the
+    /// whole answer; then the end of the body.
+    pub fn finish(
+        &self,
+        mut body: ChunkedBody,
+        ready: &Ready,
+        job: &Job,
+        choices: &Choices,
+    ) -> io::Result<()> {
+        let u = &choices.usage;
+        let usage = json!({
+            "prompt_tokens": u.prompt,
+            "completion_tokens": u.completion,
+            "total_tokens": u.prompt + u.completion,
+            "prompt_tokens_details": {"cached_tokens": u.cached},
+        });
+        match self {
+            Writer::Stream { .. } => {
+                if job.include_usage {
+                    let obj = match job.flavor {
+                        Flavor::Chat(_) => "chat.completion.chunk",
+                        Flavor::Completion { .. } => "text_completion",
+                    };
+                    let u = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": [], "usage": usage});
+                    body.sse(&u.to_string())?;
+                }
+                body.sse("[DONE]")?;
+            }
+            Writer::Whole => {
+                let list: Vec<Value> = choices
+                    .list
+                    .iter()
+                    .enumerate()
+                    .map(|(ci, c)| final_choice(ready, job, ci, c))
+                    .collect();
+                let obj = match job.flavor {
+                    Flavor::Chat(_) => "chat.completion",
+                    Flavor::Completion { .. } => "text_completion",
+                };
+                let v = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": list, "usage": usage});
+                body.chunk(v.to_string().as_bytes())?;
+            }
+        }
+        body.finish()
+    }
+}
+
+fn piece(ready: &Ready, t: u32) -> String {
+    ready.tokenizer.token_piece(t)
+}
+
+fn chat_logprob_entry(ready: &Ready, lp: &TokenLogprob) -> Value {
+    let tok = piece(ready, lp.token);
+    json!({
+        "token": tok,
+        "logprob": lp.logprob,
+        "bytes": tok.as_bytes(),
+        "top_logprobs": lp.top.iter().map(|&(t, l)| {
+            let s = piece(ready, t);
+            json!({"token": s, "logprob": l, "bytes": s.as_bytes()})
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// OpenAI completions logprobs: parallel arrays.
+fn completion_logprobs(
+    ready: &Ready,
+    entries: &[Option<&TokenLogprob>],
+    tokens: &[u32],
+    offset0: usize,
+) -> Value {
+    let mut text_offset = Vec::new();
+    let mut off = offset0;
+    let mut toks = Vec::new();
+    for &t in tokens {
+        let s = piece(ready, t);
+        text_offset.push(off);
+        off += s.len();
+        toks.push(s);
+    }
+    json!({
+        "tokens": toks,
+        "token_logprobs": entries.iter().map(|e| e.map(|l| l.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": entries.iter().map(|e| e.map(|l| {
+            l.top.iter().map(|&(t, p)| (piece(ready, t), json!(p))).collect::<serde_json::Map<String, Value>>()
+        })).collect::<Vec<_>>(),
+        "text_offset": text_offset,
+    })
+}
+
+fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
+    match &job.flavor {
+        Flavor::Chat(_) => {
+            let logprobs = job.logprobs.map(|_| json!({"content": c.logprobs.iter().map(|l| chat_logprob_entry(ready, l)).collect::<Vec<_>>()}));
+            let out = c.chat.as_ref().expect("chat choices have an output");
+            let mut message = json!({"role": "assistant", "content": out.content});
+            if !out.reasoning.is_empty() {
+                message["reasoning_content"] = json!(out.reasoning);
+            }
+            if !out.calls.is_empty() {
+                if out.content.is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = out
+                    .calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, call)| json!({"id": call_id(job, ci, i), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}))
+                    .collect();
+            }
+            json!({"index": ci, "message": message, "logprobs": logprobs, "finish_reason": c.finish})
+        }
+        Flavor::Completion { echo } => {
+            let pi = ci / job.params.n;
+            let mut text = String::new();
+            let mut entries: Vec<Option<&TokenLogprob>> = Vec::new();
+            let mut toks: Vec<u32> = Vec::new();
+            if let Some(e) = echo.get(pi) {
+                text.push_str(e);
+                if let Some(plp) = &c.prompt_logprobs {
+                    entries.extend(plp.iter().map(|x| x.as_ref()));
+                    toks.extend(&job.prompts[pi]);
+                }
+            }
+            text.push_str(&c.text.text);
+            entries.extend(c.logprobs.iter().map(Some));
+            toks.extend(c.tokens.iter().take(c.logprobs.len()));
+            let logprobs = job
+                .logprobs
+                .map(|_| completion_logprobs(ready, &entries, &toks, 0));
+            json!({"index": ci, "text": text, "logprobs": logprobs, "finish_reason": c.finish})
+        }
+    }
+}
+
+/// Chat streams open with the assistant role; echoed completion streams with the prompt.
+fn first_stream_chunk(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Option<Value> {
+    match &job.flavor {
+        Flavor::Chat(_) => Some(json!({
+            "id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name,
+            "choices": [{"index": ci, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}],
+        })),
+        Flavor::Completion { echo } => {
+            let e = echo.get(ci / job.params.n)?;
+            let logprobs = match (&c.prompt_logprobs, job.logprobs) {
+                (Some(plp), Some(_)) => {
+                    let entries: Vec<Option<&TokenLogprob>> =
+                        plp.iter().map(|x| x.as_ref()).collect();
+                    completion_logprobs(ready, &entries, &job.prompts[ci / job.params.n], 0)
+                }
+                _ => Value::Null,
+            };
+            Some(
+                json!({"id": job.id, "object": "text_completion", "created": job.created, "model": ready.model_name,
+                "choices": [{"index": ci, "text": e, "logprobs": logprobs, "finish_reason": null}]}),
+            )
+        }
+    }
+}
+
+/// The SSE chunks for one event of choice `ci`: its text (content or reasoning), each call as
+/// two `delta.tool_calls` fragments (id and name, then arguments), then the finish reason.
+fn stream_chunks(
+    ready: &Ready,
+    job: &Job,
+    ci: usize,
+    deltas: &[Delta],
+    lp: Option<&TokenLogprob>,
+    finish: Option<&str>,
+) -> Vec<Value> {
+    let chunk = |delta: Value, lp: Option<&TokenLogprob>, finish: Option<&str>| match job.flavor {
+        Flavor::Chat(_) => {
+            let logprobs = lp.map(|l| json!({"content": [chat_logprob_entry(ready, l)]}));
+            json!({"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name,
+                "choices": [{"index": ci, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        }
+        Flavor::Completion { .. } => {
+            let logprobs = lp.map(|l| completion_logprobs(ready, &[Some(l)], &[l.token], 0));
+            json!({"id": job.id, "object": "text_completion", "created": job.created, "model": ready.model_name,
+                "choices": [{"index": ci, "text": delta["content"].as_str().unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]})
+        }
+    };
+    let mut content = String::new();
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
+    for d in deltas {
+        match d {
+            Delta::Content(t) => content.push_str(t),
+            Delta::Reasoning(t) => reasoning.push_str(t),
+            Delta::Call(i, call) => calls.push((*i, call)),
+        }
+    }
+    let mut out = Vec::new();
+    let mut lp = lp;
+    if !content.is_empty() || !reasoning.is_empty() || lp.is_some() {
+        let mut delta = json!({});
+        if !reasoning.is_empty() {
+            delta["reasoning_content"] = json!(reasoning);
+        }
+        if !content.is_empty() || reasoning.is_empty() {
+            delta["content"] = json!(content);
+        }
+        out.push(chunk(delta, lp.take(), None));
+    }
+    for (i, call) in calls {
+        out.push(chunk(
+            json!({"tool_calls": [{"index": i, "id": call_id(job, ci, i), "type": "function", "function": {"name": call.name, "arguments": ""}}]}),
+            None,
+            None,
+        ));
+        out.push(chunk(
+            json!({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}),
+            None,
+            None,
+        ));
+    }
+    if finish.is_some() {
+        out.push(chunk(json!({}), None, finish));
+    }
+    out
+}
+
+/// A call's id: unique per request, choice and call.
+fn call_id(job: &Job, ci: usize, i: usize) -> String {
+    format!("call_{}_{ci}_{i}", job.id)
+}

@@ -1,0 +1,211 @@
+//! One job's choices as the engine's events arrive: each choice's text through the stop
+//! strings (and, for chat, split into reasoning, content and tool calls), its tokens and
+//! logprobs, its finish reason; and the request's usage. What an event released is handed
+//! back for a stream to send.
+
+use super::chat_output::{ChatOutput, Delta};
+use super::generate::{Flavor, Job, Outcome};
+use super::text::ChoiceText;
+use super::Ready;
+use crate::engine::{Event, FinishReason, TokenLogprob};
+use std::time::Instant;
+
+/// What one event released for choice `ci`: its deltas, the token's logprob, and the finish
+/// reason if it ended.
+pub struct Released {
+    pub ci: usize,
+    pub deltas: Vec<Delta>,
+    pub logprob: Option<TokenLogprob>,
+    pub finish: Option<&'static str>,
+}
+
+#[derive(Default)]
+pub struct Choice {
+    pub text: ChoiceText,
+    /// Chat only: the text split into reasoning, content and calls.
+    pub chat: Option<ChatOutput>,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<&'static str>,
+    pub prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
+}
+
+pub struct Usage {
+    pub prompt: usize,
+    pub completion: usize,
+    pub cached: usize,
+}
+
+/// Every choice of a job: `n` per prompt, prompt `pi`'s at `pi * n ..`.
+pub struct Choices {
+    pub list: Vec<Choice>,
+    pub usage: Usage,
+    n: usize,
+    done: usize,
+    pub first_token: Option<Instant>,
+}
+
+impl Choices {
+    pub fn new(job: &Job) -> Choices {
+        let n = job.params.n;
+        let list = (0..job.prompts.len() * n)
+            .map(|_| Choice {
+                chat: match &job.flavor {
+                    Flavor::Chat(rules) => Some(rules.output()),
+                    Flavor::Completion { .. } => None,
+                },
+                ..Default::default()
+            })
+            .collect();
+        Choices {
+            list,
+            usage: Usage {
+                prompt: job.prompts.iter().map(|p| p.len() * n).sum(),
+                completion: 0,
+                cached: 0,
+            },
+            n,
+            done: 0,
+            first_token: None,
+        }
+    }
+
+    /// Every choice has its finish reason.
+    pub fn all_done(&self) -> bool {
+        self.done == self.list.len()
+    }
+
+    /// Applies one event of prompt `pi`; `on_first_token` is told when the job's first token
+    /// comes. An engine error comes back as `Err` with its message.
+    pub fn apply(
+        &mut self,
+        ready: &Ready,
+        job: &Job,
+        pi: usize,
+        ev: Event,
+        on_first_token: &mut dyn FnMut(Instant),
+    ) -> Result<Option<Released>, String> {
+        let n = self.n;
+        match ev {
+            Event::PromptLogprobs(lp) => {
+                for c in self.list[pi * n..(pi + 1) * n].iter_mut() {
+                    c.prompt_logprobs = Some(lp.clone());
+                }
+                Ok(None)
+            }
+            Event::Token {
+                index,
+                token,
+                logprob,
+            } => {
+                if self.first_token.is_none() {
+                    let now = Instant::now();
+                    self.first_token = Some(now);
+                    on_first_token(now);
+                }
+                let ci = pi * n + index;
+                let c = &mut self.list[ci];
+                if c.finish.is_some() {
+                    return Ok(None);
+                }
+                let piece = c
+                    .text
+                    .push(ready.tokenizer.token_bytes(token, false), &job.stop);
+                c.tokens.push(token);
+                if let Some(lp) = &logprob {
+                    c.logprobs.push(lp.clone());
+                }
+                let mut deltas = c.deltas(piece);
+                if c.text.stopped {
+                    deltas.extend(c.end());
+                    c.finish = Some(c.finish_reason("stop"));
+                    self.done += 1;
+                }
+                Ok(Some(Released {
+                    ci,
+                    deltas,
+                    logprob,
+                    finish: c.finish,
+                }))
+            }
+            Event::Finished {
+                index,
+                reason,
+                completion_tokens,
+                cached_tokens,
+                ..
+            } => {
+                let ci = pi * n + index;
+                self.usage.completion += completion_tokens;
+                if index == 0 {
+                    self.usage.cached += cached_tokens * n;
+                }
+                let c = &mut self.list[ci];
+                if c.finish.is_some() {
+                    return Ok(None);
+                }
+                let tail = c.text.finish(&job.stop);
+                let mut deltas = c.deltas(tail);
+                deltas.extend(c.end());
+                c.finish = Some(c.finish_reason(if reason == FinishReason::Length {
+                    "length"
+                } else {
+                    "stop"
+                }));
+                self.done += 1;
+                Ok(Some(Released {
+                    ci,
+                    deltas,
+                    logprob: None,
+                    finish: c.finish,
+                }))
+            }
+            Event::Error(e) => Err(e),
+        }
+    }
+
+    /// How the request ended, for its log line: `result`, or (empty) the finish reasons.
+    pub fn outcome(&self, result: &str) -> Outcome {
+        let result = if result.is_empty() {
+            let mut reasons: Vec<&str> = self
+                .list
+                .iter()
+                .map(|c| c.finish.unwrap_or("none"))
+                .collect();
+            reasons.sort_unstable();
+            reasons.dedup();
+            reasons.join("+")
+        } else {
+            result.to_string()
+        };
+        Outcome {
+            result,
+            completion_tokens: self.list.iter().map(|c| c.tokens.len()).sum(),
+            first_token: self.first_token,
+        }
+    }
+}
+
+impl Choice {
+    /// Text released by the stop-string filter, as deltas (chat: split; completions: as is).
+    fn deltas(&mut self, text: String) -> Vec<Delta> {
+        match &mut self.chat {
+            Some(out) => out.push(&text),
+            None if text.is_empty() => Vec::new(),
+            None => vec![Delta::Content(text)],
+        }
+    }
+
+    /// The text is complete: what the chat split still held back.
+    fn end(&mut self) -> Vec<Delta> {
+        self.chat.as_mut().map(|o| o.finish()).unwrap_or_default()
+    }
+
+    /// "tool_calls" when the answer called tools, else `reason`.
+    fn finish_reason(&self, reason: &'static str) -> &'static str {
+        match &self.chat {
+            Some(o) if !o.calls.is_empty() => "tool_calls",
+            _ => reason,
+        }
+    }
+}

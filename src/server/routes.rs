@@ -1,0 +1,267 @@
+//! Routing: a complete request, on a handler thread, to the end of its response. The status
+//! page, metrics, models and tokenize answer here; a generation request is parsed (`parse`),
+//! admitted (`admission`) and run (`generate`).
+
+use super::api::{DetokenizeRequest, TokenizeRequest};
+use super::error::ApiError;
+use super::http::RawResponse;
+use super::{api, chat_request, front, generate, metrics, tools, triage};
+use super::{unix_now, Ready, Request, Server};
+use serde_json::json;
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Server {
+    /// Handles one complete request to the end of its response (on a handler thread).
+    pub fn handle(self: &Arc<Self>, req: Request) {
+        let Request {
+            method: _,
+            path,
+            auth: _,
+            body,
+            stream,
+            pending,
+        } = req;
+        let linger = stream.try_clone().ok();
+        // Buffered: a response goes out in one write per flush (the head, then each chunk).
+        let resp = RawResponse::new(Box::new(std::io::BufWriter::new(stream)));
+        if let Err((e, resp)) = self.route(&path, &body, resp, pending) {
+            self.count_error(&e);
+            let retry = match e.retry_after {
+                Some(s) => vec![("Retry-After", s.to_string())],
+                None => Vec::new(),
+            };
+            let _ = resp.send(e.status, "application/json", &retry, e.body().as_bytes());
+        }
+        if let Some(s) = linger {
+            lingering_close(s);
+        }
+    }
+
+    /// The response to a request the front has already checked (route, method, key, size).
+    fn route(
+        self: &Arc<Self>,
+        path: &str,
+        body: &[u8],
+        resp: RawResponse,
+        pending: Option<triage::Pending>,
+    ) -> Result<(), (ApiError, RawResponse)> {
+        if path == "/" {
+            let _ = resp.send(
+                200,
+                "text/html; charset=utf-8",
+                &[],
+                include_str!("status.html").as_bytes(),
+            );
+            return Ok(());
+        }
+        let Some(ready) = self.ready.get() else {
+            return Err((ApiError::unavailable("the model is still loading"), resp));
+        };
+        let result = match path {
+            "/metrics" => {
+                let errors = self.errors.lock().map(|e| e.clone()).unwrap_or_default();
+                let mut text = metrics::render(
+                    &ready.engine.stats(),
+                    &errors,
+                    self.started.elapsed().as_secs_f64(),
+                );
+                self.front_stats.render(&mut text);
+                let _ = resp.send(200, "text/plain; version=0.0.4", &[], text.as_bytes());
+                return Ok(());
+            }
+            "/api/status" => Ok(self.status_json(ready)),
+            "/v1/models" => Ok(json!({"object": "list", "data": [{
+                "id": ready.model_name, "object": "model", "created": 0, "owned_by": "edgelm",
+                "max_model_len": ready.engine.limits.context,
+            }]})),
+            "/tokenize" => tokenize(ready, body),
+            "/detokenize" => detokenize(ready, body),
+            "/v1/completions" | "/v1/chat/completions" => {
+                return self.generate(ready, path, body, resp, pending);
+            }
+            _ => Err(ApiError::not_found(path)),
+        };
+        match result {
+            Ok(v) => {
+                let _ = resp.send(200, "application/json", &[], v.to_string().as_bytes());
+                Ok(())
+            }
+            Err(e) => Err((e, resp)),
+        }
+    }
+
+    fn generate(
+        self: &Arc<Self>,
+        ready: &Ready,
+        path: &str,
+        body: &[u8],
+        resp: RawResponse,
+        pending: Option<triage::Pending>,
+    ) -> Result<(), (ApiError, RawResponse)> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err((ApiError::unavailable("the server is shutting down"), resp));
+        }
+        let job = match self.parse_job(ready, path, body) {
+            Ok(j) => j,
+            Err(e) => return Err((e, resp)),
+        };
+        // Back-pressure: the running batch plus a queue bounded in requests, and a backlog of
+        // unstarted requests bounded in expected wait; past that, 429.
+        let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let n_prompt: usize = job.prompts.iter().map(|p| p.len()).sum();
+        let admitted = self.admission.admit(before, n_prompt, Instant::now());
+        // Admission has decided (and `in_flight` counts it if admitted): no longer pending.
+        drop(pending);
+        let mut ticket = match admitted {
+            Ok(t) => t,
+            Err(r) => {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                return Err((ApiError::overloaded(r.retry_after_s, r.queue_full), resp));
+            }
+        };
+        struct Guard<'a>(&'a Server);
+        impl Drop for Guard<'_> {
+            fn drop(&mut self) {
+                self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _guard = Guard(self);
+        let started = Instant::now();
+        let id = job.id.clone();
+        let mut on_first_token = |at: Instant| ticket.first_token(at);
+        let shed = |waited: std::time::Duration| {
+            // Only while there is a queue at all (more in flight than running slots): a
+            // request in a running slot is never shed, however slow its first token.
+            let shed = waited >= triage::SHED_AFTER
+                && self.in_flight() > self.config.engine.max_seqs
+                && self.flooded(Instant::now());
+            if shed {
+                front::stats::bump(&self.front_stats.shed);
+            }
+            shed
+        };
+        let out =
+            generate::run(ready, job, resp, &mut on_first_token, &shed).inspect_err(|(e, _)| {
+                log::info!(
+                    "{id}: rejected ({} {}), prompt_tokens={n_prompt}",
+                    e.status,
+                    e.reason()
+                );
+            })?;
+        let ttft = out
+            .first_token
+            .map(|t| format!("{:.3}s", t.duration_since(started).as_secs_f64()))
+            .unwrap_or_else(|| "-".into());
+        if out.result == generate::GONE {
+            // The client left (queued, prefilling or decoding): its work was cancelled.
+            self.count("cancelled");
+        }
+        log::info!(
+            "{id}: {}, prompt_tokens={n_prompt} completion_tokens={} ttft={ttft} duration={:.3}s",
+            out.result,
+            out.completion_tokens,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    fn status_json(&self, ready: &Ready) -> serde_json::Value {
+        let s = ready.engine.stats();
+        let now = unix_now();
+        let hit_rate = if s.prefix_queried_tokens > 0 {
+            s.prefix_hit_tokens as f64 / s.prefix_queried_tokens as f64
+        } else {
+            0.0
+        };
+        let errors = self.errors.lock().map(|e| e.clone()).unwrap_or_default();
+        json!({
+            "state": if self.is_ready() { "ready" } else { "draining" },
+            "version": env!("CARGO_PKG_VERSION"),
+            "backend": s.backend,
+            "model": ready.model_name,
+            "profile": self.config.profile,
+            "kv_type": self.config.engine.kv_type.name(),
+            "resident_bytes": metrics::resident_bytes(),
+            "weight_bytes": s.weight_bytes,
+            "kv_pool_bytes": s.kv_pool_bytes,
+            "errors": errors.values().sum::<u64>(),
+            "errors_by_reason": errors,
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "now": now,
+            "running": s.running,
+            "waiting": s.waiting,
+            "kv_total": s.kv_blocks_total,
+            "kv_used": s.kv_blocks_used,
+            "kv_cached": s.kv_blocks_cached,
+            "prefix_hit_rate": hit_rate,
+            "generation_tokens": s.generation_tokens,
+            "constrained_requests": s.constrained_requests,
+            "grammar_mask_seconds": s.grammar_mask_seconds,
+            "tokens_per_second": s.recent_tokens.iter().map(|&(t, n)| (t, n)).collect::<Vec<_>>(),
+            "ttft": s.recent_ttft,
+        })
+    }
+}
+
+/// Closes a connection whose response is complete without resetting it: says so (FIN), then
+/// reads and drops whatever the client still sends until it closes too. A client that ignores
+/// `Connection: close` and has already written its next request (load tools do) would
+/// otherwise get a reset, which can also destroy the end of the response it has not read yet.
+/// Bounded: a client that neither sends nor closes is let go after a moment.
+fn lingering_close(s: TcpStream) {
+    use std::io::Read;
+    const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
+    if s.shutdown(std::net::Shutdown::Write).is_err() || s.set_read_timeout(Some(LINGER)).is_err() {
+        return;
+    }
+    let t0 = Instant::now();
+    let mut scratch = [0u8; 4096];
+    while t0.elapsed() < LINGER {
+        match (&s).read(&mut scratch) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+    }
+}
+
+fn tokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    let req: TokenizeRequest = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+    let text = match (&req.prompt, &req.messages) {
+        (Some(p), None) => p.clone(),
+        (None, Some(msgs)) => {
+            let tmpl = ready
+                .chat
+                .as_ref()
+                .ok_or_else(|| ApiError::bad_request("this model has no chat template"))?;
+            let syntax = tools::Syntax::of_template(tmpl.source());
+            let tools_json = req.tools.as_deref().map(tools::template_tools);
+            tmpl.render_with_tools(
+                &chat_request::chat_messages(msgs, syntax)?,
+                tools_json.as_ref(),
+                req.add_generation_prompt.unwrap_or(true),
+            )
+            .map_err(|e| ApiError::bad_request(e.to_string()))?
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of prompt or messages",
+            ))
+        }
+    };
+    let ids = ready
+        .tokenizer
+        .encode(&text, req.add_special_tokens.unwrap_or(true))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(json!({"count": ids.len(), "max_model_len": ready.engine.limits.context, "tokens": ids}))
+}
+
+fn detokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    let req: DetokenizeRequest = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+    let ids = api::token_ids(&req.tokens, ready.tokenizer.vocab_size())?;
+    Ok(json!({"prompt": ready.tokenizer.decode(&ids, true)}))
+}
