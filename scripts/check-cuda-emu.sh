@@ -32,7 +32,7 @@ export EDGELM_CUDA_TEST_ARCH_PROMPT="${EDGELM_CUDA_TEST_ARCH_PROMPT:-20}"
 export EDGELM_CUDA_TEST_ARCH_STEPS="${EDGELM_CUDA_TEST_ARCH_STEPS:-2}"
 
 run_tests() {
-    cargo test --release --features cuda --test cuda_kernels -- --ignored --test-threads=1 --nocapture "$@"
+    cargo test --profile suite --features cuda --test cuda_kernels -- --ignored --test-threads=1 --nocapture "$@"
 }
 
 log "device tests against the emulated sm_87 (discrete) device"
@@ -48,5 +48,5 @@ EDGELM_EMU_SCHEDULE=reverse EDGELM_CUDA_TEST_DRAWS=500 run_tests device_
 # The real binary through the engine (scheduler, CUDA executor, device sampling): with a device
 # present, `edgelm run --backend cuda` and `edgelm serve` (over HTTP) must run on it.
 log "edgelm run and serve on the emulated device"
-cargo test --release --features cuda --test cuda_kernels -- --test-threads=1 --nocapture cuda_build_
+cargo test --profile suite --features cuda --test cuda_kernels -- --test-threads=1 --nocapture cuda_build_
 log "ok: every device test passed on the emulated device (not a GPU result)"

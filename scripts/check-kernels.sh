@@ -38,11 +38,11 @@ ptxas="$dest/nvidia/cuda_nvcc/bin/ptxas"
 chmod +x "$ptxas"
 rm -rf "$out"
 mkdir -p "$out"
-log "cargo test --release --features cuda --lib --test cuda_kernels (NVRTC from the wheel)"
+log "cargo test --profile suite --features cuda --lib --test cuda_kernels (NVRTC from the wheel)"
 # The library's backend::cuda unit tests and every test of tests/cuda_kernels.rs (the filters
 # select both; the device tests stay #[ignore]d and are reported as such, not as passes).
 LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" EDGELM_PTX_OUT="$out" \
-    cargo test --release --features cuda --lib --test cuda_kernels -- --test-threads=1 \
+    cargo test --profile suite --features cuda --lib --test cuda_kernels -- --test-threads=1 \
     backend::cuda:: every_kernel cuda_build device_
 
 report="$out/ptxas-report.txt"

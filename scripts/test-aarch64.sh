@@ -70,8 +70,8 @@ fi
 # Build once, then run the same test binary under each CPU model (the cargo runner in
 # .cargo/config.toml does the same for a plain `cargo test --target aarch64-unknown-linux-gnu`).
 # With `--features cuda`: one cross-build covers the quant kernels and the cuda feature.
-log "cargo test --release --target $triple --features cuda --lib --no-run"
-bin="$(cargo test --release --target "$triple" --features cuda --lib --no-run \
+log "cargo test --profile suite --target $triple --features cuda --lib --no-run"
+bin="$(cargo test --profile suite --target "$triple" --features cuda --lib --no-run \
     --message-format=json-render-diagnostics \
     | python3 -c '
 import json, sys

@@ -35,7 +35,7 @@ step scripts/check-layers.py
 step cargo clippy --release --all-targets -- -D warnings
 step cargo clippy --release --features cuda --all-targets -- -D warnings
 step cargo build --release
-step cargo test --release -- --test-threads=1
+step cargo test --profile suite -- --test-threads=1
 step scripts/test-aarch64.sh
 step scripts/build-static.sh
 step env EDGELM_AMD64_BIN=target/static/amd64/edgelm scripts/build-image.sh

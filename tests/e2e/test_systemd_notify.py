@@ -228,7 +228,7 @@ def test_sigterm_sends_stopping_and_drains_the_stream(notified):
 
 
 REQUEST_LINE = re.compile(
-    r"^<6>edgelm::server: (?P<id>cmpl-\d+): (?P<outcome>[^,]+), prompt_tokens=(?P<prompt>\d+) "
+    r"^<6>edgelm::server(?:::\w+)?: (?P<id>cmpl-\d+): (?P<outcome>[^,]+), prompt_tokens=(?P<prompt>\d+) "
     r"completion_tokens=(?P<completion>\d+) ttft=(?P<ttft>[\d.]+s|-) duration=(?P<duration>[\d.]+)s$"
 )
 TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}")
