@@ -192,7 +192,15 @@ const PPL_CHUNKS: &str = "8";
 fn perplexity(kv_type: &str) -> f64 {
     let out = run_ok(
         edgelm()
-            .args(["perplexity", "-c", "512", "--chunks", PPL_CHUNKS, "--kv-type", kv_type])
+            .args([
+                "perplexity",
+                "-c",
+                "512",
+                "--chunks",
+                PPL_CHUNKS,
+                "--kv-type",
+                kv_type,
+            ])
             .arg("-f")
             .arg(reference_dir().join("gpl-3.txt"))
             .arg("-m")
