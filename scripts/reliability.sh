@@ -37,6 +37,9 @@ done
 model="models/SmolLM2-135M-Instruct.Q4_1.gguf"
 out="$root/target/reliability"
 edgelm="$root/target/release/edgelm"
+# RELIABILITY_SERVER: serve with another build (an older one, to compare side by side); the
+# load generator stays this tree's.
+server="${RELIABILITY_SERVER:-$edgelm}"
 port=18181
 log() { echo "reliability: $*" >&2; }
 
@@ -56,7 +59,7 @@ wait_ready() {
     log "server not ready after 60 s"; exit 1
 }
 start_edgelm() { # name
-    "$edgelm" serve -m "$model" --port "$port" -t "$threads" --kv-memory-mib 768 \
+    "$server" serve -m "$model" --port "$port" -t "$threads" --kv-memory-mib 768 \
         >"$out/$1.log" 2>&1 &
     pid=$!
     wait_ready "$out/$1.log"

@@ -103,6 +103,10 @@ pub struct ServeArgs {
     /// decode-only step; 0: off [profile: engine.prefill_pacing].
     #[arg(long = "prefill-pacing")]
     pub prefill_pacing: Option<f64>,
+    /// Prompt lookup: draft tokens a decode step may verify for requests with
+    /// `"prompt_lookup": true`; 0: off [profile: engine.prompt_lookup].
+    #[arg(long = "prompt-lookup")]
+    pub prompt_lookup: Option<usize>,
     /// Seconds a new request may expect to wait before its prompt starts (behind the requests
     /// not yet started) before it gets 429 instead; 0: no bound [profile: server.max_queue_wait_s].
     #[arg(long = "max-queue-wait")]
@@ -182,6 +186,10 @@ pub struct BenchArgs {
     /// on the same prompts, at each concurrency level.
     #[arg(long = "json-schema")]
     pub json_schema: Option<PathBuf>,
+    /// Also time greedy decode of this task (a text file, sent as one chat message) with and
+    /// without prompt-lookup drafts (needs --prompt-lookup), and report the acceptance rate.
+    #[arg(long = "lookup-task")]
+    pub lookup_task: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -236,6 +244,9 @@ pub struct ComputeArgs {
     /// decode-only step (0: off).
     #[arg(long = "prefill-pacing", default_value_t = edgelm::engine::DEFAULT_PREFILL_PACING)]
     pub prefill_pacing: f64,
+    /// Prompt lookup: draft tokens a decode step may verify (for requests that ask); 0: off.
+    #[arg(long = "prompt-lookup", default_value_t = 0)]
+    pub prompt_lookup: usize,
     /// Compute backend: cpu, cuda or auto (cuda and auto fall back to the CPU, saying why).
     #[arg(long, default_value = "cpu", value_parser = backend_parser())]
     pub backend: Requested,
@@ -264,6 +275,7 @@ impl ComputeArgs {
             max_seqs: e.max_seqs,
             max_batched_tokens: e.max_batched_tokens,
             prefill_pacing: e.prefill_pacing,
+            prompt_lookup: e.prompt_lookup,
             backend: e
                 .backend
                 .parse()

@@ -73,6 +73,9 @@ pub struct EngineSection {
     /// While streams decode, a step that also prefills may take at most this many times a
     /// decode-only step (bounds their inter-token latency during long prompts); 0: off.
     pub prefill_pacing: f64,
+    /// Prompt lookup: draft tokens a decode step may verify for requests that ask for it
+    /// (`"prompt_lookup": true`); 0: off.
+    pub prompt_lookup: usize,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -143,6 +146,7 @@ impl Default for EngineSection {
             reserve_mib: 0,
             gpu_reserve_mib: crate::engine::DEFAULT_GPU_RESERVE_MIB,
             prefill_pacing: crate::engine::DEFAULT_PREFILL_PACING,
+            prompt_lookup: 0,
         }
     }
 }
@@ -293,6 +297,12 @@ impl Profile {
         if !(e.prefill_pacing == 0.0 || (1.0..=100.0).contains(&e.prefill_pacing)) {
             return bad("engine.prefill_pacing", "must be 0 (off) or 1 to 100");
         }
+        if e.prompt_lookup > MAX_PROMPT_LOOKUP {
+            return bad(
+                "engine.prompt_lookup",
+                format!("must be 0 (off) to {MAX_PROMPT_LOOKUP}"),
+            );
+        }
         if e.max_batched_tokens < e.max_seqs {
             return bad(
                 "engine.max_batched_tokens",
@@ -342,6 +352,8 @@ const MAX_MIB: usize = 1 << 20;
 const MAX_BLOCK_SIZE: usize = 256;
 const MAX_SEQS: usize = 1024;
 const MAX_BATCHED_TOKENS: usize = 65_536;
+/// Beyond a few dozen draft tokens a wrong guess only wastes the step.
+const MAX_PROMPT_LOOKUP: usize = 32;
 const MAX_QUEUE: usize = 100_000;
 const MAX_BODY_KIB: usize = 1 << 20;
 const MAX_DRAIN_SECONDS: u64 = 600;

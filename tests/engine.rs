@@ -397,3 +397,137 @@ fn sampling_from_the_generator_state_is_the_samplers_next_draw() {
         batch.push_span_single(&tokens, 0, vec![0, 1, 2, 3], Logits::Last);
     }
 }
+
+/// The extraction task in tests/data, through the model's chat template.
+fn extraction_prompt(tok: &Tokenizer) -> Vec<u32> {
+    let task =
+        std::fs::read_to_string(repo_root().join("tests/data/lookup-extraction.txt")).unwrap();
+    let tmpl = edgelm::tokenizer::ChatTemplate::new(
+        tok.chat_template()
+            .expect("the reference model has a chat template"),
+        tok.special_text(tok.bos),
+        tok.special_text(tok.eos),
+    )
+    .unwrap();
+    let msgs = [edgelm::tokenizer::ChatMessage {
+        role: "user".into(),
+        content: task,
+        ..Default::default()
+    }];
+    tok.encode(&tmpl.render(&msgs, true).unwrap(), true)
+        .unwrap()
+}
+
+fn start_with_lookup(max_draft: usize, kv_memory_bytes: usize) -> (EngineHandle, JoinHandle<()>) {
+    let m = model();
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let config = EngineConfig {
+        kv_memory_bytes,
+        prefill_pacing: 0.0,
+        prompt_lookup: max_draft,
+        ..EngineConfig::default()
+    };
+    Engine::start(m, tok.eog_tokens().to_vec(), config).unwrap()
+}
+
+#[test]
+fn prompt_lookup_drafts_change_no_greedy_output_and_are_counted() {
+    let tok = Tokenizer::from_gguf(&model().file).unwrap();
+    let prompt = extraction_prompt(&tok);
+    let (engine, thread) = start_with_lookup(8, 64 << 20);
+    let run = |lookup: bool| {
+        let params = GenParams {
+            prompt_lookup: lookup,
+            ..greedy(160)
+        };
+        collect(engine.submit(prompt.clone(), params).unwrap().1, 1).completions[0].clone()
+    };
+    // The first run fills the prefix cache, which changes how the next ones prefill (the
+    // prompt's last block alone, in the per-row attention path, not the tiled one): a
+    // near-tie may then flip. The plain run compared with is the second, in that same state.
+    run(false);
+    let plain = run(false);
+    assert_eq!(
+        engine.stats().draft_tokens,
+        0,
+        "no request asked for drafts"
+    );
+    let drafted = run(true);
+    // Decode spans grow, the arithmetic per row does not (the reference model's kernels give
+    // the same bits for a row whatever the batch): the same tokens and ending.
+    assert_eq!(
+        tok.decode(&drafted.0, false),
+        tok.decode(&plain.0, false),
+        "prompt lookup changed the greedy output"
+    );
+    assert_eq!(drafted.1, plain.1);
+    let s = engine.stats();
+    assert!(
+        s.accepted_draft_tokens > 0 && s.accepted_draft_tokens <= s.draft_tokens,
+        "drafts: {} verified, {} accepted",
+        s.draft_tokens,
+        s.accepted_draft_tokens
+    );
+    // Copying fields from the prompt: most of the answer comes from accepted drafts.
+    assert!(
+        s.accepted_draft_tokens as usize * 3 >= drafted.0.len(),
+        "{} of {} tokens accepted from drafts",
+        s.accepted_draft_tokens,
+        drafted.0.len()
+    );
+    wait_idle(&engine);
+    engine.shutdown();
+    thread.join().unwrap();
+}
+
+#[test]
+fn prompt_lookup_beside_sampled_requests_in_a_tight_pool() {
+    // Drafts in steps that also carry sampled rows (logits read out), with a pool small
+    // enough that drafts must sometimes be dropped for lack of blocks, and requests reaching
+    // their length limit inside an accepted draft: each ends with exactly max_tokens tokens,
+    // and every block comes back.
+    let tok = Tokenizer::from_gguf(&model().file).unwrap();
+    let prompt = extraction_prompt(&tok);
+    let pool = (prompt.len() + 64) * 4 * f16_kv_bytes_per_token();
+    let (engine, thread) = start_with_lookup(16, pool);
+    let mut rxs = Vec::new();
+    for i in 0..4 {
+        let params = GenParams {
+            prompt_lookup: true,
+            ..greedy(37)
+        };
+        rxs.push(engine.submit(prompt.clone(), params).unwrap().1);
+        let sampled = GenParams {
+            max_tokens: 20,
+            sampling: SamplingParams {
+                temperature: 0.8,
+                seed: Some(i),
+                ..Default::default()
+            },
+            prompt_lookup: true,
+            ..Default::default()
+        };
+        rxs.push(
+            engine
+                .submit(prompt[..prompt.len() / 2].to_vec(), sampled)
+                .unwrap()
+                .1,
+        );
+    }
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let o = collect(rx, 1);
+        let (tokens, reason, _) = &o.completions[0];
+        if i % 2 == 0 {
+            assert_eq!(
+                (tokens.len(), *reason),
+                (37, Some(FinishReason::Length)),
+                "request {i}"
+            );
+        }
+    }
+    let s = engine.stats();
+    assert!(s.accepted_draft_tokens > 0 && s.accepted_draft_tokens <= s.draft_tokens);
+    wait_idle(&engine);
+    engine.shutdown();
+    thread.join().unwrap();
+}

@@ -7,7 +7,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 /// Every key of the schema; the device profiles set them all.
-const KEYS: [&str; 26] = [
+const KEYS: [&str; 27] = [
     "model.path",
     "server.host",
     "server.port",
@@ -33,6 +33,7 @@ const KEYS: [&str; 26] = [
     "engine.max_seqs",
     "engine.max_batched_tokens",
     "engine.prefill_pacing",
+    "engine.prompt_lookup",
     "log.level",
 ];
 
@@ -180,6 +181,7 @@ fn mutations() -> Vec<Mutation> {
         m("server.max_queue_wait_s", "max_queue_wait_s = \"5\""),
         m("engine.prefill_pacing", "prefill_pacing = 0.5"),
         m("engine.prefill_pacing", "prefill_pacing = 1000.0"),
+        m("engine.prompt_lookup", "prompt_lookup = 33"),
         m("engine.backend", "backend = \"tpu\""),
         m("log.level", "level = \"loud\""),
         m("server.host", "host = \"\""),

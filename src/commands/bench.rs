@@ -35,11 +35,33 @@ struct Report {
     /// This machine's ceilings, measured by this command on the same threads.
     peak_gflops: f64,
     peak_gbs: f64,
+    /// Read-only bandwidth (decode's access pattern: weights read, little written).
+    peak_read_gbs: f64,
     concurrency: Vec<Concurrency>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     constrained: Vec<Constrained>,
     #[serde(skip_serializing_if = "Option::is_none")]
     shared_prefix: Option<SharedPrefix>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_lookup: Option<PromptLookup>,
+}
+
+/// One greedy task decoded with and without prompt-lookup drafts.
+#[derive(Serialize)]
+struct PromptLookup {
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    max_draft: usize,
+    plain_tok_s: f64,
+    lookup_tok_s: f64,
+    speedup: f64,
+    /// Draft tokens the model agreed with, of those verified.
+    acceptance: f64,
+    /// Whether both runs generated the same tokens (greedy: they should, up to near-ties).
+    same_output: bool,
+    /// Tokens each engine step yielded, with drafts and without.
+    lookup_tokens_per_step: f64,
+    plain_tokens_per_step: f64,
 }
 
 /// Decode under a JSON schema beside free decode, on the same prompts.
@@ -65,6 +87,8 @@ struct Timing {
     first: Option<Instant>,
     /// Arrival time of every generated token.
     tokens: Vec<Instant>,
+    /// The generated tokens.
+    ids: Vec<u32>,
 }
 
 fn run_requests(
@@ -89,6 +113,15 @@ fn run_constrained(
         constraint: constraint.cloned(),
         ..Default::default()
     };
+    run_with(engine, prompts, &params)
+}
+
+/// Each prompt as one request with `params`, all at once.
+fn run_with(
+    engine: &EngineHandle,
+    prompts: Vec<Vec<u32>>,
+    params: &GenParams,
+) -> Result<Vec<Timing>> {
     // One reader thread per request, so every token is timestamped as it arrives.
     let mut readers = Vec::new();
     for p in prompts {
@@ -99,13 +132,15 @@ fn run_constrained(
                 submitted,
                 first: None,
                 tokens: Vec::new(),
+                ids: Vec::new(),
             };
             for ev in rx {
                 match ev {
-                    Event::Token { .. } => {
+                    Event::Token { token, .. } => {
                         let now = Instant::now();
                         t.first.get_or_insert(now);
                         t.tokens.push(now);
+                        t.ids.push(token);
                     }
                     Event::Finished { .. } => break,
                     Event::Error(e) => bail!("benchmark request failed: {e}"),
@@ -153,21 +188,48 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let model = Arc::new(Model::load(&args.model.model)?);
     let vocab = model.config.vocab_size as u64;
+    // The lookup task ends where the model ends its answer; the other tests ignore EOS.
+    let lookup_task = match &args.lookup_task {
+        None => None,
+        Some(path) => {
+            if args.compute.prompt_lookup == 0 {
+                bail!("--lookup-task needs --prompt-lookup N (the draft tokens per step)");
+            }
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file)?;
+            let prompt = match tokenizer.chat_template() {
+                Some(_) => super::generate::render_chat(&tokenizer, None, &text)?,
+                None => text,
+            };
+            Some((
+                tokenizer.encode(&prompt, true)?,
+                tokenizer.eog_tokens().to_vec(),
+            ))
+        }
+    };
     let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
     let mut config = engine_config(&args.compute);
     config.max_seqs = config.max_seqs.max(max_conc);
     if args.compute.kv_memory_mib.is_none() {
         let need = (max_conc * (args.concurrency_prompt + args.n_gen + 32))
             .max(args.n_prompt + args.n_gen)
-            .max(2 * (args.shared_prefix + 64));
+            .max(2 * (args.shared_prefix + 64))
+            .max(
+                lookup_task
+                    .as_ref()
+                    .map_or(0, |t| t.0.len() + args.n_gen + 32),
+            );
         config.kv_memory_bytes = 2 * kv_bytes_for(&model, &args.compute, need);
     }
     // Ceilings first, on an idle pool.
-    progress("machine peaks", 0, 2);
+    progress("machine peaks", 0, 3);
     let peak_gflops = edgelm::backend::cpu::peak::peak_gflops();
-    progress("machine peaks", 1, 2);
+    progress("machine peaks", 1, 3);
     let peak_gbs = edgelm::backend::cpu::peak::stream_copy_gbs();
-    progress("machine peaks", 2, 2);
+    progress("machine peaks", 2, 3);
+    let peak_read_gbs = edgelm::backend::cpu::peak::stream_read_gbs();
+    progress("machine peaks", 3, 3);
     let prefill_flops = args.n_prompt as f64 * model.block_flops_per_token()
         + model.output_flops()
         + (1..=args.n_prompt)
@@ -197,7 +259,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             )
         }
     };
-    let (engine, thread) = Engine::start(model, Vec::new(), config)?;
+    let eog = lookup_task
+        .as_ref()
+        .map(|t| t.1.clone())
+        .unwrap_or_default();
+    let (engine, thread) = Engine::start(model, eog, config)?;
     let mut rng = Rng::new(0x5eed);
     let mut prompt =
         |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
@@ -316,6 +382,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         None
     };
+    // Prompt lookup: the task greedy, plain and with drafts, interleaved.
+    let prompt_lookup = match &lookup_task {
+        Some((ids, _)) => Some(time_prompt_lookup(
+            &engine,
+            ids,
+            args.n_gen,
+            args.compute.prompt_lookup,
+            args.repeats,
+        )?),
+        None => None,
+    };
     engine.shutdown();
     let _ = thread.join();
 
@@ -331,9 +408,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         decode_gbs: decode_bytes * decode_tok_s / 1e9,
         peak_gflops,
         peak_gbs,
+        peak_read_gbs,
         concurrency,
         constrained,
         shared_prefix,
+        prompt_lookup,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -352,12 +431,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         report.peak_gflops
     );
     println!(
-        "decode   tg{:<5} {:>9.1} tok/s   {:>6.1} GB/s    = {:>4.1}% of {:.1} GB/s (copy peak)",
+        "decode   tg{:<5} {:>9.1} tok/s   {:>6.1} GB/s    = {:>4.1}% of {:.1} GB/s (copy peak), {:.1}% of {:.1} GB/s (read peak)",
         report.n_gen,
         report.decode_tok_s,
         report.decode_gbs,
         100.0 * report.decode_gbs / report.peak_gbs,
-        report.peak_gbs
+        report.peak_gbs,
+        100.0 * report.decode_gbs / report.peak_read_gbs,
+        report.peak_read_gbs
     );
     let single = report
         .concurrency
@@ -391,7 +472,90 @@ pub fn run(args: BenchArgs) -> Result<()> {
             s.ratio * 100.0
         );
     }
+    if let Some(p) = &report.prompt_lookup {
+        println!(
+            "lookup   {} prompt tokens, {} generated: {:.1} tok/s with drafts of up to {}, {:.1} plain ({:.2}x); {:.0}% of draft tokens accepted, {:.2} tokens per step; {}",
+            p.prompt_tokens,
+            p.generated_tokens,
+            p.lookup_tok_s,
+            p.max_draft,
+            p.plain_tok_s,
+            p.speedup,
+            100.0 * p.acceptance,
+            p.lookup_tokens_per_step,
+            if p.same_output { "same output" } else { "outputs differ (a near-tie)" }
+        );
+    }
     Ok(())
+}
+
+/// Greedy decode of `prompt` (up to `n_gen` tokens) without and with prompt-lookup drafts,
+/// interleaved `repeats` times: tokens after the first over the time they took, medians.
+fn time_prompt_lookup(
+    engine: &EngineHandle,
+    prompt: &[u32],
+    n_gen: usize,
+    max_draft: usize,
+    repeats: usize,
+) -> Result<PromptLookup> {
+    let rate = |t: &Timing| {
+        let span = match (t.tokens.first(), t.tokens.last()) {
+            (Some(a), Some(b)) => b.duration_since(*a).as_secs_f64(),
+            _ => 0.0,
+        };
+        (t.tokens.len().saturating_sub(1)) as f64 / span.max(1e-9)
+    };
+    let (mut plain, mut lookup) = (Vec::new(), Vec::new());
+    let (mut plain_ids, mut lookup_ids) = (Vec::new(), Vec::new());
+    // Per mode: (tokens, engine steps).
+    let mut per_step = [(0usize, 0u64); 2];
+    let before = engine.stats();
+    for i in 0..repeats {
+        progress("prompt lookup", i, repeats);
+        for speculate in [false, true] {
+            let params = GenParams {
+                max_tokens: n_gen,
+                sampling: SamplingParams::greedy(),
+                prompt_lookup: speculate,
+                ..Default::default()
+            };
+            let steps_before = engine.stats().steps;
+            let t = run_with(engine, vec![prompt.to_vec()], &params)?.remove(0);
+            // The prompt's steps are not decode steps.
+            let steps = engine.stats().steps - steps_before;
+            let decode_steps = steps.saturating_sub(prompt.len().div_ceil(512) as u64);
+            let m = &mut per_step[usize::from(speculate)];
+            m.0 += t.tokens.len().saturating_sub(1);
+            m.1 += decode_steps;
+            if t.tokens.len() < 2 {
+                bail!("the lookup task generated fewer than 2 tokens");
+            }
+            let (rates, ids) = if speculate {
+                (&mut lookup, &mut lookup_ids)
+            } else {
+                (&mut plain, &mut plain_ids)
+            };
+            rates.push(rate(&t));
+            *ids = t.ids;
+        }
+    }
+    progress("prompt lookup", repeats, repeats);
+    let after = engine.stats();
+    let drafted = after.draft_tokens - before.draft_tokens;
+    let accepted = after.accepted_draft_tokens - before.accepted_draft_tokens;
+    let (p, l) = (median(plain), median(lookup));
+    Ok(PromptLookup {
+        prompt_tokens: prompt.len(),
+        generated_tokens: lookup_ids.len(),
+        max_draft,
+        plain_tok_s: p,
+        lookup_tok_s: l,
+        speedup: l / p,
+        acceptance: accepted as f64 / (drafted as f64).max(1.0),
+        same_output: plain_ids == lookup_ids,
+        lookup_tokens_per_step: per_step[1].0 as f64 / per_step[1].1.max(1) as f64,
+        plain_tokens_per_step: per_step[0].0 as f64 / per_step[0].1.max(1) as f64,
+    })
 }
 
 /// Aggregate decode rate of requests that ran together: tokens generated once every one is

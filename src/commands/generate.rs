@@ -53,6 +53,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             ..Default::default()
         },
         ignore_eos: args.ignore_eos,
+        prompt_lookup: args.compute.prompt_lookup > 0,
         ..Default::default()
     };
     log::info!(
@@ -98,7 +99,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn render_chat(tok: &Tokenizer, system: Option<&str>, user: &str) -> Result<String> {
+/// `user` (and `system`) as the model's chat template renders them, ready for the reply.
+pub(super) fn render_chat(tok: &Tokenizer, system: Option<&str>, user: &str) -> Result<String> {
     let Some(src) = tok.chat_template() else {
         bail!("--chat: the model has no chat template (tokenizer.chat_template)");
     };

@@ -43,6 +43,7 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
         // The command has resolved (and logged) the backend already; this is the same answer.
         backend: c.backend.resolve_quietly(),
         gpu_reserve_bytes: c.gpu_reserve_mib << 20,
+        prompt_lookup: c.prompt_lookup,
     }
 }
 

@@ -42,6 +42,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(x) = args.prefill_pacing {
         p.engine.prefill_pacing = x;
     }
+    if let Some(k) = args.prompt_lookup {
+        p.engine.prompt_lookup = k;
+    }
     if let Some(w) = args.max_queue_wait {
         p.server.max_queue_wait_s = w;
     }

@@ -6,8 +6,9 @@ use super::executor::{Executor, ExecutorPlan};
 use super::handle::{Command, EngineHandle, EngineLimits};
 use super::metrics::{EngineStats, SharedStats};
 use super::pacer::PrefillPacer;
+use super::prompt_lookup;
 use super::request::{Event, FinishReason, GenParams, Request, RequestId, TokenLogprob};
-use super::sampler::{logprobs_of, Sampler, SamplingParams};
+use super::sampler::{argmax, logprobs_of, Sampler, SamplingParams};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
 use crate::backend::batch::StepOutput;
@@ -47,6 +48,9 @@ pub struct EngineConfig {
     /// CUDA: device memory the KV pool leaves free (its size is everything else; the CPU pool
     /// is `kv_memory_bytes`).
     pub gpu_reserve_bytes: usize,
+    /// Prompt lookup: draft tokens a decode step may verify for a request that asks for it
+    /// (`GenParams::prompt_lookup`); 0: off.
+    pub prompt_lookup: usize,
 }
 
 /// The default for [`EngineConfig::gpu_reserve_bytes`].
@@ -64,6 +68,7 @@ impl Default for EngineConfig {
             prefill_pacing: DEFAULT_PREFILL_PACING,
             backend: Backend::Cpu,
             gpu_reserve_bytes: DEFAULT_GPU_RESERVE_MIB << 20,
+            prompt_lookup: 0,
         }
     }
 }
@@ -100,6 +105,8 @@ pub struct Engine {
     stats: SharedStats,
     local: EngineStats,
     pacer: PrefillPacer,
+    /// `EngineConfig::prompt_lookup`.
+    prompt_lookup: usize,
 }
 
 impl Engine {
@@ -206,6 +213,7 @@ impl Engine {
             stats: stats.clone(),
             local: EngineStats::default(),
             pacer: PrefillPacer::new(config.prefill_pacing, PACED_MIN_CHUNK),
+            prompt_lookup: config.prompt_lookup,
         };
         engine.local.kv_pool_bytes = engine.exec.kv_bytes();
         engine.local.block_size = config.block_size;
@@ -343,11 +351,66 @@ impl Engine {
     /// The next batch within the step's token budget, its prefill share paced against the
     /// streams it would delay; `None` when nothing can run.
     fn schedule(&mut self) -> Option<ScheduledBatch> {
+        self.propose_drafts();
         let pacer = &self.pacer;
         let batch = self
             .sched
             .schedule_paced(|decodes, left| pacer.prefill_budget(decodes, left));
         (!batch.spans.is_empty()).then_some(batch)
+    }
+
+    /// Gives each decoding sequence that may speculate its prompt-lookup draft: greedy (the
+    /// draft is then verified against the argmax, so the output is what a plain run gives),
+    /// one completion, no grammar, no logprobs; never past its length limit.
+    fn propose_drafts(&mut self) {
+        if self.prompt_lookup == 0 {
+            return;
+        }
+        let ids: Vec<SeqId> = self
+            .sched
+            .sequences()
+            .filter(|s| s.is_decoding() && self.may_speculate(s.id))
+            .map(|s| s.id)
+            .collect();
+        for id in ids {
+            let s = self.sched.get_mut(id).expect("listed");
+            // The pending token and the bonus token after the draft are within max_len.
+            let room = s.max_len.saturating_sub(s.tokens.len() + 1);
+            let cap = match s.draft_cap {
+                0 => self.prompt_lookup.min(prompt_lookup::FIRST_CAP),
+                c => c,
+            };
+            s.draft = prompt_lookup::draft(&s.tokens, cap.min(room));
+        }
+    }
+
+    /// Whether `seq`'s request asked for prompt lookup and reads out as plain greedy.
+    fn may_speculate(&self, seq: SeqId) -> bool {
+        let (Some(s), Some(st)) = (
+            self.sched.get(seq),
+            self.seq_request
+                .get(&seq)
+                .and_then(|r| self.requests.get(r)),
+        ) else {
+            return false;
+        };
+        let p = &st.params;
+        p.prompt_lookup
+            && p.n == 1
+            && s.forks_pending == 0
+            && p.prompt_logprobs.is_none()
+            && self.plain_greedy(seq, p)
+    }
+
+    /// Greedy without penalties, no logprobs, no grammar: the argmax is the whole readout.
+    fn plain_greedy(&self, seq: SeqId, p: &GenParams) -> bool {
+        let sp = &p.sampling;
+        !self.constraints.contains_key(&seq)
+            && p.logprobs.is_none()
+            && sp.temperature <= 0.0
+            && sp.repetition_penalty == 1.0
+            && sp.presence_penalty == 0.0
+            && sp.frequency_penalty == 0.0
     }
 
     /// Runs `batch` through the model (with the constrained rows' masks computed beside it)
@@ -405,10 +468,11 @@ impl Engine {
             self.local.grammar_mask_seconds += secs;
             self.ready_masks.extend(masks);
         }
-        let decodes = batch.spans.iter().filter(|s| s.len == 1).count();
+        let decodes = batch.spans.iter().filter(|s| s.is_decode());
+        let (decode_spans, decode_tokens) = decodes.fold((0, 0), |(n, t), s| (n + 1, t + s.len));
         self.pacer.observe(
-            decodes,
-            batch.num_tokens() - decodes,
+            decode_spans,
+            batch.num_tokens() - decode_tokens,
             started.elapsed().as_secs_f64(),
         );
         result
@@ -419,12 +483,13 @@ impl Engine {
         let mut meta = BatchMeta::default();
         for span in &batch.spans {
             let s = self.sched.get(span.seq).expect("scheduled seq exists");
-            meta.push_span(
-                &s.tokens[span.start..span.start + span.len],
-                span.start,
-                s.blocks.tables().to_vec(),
-                span.logits,
-            );
+            let ran = span.start + span.len - span.draft;
+            let tokens: Vec<u32> = s.tokens[span.start..ran]
+                .iter()
+                .chain(&s.draft[..span.draft])
+                .copied()
+                .collect();
+            meta.push_span(&tokens, span.start, s.blocks.tables().to_vec(), span.logits);
         }
         meta
     }
@@ -519,15 +584,9 @@ impl Engine {
             let Some(st) = self.requests.get(rid) else {
                 return false;
             };
-            let p = &st.params.sampling;
-            span.logits == Logits::Last
-                && !self.constraints.contains_key(&span.seq)
+            (span.logits == Logits::Last || span.draft > 0)
                 && s.forks_pending == 0
-                && st.params.logprobs.is_none()
-                && p.temperature <= 0.0
-                && p.repetition_penalty == 1.0
-                && p.presence_penalty == 0.0
-                && p.frequency_penalty == 0.0
+                && self.plain_greedy(span.seq, &st.params)
         })
     }
 
@@ -537,6 +596,11 @@ impl Engine {
         let mut row = 0;
         for span in &batch.spans {
             if span.logits == Logits::None {
+                continue;
+            }
+            if span.draft > 0 {
+                self.verify_draft(span.seq, &tokens[row..row + span.len]);
+                row += span.len;
                 continue;
             }
             let token = tokens[row];
@@ -568,6 +632,11 @@ impl Engine {
             };
             let span_logits = &logits[row * vocab..(row + rows) * vocab];
             row += rows;
+            if span.draft > 0 {
+                let argmax: Vec<u32> = span_logits.chunks_exact(vocab).map(argmax).collect();
+                self.verify_draft(span.seq, &argmax);
+                continue;
+            }
             if span.logits == Logits::All {
                 self.collect_prompt_logprobs(span.seq, span.start, span.len, span_logits);
             }
@@ -579,6 +648,34 @@ impl Engine {
             }
             let last = &span_logits[(rows - 1) * vocab..rows * vocab];
             self.on_logits(span.seq, last);
+        }
+    }
+
+    /// A speculative decode step ran: `argmax[j]` is the model's choice after the pending
+    /// token and the first `j` draft tokens. Draft tokens are taken while they match it (their
+    /// K/V is already computed), then the model's own choice where they stop matching (or
+    /// after the whole draft): every token goes through `sample_for`, as a plain step's would,
+    /// so stops and length limits apply one token at a time.
+    fn verify_draft(&mut self, seq: SeqId, argmax: &[u32]) {
+        let Some(s) = self.sched.get_mut(seq) else {
+            return;
+        };
+        let draft = std::mem::take(&mut s.draft);
+        debug_assert_eq!(argmax.len(), draft.len() + 1);
+        self.local.draft_tokens += draft.len() as u64;
+        let mut accepted = 0;
+        for (j, &token) in argmax.iter().enumerate() {
+            self.sample_for(seq, Pick::Token(token));
+            let live = self.sched.get(seq).is_some();
+            if !live || draft.get(j) != Some(&token) {
+                break;
+            }
+            accepted += 1;
+            self.sched.accept_computed(seq, 1);
+        }
+        self.local.accepted_draft_tokens += accepted as u64;
+        if let Some(s) = self.sched.get_mut(seq) {
+            s.draft_cap = prompt_lookup::next_cap(draft.len(), accepted, self.prompt_lookup);
         }
     }
 

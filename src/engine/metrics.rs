@@ -76,6 +76,9 @@ pub struct EngineStats {
     pub constrained_requests: u64,
     /// Time spent computing grammar masks.
     pub grammar_mask_seconds: f64,
+    /// Prompt-lookup draft tokens verified, and how many of them the model agreed with.
+    pub draft_tokens: u64,
+    pub accepted_draft_tokens: u64,
     pub ttft: Histogram,
     pub tpot: Histogram,
     /// Recent (unix seconds, TTFT seconds) samples for the status page's chart.
@@ -105,6 +108,8 @@ impl Default for EngineStats {
             steps: 0,
             constrained_requests: 0,
             grammar_mask_seconds: 0.0,
+            draft_tokens: 0,
+            accepted_draft_tokens: 0,
             ttft: Histogram::new(TTFT_BUCKETS),
             tpot: Histogram::new(TPOT_BUCKETS),
             recent_ttft: Vec::new(),

@@ -6,6 +6,7 @@ mod handle;
 mod heap;
 pub mod metrics;
 mod pacer;
+mod prompt_lookup;
 pub mod request;
 mod rng;
 pub mod sampler;

@@ -24,6 +24,9 @@ pub struct GenParams {
     pub prompt_logprobs: Option<usize>,
     /// What the output must match (a compiled grammar at its start), or free text.
     pub constraint: Option<crate::grammar::Constraint>,
+    /// Speculate with prompt-lookup drafts where the engine allows it
+    /// (`EngineConfig::prompt_lookup`): greedy output is unchanged, only faster.
+    pub prompt_lookup: bool,
 }
 
 impl Default for GenParams {
@@ -37,6 +40,7 @@ impl Default for GenParams {
             logprobs: None,
             prompt_logprobs: None,
             constraint: None,
+            prompt_lookup: false,
         }
     }
 }

@@ -103,8 +103,19 @@ impl Lanes {
 pub struct ScheduledSpan {
     pub seq: SeqId,
     pub start: usize,
+    /// Tokens run: those of `tokens[start..]`, then `draft` of the sequence's draft tokens.
     pub len: usize,
     pub logits: Logits,
+    /// Draft tokens at the end of the span (a speculative decode step: the pending token
+    /// and its draft, a logits row for each).
+    pub draft: usize,
+}
+
+impl ScheduledSpan {
+    /// A decode step: the one pending token, with its draft if it has one.
+    pub fn is_decode(&self) -> bool {
+        self.len - self.draft == 1 && (self.draft > 0 || self.logits == Logits::Last)
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -246,17 +257,19 @@ impl Scheduler {
             if budget == 0 {
                 break;
             }
+            let draft = self.fit_draft(id, budget);
             while self.running.contains(&id) {
-                match self.grow(id, 1, &mut batch) {
+                match self.grow(id, 1 + draft, &mut batch) {
                     Grow::Ok => {
                         let start = self.seqs[&id].num_computed;
                         batch.spans.push(ScheduledSpan {
                             seq: id,
                             start,
-                            len: 1,
-                            logits: Logits::Last,
+                            len: 1 + draft,
+                            logits: if draft > 0 { Logits::All } else { Logits::Last },
+                            draft,
                         });
-                        budget -= 1;
+                        budget -= 1 + draft;
                         break;
                     }
                     // Out of blocks: preempt the newest (maybe this one) and retry, or, if
@@ -441,7 +454,42 @@ impl Scheduler {
             start: s.num_computed,
             len,
             logits,
+            draft: 0,
         }
+    }
+
+    /// How many of decoding sequence `id`'s draft tokens this step verifies: as many as the
+    /// token budget after its own token and the free blocks allow (a draft never preempts
+    /// anyone: without room it waits, and the step decodes one token). The rest are dropped.
+    fn fit_draft(&mut self, id: SeqId, budget: usize) -> usize {
+        let s = self.seqs.get_mut(&id).expect("seq exists");
+        let mut k = s.draft.len().min(budget.saturating_sub(1));
+        if k > 0
+            && self.pool.free_count()
+                < s.blocks
+                    .blocks_needed(&self.pool, &self.layout, s.num_computed, 1 + k)
+        {
+            k = 0;
+        }
+        s.draft.truncate(k);
+        k
+    }
+
+    /// Decoding sequence `id`'s next `n` tokens (already in its `tokens`) had their K/V
+    /// computed in the step that verified them as its draft: they count as computed, and
+    /// blocks they fill join the prefix cache.
+    pub fn accept_computed(&mut self, id: SeqId, n: usize) {
+        let bt = self.pool.block_size();
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let before = s.num_computed / bt;
+        s.num_computed = (s.num_computed + n).min(s.tokens.len());
+        s.progress_since_preempt += n;
+        let full = s.num_computed / bt;
+        s.hashes_up_to(full, bt);
+        s.blocks
+            .register_full(&mut self.pool, before..full, &s.block_hashes, &s.tokens);
     }
 
     /// On first admission, reuse cached full blocks of the prompt (always leaving at least the
@@ -512,6 +560,7 @@ impl Scheduler {
         let s = self.seqs.get_mut(&id).expect("running seq exists");
         s.blocks.release_all(&mut self.pool);
         s.num_computed = 0;
+        s.draft.clear();
         s.preemptions += 1;
         s.progress_since_preempt = 0;
         // Its spans planned earlier in this step must not run.
@@ -530,8 +579,10 @@ impl Scheduler {
                 continue;
             };
             let before = s.num_computed / bt;
-            s.num_computed = span.start + span.len;
-            s.progress_since_preempt += span.len;
+            // Draft tokens count only once verified (`accept_computed`).
+            let ran = span.len - span.draft;
+            s.num_computed = span.start + ran;
+            s.progress_since_preempt += ran;
             if s.num_computed >= s.prompt_len {
                 // The prompt is done: its first token comes out of this step.
                 s.decoding_since.get_or_insert_with(Instant::now);
@@ -580,6 +631,78 @@ mod tests {
         }
         s.pool.check_invariants(s.block_tables()).unwrap();
         b
+    }
+
+    #[test]
+    fn a_draft_is_verified_in_one_span_and_only_accepted_tokens_count_as_computed() {
+        let mut s = sched(8, 64);
+        s.add(Sequence::new(1, 1, 1, (0..15).collect(), 100));
+        step(&mut s, 100); // the prompt, then its first token
+        s.get_mut(1).unwrap().draft = vec![7, 8, 9, 10];
+        let b = s.schedule();
+        assert_eq!(
+            b.spans,
+            vec![ScheduledSpan {
+                seq: 1,
+                start: 15,
+                len: 5,
+                logits: Logits::All,
+                draft: 4,
+            }]
+        );
+        assert!(b.spans[0].is_decode());
+        s.commit(&b);
+        let seq = s.get(1).unwrap();
+        assert_eq!(
+            seq.num_computed, 16,
+            "drafts are not computed until verified"
+        );
+        assert_eq!(s.pool.used(), 2, "blocks for the whole span");
+        // The model agreed with 7 and 8: they join the tokens and count as computed, and the
+        // first block (16 tokens) is full now.
+        s.get_mut(1).unwrap().draft.clear();
+        for t in [7, 8] {
+            s.get_mut(1).unwrap().tokens.push(t);
+            s.accept_computed(1, 1);
+        }
+        s.get_mut(1).unwrap().tokens.push(42); // the model's own next token
+        let seq = s.get(1).unwrap();
+        assert_eq!((seq.num_computed, seq.pending()), (18, 1));
+        assert_eq!(seq.block_hashes.len(), 1);
+        // The next step decodes one token at position 18, in the block the draft took.
+        let b = step(&mut s, 43);
+        assert_eq!((b.spans[0].start, b.spans[0].len), (18, 1));
+        assert_eq!(s.pool.used(), 2);
+        s.remove(1);
+        assert_eq!(s.pool.used(), 0);
+    }
+
+    #[test]
+    fn a_draft_is_cut_to_the_budget_and_dropped_without_free_blocks() {
+        let mut s = sched(2, 4);
+        s.add(Sequence::new(1, 1, 1, (0..4).collect(), 100));
+        step(&mut s, 100);
+        s.get_mut(1).unwrap().draft = vec![1, 2, 3, 4, 5, 6];
+        let b = s.schedule();
+        assert_eq!(
+            (b.spans[0].len, b.spans[0].draft),
+            (4, 3),
+            "budget of 4 tokens"
+        );
+        assert_eq!(s.get(1).unwrap().draft, vec![1, 2, 3]);
+        s.commit(&b);
+        s.get_mut(1).unwrap().draft.clear();
+        s.get_mut(1).unwrap().tokens.push(9);
+        while s.get(1).unwrap().tokens.len() < 31 {
+            step(&mut s, 5);
+        }
+        // Position 30 decodes in the second (last) block; its draft would need a third.
+        s.get_mut(1).unwrap().draft = vec![1, 2, 3];
+        let b = s.schedule();
+        assert_eq!((b.spans[0].len, b.spans[0].draft), (1, 0));
+        assert_eq!(b.spans[0].logits, Logits::Last);
+        assert!(s.get(1).unwrap().draft.is_empty());
+        assert!(b.preempted.is_empty(), "a draft never preempts");
     }
 
     #[test]

@@ -38,6 +38,13 @@ pub struct Sequence {
     pub arrived: Instant,
     /// When the scheduler first found it decoding (about its first token).
     pub decoding_since: Option<Instant>,
+    /// Tokens proposed to follow the pending one (prompt lookup), verified in its next decode
+    /// step; never part of `tokens` until the model agrees with them.
+    pub draft: Vec<u32>,
+    /// The longest draft to propose next (0: not yet speculated): it grows while drafts are
+    /// accepted whole and shrinks to what was accepted when they are not, because verifying
+    /// a draft token costs a share of a decode step whether or not it is kept.
+    pub draft_cap: usize,
 }
 
 impl Sequence {
@@ -67,6 +74,8 @@ impl Sequence {
             progress_since_preempt: 0,
             arrived: Instant::now(),
             decoding_since: None,
+            draft: Vec::new(),
+            draft_cap: 0,
         }
     }
 

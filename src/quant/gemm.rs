@@ -25,6 +25,8 @@ struct Panels {
     q4_1: Option<PanelFn>,
     #[cfg(target_arch = "x86_64")]
     q8_0: Option<PanelFn>,
+    #[cfg(target_arch = "x86_64")]
+    q5_0: Option<PanelFn>,
     /// The peer-order kernels (`order`'s repacked and tiled dots), all types in one.
     #[cfg(target_arch = "x86_64")]
     order: Option<OrderFn>,
@@ -41,6 +43,8 @@ const NONE: Panels = Panels {
     #[cfg(target_arch = "x86_64")]
     q8_0: None,
     #[cfg(target_arch = "x86_64")]
+    q5_0: None,
+    #[cfg(target_arch = "x86_64")]
     order: None,
 };
 
@@ -49,6 +53,7 @@ const AVX2: Panels = Panels {
     name: "avx2",
     q4_1: Some(gemm_x86::avx2::q4_1),
     q8_0: Some(gemm_x86::avx2::q8_0),
+    q5_0: Some(gemm_x86::avx2::q5_0),
     order: Some(order_x86::panel),
 };
 
@@ -59,6 +64,7 @@ const VNNI_256: Panels = Panels {
     name: "avx512-vnni-256",
     q4_1: Some(gemm_x86::vnni::q4_1),
     q8_0: Some(gemm_x86::vnni::q8_0),
+    q5_0: Some(gemm_x86::vnni::q5_0),
     order: Some(order_x86::panel),
 };
 
@@ -67,6 +73,8 @@ const VNNI: Panels = Panels {
     name: "avx512-vnni",
     q4_1: Some(gemm_avx512::q4_1),
     q8_0: Some(gemm_avx512::q8_0),
+    // No 512-bit Q5_0 tile: the 256-bit VNNI one (Gemma 3's main type).
+    q5_0: Some(gemm_x86::vnni::q5_0),
     order: Some(order_x86::panel),
 };
 
@@ -156,6 +164,7 @@ fn gemm_with(
         let panel = match ty {
             GgmlType::Q4_1 => p.q4_1,
             GgmlType::Q8_0 => p.q8_0,
+            GgmlType::Q5_0 => p.q5_0,
             _ => None,
         };
         if let Some(f) = panel {
@@ -191,6 +200,7 @@ mod tests {
         for ty in [
             GgmlType::Q4_1,
             GgmlType::Q8_0,
+            GgmlType::Q5_0,
             GgmlType::Q4_0,
             GgmlType::Q6_K,
         ] {

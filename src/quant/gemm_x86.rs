@@ -30,6 +30,9 @@ fn prefetch_rows(row_bytes: usize) -> usize {
 /// Weight rows per pass in decode's GEMV (one token): independent FMA chains and lookahead.
 const DECODE_ROWS: usize = 2;
 
+/// Batches up to this many tokens prefetch the weights in their first pass, as decode does.
+const SMALL_BATCH: usize = 16;
+
 /// Computes `out[t * rows + r]` for `r < rows`, `t < toks`; weight row `r` is
 /// `w[r * w_row..][..w_row]`, activation row `t` is `x[t * x_row..][..x_row]`, `nb` blocks each.
 pub(crate) type PanelFn =
@@ -90,7 +93,7 @@ macro_rules! panels {
             // The block helpers are the per-pair kernels' own (their AVX2 feature set is a
             // subset of every variant's, so they inline here).
             use crate::quant::simd_x86::{
-                bytes_from_nibbles_32 as nibbles, h2f, hsum_f32x8 as hsum8, load32,
+                bytes_from_nibbles_32 as nibbles, h2f, hsum_f32x8 as hsum8, load32, q5_0_values,
             };
 
             /// The 4 lanes of `v` in memory, to be broadcast by the load unit (a broadcast
@@ -123,6 +126,7 @@ macro_rules! panels {
                 w: [&[BlockQ4_1]; R],
                 x: [&[BlockQ8_1]; T],
                 scales: &[TokenScales],
+                prefetch: bool,
             ) -> [[f32; T]; R] {
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 let mut summs = [_mm_setzero_ps(); R];
@@ -140,7 +144,7 @@ macro_rules! panels {
                     let (xd, xs) = (_mm_loadu_ps(sc.d.as_ptr()), _mm_loadu_ps(sc.s.as_ptr()));
                     for r in 0..R {
                         let blk = unsafe { w[r].get_unchecked(b) };
-                        if T == 1 {
+                        if prefetch {
                             _mm_prefetch::<_MM_HINT_T0>(
                                 w[r].as_ptr().wrapping_add(b + ahead).cast(),
                             );
@@ -180,68 +184,82 @@ macro_rules! panels {
                 out
             }
 
-            /// One R×T tile of Q8_0 × Q8_0: ggml's single FMA chain per pair.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn q8_0_tile<const R: usize, const T: usize>(
-                nb: usize,
-                w: [&[BlockQ8_0]; R],
-                x: [&[BlockQ8_0]; T],
-                scales: &[TokenScales],
-            ) -> [[f32; T]; R] {
-                let mut acc = [[_mm256_setzero_ps(); T]; R];
-                let mut dd_mem = [0f32; 4];
-                let ahead = prefetch_rows(nb * std::mem::size_of::<BlockQ8_0>()) * nb;
-                for b in 0..nb {
-                    let mut xq = [_mm256_setzero_si256(); T];
-                    for t in 0..T {
-                        xq[t] = load32(&unsafe { x[t].get_unchecked(b) }.qs);
-                    }
-                    let xd = _mm_loadu_ps(unsafe { scales.get_unchecked(b) }.d.as_ptr());
-                    for r in 0..R {
-                        let blk = unsafe { w[r].get_unchecked(b) };
-                        if T == 1 {
-                            // Decode streams the weights once: ask for them ahead (the
-                            // hardware prefetcher loses track of several rows in lockstep).
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                w[r].as_ptr().wrapping_add(b + ahead).cast(),
-                            );
+            /// One R×T tile of a signed-byte weight type (Q8_0, Q5_0) × Q8_0: ggml's single
+            /// FMA chain per pair. `$values` gives a block's 32 weights as signed bytes.
+            macro_rules! signed_tile {
+                ($tile_name:ident, $wblock:ty, $blk:ident => $values:expr) => {
+                    #[inline]
+                    #[target_feature(enable = $features)]
+                    unsafe fn $tile_name<const R: usize, const T: usize>(
+                        nb: usize,
+                        w: [&[$wblock]; R],
+                        x: [&[BlockQ8_0]; T],
+                        scales: &[TokenScales],
+                        prefetch: bool,
+                    ) -> [[f32; T]; R] {
+                        let mut acc = [[_mm256_setzero_ps(); T]; R];
+                        let mut dd_mem = [0f32; 4];
+                        let ahead = prefetch_rows(nb * std::mem::size_of::<$wblock>()) * nb;
+                        for b in 0..nb {
+                            let mut xq = [_mm256_setzero_si256(); T];
+                            for t in 0..T {
+                                xq[t] = load32(&unsafe { x[t].get_unchecked(b) }.qs);
+                            }
+                            let xd = _mm_loadu_ps(unsafe { scales.get_unchecked(b) }.d.as_ptr());
+                            for r in 0..R {
+                                let blk = unsafe { w[r].get_unchecked(b) };
+                                if prefetch {
+                                    // Decode streams the weights once: ask for them ahead (the
+                                    // hardware prefetcher loses track of several rows in
+                                    // lockstep).
+                                    _mm_prefetch::<_MM_HINT_T0>(
+                                        w[r].as_ptr().wrapping_add(b + ahead).cast(),
+                                    );
+                                }
+                                let wsig = {
+                                    let $blk = blk;
+                                    $values
+                                };
+                                let wabs = _mm256_sign_epi8(wsig, wsig);
+                                let wd = _mm_set1_ps(h2f(blk.d));
+                                let dd = _mm_mul_ps(wd, xd);
+                                let dd_lanes = if T > 1 {
+                                    spill(dd, &mut dd_mem)
+                                } else {
+                                    &dd_mem
+                                };
+                                for t in 0..T {
+                                    // |w| × (x with w's sign): the signed products, as maddubs
+                                    // needs.
+                                    let sy = _mm256_sign_epi8(xq[t], wsig);
+                                    let q = _mm256_cvtepi32_ps($dot_us8(wabs, sy));
+                                    let ddt = if T > 1 {
+                                        _mm256_broadcast_ss(&dd_lanes[t])
+                                    } else {
+                                        // One token: no shuffle pressure, and the round trip
+                                        // through memory would sit on the critical path.
+                                        _mm256_broadcastss_ps(dd)
+                                    };
+                                    acc[r][t] = _mm256_fmadd_ps(ddt, q, acc[r][t]);
+                                }
+                            }
                         }
-                        let wsig = load32(&blk.qs);
-                        let wabs = _mm256_sign_epi8(wsig, wsig);
-                        let wd = _mm_set1_ps(h2f(blk.d));
-                        let dd = _mm_mul_ps(wd, xd);
-                        let dd_lanes = if T > 1 {
-                            spill(dd, &mut dd_mem)
-                        } else {
-                            &dd_mem
-                        };
-                        for t in 0..T {
-                            // |w| × (x with w's sign): the signed products, as maddubs needs.
-                            let sy = _mm256_sign_epi8(xq[t], wsig);
-                            let q = _mm256_cvtepi32_ps($dot_us8(wabs, sy));
-                            let ddt = if T > 1 {
-                                _mm256_broadcast_ss(&dd_lanes[t])
-                            } else {
-                                // One token: no shuffle pressure, and the round trip through
-                                // memory would sit on the critical path.
-                                _mm256_broadcastss_ps(dd)
-                            };
-                            acc[r][t] = _mm256_fmadd_ps(ddt, q, acc[r][t]);
+                        let mut out = [[0f32; T]; R];
+                        for r in 0..R {
+                            for t in 0..T {
+                                out[r][t] = hsum8(acc[r][t]);
+                            }
                         }
+                        out
                     }
-                }
-                let mut out = [[0f32; T]; R];
-                for r in 0..R {
-                    for t in 0..T {
-                        out[r][t] = hsum8(acc[r][t]);
-                    }
-                }
-                out
+                };
             }
+            signed_tile!(q8_0_tile, BlockQ8_0, blk => load32(&blk.qs));
+            signed_tile!(q5_0_tile, BlockQ5_0, blk => q5_0_values(blk));
 
             panel!(q4_1, q4_1_tile, BlockQ4_1, BlockQ8_1, $features, $rt, $tt);
             panel!(q8_0, q8_0_tile, BlockQ8_0, BlockQ8_0, $features, $rt, $tt);
+            panel!(q5_0, q5_0_tile, BlockQ5_0, BlockQ8_0, $features, $rt, $tt);
 
             /// Each token's block scales as f32, converted once per panel rather than
             /// once per tile row: per block, up to 4 tokens' `d` and `s` in one F16C
@@ -294,14 +312,14 @@ macro_rules! panel {
                 token_scales(nb, &[xr(0)], &mut sc);
                 let mut r0 = 0;
                 while r0 + DECODE_ROWS <= rows {
-                    let v = $tile::<DECODE_ROWS, 1>(nb, rows_from(&wr, r0), [xr(0)], &sc);
+                    let v = $tile::<DECODE_ROWS, 1>(nb, rows_from(&wr, r0), [xr(0)], &sc, true);
                     for (i, row) in v.iter().enumerate() {
                         out[r0 + i] = row[0];
                     }
                     r0 += DECODE_ROWS;
                 }
                 for r in r0..rows {
-                    out[r] = $tile::<1, 1>(nb, [wr(r)], [xr(0)], &sc)[0][0];
+                    out[r] = $tile::<1, 1>(nb, [wr(r)], [xr(0)], &sc, true)[0][0];
                 }
                 return;
             }
@@ -309,13 +327,23 @@ macro_rules! panel {
             let mut t0 = 0;
             while t0 < toks {
                 let tn = (toks - t0).min($tt);
+                // A few tokens (a speculative decode step, small batches) still stream the
+                // weights from memory, in the first pass over them; later passes and longer
+                // batches find them in cache.
+                let prefetch = t0 == 0 && toks <= SMALL_BATCH;
                 let group: Vec<&[$xb]> = (t0..t0 + tn).map(xr).collect();
                 token_scales(nb, &group, &mut sc);
                 let mut r0 = 0;
                 while r0 < rows {
                     let rn = (rows - r0).min($rt);
                     if rn == $rt && tn == $tt {
-                        let v = $tile::<$rt, $tt>(nb, rows_from(&wr, r0), rows_from(&xr, t0), &sc);
+                        let v = $tile::<$rt, $tt>(
+                            nb,
+                            rows_from(&wr, r0),
+                            rows_from(&xr, t0),
+                            &sc,
+                            prefetch,
+                        );
                         for (i, row) in v.iter().enumerate() {
                             for (j, &val) in row.iter().enumerate() {
                                 out[(t0 + j) * rows + r0 + i] = val;
@@ -323,7 +351,13 @@ macro_rules! panel {
                         }
                     } else if tn == $tt {
                         for i in 0..rn {
-                            let v = $tile::<1, $tt>(nb, [wr(r0 + i)], rows_from(&xr, t0), &sc);
+                            let v = $tile::<1, $tt>(
+                                nb,
+                                [wr(r0 + i)],
+                                rows_from(&xr, t0),
+                                &sc,
+                                prefetch,
+                            );
                             for (j, &val) in v[0].iter().enumerate() {
                                 out[(t0 + j) * rows + r0 + i] = val;
                             }
@@ -332,13 +366,25 @@ macro_rules! panel {
                         for j in 0..tn {
                             token_scales(nb, &[xr(t0 + j)], &mut sc1);
                             if rn == $rt {
-                                let v = $tile::<$rt, 1>(nb, rows_from(&wr, r0), [xr(t0 + j)], &sc1);
+                                let v = $tile::<$rt, 1>(
+                                    nb,
+                                    rows_from(&wr, r0),
+                                    [xr(t0 + j)],
+                                    &sc1,
+                                    prefetch,
+                                );
                                 for (i, row) in v.iter().enumerate() {
                                     out[(t0 + j) * rows + r0 + i] = row[0];
                                 }
                             } else {
                                 for i in 0..rn {
-                                    let v = $tile::<1, 1>(nb, [wr(r0 + i)], [xr(t0 + j)], &sc1);
+                                    let v = $tile::<1, 1>(
+                                        nb,
+                                        [wr(r0 + i)],
+                                        [xr(t0 + j)],
+                                        &sc1,
+                                        prefetch,
+                                    );
                                     out[(t0 + j) * rows + r0 + i] = v[0][0];
                                 }
                             }

@@ -159,7 +159,7 @@ pub(crate) unsafe fn q4_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
 /// the 5th bit is clear (0x0q | 0xF0 = q - 16), leave it where it is set.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0_values(a: &BlockQ5_0) -> __m256i {
+pub(crate) unsafe fn q5_0_values(a: &BlockQ5_0) -> __m256i {
     let bxhi = _mm256_andnot_si256(bytes_from_bits_32(a.qh), _mm256_set1_epi8(0xF0u8 as i8));
     _mm256_or_si256(bytes_from_nibbles_32(&a.qs), bxhi)
 }

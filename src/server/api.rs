@@ -47,6 +47,9 @@ pub struct Sampling {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub ignore_eos: Option<bool>,
+    /// Speculate with prompt-lookup drafts (greedy requests, where the server enables it
+    /// with `--prompt-lookup`): the same output, faster when it copies from the prompt.
+    pub prompt_lookup: Option<bool>,
     /// OpenAI's `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
     pub response_format: Option<serde_json::Value>,
     /// llama.cpp's field: a JSON schema the output must match.
@@ -73,6 +76,7 @@ pub const SAMPLING_KEYS: &[&str] = &[
     "stream",
     "stream_options",
     "ignore_eos",
+    "prompt_lookup",
     "response_format",
     "json_schema",
     "grammar",
@@ -309,6 +313,7 @@ pub fn validate_sampling(
             sampling,
             n,
             ignore_eos: s.ignore_eos.unwrap_or(false),
+            prompt_lookup: s.prompt_lookup.unwrap_or(false),
             ..Default::default()
         },
         stop,

@@ -127,6 +127,18 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         s.grammar_mask_seconds,
     );
     metric(
+        "edgelm_spec_decode_num_draft_tokens_total",
+        "counter",
+        "Prompt-lookup draft tokens verified.",
+        s.draft_tokens as f64,
+    );
+    metric(
+        "edgelm_spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Prompt-lookup draft tokens the model agreed with (each saved a decode step).",
+        s.accepted_draft_tokens as f64,
+    );
+    metric(
         "edgelm_prompt_tokens_total",
         "counter",
         "Prompt tokens received.",

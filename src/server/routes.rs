@@ -200,6 +200,8 @@ impl Server {
             "generation_tokens": s.generation_tokens,
             "constrained_requests": s.constrained_requests,
             "grammar_mask_seconds": s.grammar_mask_seconds,
+            "draft_tokens": s.draft_tokens,
+            "accepted_draft_tokens": s.accepted_draft_tokens,
             "tokens_per_second": s.recent_tokens.iter().map(|&(t, n)| (t, n)).collect::<Vec<_>>(),
             "ttft": s.recent_ttft,
         })

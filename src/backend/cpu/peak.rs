@@ -1,6 +1,6 @@
 //! This machine's own ceilings, for `edgelm bench` to report achieved throughput against:
-//! a tight FMA loop (peak arithmetic) and a STREAM-like copy (peak memory bandwidth), both
-//! on the compute pool's threads.
+//! a tight FMA loop (peak arithmetic), a STREAM-like copy and a read-only sweep (peak memory
+//! bandwidth), all on the compute pool's threads.
 
 use super::parallel::SharedSlice;
 use super::pool;
@@ -93,6 +93,39 @@ pub fn stream_copy_gbs() -> f64 {
     best
 }
 
+/// Read bandwidth in GB/s: every thread sums its share of a buffer far larger than the caches
+/// (decode streams its weights this way: reads only); best of a few runs.
+pub fn stream_read_gbs() -> f64 {
+    const BYTES: usize = 256 << 20;
+    let n = BYTES / 4;
+    let src: Vec<f32> = (0..n).map(|i| (i % 1024) as f32).collect();
+    let tasks = pool::threads() * 4;
+    let chunk = n.div_ceil(tasks);
+    let mut best = 0f64;
+    for _ in 0..4 {
+        let t0 = Instant::now();
+        pool::parallel_for(tasks, |t| {
+            let (a, b) = (t * chunk, ((t + 1) * chunk).min(n));
+            std::hint::black_box(sum_f32(&src[a..b]));
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        best = best.max(BYTES as f64 / secs / 1e9);
+    }
+    best
+}
+
+/// A sum with enough independent lanes that the loads, not the adds, set the pace.
+fn sum_f32(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    let mut chunks = v.chunks_exact(32);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,7 +134,9 @@ mod tests {
     fn ceilings_are_positive_and_finite() {
         let g = peak_gflops();
         let b = stream_copy_gbs();
+        let r = stream_read_gbs();
         assert!(g.is_finite() && g > 0.1, "{g} GFLOP/s");
         assert!(b.is_finite() && b > 0.1, "{b} GB/s");
+        assert!(r.is_finite() && r > 0.1, "{r} GB/s");
     }
 }

@@ -1,0 +1,88 @@
+//! Prompt-lookup drafts for speculative decoding: the tokens that followed the latest earlier
+//! occurrence of the sequence's last few tokens. Output that copies its input (extracting
+//! fields from a document, quoting, editing code) repeats long runs of the prompt, and a run
+//! found this way costs no model at all to propose. The engine verifies every draft in one
+//! batched step and keeps only what the model itself would have produced.
+
+/// The longest suffix n-gram looked up first; shorter ones are tried when it has no match.
+pub const MAX_NGRAM: usize = 3;
+/// A single repeated token is too weak a hint to spend a verification on.
+pub const MIN_NGRAM: usize = 2;
+/// The draft length a sequence starts with (at most the server's maximum).
+pub const FIRST_CAP: usize = 4;
+
+/// The draft cap after a draft of `drafted` tokens of which the first `accepted` held, with
+/// `max` the server's maximum: doubled after a whole draft held (a copied run goes on), else
+/// one more than what held (a wrong guess costs the step its verification; a short one costs
+/// little).
+pub fn next_cap(drafted: usize, accepted: usize, max: usize) -> usize {
+    if accepted >= drafted {
+        (2 * drafted).clamp(1, max.max(1))
+    } else {
+        (accepted + 1).min(max.max(1))
+    }
+}
+
+/// Up to `max_draft` tokens proposed to follow `tokens`: for the longest suffix of
+/// `MAX_NGRAM` down to `MIN_NGRAM` tokens that occurred before, what followed its latest
+/// earlier occurrence. Empty when nothing matches.
+pub fn draft(tokens: &[u32], max_draft: usize) -> Vec<u32> {
+    if max_draft == 0 {
+        return Vec::new();
+    }
+    let len = tokens.len();
+    for n in (MIN_NGRAM..=MAX_NGRAM).rev() {
+        if len <= n {
+            continue;
+        }
+        let suffix = &tokens[len - n..];
+        // Latest match first: an occurrence ending at `end` (exclusive), strictly before the
+        // suffix itself, so at least one token follows it.
+        for end in (n..len).rev() {
+            if &tokens[end - n..end] == suffix {
+                let follow = &tokens[end..len.min(end + max_draft)];
+                return follow.to_vec();
+            }
+        }
+    }
+    Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proposes_what_followed_the_latest_match_of_the_longest_suffix() {
+        // "5 6 7" occurs twice before the end; the later one is followed by 9 8.
+        let t = [1, 5, 6, 7, 2, 3, 5, 6, 7, 9, 8, 4, 5, 6, 7];
+        assert_eq!(draft(&t, 2), vec![9, 8]);
+        assert_eq!(draft(&t, 10), vec![9, 8, 4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn falls_back_to_shorter_suffixes_and_to_nothing() {
+        // No earlier "3 6 7"; "6 7" occurred, followed by 1.
+        assert_eq!(draft(&[6, 7, 1, 3, 6, 7], 3), vec![1, 3, 6]);
+        // Only the single last token repeats: below MIN_NGRAM.
+        assert!(draft(&[7, 1, 2, 7], 4).is_empty());
+        assert!(draft(&[1, 2, 3], 4).is_empty());
+        assert!(draft(&[], 4).is_empty());
+        assert!(draft(&[1, 2, 1, 2], 0).is_empty());
+    }
+
+    #[test]
+    fn the_cap_doubles_on_whole_drafts_and_shrinks_to_what_held() {
+        assert_eq!(next_cap(4, 4, 16), 8);
+        assert_eq!(next_cap(12, 12, 16), 16);
+        assert_eq!(next_cap(8, 3, 16), 4);
+        assert_eq!(next_cap(8, 0, 16), 1);
+        assert_eq!(next_cap(2, 2, 1), 1);
+    }
+
+    #[test]
+    fn a_periodic_tail_continues_its_period() {
+        // The suffix matches one period back; the draft runs into the suffix itself.
+        assert_eq!(draft(&[9, 1, 2, 1, 2, 1, 2], 4), vec![1, 2]);
+    }
+}
