@@ -108,6 +108,32 @@ macro_rules! panels {
                 std::hint::black_box(a)
             }
 
+            /// The 4 token lanes of a block's scale products `dd`, spilled for broadcasting when
+            /// the tile has several tokens (see [`token_scale`]).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn spill_for<const T: usize>(dd: __m128, mem: &mut [f32; 4]) -> &[f32; 4] {
+                if T > 1 {
+                    spill(dd, mem)
+                } else {
+                    mem
+                }
+            }
+
+            /// Token `t`'s scale product in every lane: from the spilled lanes (a load-unit
+            /// broadcast) when the tile has several tokens; for one token from the register,
+            /// since there is no shuffle pressure and the round trip through memory would sit on
+            /// the critical path.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn token_scale<const T: usize>(dd: __m128, lanes: &[f32; 4], t: usize) -> __m256 {
+                if T > 1 {
+                    _mm256_broadcast_ss(&lanes[t])
+                } else {
+                    _mm256_broadcastss_ps(dd)
+                }
+            }
+
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn lane_f32(v: __m128, t: usize) -> f32 {
@@ -157,20 +183,10 @@ macro_rules! panels {
                         let wm = _mm_permute_ps::<0x55>(dm);
                         summs[r] = _mm_fmadd_ps(wm, xs, summs[r]);
                         let dd = _mm_mul_ps(wd, xd);
-                        let dd_lanes = if T > 1 {
-                            spill(dd, &mut dd_mem)
-                        } else {
-                            &dd_mem
-                        };
+                        let dd_lanes = spill_for::<T>(dd, &mut dd_mem);
                         for t in 0..T {
                             let xy = _mm256_cvtepi32_ps($dot_us8(wq, xq[t]));
-                            let ddt = if T > 1 {
-                                _mm256_broadcast_ss(&dd_lanes[t])
-                            } else {
-                                // One token: no shuffle pressure, and the round trip through
-                                // memory would sit on the critical path.
-                                _mm256_broadcastss_ps(dd)
-                            };
+                            let ddt = token_scale::<T>(dd, dd_lanes, t);
                             acc[r][t] = _mm256_fmadd_ps(ddt, xy, acc[r][t]);
                         }
                     }
@@ -223,23 +239,13 @@ macro_rules! panels {
                                 let wabs = _mm256_sign_epi8(wsig, wsig);
                                 let wd = _mm_set1_ps(h2f(blk.d));
                                 let dd = _mm_mul_ps(wd, xd);
-                                let dd_lanes = if T > 1 {
-                                    spill(dd, &mut dd_mem)
-                                } else {
-                                    &dd_mem
-                                };
+                                let dd_lanes = spill_for::<T>(dd, &mut dd_mem);
                                 for t in 0..T {
                                     // |w| × (x with w's sign): the signed products, as maddubs
                                     // needs.
                                     let sy = _mm256_sign_epi8(xq[t], wsig);
                                     let q = _mm256_cvtepi32_ps($dot_us8(wabs, sy));
-                                    let ddt = if T > 1 {
-                                        _mm256_broadcast_ss(&dd_lanes[t])
-                                    } else {
-                                        // One token: no shuffle pressure, and the round trip
-                                        // through memory would sit on the critical path.
-                                        _mm256_broadcastss_ps(dd)
-                                    };
+                                    let ddt = token_scale::<T>(dd, dd_lanes, t);
                                     acc[r][t] = _mm256_fmadd_ps(ddt, q, acc[r][t]);
                                 }
                             }
