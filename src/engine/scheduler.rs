@@ -479,17 +479,10 @@ impl Scheduler {
     /// computed in the step that verified them as its draft: they count as computed, and
     /// blocks they fill join the prefix cache.
     pub fn accept_computed(&mut self, id: SeqId, n: usize) {
-        let bt = self.pool.block_size();
-        let Some(s) = self.seqs.get_mut(&id) else {
-            return;
-        };
-        let before = s.num_computed / bt;
-        s.num_computed = (s.num_computed + n).min(s.tokens.len());
-        s.progress_since_preempt += n;
-        let full = s.num_computed / bt;
-        s.hashes_up_to(full, bt);
-        s.blocks
-            .register_full(&mut self.pool, before..full, &s.block_hashes, &s.tokens);
+        if let Some(s) = self.seqs.get_mut(&id) {
+            let to = (s.num_computed + n).min(s.tokens.len());
+            mark_computed(&mut self.pool, s, to);
+        }
     }
 
     /// On first admission, reuse cached full blocks of the prompt (always leaving at least the
@@ -573,24 +566,16 @@ impl Scheduler {
     /// Records that the step ran: computed counts advance and newly full blocks join the
     /// prefix cache.
     pub fn commit(&mut self, batch: &ScheduledBatch) {
-        let bt = self.pool.block_size();
         for span in &batch.spans {
             let Some(s) = self.seqs.get_mut(&span.seq) else {
                 continue;
             };
-            let before = s.num_computed / bt;
             // Draft tokens count only once verified (`accept_computed`).
-            let ran = span.len - span.draft;
-            s.num_computed = span.start + ran;
-            s.progress_since_preempt += ran;
+            mark_computed(&mut self.pool, s, span.start + span.len - span.draft);
             if s.num_computed >= s.prompt_len {
                 // The prompt is done: its first token comes out of this step.
                 s.decoding_since.get_or_insert_with(Instant::now);
             }
-            let full = s.num_computed / bt;
-            s.hashes_up_to(full, bt);
-            s.blocks
-                .register_full(&mut self.pool, before..full, &s.block_hashes, &s.tokens);
         }
     }
 
@@ -601,6 +586,19 @@ impl Scheduler {
             .flat_map(|s| s.blocks.tables().iter().map(|t| t.as_slice()))
             .collect()
     }
+}
+
+/// `s`'s K/V now holds its tokens up to `to` (exclusive; at or past `num_computed`): they count
+/// as computed and as progress, and blocks they fill join the prefix cache.
+fn mark_computed(pool: &mut BlockPool, s: &mut Sequence, to: usize) {
+    let bt = pool.block_size();
+    let before = s.num_computed / bt;
+    s.progress_since_preempt += to.saturating_sub(s.num_computed);
+    s.num_computed = to;
+    let full = to / bt;
+    s.hashes_up_to(full, bt);
+    s.blocks
+        .register_full(pool, before..full, &s.block_hashes, &s.tokens);
 }
 
 #[cfg(test)]

@@ -68,50 +68,47 @@ mod x86 {
     }
 }
 
-/// Memory bandwidth in GB/s (bytes read + bytes written per second) of a copy between two
-/// buffers far larger than the caches, split across the pool's threads; best of a few runs.
-pub fn stream_copy_gbs() -> f64 {
-    const BYTES: usize = 256 << 20;
-    let n = BYTES / 4;
-    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let mut dst = vec![0f32; n];
+/// Bytes of the buffers the bandwidth sweeps run over: far larger than any cache.
+const SWEEP_BYTES: usize = 256 << 20;
+
+/// The best GB/s of a few sweeps: each runs `sweep(a..b)` over every task's share of
+/// `SWEEP_BYTES / 4` f32 on the pool's threads and moves `bytes_per_sweep` bytes.
+fn best_sweep_gbs(bytes_per_sweep: usize, sweep: impl Fn(std::ops::Range<usize>) + Sync) -> f64 {
+    let n = SWEEP_BYTES / 4;
     let tasks = pool::threads() * 4;
     let chunk = n.div_ceil(tasks);
     let mut best = 0f64;
     for _ in 0..4 {
-        let out = SharedSlice::new(&mut dst);
         let t0 = Instant::now();
-        pool::parallel_for(tasks, |t| {
-            let (a, b) = (t * chunk, ((t + 1) * chunk).min(n));
-            // SAFETY: task t alone writes a..b.
-            unsafe { out.slice_mut(a, b - a) }.copy_from_slice(&src[a..b]);
-        });
+        pool::parallel_for(tasks, |t| sweep(t * chunk..((t + 1) * chunk).min(n)));
         let secs = t0.elapsed().as_secs_f64();
-        best = best.max(2.0 * BYTES as f64 / secs / 1e9);
+        best = best.max(bytes_per_sweep as f64 / secs / 1e9);
     }
-    std::hint::black_box(&dst);
     best
+}
+
+/// Memory bandwidth in GB/s (bytes read + bytes written per second) of a copy between two
+/// buffers far larger than the caches, split across the pool's threads; best of a few runs.
+pub fn stream_copy_gbs() -> f64 {
+    let n = SWEEP_BYTES / 4;
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; n];
+    let out = SharedSlice::new(&mut dst);
+    let gbs = best_sweep_gbs(2 * SWEEP_BYTES, |r| {
+        // SAFETY: each task alone writes its range.
+        unsafe { out.slice_mut(r.start, r.len()) }.copy_from_slice(&src[r]);
+    });
+    std::hint::black_box(&dst);
+    gbs
 }
 
 /// Read bandwidth in GB/s: every thread sums its share of a buffer far larger than the caches
 /// (decode streams its weights this way: reads only); best of a few runs.
 pub fn stream_read_gbs() -> f64 {
-    const BYTES: usize = 256 << 20;
-    let n = BYTES / 4;
-    let src: Vec<f32> = (0..n).map(|i| (i % 1024) as f32).collect();
-    let tasks = pool::threads() * 4;
-    let chunk = n.div_ceil(tasks);
-    let mut best = 0f64;
-    for _ in 0..4 {
-        let t0 = Instant::now();
-        pool::parallel_for(tasks, |t| {
-            let (a, b) = (t * chunk, ((t + 1) * chunk).min(n));
-            std::hint::black_box(sum_f32(&src[a..b]));
-        });
-        let secs = t0.elapsed().as_secs_f64();
-        best = best.max(BYTES as f64 / secs / 1e9);
-    }
-    best
+    let src: Vec<f32> = (0..SWEEP_BYTES / 4).map(|i| (i % 1024) as f32).collect();
+    best_sweep_gbs(SWEEP_BYTES, |r| {
+        std::hint::black_box(sum_f32(&src[r]));
+    })
 }
 
 /// A sum with enough independent lanes that the loads, not the adds, set the pace.
