@@ -34,12 +34,13 @@ step cargo fmt --check
 step scripts/check-layers.py
 step cargo clippy --release --all-targets -- -D warnings
 step cargo clippy --release --features cuda --all-targets -- -D warnings
-step cargo build --release
 step cargo test --profile suite -- --test-threads=1
 step scripts/test-aarch64.sh
 step scripts/build-static.sh
 step env EDGELM_AMD64_BIN=target/static/amd64/edgelm scripts/build-image.sh
-step python3 -m pytest -q -rs tests/e2e
+# The HTTP tests run the `suite` build of the binary, which `cargo test` made above for the
+# CLI tests: a second, LTO-linked release build would add minutes and test the same code.
+step env EDGELM_BINARY=target/suite/edgelm python3 -m pytest -q -rs tests/e2e
 step scripts/check-kernels.sh
 step scripts/check-cuda-emu.sh
 step scripts/fuzz.sh "${EDGELM_FUZZ_SECONDS:-20}"

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# EDGELM_BINARY: test another build of the server (default: the release build of this tree).
+# EDGELM_BINARY: test another build of the server (default: the release build of this tree;
+# scripts/test.sh points it at the `suite` build its `cargo test` step already made).
 BINARY = Path(os.environ.get("EDGELM_BINARY", ROOT / "target" / "release" / "edgelm"))
 MODEL = Path(os.environ.get("EDGELM_MODEL", ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 REFERENCE = Path(os.environ.get("EDGELM_REFERENCE_DIR", ROOT / "tests" / "data"))
@@ -30,7 +31,7 @@ class Server:
         """`edgelm serve` on the reference model with test defaults that EXTRA flags override; it
         returns once /health says 200. OUTPUT: where stdout/stderr go (default a log file in
         target/test-artifacts)."""
-        assert BINARY.exists(), f"{BINARY} missing: cargo build --release first"
+        assert BINARY.exists(), f"{BINARY} missing: cargo build --release first (or set EDGELM_BINARY)"
         assert Path(model).exists() or model != MODEL, f"{MODEL} missing: run packaging/fetch-model.sh"
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"

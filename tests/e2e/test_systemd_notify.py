@@ -39,7 +39,7 @@ class NotifyServer:
     Server (same flags) but without waiting for /health, so the start-up itself is observed."""
 
     def __init__(self, watchdog_usec: int = 1_000_000):
-        assert BINARY.exists(), f"{BINARY} missing: cargo build --release first"
+        assert BINARY.exists(), f"{BINARY} missing: cargo build --release first (or set EDGELM_BINARY)"
         assert MODEL.exists(), f"{MODEL} missing: run packaging/fetch-model.sh"
         self.dir = tempfile.mkdtemp(prefix="edgelm-notify-")
         self.sock_path = os.path.join(self.dir, "notify.sock")

@@ -1,6 +1,6 @@
 """The hardened systemd unit: systemd-analyze verifies it and rates its exposure <= 2.0.
 
-Needs systemd-analyze (systemd >= 250 for --offline), the release binary (it goes into a
+Needs systemd-analyze (systemd >= 250 for --offline), the server binary (it goes into a
 temporary root at usr/bin/edgelm, because verify checks that ExecStart's program exists).
 The sysusers/tmpfiles test needs root (tmpfiles chowns into the temporary root).
 """
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BINARY
+
 ROOT = Path(__file__).resolve().parents[2]
-BINARY = ROOT / "target" / "release" / "edgelm"
 UNIT = ROOT / "systemd" / "edgelm.service"
 SYSTEMD_UNITS = next((p for p in (Path("/usr/lib/systemd/system"), Path("/lib/systemd/system"))
                       if (p / "sysinit.target").exists()), None)
@@ -42,7 +43,7 @@ def unit_settings() -> dict[str, list[str]]:
 def fake_root(tmp_path: Path) -> Path:
     """A root with the binary at /usr/bin/edgelm, the unit in /etc/systemd/system and the
     distribution's units (sysinit.target, network-online.target...) it depends on."""
-    assert BINARY.exists(), f"{BINARY} missing: cargo build --release first"
+    assert BINARY.exists(), f"{BINARY} missing: cargo build --release first (or set EDGELM_BINARY)"
     assert SYSTEMD_UNITS, "no systemd unit directory with sysinit.target on this machine"
     (tmp_path / "usr/bin").mkdir(parents=True)
     shutil.copy2(BINARY, tmp_path / "usr/bin/edgelm")
