@@ -19,6 +19,11 @@ REFERENCE = Path(os.environ.get("EDGELM_REFERENCE_DIR", ROOT / "tests" / "data")
 ARTIFACTS = ROOT / "target" / "test-artifacts"
 
 
+def require_binary() -> None:
+    """Fails the test with the command that builds the binary when it is missing."""
+    assert BINARY.exists(), f"{BINARY} missing: cargo build --release first (or set EDGELM_BINARY)"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -31,7 +36,7 @@ class Server:
         """`edgelm serve` on the reference model with test defaults that EXTRA flags override; it
         returns once /health says 200. OUTPUT: where stdout/stderr go (default a log file in
         target/test-artifacts)."""
-        assert BINARY.exists(), f"{BINARY} missing: cargo build --release first (or set EDGELM_BINARY)"
+        require_binary()
         assert Path(model).exists() or model != MODEL, f"{MODEL} missing: run packaging/fetch-model.sh"
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import ARTIFACTS, BINARY, MODEL, Server, free_port
+from conftest import ARTIFACTS, BINARY, MODEL, Server, free_port, require_binary
 
 # What a systemd unit would put in the environment; stripped so each test picks its own.
 SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM", "INVOCATION_ID")
@@ -39,7 +39,7 @@ class NotifyServer:
     Server (same flags) but without waiting for /health, so the start-up itself is observed."""
 
     def __init__(self, watchdog_usec: int = 1_000_000):
-        assert BINARY.exists(), f"{BINARY} missing: cargo build --release first (or set EDGELM_BINARY)"
+        require_binary()
         assert MODEL.exists(), f"{MODEL} missing: run packaging/fetch-model.sh"
         self.dir = tempfile.mkdtemp(prefix="edgelm-notify-")
         self.sock_path = os.path.join(self.dir, "notify.sock")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BINARY
+from conftest import BINARY, require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "edgelm.service"
@@ -43,7 +43,7 @@ def unit_settings() -> dict[str, list[str]]:
 def fake_root(tmp_path: Path) -> Path:
     """A root with the binary at /usr/bin/edgelm, the unit in /etc/systemd/system and the
     distribution's units (sysinit.target, network-online.target...) it depends on."""
-    assert BINARY.exists(), f"{BINARY} missing: cargo build --release first (or set EDGELM_BINARY)"
+    require_binary()
     assert SYSTEMD_UNITS, "no systemd unit directory with sysinit.target on this machine"
     (tmp_path / "usr/bin").mkdir(parents=True)
     shutil.copy2(BINARY, tmp_path / "usr/bin/edgelm")
