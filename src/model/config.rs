@@ -150,6 +150,13 @@ impl ModelConfig {
         let n_ff = k.req("feed_forward_length")?;
         let n_head = k.req("attention.head_count")?;
         let n_head_kv = k.u32("attention.head_count_kv")?.unwrap_or(n_head);
+        // Before anything is sized by these: a hostile header must not ask for gigabytes
+        // (a per-layer table of 2^28 layers) before the weights could refute it.
+        if n_layers > 1024 || n_embd > 65_536 || n_ff > 1 << 20 || n_head > 1024 {
+            bail!(
+                "implausible model shape: {n_layers} layers, n_embd {n_embd}, n_ff {n_ff}, {n_head} heads"
+            );
+        }
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
             bail!("attention.head_count {n_head} is not a multiple of head_count_kv {n_head_kv}");
         }
@@ -314,14 +321,6 @@ impl ModelConfig {
             vocab_size,
             arch,
         };
-        if cfg.n_layers > 1024 || cfg.n_embd > 65_536 || cfg.n_ff > 1 << 20 {
-            bail!(
-                "implausible model shape: {} layers, n_embd {}, n_ff {}",
-                n_layers,
-                n_embd,
-                n_ff
-            );
-        }
         Ok(cfg)
     }
 
@@ -372,4 +371,34 @@ fn sliding_pattern(k: &Keys<'_>, n_layers: usize) -> Result<Vec<bool>> {
     Ok((0..n_layers)
         .map(|l| period == 0 || l % period < period - 1)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{Array, GgufWriter, Value};
+
+    fn header(block_count: u32) -> GgufFile {
+        let bytes = GgufWriter::new()
+            .kv("general.architecture", Value::String("llama".into()))
+            .kv("llama.block_count", Value::U32(block_count))
+            .kv("llama.embedding_length", Value::U32(64))
+            .kv("llama.feed_forward_length", Value::U32(128))
+            .kv("llama.attention.head_count", Value::U32(4))
+            .kv(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(vec!["a".into(); 8])),
+            )
+            .to_bytes();
+        GgufFile::from_bytes(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_hostile_layer_count_is_refused_before_anything_is_sized_by_it() {
+        // 189 M layers once asked for a 6 GB per-layer table before the shape check ran.
+        let err = ModelConfig::from_gguf(&header(189_089_607)).unwrap_err();
+        assert!(err.to_string().contains("implausible model shape"), "{err}");
+        let cfg = ModelConfig::from_gguf(&header(2)).unwrap();
+        assert_eq!(cfg.layers.len(), 2);
+    }
 }
