@@ -73,8 +73,7 @@ const VNNI: Panels = Panels {
     name: "avx512-vnni",
     q4_1: Some(gemm_avx512::q4_1),
     q8_0: Some(gemm_avx512::q8_0),
-    // No 512-bit Q5_0 tile: the 256-bit VNNI one (Gemma 3's main type).
-    q5_0: Some(gemm_x86::vnni::q5_0),
+    q5_0: Some(gemm_avx512::q5_0),
     order: Some(order_x86::panel),
 };
 

@@ -9,10 +9,11 @@
 //! same `d_w·d_x` product, the same FMA order over the blocks, the same horizontal sum), so
 //! the outputs are bit-identical to `vec_dot` and to the 256-bit tiles: only speed changes.
 //!
-//! Q8_0 weights are signed, and `vpdpbusd` wants unsigned × signed. Rather than flipping the
-//! activations' signs per pair (ggml's `sign_epi8`, which AVX-512 lacks), the weights are
-//! offset by 128 once per block and the accumulator starts at −128·Σx for each lane's four
-//! activations (precomputed per token): Σ(w+128)·x − 128·Σx = Σw·x, the same integers.
+//! Q8_0 and Q5_0 weights are signed, and `vpdpbusd` wants unsigned × signed. Rather than
+//! flipping the activations' signs per pair (ggml's `sign_epi8`, which AVX-512 lacks), the
+//! weights are offset by 128 once per block and the accumulator starts at −128·Σx for each
+//! lane's four activations (precomputed per token): Σ(w+128)·x − 128·Σx = Σw·x, the same
+//! integers.
 //!
 //! Tokens go in groups of sixteen (2 rows × 8 pairs per tile), then one of eight (4 rows × 4
 //! pairs); the last few (and decode's single token) go to the 256-bit panels. Measured on a
@@ -23,7 +24,7 @@ use std::arch::x86_64::*;
 
 use super::blocks::*;
 use super::gemm_x86::{rows_from, vnni, ActScales};
-use super::simd_x86::{hsum_f32x8 as hsum8, load32};
+use super::simd_x86::{h2f, hsum_f32x8 as hsum8, load32, q5_0_values};
 
 /// Tokens per group: four registers of two tokens each.
 const GROUP: usize = 8;
@@ -180,34 +181,45 @@ unsafe fn q4_1_tile<const R: usize>(
     finish(&acc, &summs)
 }
 
-/// One R×8 tile of Q8_0 × Q8_0 (ggml's single FMA chain per pair), weights offset by 128.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn q8_0_tile<const R: usize>(
-    nb: usize,
-    w: [&[BlockQ8_0]; R],
-    g: &[GroupBlock],
-) -> [[f32; GROUP]; R] {
-    let mut acc = [[_mm512_setzero_ps(); PAIRS]; R];
-    let offset = _mm512_set1_epi8(-128);
-    for b in 0..nb {
-        let gb = unsafe { g.get_unchecked(b) };
-        for r in 0..R {
-            let blk = unsafe { w[r].get_unchecked(b) };
-            // w + 128 as unsigned bytes (xor flips the sign bit), in both halves.
-            let wu = _mm512_xor_si512(_mm512_broadcast_i64x4(load32(&blk.qs)), offset);
-            let wd = _mm512_set1_ps(super::simd_x86::h2f(blk.d));
-            for (p, a) in acc[r].iter_mut().enumerate() {
-                let dd = _mm512_mul_ps(wd, _mm512_load_ps(gb.d[p].as_ptr()));
-                let xq = _mm512_load_si512(gb.q[p].as_ptr().cast());
-                let bias = _mm512_load_si512(gb.bias[p].as_ptr().cast());
-                let xy = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, wu, xq));
-                *a = _mm512_fmadd_ps(dd, xy, *a);
+/// One R×8 tile of a signed-byte weight type (Q8_0, Q5_0) × Q8_0: ggml's single FMA chain
+/// per pair, weights offset by 128. `$values` gives a block's 32 weights as signed bytes.
+macro_rules! signed_tile {
+    ($tile_name:ident, $wblock:ty, $blk:ident => $values:expr) => {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+        unsafe fn $tile_name<const R: usize>(
+            nb: usize,
+            w: [&[$wblock]; R],
+            g: &[GroupBlock],
+        ) -> [[f32; GROUP]; R] {
+            let mut acc = [[_mm512_setzero_ps(); PAIRS]; R];
+            let offset = _mm512_set1_epi8(-128);
+            for b in 0..nb {
+                let gb = unsafe { g.get_unchecked(b) };
+                for r in 0..R {
+                    let blk = unsafe { w[r].get_unchecked(b) };
+                    let wsig = {
+                        let $blk = blk;
+                        $values
+                    };
+                    // w + 128 as unsigned bytes (xor flips the sign bit), in both halves.
+                    let wu = _mm512_xor_si512(_mm512_broadcast_i64x4(wsig), offset);
+                    let wd = _mm512_set1_ps(h2f(blk.d));
+                    for (p, a) in acc[r].iter_mut().enumerate() {
+                        let dd = _mm512_mul_ps(wd, _mm512_load_ps(gb.d[p].as_ptr()));
+                        let xq = _mm512_load_si512(gb.q[p].as_ptr().cast());
+                        let bias = _mm512_load_si512(gb.bias[p].as_ptr().cast());
+                        let xy = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, wu, xq));
+                        *a = _mm512_fmadd_ps(dd, xy, *a);
+                    }
+                }
             }
+            finish(&acc, &[_mm256_setzero_ps(); R])
         }
-    }
-    finish(&acc, &[_mm256_setzero_ps(); R])
+    };
 }
+signed_tile!(q8_0_tile, BlockQ8_0, blk => load32(&blk.qs));
+signed_tile!(q5_0_tile, BlockQ5_0, blk => q5_0_values(blk));
 
 thread_local! {
     /// Per-thread scratch for the laid-out activations (reused, never shrunk).
@@ -275,3 +287,4 @@ macro_rules! panel {
 
 panel!(q4_1, q4_1_tile, BlockQ4_1, BlockQ8_1, false);
 panel!(q8_0, q8_0_tile, BlockQ8_0, BlockQ8_0, true);
+panel!(q5_0, q5_0_tile, BlockQ5_0, BlockQ8_0, true);

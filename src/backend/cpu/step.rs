@@ -6,6 +6,7 @@ use super::ops::{
     add_bias, add_in_place, gelu_mul, hadamard_64, rmsnorm, rmsnorm_in_place, rope_apply,
     rope_cos_sin, silu_mul,
 };
+use super::parallel::for_row_chunks;
 use crate::backend::batch::BatchMeta;
 use crate::backend::ops::{Activation, Attention, Buf, Mat, Ops, Shape, VecRef};
 use crate::gguf::GgufFile;
@@ -179,11 +180,15 @@ impl Ops for CpuStep<'_> {
 
     fn rmsnorm(&mut self, src: Buf, w: VecRef, eps: f32, dst: Buf) -> Result<()> {
         let w = w.of(self.w.arena);
+        let n = w.len();
         if src == dst {
-            rmsnorm_in_place(self.buf(src), w, eps);
+            for_row_chunks(self.buf(src), n, |_, rows| rmsnorm_in_place(rows, w, eps));
         } else {
             let mut out = self.take(dst);
-            rmsnorm(&self.bufs.bufs[index(src)], w, eps, &mut out);
+            let x = &self.bufs.bufs[index(src)];
+            for_row_chunks(&mut out, n, |r0, rows| {
+                rmsnorm(&x[r0 * n..r0 * n + rows.len()], w, eps, rows)
+            });
             self.put(dst, out);
         }
         Ok(())
@@ -233,15 +238,17 @@ impl Ops for CpuStep<'_> {
         let cs = &self.cs[table];
         let x = &mut self.bufs.bufs[index(buf)];
         let width = s.widths.of(buf);
-        for (i, row) in x.chunks_exact_mut(width).enumerate() {
-            rope_apply(
-                row,
-                s.head_dim,
-                s.n_rot,
-                s.rope_layout,
-                &cs[i * half..(i + 1) * half],
-            );
-        }
+        for_row_chunks(x, width, |r0, rows| {
+            for (i, row) in (r0..).zip(rows.chunks_exact_mut(width)) {
+                rope_apply(
+                    row,
+                    s.head_dim,
+                    s.n_rot,
+                    s.rope_layout,
+                    &cs[i * half..(i + 1) * half],
+                );
+            }
+        });
         Ok(())
     }
 
@@ -290,10 +297,14 @@ impl Ops for CpuStep<'_> {
     fn glu(&mut self, act: Activation) -> Result<()> {
         let mut gate = self.take(Buf::Gate);
         let up = &self.bufs.bufs[index(Buf::Up)];
-        match act {
-            Activation::Silu => silu_mul(&mut gate, up),
-            Activation::GeluTanh => gelu_mul(&mut gate, up),
-        }
+        let ff = self.shape.widths.of(Buf::Gate);
+        for_row_chunks(&mut gate, ff, |r0, g| {
+            let u = &up[r0 * ff..r0 * ff + g.len()];
+            match act {
+                Activation::Silu => silu_mul(g, u),
+                Activation::GeluTanh => gelu_mul(g, u),
+            }
+        });
         self.put(Buf::Gate, gate);
         Ok(())
     }
@@ -301,12 +312,16 @@ impl Ops for CpuStep<'_> {
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()> {
         let mut d = self.take(dst);
         let s = &self.bufs.bufs[index(src)];
-        if scale == 1.0 {
-            add_in_place(&mut d, s);
-        } else {
-            // Scaled first, then added: two roundings, as ggml's scale then add.
-            d.iter_mut().zip(s).for_each(|(a, &b)| *a += b * scale);
-        }
+        let width = self.shape.widths.of(dst);
+        for_row_chunks(&mut d, width, |r0, d| {
+            let s = &s[r0 * width..r0 * width + d.len()];
+            if scale == 1.0 {
+                add_in_place(d, s);
+            } else {
+                // Scaled first, then added: two roundings, as ggml's scale then add.
+                d.iter_mut().zip(s).for_each(|(a, &b)| *a += b * scale);
+            }
+        });
         self.put(dst, d);
         Ok(())
     }
