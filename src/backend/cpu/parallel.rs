@@ -44,7 +44,8 @@ const MIN_PARALLEL_ELEMENTS: usize = 16 * 1024;
 
 /// Runs `f(first_row, rows)` over `data` (rows of `width` values) in chunks of whole rows:
 /// spread over the pool when there is enough of it (a prefill's norms and activations would
-/// otherwise leave every other core waiting), in one call on this thread otherwise (decode).
+/// otherwise leave every other core waiting), in one call on this thread otherwise (a decode
+/// step of one or a few sequences).
 pub fn for_row_chunks(data: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     let rows = data.len() / width.max(1);
     if data.len() < MIN_PARALLEL_ELEMENTS || rows < 2 {
