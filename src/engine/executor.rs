@@ -46,6 +46,8 @@ impl Executor {
                 return Ok(x);
             }
         }
+        // Packed now, not on the first request.
+        model.cpu_packed();
         Ok(Executor::Cpu(Box::new(CpuExec {
             pages: KvPages::new(plan.geom, plan.cpu_blocks)?,
             bufs: CpuBuffers::default(),

@@ -155,6 +155,31 @@ impl GgufFile {
     }
 }
 
+impl GgufFile {
+    /// Drops `info`'s data pages from this process's mapping, for a tensor the process keeps a
+    /// copy of (the CPU's packed weights): its resident memory then counts that data once. The
+    /// bytes stay readable; a later read faults them in again from the page cache or the file.
+    /// A no-op for owned images and for the partial pages at either end of the range.
+    pub fn release(&self, info: &TensorInfo) {
+        let Backing::Mmap(map) = &self.backing else {
+            return;
+        };
+        let data = self.tensor_data(info);
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let start = (data.as_ptr() as usize - map.as_ptr() as usize).next_multiple_of(page);
+        let end = (data.as_ptr() as usize - map.as_ptr() as usize + data.len()) / page * page;
+        if end > start {
+            // SAFETY: the mapping is private and read-only, so no page holds anything but the
+            // file's bytes: dropping them changes no value a live `&[u8]` sees, only whether
+            // the next read faults. The range lies inside the map (it is part of a tensor's).
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+}
+
 fn bytes_of(backing: &Backing) -> &[u8] {
     match backing {
         Backing::Mmap(m) => m,

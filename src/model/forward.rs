@@ -36,6 +36,7 @@ impl Model {
         let w = CpuWeights {
             file: &self.file,
             arena: &self.weights.arena,
+            packed: self.cpu_packed(),
         };
         let mut step = CpuStep::new(w, kv, &self.layout, &self.shape, batch, bufs);
         if !batch.is_empty() {

@@ -13,11 +13,12 @@ pub use arch::{Family, SUPPORTED};
 pub use config::{LayerConfig, ModelConfig, RopeScaling};
 pub use weights::{LayerWeights, Weights};
 
+use crate::backend::cpu::packed_weights::PackedWeights;
 use crate::gguf::GgufFile;
 use crate::kv::KvLayout;
 use anyhow::Result;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub struct Model {
     pub file: Arc<GgufFile>,
@@ -28,6 +29,9 @@ pub struct Model {
     /// The shapes and RoPE tables backends size themselves by, for the context the model runs
     /// at (see [`Model::set_context`]).
     pub shape: Shape,
+    /// The matrices packed for the CPU, made when the CPU first runs the model (a model the
+    /// GPU runs never pays for them).
+    cpu_packed: OnceLock<PackedWeights>,
 }
 
 impl Model {
@@ -62,7 +66,14 @@ impl Model {
             weights,
             layout,
             shape,
+            cpu_packed: OnceLock::new(),
         })
+    }
+
+    /// The matrices the CPU computes from in the packed layout (packed on the first call).
+    pub fn cpu_packed(&self) -> &PackedWeights {
+        self.cpu_packed
+            .get_or_init(|| PackedWeights::build(&self.file, &self.weights.matrices()))
     }
 
     /// Runs the model at a context of `context` tokens (LongRoPE picks its factors by it, as

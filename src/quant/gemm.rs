@@ -5,6 +5,7 @@
 //! changes the speed, never the numbers.
 
 use super::order::Order;
+use super::packed::{self, GROUP};
 use super::{vec_dot, GgmlType};
 
 #[cfg(target_arch = "x86_64")]
@@ -12,6 +13,7 @@ use super::{
     gemm_avx512,
     gemm_x86::{self, PanelFn},
     order_x86,
+    packed_avx512::{self, PackedFn},
 };
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2" or "none" (per-pair dots).
@@ -100,6 +102,73 @@ fn detect() -> &'static Panels {
 fn panels() -> &'static Panels {
     static P: std::sync::OnceLock<&'static Panels> = std::sync::OnceLock::new();
     P.get_or_init(detect)
+}
+
+/// Whether this CPU computes from packed matrices (`quant::packed`): it has the kernels for
+/// them, the AVX-512 VNNI panels. Elsewhere matrices stay as the file has them.
+pub fn packs() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::ptr::eq(panels(), &VNNI) {
+        return true;
+    }
+    false
+}
+
+/// Batches up to this many tokens take the packed kernels; larger ones unpack a panel's rows
+/// for the row-major tiles, which share each unpacked block among more tokens.
+pub const PACKED_MAX_TOKENS: usize = 7;
+
+/// The packed kernel for `ty` in `order`, where this CPU has one.
+#[cfg(target_arch = "x86_64")]
+fn packed_kernel(ty: GgmlType, order: Order) -> Option<PackedFn> {
+    if !packs() {
+        return None;
+    }
+    use GgmlType::*;
+    Some(match (ty, order) {
+        (Q8_0, Order::Lanes) => packed_avx512::q8_0,
+        (Q4_0, Order::Lanes) => packed_avx512::q4_0,
+        (Q4_0, Order::Repacked) => packed_avx512::q4_0_repacked,
+        (Q4_1, Order::Lanes) => packed_avx512::q4_1,
+        (Q5_0, Order::Lanes) => packed_avx512::q5_0,
+        _ => return None,
+    })
+}
+
+/// [`gemm`] over `groups` groups of a packed matrix `w` (`quant::packed`): every row of them,
+/// the last group's padding rows included, against every token, into
+/// `out[t * groups * GROUP + r]`, each value exactly what [`gemm`] gives for the row unpacked.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed(
+    ty: GgmlType,
+    order: Order,
+    n: usize,
+    w: &[u8],
+    groups: usize,
+    x: &[u8],
+    toks: usize,
+    out: &mut [f32],
+) {
+    assert!(w.len() >= groups * packed::group_bytes(ty, n));
+    #[cfg(target_arch = "x86_64")]
+    if toks <= PACKED_MAX_TOKENS {
+        if let Some(f) = packed_kernel(ty, order) {
+            // SAFETY: `packed_kernel` hands out kernels only where `detect` found the features
+            // they are compiled for; they check the slice lengths.
+            unsafe { f(n / ty.block_elems(), w, groups, x, toks, out) };
+            return;
+        }
+    }
+    // The rows back in ggml's layout for the row-major panels.
+    UNPACKED.with_borrow_mut(|buf| {
+        let rows = packed::rows_of_groups(ty, n, w, 0..groups, buf);
+        gemm(ty, order, n, rows, groups * GROUP, x, toks, out)
+    })
+}
+
+thread_local! {
+    /// Per-thread scratch for rows unpacked from packed groups (reused, never shrunk).
+    static UNPACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `out[t * rows + r] = vec_dot(ty, n, w_r, x_t)` for every weight row `r < rows` (each
@@ -248,6 +317,54 @@ mod tests {
                             p.name,
                             got[t * rows + r]
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The packed kernels (and the unpacking fallback) against the per-pair dot of the
+    /// product's order, bit for bit, for every small batch and ragged group.
+    #[test]
+    fn packed_products_match_per_pair_dots_bit_for_bit() {
+        let mut rng = Rng::new(0x5eed_0002);
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_0,
+        ] {
+            for (rows, blocks) in [(1, 1), (16, 3), (21, 18), (40, 2)] {
+                let n = ty.block_elems() * blocks;
+                let w: Vec<u8> = (0..rows)
+                    .flat_map(|_| random_row(&mut rng, ty, n))
+                    .collect();
+                let groups = packed::groups(rows);
+                let mut pw = vec![0u8; packed::packed_bytes(ty, rows, n)];
+                packed::pack_groups(ty, n, &w, rows, 0..groups, &mut pw);
+                let vt = ty.vec_dot_type();
+                let x_row = vt.row_bytes(n as u64).unwrap() as usize;
+                for toks in [1, 2, 3, 5, 7, 9] {
+                    let mut x = vec![0u8; toks * x_row];
+                    for t in 0..toks {
+                        let v: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
+                        quantize_row(vt, &v, &mut x[t * x_row..(t + 1) * x_row]);
+                    }
+                    for height in [rows, 8 * rows] {
+                        let order = super::super::order(ty, height, toks);
+                        let mut got = vec![f32::NAN; groups * GROUP * toks];
+                        gemm_packed(ty, order, n, &pw, groups, &x, toks, &mut got);
+                        let mut want = vec![0f32; rows * toks];
+                        gemm(ty, order, n, &w, rows, &x, toks, &mut want);
+                        for t in 0..toks {
+                            for r in 0..rows {
+                                assert_eq!(
+                                    got[t * groups * GROUP + r].to_bits(),
+                                    want[t * rows + r].to_bits(),
+                                    "{ty} {order:?} rows={rows} toks={toks} n={n} at ({r},{t})"
+                                );
+                            }
+                        }
                     }
                 }
             }

@@ -6,6 +6,7 @@
 
 use super::parallel::SharedSlice;
 use super::pool;
+use crate::quant::packed::GROUP;
 use crate::quant::{self, GgmlType};
 
 /// Quantizes `n_tok` rows of `cols` activations into `ty`'s dot format.
@@ -32,7 +33,8 @@ pub fn quantize_activations(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<
 
 /// One weight matrix of a (fused) matmul: `rows` rows of type `ty`, each `cols` wide, part of
 /// a file tensor `height` rows high (the peer picks its kernel by that height: see
-/// `quant::order`).
+/// `quant::order`). `w` holds the rows as the file does, or `packed` in groups
+/// (`quant::packed`).
 #[derive(Clone, Copy)]
 pub struct WeightRef<'a> {
     pub w: &'a [u8],
@@ -40,6 +42,18 @@ pub struct WeightRef<'a> {
     pub rows: usize,
     pub cols: usize,
     pub height: usize,
+    pub packed: bool,
+}
+
+impl WeightRef<'_> {
+    /// Rows per unit of work: a packed matrix is computed a group at a time.
+    fn granule(&self) -> usize {
+        if self.packed {
+            GROUP
+        } else {
+            1
+        }
+    }
 }
 
 /// `w` is `rows` rows of type `ty`, each `cols` wide; `x` is n_tok × cols; `out` n_tok × rows.
@@ -50,6 +64,7 @@ pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: 
         rows,
         cols,
         height: rows,
+        packed: false,
     };
     matmul_fused(&[m], x, &mut [out]);
 }
@@ -69,8 +84,12 @@ pub fn matmul_fused(mats: &[WeightRef<'_>], x: &[f32], outs: &mut [&mut [f32]]) 
     let n_tok = x.len() / cols;
     for (m, out) in mats.iter().zip(outs.iter()) {
         debug_assert_eq!(out.len(), n_tok * m.rows);
-        let w_row = m.ty.row_bytes(cols as u64).expect("checked at load") as usize;
-        assert!(m.w.len() >= m.rows * w_row, "weight buffer too short");
+        let bytes = if m.packed {
+            quant::packed::packed_bytes(m.ty, m.rows, cols)
+        } else {
+            m.rows * m.ty.row_bytes(cols as u64).expect("checked at load") as usize
+        };
+        assert!(m.w.len() >= bytes, "weight buffer too short");
     }
     XQ.with_borrow_mut(|xq| {
         // One quantized copy of the input per distinct dot format (usually just one).
@@ -104,13 +123,16 @@ pub fn matmul_fused(mats: &[WeightRef<'_>], x: &[f32], outs: &mut [&mut [f32]]) 
         let tasks: Vec<(usize, usize)> = mats
             .iter()
             .enumerate()
-            .flat_map(|(i, m)| (0..m.rows).step_by(chunk_rows).map(move |r0| (i, r0)))
+            .flat_map(|(i, m)| {
+                let step = chunk_rows.next_multiple_of(m.granule());
+                (0..m.rows).step_by(step).map(move |r0| (i, r0))
+            })
             .collect();
         let shared: Vec<SharedSlice<f32>> = outs.iter_mut().map(|o| SharedSlice::new(o)).collect();
         pool::parallel_for(tasks.len(), |task| {
             let (i, r0) = tasks[task];
             let m = &mats[i];
-            let r1 = (r0 + chunk_rows).min(m.rows);
+            let r1 = (r0 + chunk_rows.next_multiple_of(m.granule())).min(m.rows);
             run_panel(m, xq_of(m.ty), n_tok, r0..r1, shared[i]);
         });
     })
@@ -130,10 +152,13 @@ fn run_panel(
     r: std::ops::Range<usize>,
     out: SharedSlice<f32>,
 ) {
-    let w_row = m.ty.row_bytes(m.cols as u64).expect("checked at load") as usize;
     let (r0, r1) = (r.start, r.end);
-    let w_panel = &m.w[r0 * w_row..r1 * w_row];
     let order = quant::order(m.ty, m.height, n_tok);
+    if m.packed {
+        return run_packed_panel(m, xq, n_tok, order, r, out);
+    }
+    let w_row = m.ty.row_bytes(m.cols as u64).expect("checked at load") as usize;
+    let w_panel = &m.w[r0 * w_row..r1 * w_row];
     if n_tok == 1 {
         // One token: the panel is a contiguous run of the output.
         // SAFETY: rows r0..r1 belong to this task alone.
@@ -152,6 +177,33 @@ fn run_panel(
     });
 }
 
+/// [`run_panel`] for a packed matrix: rows `r` start a group; the groups' padding rows past
+/// the matrix are computed into the scratch and dropped.
+fn run_packed_panel(
+    m: &WeightRef<'_>,
+    xq: &[u8],
+    n_tok: usize,
+    order: quant::Order,
+    r: std::ops::Range<usize>,
+    out: SharedSlice<f32>,
+) {
+    let (r0, r1) = (r.start, r.end);
+    debug_assert_eq!(r0 % GROUP, 0);
+    let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
+    let gb = quant::packed::group_bytes(m.ty, m.cols);
+    let width = (g1 - g0) * GROUP;
+    PANEL.with_borrow_mut(|panel| {
+        panel.resize(width * n_tok, 0.0);
+        let w = &m.w[g0 * gb..g1 * gb];
+        quant::gemm_packed(m.ty, order, m.cols, w, g1 - g0, xq, n_tok, panel);
+        for t in 0..n_tok {
+            // SAFETY: rows r0..r1 of every token belong to this task alone.
+            let dst = unsafe { out.slice_mut(t * m.rows + r0, r1 - r0) };
+            dst.copy_from_slice(&panel[t * width..t * width + (r1 - r0)]);
+        }
+    });
+}
+
 thread_local! {
     /// Per-thread scratch for one task's rows × tokens outputs (reused, never shrunk).
     static PANEL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -164,6 +216,17 @@ pub fn embed(w: &[u8], ty: GgmlType, cols: usize, tokens: &[u32], out: &mut [f32
         let t = tok as usize;
         quant::dequantize_row(ty, &w[t * w_row..(t + 1) * w_row], dst)
             .expect("embedding rows have the type's size");
+    }
+}
+
+/// [`embed`] from a packed table (`quant::packed`): each row restored, then dequantized.
+pub fn embed_packed(packed: &[u8], ty: GgmlType, cols: usize, tokens: &[u32], out: &mut [f32]) {
+    let w_row = ty.row_bytes(cols as u64).expect("checked at load") as usize;
+    let mut row = vec![0u8; w_row];
+    for (&tok, dst) in tokens.iter().zip(out.chunks_exact_mut(cols)) {
+        let t = tok as usize;
+        quant::packed::unpack_rows(ty, cols, packed, t..t + 1, &mut row);
+        quant::dequantize_row(ty, &row, dst).expect("embedding rows have the type's size");
     }
 }
 
@@ -216,6 +279,7 @@ mod tests {
                 rows: *rows,
                 cols,
                 height: *rows,
+                packed: false,
             })
             .collect();
         let mut fused: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; n_tok * m.rows]).collect();

@@ -4,6 +4,7 @@ pub mod attention;
 mod f16_round;
 pub mod matmul;
 pub mod ops;
+pub mod packed_weights;
 mod parallel;
 pub mod peak;
 pub mod pool;

@@ -1,11 +1,12 @@
 //! The op set on the CPU: one step's activations in vectors, K/V in the paged pool in RAM.
 
 use super::attention::{paged_attention, AttnShape, AttnToken, TILE};
-use super::matmul::{embed, matmul_fused, WeightRef};
+use super::matmul::{embed, embed_packed, matmul_fused, WeightRef};
 use super::ops::{
     add_bias, add_in_place, gelu_mul, hadamard_64, rmsnorm, rmsnorm_in_place, rope_apply,
     rope_cos_sin, silu_mul,
 };
+use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
 use crate::backend::batch::BatchMeta;
 use crate::backend::ops::{Activation, Attention, Buf, Mat, Ops, Shape, VecRef};
@@ -57,11 +58,13 @@ impl CpuBuffers {
     }
 }
 
-/// What the model's weights are, for the CPU: the mapped file and the vector arena.
+/// What the model's weights are, for the CPU: the mapped file, the vector arena and the
+/// packed matrices (which the CPU reads instead of the file's rows).
 #[derive(Clone, Copy)]
 pub struct CpuWeights<'a> {
     pub file: &'a GgufFile,
     pub arena: &'a [f32],
+    pub packed: &'a PackedWeights,
 }
 
 /// One step of the forward pass on the CPU.
@@ -171,7 +174,10 @@ impl Ops for CpuStep<'_> {
     fn embed(&mut self, table: &Mat, scale: f32) -> Result<()> {
         let (file, tokens) = (self.w.file, &self.batch.tokens);
         let x = &mut self.bufs.bufs[index(Buf::X)];
-        embed(table.data(file), table.ty, table.cols, tokens, x);
+        match self.w.packed.get(table) {
+            Some(packed) => embed_packed(packed, table.ty, table.cols, tokens, x),
+            None => embed(table.data(file), table.ty, table.cols, tokens, x),
+        }
         if scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= scale);
         }
@@ -198,12 +204,16 @@ impl Ops for CpuStep<'_> {
         let file = self.w.file;
         let mats: Vec<WeightRef<'_>> = outs
             .iter()
-            .map(|(m, _)| WeightRef {
-                w: m.data(file),
-                ty: m.ty,
-                rows: m.rows,
-                cols: m.cols,
-                height: file.tensors()[m.tensor].dims[1] as usize,
+            .map(|(m, _)| {
+                let packed = self.w.packed.get(m);
+                WeightRef {
+                    w: packed.unwrap_or_else(|| m.data(file)),
+                    ty: m.ty,
+                    rows: m.rows,
+                    cols: m.cols,
+                    height: file.tensors()[m.tensor].dims[1] as usize,
+                    packed: packed.is_some(),
+                }
             })
             .collect();
         let rows = self.buf(x).len() / outs[0].0.cols;

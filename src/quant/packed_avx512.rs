@@ -1,0 +1,338 @@
+//! AVX-512 VNNI kernels over packed groups (`packed`): sixteen weight rows per register, for
+//! decode and other small batches.
+//!
+//! Each register holds one i32 or f32 lane per row of the group, so one `vpdpbusd` computes
+//! the integer lane sum `j` (four products) of sixteen rows against the token's dword `j`,
+//! broadcast from memory, and the scale, conversion and fused multiply-add that follow serve
+//! sixteen rows too. What each lane computes is exactly ggml's per-pair arithmetic:
+//! - the Lanes order (`vec_dot`): per row and token eight float lanes, lane `l` accumulating
+//!   `(d_w·d_x) × (Σ of products 4l..4l+4)` in one fused chain over the blocks; here lane `l`
+//!   of every row is register `acc[l]`, and the final horizontal sum adds the eight registers
+//!   in `hsum_float_8`'s order ((0+4)+(2+6))+((1+5)+(3+7)); Q4_1 adds its fused `m·s` chain;
+//! - the Repacked order of Q4_0 (`order::dot`): one fused chain per row over the blocks' whole
+//!   integer sums.
+//!
+//! So the outputs are bit-identical to the per-pair dots and to every other panel (tested in
+//! `gemm`). Signed weights take the usual VNNI offset: the quants as unsigned bytes (Q8_0:
+//! w + 128, Q5_0: w + 16, Q4_0: w + 8), with `−c·Σx` of the lane's four activations as the
+//! starting value of the integer sum.
+
+use std::arch::x86_64::*;
+
+use super::blocks::*;
+use super::gemm_x86::ActScales;
+use super::packed::{group_block_bytes, offsets, GROUP};
+use super::GgmlType;
+
+/// Tokens one pass over a group carries: eight accumulators each, sixteen in all, beside the
+/// unpacked quants and scales in the 32 registers.
+const PASS_TOKENS: usize = 2;
+
+/// One token's block, prepared once per call: the f32 scales and, for signed weights, the
+/// starting value of each lane's integer sum (`−c` × the sum of its four activations).
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(16))]
+struct TokenBlock {
+    bias: [i32; 8],
+    d: f32,
+    s: f32,
+}
+
+/// Prepares `xs`'s `nb` blocks, token-major (`out[t * nb + b]`), with offset `c` (a power of
+/// two, or zero for unsigned weights).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn prepare<B: ActScales>(nb: usize, xs: &[&[B]], c: i32, out: &mut Vec<TokenBlock>) {
+    out.clear();
+    out.resize(nb * xs.len(), TokenBlock::default());
+    let ones = _mm256_set1_epi8(1);
+    let shift = _mm_cvtsi32_si128(c.max(1).trailing_zeros() as i32);
+    for (x, dst) in xs.iter().zip(out.chunks_exact_mut(nb)) {
+        for (blk, tb) in x[..nb].iter().zip(dst.iter_mut()) {
+            let (d, s) = blk.scales();
+            let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes([d[0], d[1], s[0], s[1]])));
+            tb.d = _mm_cvtss_f32(ds);
+            tb.s = _mm_cvtss_f32(_mm_movehdup_ps(ds));
+            if c != 0 {
+                let q = _mm256_loadu_si256(blk.qs().as_ptr().cast());
+                let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+                let bias = _mm256_sll_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), sum), shift);
+                _mm256_storeu_si256(tb.bias.as_mut_ptr().cast(), bias);
+            }
+        }
+    }
+}
+
+/// Dword `j` of an activation block's quants, in every lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn x_dword(qs: &[i8; 32], j: usize) -> __m512i {
+    _mm512_set1_epi32(qs.as_ptr().cast::<i32>().add(j).read_unaligned())
+}
+
+/// Sixteen f16 values at `p` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn halves_at(p: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+}
+
+/// The unsigned quant bytes of lanes `j` and `j + 4` of a group block, for each layout.
+mod values {
+    use super::*;
+
+    /// Q8_0: dwords `j` and `j + 4`, offset to unsigned (w + 128).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    pub unsafe fn q8_0(gb: *const u8, j: usize, _qh: __m512i) -> (__m512i, __m512i) {
+        let flip = _mm512_set1_epi8(-128);
+        let q = gb.add(offsets::Q8_0_QS);
+        (
+            _mm512_xor_si512(_mm512_loadu_si512(q.add(64 * j).cast()), flip),
+            _mm512_xor_si512(_mm512_loadu_si512(q.add(64 * (j + 4)).cast()), flip),
+        )
+    }
+
+    /// The nibbles of quant dword `j`: values `4j..` (low) and `16 + 4j..` (high).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    unsafe fn nibbles(q: *const u8, j: usize) -> (__m512i, __m512i) {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let v = _mm512_loadu_si512(q.add(64 * j).cast());
+        (
+            _mm512_and_si512(v, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4),
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    pub unsafe fn q4_0(gb: *const u8, j: usize, _qh: __m512i) -> (__m512i, __m512i) {
+        nibbles(gb.add(offsets::Q4_0_QS), j)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    pub unsafe fn q4_1(gb: *const u8, j: usize, _qh: __m512i) -> (__m512i, __m512i) {
+        nibbles(gb.add(offsets::Q4_1_QS), j)
+    }
+
+    /// Q5_0: the nibbles with their fifth bits (w + 16), from the rearranged `qh` words.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    pub unsafe fn q5_0(gb: *const u8, j: usize, qh: __m512i) -> (__m512i, __m512i) {
+        let (lo, hi) = nibbles(gb.add(offsets::Q5_0_QS), j);
+        let bit4 = _mm512_set1_epi8(0x10);
+        let lo_bits = _mm512_sll_epi32(qh, _mm_cvtsi32_si128(4 - j as i32));
+        let hi_bits = _mm512_srl_epi32(qh, _mm_cvtsi32_si128(j as i32));
+        // a | (b & c): one ternary-logic instruction each.
+        (
+            _mm512_ternarylogic_epi32::<0xF8>(lo, lo_bits, bit4),
+            _mm512_ternarylogic_epi32::<0xF8>(hi, hi_bits, bit4),
+        )
+    }
+}
+
+/// The rearranged `qh` words of a Q5_0 group block (zero for the other layouts).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn qh_of(ty: GgmlType, gb: *const u8) -> __m512i {
+    if ty == GgmlType::Q5_0 {
+        _mm512_loadu_si512(gb.add(offsets::QH).cast())
+    } else {
+        _mm512_setzero_si512()
+    }
+}
+
+/// The eight lane registers of each row, summed as `hsum_float_8` sums a row's lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn hsum_lanes(a: &[__m512; 8]) -> __m512 {
+    _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+        _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+    )
+}
+
+/// Defines the per-group kernel of one layout in the Lanes order: the sixteen rows of group
+/// block run `g` against `T` tokens.
+macro_rules! lanes_group {
+    ($name:ident, $ty:expr, $xb:ty, $values:path, $minimums:literal, $signed:literal) => {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+        unsafe fn $name<const T: usize>(
+            nb: usize,
+            g: *const u8,
+            x: [&[$xb]; T],
+            tb: [&[TokenBlock]; T],
+        ) -> [__m512; T] {
+            let gbb = group_block_bytes($ty);
+            let mut acc = [[_mm512_setzero_ps(); 8]; T];
+            let mut summs = [_mm512_setzero_ps(); T];
+            for b in 0..nb {
+                let gb = g.add(b * gbb);
+                let dw = halves_at(gb.add(offsets::D));
+                let qh = qh_of($ty, gb);
+                // SAFETY (get_unchecked): the panel checked both hold nb blocks per token.
+                let toks: [&TokenBlock; T] =
+                    std::array::from_fn(|t| unsafe { tb[t].get_unchecked(b) });
+                let xq: [&[i8; 32]; T] =
+                    std::array::from_fn(|t| unsafe { &x[t].get_unchecked(b).qs });
+                let d: [__m512; T] =
+                    std::array::from_fn(|t| _mm512_mul_ps(dw, _mm512_set1_ps(toks[t].d)));
+                if $minimums {
+                    let m = halves_at(gb.add(offsets::M));
+                    for t in 0..T {
+                        summs[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(toks[t].s), summs[t]);
+                    }
+                }
+                for j in 0..4 {
+                    let (lo, hi) = $values(gb, j, qh);
+                    for t in 0..T {
+                        // Unsigned weights start from zero (no broadcast to spend).
+                        let start = |l: usize| {
+                            if $signed {
+                                _mm512_set1_epi32(toks[t].bias[l])
+                            } else {
+                                _mm512_setzero_si512()
+                            }
+                        };
+                        let il = _mm512_dpbusd_epi32(start(j), lo, x_dword(xq[t], j));
+                        let ih = _mm512_dpbusd_epi32(start(j + 4), hi, x_dword(xq[t], j + 4));
+                        acc[t][j] = _mm512_fmadd_ps(d[t], _mm512_cvtepi32_ps(il), acc[t][j]);
+                        acc[t][j + 4] =
+                            _mm512_fmadd_ps(d[t], _mm512_cvtepi32_ps(ih), acc[t][j + 4]);
+                    }
+                }
+            }
+            std::array::from_fn(|t| _mm512_add_ps(hsum_lanes(&acc[t]), summs[t]))
+        }
+    };
+}
+
+lanes_group!(
+    q8_0_lanes,
+    GgmlType::Q8_0,
+    BlockQ8_0,
+    values::q8_0,
+    false,
+    true
+);
+lanes_group!(
+    q4_0_lanes,
+    GgmlType::Q4_0,
+    BlockQ8_0,
+    values::q4_0,
+    false,
+    true
+);
+lanes_group!(
+    q4_1_lanes,
+    GgmlType::Q4_1,
+    BlockQ8_1,
+    values::q4_1,
+    true,
+    false
+);
+lanes_group!(
+    q5_0_lanes,
+    GgmlType::Q5_0,
+    BlockQ8_0,
+    values::q5_0,
+    false,
+    true
+);
+
+/// Q4_0 in its Repacked order: each row's whole-block integer sum, then one fused chain.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn q4_0_chain<const T: usize>(
+    nb: usize,
+    g: *const u8,
+    x: [&[BlockQ8_0]; T],
+    tb: [&[TokenBlock]; T],
+) -> [__m512; T] {
+    let gbb = group_block_bytes(GgmlType::Q4_0);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let gb = g.add(b * gbb);
+        let dw = halves_at(gb.add(offsets::D));
+        let toks: [&TokenBlock; T] = std::array::from_fn(|t| unsafe { tb[t].get_unchecked(b) });
+        let xq: [&[i8; 32]; T] = std::array::from_fn(|t| unsafe { &x[t].get_unchecked(b).qs });
+        let mut sum: [__m512i; T] =
+            std::array::from_fn(|t| _mm512_set1_epi32(toks[t].bias.iter().sum()));
+        for j in 0..4 {
+            let (lo, hi) = values::q4_0(gb, j, _mm512_setzero_si512());
+            for t in 0..T {
+                sum[t] = _mm512_dpbusd_epi32(sum[t], lo, x_dword(xq[t], j));
+                sum[t] = _mm512_dpbusd_epi32(sum[t], hi, x_dword(xq[t], j + 4));
+            }
+        }
+        for t in 0..T {
+            let dd = _mm512_mul_ps(dw, _mm512_set1_ps(toks[t].d));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), dd, acc[t]);
+        }
+    }
+    acc
+}
+
+thread_local! {
+    /// Per-thread scratch for the prepared activation blocks (reused, never shrunk).
+    static SCRATCH: std::cell::RefCell<Vec<TokenBlock>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `out[t * groups * GROUP + 16 g + i]`: row `i` of group `g` (padding rows included) against
+/// token `t`, for a packed matrix of `groups` groups of `nb` blocks.
+pub(crate) type PackedFn =
+    unsafe fn(nb: usize, w: &[u8], groups: usize, x: &[u8], toks: usize, out: &mut [f32]);
+
+/// Defines a kernel entry: tokens in passes of [`PASS_TOKENS`], every group per pass.
+macro_rules! packed_kernel {
+    ($name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+        pub(crate) unsafe fn $name(
+            nb: usize,
+            w: &[u8],
+            groups: usize,
+            x: &[u8],
+            toks: usize,
+            out: &mut [f32],
+        ) {
+            let gb = nb * group_block_bytes($ty);
+            let x = cast::<$xb>(x);
+            assert!(w.len() >= groups * gb && x.len() >= toks * nb);
+            assert!(out.len() >= toks * groups * GROUP);
+            let rows = groups * GROUP;
+            let xs: Vec<&[$xb]> = (0..toks).map(|t| &x[t * nb..(t + 1) * nb]).collect();
+            SCRATCH.with_borrow_mut(|tbs| {
+                prepare(nb, &xs, $offset, tbs);
+                let tb = |t: usize| &tbs[t * nb..(t + 1) * nb];
+                // Groups outside, token passes inside: a group's weights come from memory
+                // once, later passes find them in L1.
+                for g in 0..groups {
+                    let gp = w.as_ptr().add(g * gb);
+                    let mut put = |t: usize, v: __m512| {
+                        _mm512_storeu_ps(out[t * rows + g * GROUP..][..GROUP].as_mut_ptr(), v);
+                    };
+                    let mut t0 = 0;
+                    while t0 < toks {
+                        if toks - t0 >= PASS_TOKENS {
+                            let r = $group::<2>(nb, gp, [xs[t0], xs[t0 + 1]], [tb(t0), tb(t0 + 1)]);
+                            put(t0, r[0]);
+                            put(t0 + 1, r[1]);
+                        } else {
+                            let r = $group::<1>(nb, gp, [xs[t0]], [tb(t0)]);
+                            put(t0, r[0]);
+                        }
+                        t0 += PASS_TOKENS;
+                    }
+                }
+            });
+        }
+    };
+}
+
+packed_kernel!(q8_0, q8_0_lanes, GgmlType::Q8_0, BlockQ8_0, 128);
+packed_kernel!(q4_0, q4_0_lanes, GgmlType::Q4_0, BlockQ8_0, 8);
+packed_kernel!(q4_0_repacked, q4_0_chain, GgmlType::Q4_0, BlockQ8_0, 8);
+packed_kernel!(q4_1, q4_1_lanes, GgmlType::Q4_1, BlockQ8_1, 0);
+packed_kernel!(q5_0, q5_0_lanes, GgmlType::Q5_0, BlockQ8_0, 16);
