@@ -14,6 +14,7 @@ use super::{
     gemm_x86::{self, PanelFn},
     order_x86,
     packed_avx512::{self, PackedFn},
+    packed_k_avx512,
 };
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2" or "none" (per-pair dots).
@@ -114,10 +115,6 @@ pub fn packs() -> bool {
     false
 }
 
-/// Batches up to this many tokens take the packed kernels; larger ones unpack a panel's rows
-/// for the row-major tiles, which share each unpacked block among more tokens.
-pub const PACKED_MAX_TOKENS: usize = 7;
-
 /// The packed kernel for `ty` in `order`, where this CPU has one.
 #[cfg(target_arch = "x86_64")]
 fn packed_kernel(ty: GgmlType, order: Order) -> Option<PackedFn> {
@@ -131,6 +128,9 @@ fn packed_kernel(ty: GgmlType, order: Order) -> Option<PackedFn> {
         (Q4_0, Order::Repacked) => packed_avx512::q4_0_repacked,
         (Q4_1, Order::Lanes) => packed_avx512::q4_1,
         (Q5_0, Order::Lanes) => packed_avx512::q5_0,
+        (Q4_K, Order::Repacked) => packed_k_avx512::q4_k_repacked,
+        (Q6_K, Order::Lanes) => packed_k_avx512::q6_k_lanes,
+        (Q6_K, Order::Tiled) => packed_k_avx512::q6_k_tiled,
         _ => return None,
     })
 }
@@ -151,15 +151,14 @@ pub fn gemm_packed(
 ) {
     assert!(w.len() >= groups * packed::group_bytes(ty, n));
     #[cfg(target_arch = "x86_64")]
-    if toks <= PACKED_MAX_TOKENS {
-        if let Some(f) = packed_kernel(ty, order) {
-            // SAFETY: `packed_kernel` hands out kernels only where `detect` found the features
-            // they are compiled for; they check the slice lengths.
-            unsafe { f(n / ty.block_elems(), w, groups, x, toks, out) };
-            return;
-        }
+    if let Some(f) = packed_kernel(ty, order) {
+        // SAFETY: `packed_kernel` hands out kernels only where `detect` found the features
+        // they are compiled for; they check the slice lengths.
+        unsafe { f(n / ty.block_elems(), w, groups, x, toks, out) };
+        return;
     }
-    // The rows back in ggml's layout for the row-major panels.
+    // No kernel here (matrices are packed only where there are: this serves the tests on
+    // other CPUs): the rows back in ggml's layout for the row-major panels.
     UNPACKED.with_borrow_mut(|buf| {
         let rows = packed::rows_of_groups(ty, n, w, 0..groups, buf);
         gemm(ty, order, n, rows, groups * GROUP, x, toks, out)
@@ -333,8 +332,10 @@ mod tests {
             GgmlType::Q8_0,
             GgmlType::Q5_0,
             GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
         ] {
-            for (rows, blocks) in [(1, 1), (16, 3), (21, 18), (40, 2)] {
+            for (rows, blocks) in [(1, 1), (16, 3), (21, 5), (40, 2)] {
                 let n = ty.block_elems() * blocks;
                 let w: Vec<u8> = (0..rows)
                     .flat_map(|_| random_row(&mut rng, ty, n))
@@ -344,7 +345,7 @@ mod tests {
                 packed::pack_groups(ty, n, &w, rows, 0..groups, &mut pw);
                 let vt = ty.vec_dot_type();
                 let x_row = vt.row_bytes(n as u64).unwrap() as usize;
-                for toks in [1, 2, 3, 5, 7, 9] {
+                for toks in [1, 2, 3, 5, 7, 9, 12] {
                     let mut x = vec![0u8; toks * x_row];
                     for t in 0..toks {
                         let v: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();

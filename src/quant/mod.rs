@@ -16,8 +16,8 @@
 //! - `gemm_avx512` — AVX-512 VNNI panels, two tokens per register, 8 or 16 tokens per block;
 //! - `packed`      — the packed layout: rows in groups of 16, each group's blocks interleaved
 //!   so one 512-bit load holds the same quant dword of sixteen rows; packing and unpacking;
-//! - `packed_avx512` — AVX-512 VNNI kernels over packed groups (decode, small batches), in
-//!   each product's peer order;
+//! - `packed_avx512` — AVX-512 VNNI kernels over packed groups, in each product's peer order
+//!   (`packed_k_avx512`: the K-quants);
 //! - `order`       — the accumulation order ggml-cpu uses per (weight type, height, batch size),
 //!   and scalar dots that follow each order;
 //! - `order_x86`   — AVX2 versions of `order`'s kernels, bit-identical to its scalar dots;
@@ -45,6 +45,8 @@ mod order_x86;
 pub mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_avx512;
+#[cfg(target_arch = "x86_64")]
+mod packed_k_avx512;
 mod quantize;
 #[cfg(target_arch = "aarch64")]
 mod simd_arm;
@@ -59,7 +61,7 @@ mod testdata {
     pub mod vectors;
 }
 
-pub use gemm::{gemm, gemm_level, gemm_packed, packs, PACKED_MAX_TOKENS};
+pub use gemm::{gemm, gemm_level, gemm_packed, packs};
 pub use order::{order, Order};
 pub use types::GgmlType;
 

@@ -19,22 +19,34 @@
 //! - Q4_0: 16 `d`, then 4 × 64 B of quant dwords (the low nibbles of dword `j` are values
 //!   `4j..4j+4`, the high nibbles values `16+4j..16+4j+4`);
 //! - Q4_1: 16 `d`, 16 `m`, then the quant dwords as Q4_0;
-//! - Q5_0: 16 `d`, 16 rearranged `qh` words (below), then the quant dwords as Q4_0.
+//! - Q5_0: 16 `d`, 16 rearranged `qh` words (below), then the quant dwords as Q4_0;
+//! - Q4_K (a super-block of 256 values): 16 `d`, 16 `dmin`, the six-bit scales unpacked as
+//!   bytes `[sub-block][row]` (8 × 16), the minimums likewise, then 32 × 64 B of quant dwords
+//!   (dword `w`: the low nibbles are values `64(w/8) + 4(w%8)..`, the high ones 32 further);
+//! - Q6_K: 16 `d`, the signed scales as bytes `[sub-block][row]` (16 × 16), then the 32 `ql`
+//!   dwords and the 16 `qh` dwords, 64 B each.
 //!
 //! A Q5_0 `qh` word is rearranged so that the fifth bits of a quant dword's values sit in the
 //! bytes those values come from: bit `j` of byte `p` is the fifth bit of value `4j + p`, and
 //! bit `4 + j` of byte `p` that of value `16 + 4j + p`. A shift by a constant then lines them
 //! up with bit 4 of each byte.
 
+use super::blocks::{pack_scale_min_k4, unpack_scale_min_k4};
 use super::GgmlType;
 
 /// Rows per group: one 512-bit register of f32 or i32 lanes.
 pub const GROUP: usize = 16;
 
-/// Whether matrices of `ty` can be packed (the legacy block types the matmuls use).
-pub fn packable(ty: GgmlType) -> bool {
+/// Whether a matrix of `ty` that is part of a tensor `height` rows high can be packed: there
+/// are kernels for every order the peer would compute it in (`order::order`). Q4_K is packed
+/// where the peer repacks it (heights a multiple of 8), its only order there.
+pub fn packable(ty: GgmlType, height: usize) -> bool {
     use GgmlType::*;
-    matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q8_0)
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q6_K => true,
+        Q4_K => super::order(ty, height, 1) == super::Order::Repacked,
+        _ => false,
+    }
 }
 
 /// Groups of a matrix of `rows` rows.
@@ -42,9 +54,13 @@ pub fn groups(rows: usize) -> usize {
     rows.div_ceil(GROUP)
 }
 
-/// Bytes of one group's block: sixteen blocks of `ty`.
+/// Bytes of one group's block: sixteen blocks of `ty` (and for Q4_K 64 more: its scales and
+/// minimums are kept unpacked, a byte each).
 pub fn group_block_bytes(ty: GgmlType) -> usize {
-    GROUP * ty.block_bytes()
+    match ty {
+        GgmlType::Q4_K => offsets::Q4_K_QS + 32 * 64,
+        _ => GROUP * ty.block_bytes(),
+    }
 }
 
 /// Bytes of one group: `nb` group blocks.
@@ -67,6 +83,13 @@ pub(super) mod offsets {
     pub const Q4_1_QS: usize = 64;
     pub const Q5_0_QS: usize = 96;
     pub const Q8_0_QS: usize = 32;
+    pub const Q4_K_DMIN: usize = 32;
+    pub const Q4_K_SC: usize = 64;
+    pub const Q4_K_MIN: usize = 192;
+    pub const Q4_K_QS: usize = 320;
+    pub const Q6_K_SC: usize = 32;
+    pub const Q6_K_QL: usize = 288;
+    pub const Q6_K_QH: usize = Q6_K_QL + 32 * 64;
 }
 
 /// Packs groups `groups` of the row-major matrix `src` (`rows` rows of `cols` values of `ty`)
@@ -82,7 +105,6 @@ pub fn pack_groups(
     groups: std::ops::Range<usize>,
     dst: &mut [u8],
 ) {
-    assert!(packable(ty), "{ty} has no packed layout");
     let (bb, gbb) = (ty.block_bytes(), group_block_bytes(ty));
     let nb = cols / ty.block_elems();
     let row_bytes = nb * bb;
@@ -91,16 +113,16 @@ pub fn pack_groups(
     let zero = vec![0u8; bb];
     for (gi, g) in groups.enumerate() {
         for b in 0..nb {
-            let blocks: [&[u8]; GROUP] = std::array::from_fn(|i| {
-                let r = g * GROUP + i;
-                if r < rows {
+            let out = &mut dst[(gi * nb + b) * gbb..][..gbb];
+            for lane in 0..GROUP {
+                let r = g * GROUP + lane;
+                let block = if r < rows {
                     &src[r * row_bytes + b * bb..][..bb]
                 } else {
                     &zero[..]
-                }
-            });
-            let out = &mut dst[(gi * nb + b) * gbb..][..gbb];
-            pack_block(ty, &blocks, out);
+                };
+                pack_block(ty, block, lane, out);
+            }
         }
     }
 }
@@ -126,68 +148,171 @@ pub fn unpack_rows(
     }
 }
 
-/// Where the quant dwords of a group block start.
-fn qs_offset(ty: GgmlType) -> usize {
+/// One part of a block's bytes and where the group block keeps it (each part of row `lane`).
+#[derive(Clone, Copy)]
+enum Part {
+    /// An f16 at `from` in the block: the group's sixteen of them at `at`.
+    Half { at: usize, from: usize },
+    /// `count` dwords from `from`: dword `j` of the sixteen rows in the 64 bytes at `at + 64 j`.
+    Dwords {
+        at: usize,
+        from: usize,
+        count: usize,
+    },
+    /// `count` bytes from `from`: byte `k` of the sixteen rows in the 16 bytes at `at + 16 k`.
+    Bytes {
+        at: usize,
+        from: usize,
+        count: usize,
+    },
+    /// Q5_0's `qh` word at `from`, rearranged ([`rearrange_qh`]), the sixteen at `at`.
+    Q5Bits { at: usize, from: usize },
+    /// Q4_K's twelve bytes of six-bit scales and minimums at `from`, unpacked: the scales as
+    /// [`Part::Bytes`] at `at`, the minimums at `at + 128`.
+    ScaleMinK4 { at: usize, from: usize },
+}
+
+/// The parts of a block of `ty`, which together cover all its bytes.
+fn parts(ty: GgmlType) -> &'static [Part] {
+    use offsets::*;
     use GgmlType::*;
+    use Part::*;
     match ty {
-        Q4_0 => offsets::Q4_0_QS,
-        Q4_1 => offsets::Q4_1_QS,
-        Q5_0 => offsets::Q5_0_QS,
-        Q8_0 => offsets::Q8_0_QS,
+        Q8_0 => &[
+            Half { at: D, from: 0 },
+            Dwords {
+                at: Q8_0_QS,
+                from: 2,
+                count: 8,
+            },
+        ],
+        Q4_0 => &[
+            Half { at: D, from: 0 },
+            Dwords {
+                at: Q4_0_QS,
+                from: 2,
+                count: 4,
+            },
+        ],
+        Q4_1 => &[
+            Half { at: D, from: 0 },
+            Half { at: M, from: 2 },
+            Dwords {
+                at: Q4_1_QS,
+                from: 4,
+                count: 4,
+            },
+        ],
+        Q5_0 => &[
+            Half { at: D, from: 0 },
+            Q5Bits { at: QH, from: 2 },
+            Dwords {
+                at: Q5_0_QS,
+                from: 6,
+                count: 4,
+            },
+        ],
+        // d, dmin, scales[12], qs[128]
+        Q4_K => &[
+            Half { at: D, from: 0 },
+            Half {
+                at: Q4_K_DMIN,
+                from: 2,
+            },
+            ScaleMinK4 {
+                at: Q4_K_SC,
+                from: 4,
+            },
+            Dwords {
+                at: Q4_K_QS,
+                from: 16,
+                count: 32,
+            },
+        ],
+        // ql[128], qh[64], scales[16], d
+        Q6_K => &[
+            Dwords {
+                at: Q6_K_QL,
+                from: 0,
+                count: 32,
+            },
+            Dwords {
+                at: Q6_K_QH,
+                from: 128,
+                count: 16,
+            },
+            Bytes {
+                at: Q6_K_SC,
+                from: 192,
+                count: 16,
+            },
+            Half { at: D, from: 208 },
+        ],
         _ => unreachable!("{ty} has no packed layout"),
     }
 }
 
-/// Sixteen blocks (`blocks[i]` of row `i`) into one group block.
-fn pack_block(ty: GgmlType, blocks: &[&[u8]; GROUP], out: &mut [u8]) {
-    use GgmlType::*;
-    let qs_at = qs_offset(ty);
-    // Where each block keeps its quants, and how many dwords of them.
-    let (own_qs, dwords) = match ty {
-        Q4_0 => (2, 4),
-        Q4_1 => (4, 4),
-        Q5_0 => (6, 4),
-        Q8_0 => (2, 8),
-        _ => unreachable!(),
-    };
-    for (i, blk) in blocks.iter().enumerate() {
-        out[offsets::D + 2 * i..][..2].copy_from_slice(&blk[..2]);
-        match ty {
-            Q4_1 => out[offsets::M + 2 * i..][..2].copy_from_slice(&blk[2..4]),
-            Q5_0 => {
-                let qh = u32::from_le_bytes(blk[2..6].try_into().expect("4 bytes"));
-                out[offsets::QH + 4 * i..][..4].copy_from_slice(&rearrange_qh(qh).to_le_bytes());
+/// Row `lane`'s block into its places in the group block.
+fn pack_block(ty: GgmlType, block: &[u8], lane: usize, group: &mut [u8]) {
+    for part in parts(ty) {
+        match *part {
+            Part::Half { at, from } => {
+                group[at + 2 * lane..][..2].copy_from_slice(&block[from..from + 2])
             }
-            _ => {}
-        }
-        for j in 0..dwords {
-            out[qs_at + 64 * j + 4 * i..][..4].copy_from_slice(&blk[own_qs + 4 * j..][..4]);
+            Part::Dwords { at, from, count } => {
+                for j in 0..count {
+                    group[at + 64 * j + 4 * lane..][..4]
+                        .copy_from_slice(&block[from + 4 * j..][..4]);
+                }
+            }
+            Part::Bytes { at, from, count } => {
+                for k in 0..count {
+                    group[at + GROUP * k + lane] = block[from + k];
+                }
+            }
+            Part::Q5Bits { at, from } => {
+                let qh = u32::from_le_bytes(block[from..from + 4].try_into().expect("4 bytes"));
+                group[at + 4 * lane..][..4].copy_from_slice(&rearrange_qh(qh).to_le_bytes());
+            }
+            Part::ScaleMinK4 { at, from } => {
+                let (sc, m) = unpack_scale_min_k4(block[from..from + 12].try_into().expect("12"));
+                for k in 0..8 {
+                    group[at + GROUP * k + lane] = sc[k];
+                    group[at + 128 + GROUP * k + lane] = m[k];
+                }
+            }
         }
     }
 }
 
-/// Block `lane` of a group block, back in ggml's layout.
-fn unpack_block(ty: GgmlType, src: &[u8], lane: usize, out: &mut [u8]) {
-    use GgmlType::*;
-    let qs_at = qs_offset(ty);
-    let (own_qs, dwords) = match ty {
-        Q4_0 => (2, 4),
-        Q4_1 => (4, 4),
-        Q5_0 => (6, 4),
-        Q8_0 => (2, 8),
-        _ => unreachable!("{ty} has no packed layout"),
-    };
-    out[..2].copy_from_slice(&src[offsets::D + 2 * lane..][..2]);
-    match ty {
-        Q4_1 => out[2..4].copy_from_slice(&src[offsets::M + 2 * lane..][..2]),
-        Q5_0 => {
-            let w = u32::from_le_bytes(src[offsets::QH + 4 * lane..][..4].try_into().expect("4"));
-            out[2..6].copy_from_slice(&restore_qh(w).to_le_bytes());
+/// Row `lane`'s block, back in ggml's layout.
+fn unpack_block(ty: GgmlType, group: &[u8], lane: usize, block: &mut [u8]) {
+    for part in parts(ty) {
+        match *part {
+            Part::Half { at, from } => {
+                block[from..from + 2].copy_from_slice(&group[at + 2 * lane..][..2])
+            }
+            Part::Dwords { at, from, count } => {
+                for j in 0..count {
+                    block[from + 4 * j..][..4]
+                        .copy_from_slice(&group[at + 64 * j + 4 * lane..][..4]);
+                }
+            }
+            Part::Bytes { at, from, count } => {
+                for k in 0..count {
+                    block[from + k] = group[at + GROUP * k + lane];
+                }
+            }
+            Part::Q5Bits { at, from } => {
+                let w = u32::from_le_bytes(group[at + 4 * lane..][..4].try_into().expect("4"));
+                block[from..from + 4].copy_from_slice(&restore_qh(w).to_le_bytes());
+            }
+            Part::ScaleMinK4 { at, from } => {
+                let sc: [u8; 8] = std::array::from_fn(|k| group[at + GROUP * k + lane]);
+                let m: [u8; 8] = std::array::from_fn(|k| group[at + 128 + GROUP * k + lane]);
+                block[from..from + 12].copy_from_slice(&pack_scale_min_k4(&sc, &m));
+            }
         }
-        _ => {}
-    }
-    for j in 0..dwords {
-        out[own_qs + 4 * j..][..4].copy_from_slice(&src[qs_at + 64 * j + 4 * lane..][..4]);
     }
 }
 
@@ -249,6 +374,8 @@ mod tests {
             GgmlType::Q4_1,
             GgmlType::Q5_0,
             GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
         ] {
             for rows in [1, 15, 16, 17, 40] {
                 let cols = 3 * ty.block_elems();
@@ -257,7 +384,6 @@ mod tests {
                     .collect();
                 let mut packed = vec![0xAA; packed_bytes(ty, rows, cols)];
                 pack_groups(ty, cols, &src, rows, 0..groups(rows), &mut packed);
-                assert_eq!(packed.len(), groups(rows) * GROUP * src.len() / rows);
                 let mut back = vec![0u8; src.len()];
                 unpack_rows(ty, cols, &packed, 0..rows, &mut back);
                 assert_eq!(back, src, "{ty} rows={rows}");

@@ -1,5 +1,4 @@
-//! AVX-512 VNNI kernels over packed groups (`packed`): sixteen weight rows per register, for
-//! decode and other small batches.
+//! AVX-512 VNNI kernels over packed groups (`packed`): sixteen weight rows per register.
 //!
 //! Each register holds one i32 or f32 lane per row of the group, so one `vpdpbusd` computes
 //! the integer lane sum `j` (four products) of sixteen rows against the token's dword `j`,

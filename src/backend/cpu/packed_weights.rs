@@ -43,7 +43,8 @@ impl PackedWeights {
         let mut entries: Vec<Entry> = Vec::new();
         let mut total = 0usize;
         for m in mats {
-            if !packed::packable(m.ty)
+            let height = file.tensors()[m.tensor].dims[1] as usize;
+            if !packed::packable(m.ty, height)
                 || entries
                     .iter()
                     .any(|e| (e.tensor, e.first_row, e.rows) == (m.tensor, m.first_row, m.rows))
@@ -64,9 +65,16 @@ impl PackedWeights {
         if entries.is_empty() {
             return PackedWeights::default();
         }
+        let started = std::time::Instant::now();
         let mut region = Region::new(total);
         pack_all(file, mats, &entries, region.bytes_mut());
         release_packed_tensors(file, &entries);
+        log::info!(
+            "packed {} matrices ({} MiB) for the CPU in {} ms",
+            entries.len(),
+            total >> 20,
+            started.elapsed().as_millis()
+        );
         PackedWeights {
             region: Some(region),
             entries,
