@@ -114,28 +114,55 @@ pub fn matmul_fused(mats: &[WeightRef<'_>], x: &[f32], outs: &mut [&mut [f32]]) 
             &xq[at][..]
         };
         // Tasks are panels of rows × all tokens: a panel's weights stay in cache while every
-        // token passes over them. Enough panels for load balance, few enough to keep the
-        // overhead low.
-        let total_rows: usize = mats.iter().map(|m| m.rows).sum();
-        let chunk_rows = (total_rows / (pool::threads() * 16))
-            .clamp(4, 64)
-            .next_multiple_of(4);
+        // token passes over them.
+        let rows_per_task = panel_rows(mats, n_tok, pool::threads());
         let tasks: Vec<(usize, usize)> = mats
             .iter()
+            .zip(&rows_per_task)
             .enumerate()
-            .flat_map(|(i, m)| {
-                let step = chunk_rows.next_multiple_of(m.granule());
-                (0..m.rows).step_by(step).map(move |r0| (i, r0))
-            })
+            .flat_map(|(i, (m, &step))| (0..m.rows).step_by(step).map(move |r0| (i, r0)))
             .collect();
         let shared: Vec<SharedSlice<f32>> = outs.iter_mut().map(|o| SharedSlice::new(o)).collect();
         pool::parallel_for(tasks.len(), |task| {
             let (i, r0) = tasks[task];
             let m = &mats[i];
-            let r1 = (r0 + chunk_rows.next_multiple_of(m.granule())).min(m.rows);
+            let r1 = (r0 + rows_per_task[i]).min(m.rows);
             run_panel(m, xq_of(m.ty), n_tok, r0..r1, shared[i]);
         });
     })
+}
+
+/// Rows per task for each matrix of a fused matmul over `n_tok` tokens on `threads` threads.
+///
+/// A prompt's panel is much work whatever its height: up to 64 rows, enough panels for a fine
+/// balance. A small batch (decode) is a pass over the weights at memory speed, and a task
+/// claimed is a cache line passed between the cores: tasks of about a quarter of a thread's
+/// share of the bytes (four per thread to balance a core that falls behind), at least 16 KiB
+/// and at most 256 KiB (a 262K-row output head in some 700 tasks, so that none is left long
+/// on one core at the end).
+fn panel_rows(mats: &[WeightRef<'_>], n_tok: usize, threads: usize) -> Vec<usize> {
+    /// Batches this large compute long enough per row that panels are sized by rows.
+    const PROMPT_TOKENS: usize = 8;
+    let row_bytes = |m: &WeightRef<'_>| m.ty.row_bytes(m.cols as u64).expect("checked") as usize;
+    if n_tok >= PROMPT_TOKENS {
+        let total_rows: usize = mats.iter().map(|m| m.rows).sum();
+        let rows = (total_rows / (threads * 16))
+            .clamp(4, 64)
+            .next_multiple_of(4);
+        return mats
+            .iter()
+            .map(|m| rows.next_multiple_of(m.granule()))
+            .collect();
+    }
+    let bytes: usize = mats.iter().map(|m| m.rows * row_bytes(m)).sum();
+    let per_task = (bytes / (threads * 4)).clamp(16 << 10, 256 << 10);
+    mats.iter()
+        .map(|m| {
+            (per_task / row_bytes(m))
+                .max(1)
+                .next_multiple_of(m.granule())
+        })
+        .collect()
 }
 
 thread_local! {
