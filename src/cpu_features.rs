@@ -99,6 +99,13 @@ pub fn avx2() -> bool {
     enabled().avx2
 }
 
+/// True when 512-bit vectors may be used (AVX-512 detected, not turned off or held to 256-bit
+/// registers by `EDGELM_SIMD`): the third build of `fma_dispatch!`.
+#[inline]
+pub fn avx512() -> bool {
+    enabled().avx512_vnni && simd_override() != SimdOverride::Avx512In256
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect_hardware() -> Features {
     use std::arch::is_x86_feature_detected as has;
@@ -130,11 +137,12 @@ fn detect_hardware() -> Features {
     Features::default()
 }
 
-/// Defines `fn name(args) -> ret { body }` so that the body is compiled twice, portably and
-/// with AVX2 + FMA + F16C enabled, and dispatches on [`avx2`]. Our exact-rounding code leans
-/// on `f32::mul_add`, which without the `fma` target feature is a libm call; inside the AVX2
-/// build it is one instruction and the loops vectorise. Both builds compute the same bits
-/// (an FMA is exactly rounded either way).
+/// Defines `fn name(args) -> ret { body }` so that the body is compiled three times: portably,
+/// with AVX2 + FMA + F16C, and with AVX-512 on top (512-bit vectors), dispatching on
+/// [`avx512`] and [`avx2`]. Our exact-rounding code leans on `f32::mul_add`, which without the
+/// `fma` target feature is a libm call; inside the SIMD builds it is one instruction and the
+/// loops vectorise. Every build computes the same bits: an FMA is exactly rounded either way,
+/// and the compiler never reassociates float arithmetic, whatever the vector width.
 macro_rules! fma_dispatch {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
@@ -143,9 +151,17 @@ macro_rules! fma_dispatch {
             fn body($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw")]
+                unsafe fn wide($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
                 #[target_feature(enable = "avx2,fma,f16c")]
                 unsafe fn fast($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
+                }
+                if $crate::cpu_features::avx512() {
+                    // SAFETY: `avx512()` is true only when those features were detected.
+                    return unsafe { wide($($arg),*) };
                 }
                 if $crate::cpu_features::avx2() {
                     // SAFETY: `avx2()` is true only when AVX2, FMA and F16C were all

@@ -13,7 +13,7 @@ use super::{
     gemm_avx512,
     gemm_x86::{self, PanelFn},
     order_x86,
-    packed_avx512::{self, PackedFn},
+    packed_avx512::{self, Out, PackedFn},
     packed_k_avx512,
 };
 
@@ -149,25 +149,67 @@ pub fn gemm_packed(
     toks: usize,
     out: &mut [f32],
 ) {
-    assert!(w.len() >= groups * packed::group_bytes(ty, n));
+    let stride = groups * GROUP;
+    assert!(out.len() >= toks * stride);
+    // SAFETY: `out` holds every token's rows and is borrowed exclusively.
+    unsafe { gemm_packed_to(ty, order, n, w, groups, x, toks, out.as_mut_ptr(), stride) }
+}
+
+/// [`gemm_packed`] into row `r` of token `t` at `out + t * stride + r`: straight into a
+/// larger matrix's rows, without a copy.
+///
+/// # Safety
+/// Every such float (`r < groups * GROUP`, `t < toks`) must be writable and not accessed by
+/// anyone else during the call.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_packed_to(
+    ty: GgmlType,
+    order: Order,
+    n: usize,
+    w: &[u8],
+    groups: usize,
+    x: &[u8],
+    toks: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    assert!(w.len() >= groups * packed::group_bytes(ty, n) && stride >= groups * GROUP);
     #[cfg(target_arch = "x86_64")]
     if let Some(f) = packed_kernel(ty, order) {
         // SAFETY: `packed_kernel` hands out kernels only where `detect` found the features
-        // they are compiled for; they check the slice lengths.
-        unsafe { f(n / ty.block_elems(), w, groups, x, toks, out) };
+        // they are compiled for; they check the other lengths; `out` is the caller's promise.
+        unsafe {
+            f(
+                n / ty.block_elems(),
+                w,
+                groups,
+                x,
+                toks,
+                Out { ptr: out, stride },
+            )
+        };
         return;
     }
     // No kernel here (matrices are packed only where there are: this serves the tests on
     // other CPUs): the rows back in ggml's layout for the row-major panels.
-    UNPACKED.with_borrow_mut(|buf| {
-        let rows = packed::rows_of_groups(ty, n, w, 0..groups, buf);
-        gemm(ty, order, n, rows, groups * GROUP, x, toks, out)
+    let rows = groups * GROUP;
+    UNPACKED.with_borrow_mut(|(buf, res)| {
+        let w_rows = packed::rows_of_groups(ty, n, w, 0..groups, buf);
+        res.resize(rows * toks, 0.0);
+        gemm(ty, order, n, w_rows, rows, x, toks, res);
+        for t in 0..toks {
+            // SAFETY: the caller's promise for token t's rows.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.add(t * stride), rows) };
+            dst.copy_from_slice(&res[t * rows..(t + 1) * rows]);
+        }
     })
 }
 
 thread_local! {
-    /// Per-thread scratch for rows unpacked from packed groups (reused, never shrunk).
-    static UNPACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread scratch for rows unpacked from packed groups and their products (reused,
+    /// never shrunk).
+    static UNPACKED: std::cell::RefCell<(Vec<u8>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// `out[t * rows + r] = vec_dot(ty, n, w_r, x_t)` for every weight row `r < rows` (each

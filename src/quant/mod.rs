@@ -61,7 +61,7 @@ mod testdata {
     pub mod vectors;
 }
 
-pub use gemm::{gemm, gemm_level, gemm_packed, packs};
+pub use gemm::{gemm, gemm_level, gemm_packed, gemm_packed_to, packs};
 pub use order::{order, Order};
 pub use types::GgmlType;
 

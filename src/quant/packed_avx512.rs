@@ -279,10 +279,31 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<TokenBlock>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `out[t * groups * GROUP + 16 g + i]`: row `i` of group `g` (padding rows included) against
-/// token `t`, for a packed matrix of `groups` groups of `nb` blocks.
+/// Where a packed kernel writes row `r` (of the groups it computes, padding rows included) for
+/// token `t`: `ptr + t * stride + r`.
+#[derive(Clone, Copy)]
+pub(crate) struct Out {
+    pub ptr: *mut f32,
+    pub stride: usize,
+}
+
+impl Out {
+    /// Stores the sixteen rows of group `g` for token `t`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    pub(crate) unsafe fn put(self, t: usize, g: usize, v: __m512) {
+        _mm512_storeu_ps(self.ptr.add(t * self.stride + g * GROUP), v)
+    }
+}
+
+/// A packed kernel: row `i` of group `g` (padding rows included) against token `t`, for a
+/// packed matrix of `groups` groups of `nb` blocks.
+///
+/// # Safety
+/// The CPU has the kernel's features, and `out` may be written for every token and row: no
+/// other access to those floats while the kernel runs.
 pub(crate) type PackedFn =
-    unsafe fn(nb: usize, w: &[u8], groups: usize, x: &[u8], toks: usize, out: &mut [f32]);
+    unsafe fn(nb: usize, w: &[u8], groups: usize, x: &[u8], toks: usize, out: Out);
 
 /// Defines a kernel entry: tokens in passes of [`PASS_TOKENS`], every group per pass.
 macro_rules! packed_kernel {
@@ -294,13 +315,11 @@ macro_rules! packed_kernel {
             groups: usize,
             x: &[u8],
             toks: usize,
-            out: &mut [f32],
+            out: Out,
         ) {
             let gb = nb * group_block_bytes($ty);
             let x = cast::<$xb>(x);
             assert!(w.len() >= groups * gb && x.len() >= toks * nb);
-            assert!(out.len() >= toks * groups * GROUP);
-            let rows = groups * GROUP;
             let xs: Vec<&[$xb]> = (0..toks).map(|t| &x[t * nb..(t + 1) * nb]).collect();
             SCRATCH.with_borrow_mut(|tbs| {
                 prepare(nb, &xs, $offset, tbs);
@@ -309,9 +328,7 @@ macro_rules! packed_kernel {
                 // once, later passes find them in L1.
                 for g in 0..groups {
                     let gp = w.as_ptr().add(g * gb);
-                    let mut put = |t: usize, v: __m512| {
-                        _mm512_storeu_ps(out[t * rows + g * GROUP..][..GROUP].as_mut_ptr(), v);
-                    };
+                    let put = |t: usize, v: __m512| unsafe { out.put(t, g, v) };
                     let mut t0 = 0;
                     while t0 < toks {
                         if toks - t0 >= PASS_TOKENS {

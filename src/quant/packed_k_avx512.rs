@@ -11,6 +11,7 @@ use std::arch::x86_64::*;
 
 use super::blocks::*;
 use super::packed::{group_block_bytes, offsets, GROUP};
+use super::packed_avx512::Out;
 use super::GgmlType;
 
 /// Sixteen f16 values at `p` as f32.
@@ -249,40 +250,22 @@ unsafe fn q6_k_tiled_group<const T: usize>(
 
 // --------------------------------------------------------------------------- entries
 
-/// The matrix and batch of a call: `toks` tokens of `nb` super-blocks against `groups`
-/// groups, into `out` (checked to hold them all).
-struct Call<'a> {
-    nb: usize,
-    w: &'a [u8],
-    groups: usize,
-    x: &'a [BlockQ8K],
-    toks: usize,
-}
-
-/// Checks the lengths and runs `each(group pointer, g)` for every group.
-#[inline]
-unsafe fn for_groups(
+/// The activation super-blocks of a call, checked against the matrix: `toks` tokens of `nb`
+/// super-blocks, `groups` groups of packed `ty`.
+fn checked<'a>(
     ty: GgmlType,
-    c: Call<'_>,
-    out: &[f32],
-    mut each: impl FnMut(*const u8, usize),
-) {
-    let Call {
-        nb,
-        w,
-        groups,
-        x,
-        toks,
-    } = c;
-    let gb = nb * group_block_bytes(ty);
-    assert!(w.len() >= groups * gb && x.len() >= toks * nb);
-    assert!(out.len() >= toks * groups * GROUP);
-    for g in 0..groups {
-        each(w.as_ptr().add(g * gb), g);
-    }
+    nb: usize,
+    w: &[u8],
+    groups: usize,
+    x: &'a [u8],
+    toks: usize,
+) -> &'a [BlockQ8K] {
+    let x = cast::<BlockQ8K>(x);
+    assert!(w.len() >= groups * nb * group_block_bytes(ty) && x.len() >= toks * nb);
+    x
 }
 
-/// Q4_K in the repacked order (see `packed_avx512::PackedFn` for the arguments).
+/// Q4_K in the repacked order (see `packed_avx512::PackedFn`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(crate) unsafe fn q4_k_repacked(
     nb: usize,
@@ -290,42 +273,32 @@ pub(crate) unsafe fn q4_k_repacked(
     groups: usize,
     x: &[u8],
     toks: usize,
-    out: &mut [f32],
+    out: Out,
 ) {
-    let x = cast::<BlockQ8K>(x);
-    let rows = groups * GROUP;
+    let x = checked(GgmlType::Q4_K, nb, w, groups, x, toks);
     let gemm_toks = toks - toks % 4;
     let xs = |t: usize| &x[t * nb..(t + 1) * nb];
-    let out_ptr = out.as_mut_ptr();
-    for_groups(
-        GgmlType::Q4_K,
-        Call {
-            nb,
-            w,
-            groups,
-            x,
-            toks,
-        },
-        out,
-        |gp, g| {
-            let put = |t: usize, v: __m512| unsafe {
-                _mm512_storeu_ps(out_ptr.add(t * rows + g * GROUP), v)
-            };
-            let mut t0 = 0;
-            while t0 < toks {
-                if toks - t0 >= 2 {
-                    let per64 = [t0 < gemm_toks, t0 + 1 < gemm_toks];
-                    let r = q4_k_group::<2>(nb, gp, [xs(t0), xs(t0 + 1)], per64);
-                    put(t0, r[0]);
-                    put(t0 + 1, r[1]);
-                    t0 += 2;
-                } else {
-                    put(t0, q4_k_group::<1>(nb, gp, [xs(t0)], [t0 < gemm_toks])[0]);
-                    t0 += 1;
-                }
+    let gb = nb * group_block_bytes(GgmlType::Q4_K);
+    for g in 0..groups {
+        let gp = w.as_ptr().add(g * gb);
+        let mut t0 = 0;
+        while t0 < toks {
+            if toks - t0 >= 2 {
+                let per64 = [t0 < gemm_toks, t0 + 1 < gemm_toks];
+                let r = q4_k_group::<2>(nb, gp, [xs(t0), xs(t0 + 1)], per64);
+                out.put(t0, g, r[0]);
+                out.put(t0 + 1, g, r[1]);
+                t0 += 2;
+            } else {
+                out.put(
+                    t0,
+                    g,
+                    q4_k_group::<1>(nb, gp, [xs(t0)], [t0 < gemm_toks])[0],
+                );
+                t0 += 1;
             }
-        },
-    );
+        }
+    }
 }
 
 /// Q6_K in the lane order (batches under 8 tokens).
@@ -336,29 +309,16 @@ pub(crate) unsafe fn q6_k_lanes(
     groups: usize,
     x: &[u8],
     toks: usize,
-    out: &mut [f32],
+    out: Out,
 ) {
-    let x = cast::<BlockQ8K>(x);
-    let rows = groups * GROUP;
-    let out_ptr = out.as_mut_ptr();
-    for_groups(
-        GgmlType::Q6_K,
-        Call {
-            nb,
-            w,
-            groups,
-            x,
-            toks,
-        },
-        out,
-        |gp, g| {
-            for t in 0..toks {
-                let v = q6_k_lanes_group(nb, gp, &x[t * nb..(t + 1) * nb]);
-                // SAFETY: `for_groups` checked `out` holds toks × rows values.
-                unsafe { _mm512_storeu_ps(out_ptr.add(t * rows + g * GROUP), v) };
-            }
-        },
-    );
+    let x = checked(GgmlType::Q6_K, nb, w, groups, x, toks);
+    let gb = nb * group_block_bytes(GgmlType::Q6_K);
+    for g in 0..groups {
+        let gp = w.as_ptr().add(g * gb);
+        for t in 0..toks {
+            out.put(t, g, q6_k_lanes_group(nb, gp, &x[t * nb..(t + 1) * nb]));
+        }
+    }
 }
 
 /// Q6_K in the tiled order (batches of 8 tokens or more).
@@ -369,38 +329,24 @@ pub(crate) unsafe fn q6_k_tiled(
     groups: usize,
     x: &[u8],
     toks: usize,
-    out: &mut [f32],
+    out: Out,
 ) {
-    let x = cast::<BlockQ8K>(x);
-    let rows = groups * GROUP;
+    let x = checked(GgmlType::Q6_K, nb, w, groups, x, toks);
     let xs = |t: usize| &x[t * nb..(t + 1) * nb];
-    let out_ptr = out.as_mut_ptr();
-    for_groups(
-        GgmlType::Q6_K,
-        Call {
-            nb,
-            w,
-            groups,
-            x,
-            toks,
-        },
-        out,
-        |gp, g| {
-            let put = |t: usize, v: __m512| unsafe {
-                _mm512_storeu_ps(out_ptr.add(t * rows + g * GROUP), v)
-            };
-            let mut t0 = 0;
-            while t0 < toks {
-                if toks - t0 >= 2 {
-                    let r = q6_k_tiled_group::<2>(nb, gp, [xs(t0), xs(t0 + 1)]);
-                    put(t0, r[0]);
-                    put(t0 + 1, r[1]);
-                    t0 += 2;
-                } else {
-                    put(t0, q6_k_tiled_group::<1>(nb, gp, [xs(t0)])[0]);
-                    t0 += 1;
-                }
+    let gb = nb * group_block_bytes(GgmlType::Q6_K);
+    for g in 0..groups {
+        let gp = w.as_ptr().add(g * gb);
+        let mut t0 = 0;
+        while t0 < toks {
+            if toks - t0 >= 2 {
+                let r = q6_k_tiled_group::<2>(nb, gp, [xs(t0), xs(t0 + 1)]);
+                out.put(t0, g, r[0]);
+                out.put(t0 + 1, g, r[1]);
+                t0 += 2;
+            } else {
+                out.put(t0, g, q6_k_tiled_group::<1>(nb, gp, [xs(t0)])[0]);
+                t0 += 1;
             }
-        },
-    );
+        }
+    }
 }

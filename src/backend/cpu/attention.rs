@@ -349,7 +349,7 @@ fn attend_chunk_tiled(
     let mut k_tile_t = vec![0f32; hd * TILE];
     let mut k_row = vec![0f32; hd];
     let mut v_tile = vec![0f32; TILE * hd];
-    let mut kq = [0f32; TILE];
+    let mut kq = [[0f32; TILE]; HEADS_AT_ONCE];
     let n_q = toks.len();
     let mut max = vec![f32::NEG_INFINITY; n_q * rep];
     let mut sum = vec![0f32; n_q * rep];
@@ -371,46 +371,46 @@ fn attend_chunk_tiled(
             let len = (n_ctx - start).min(TILE);
             // Tile rows before the token's window are masked like those past its position.
             let seen = tok.first.saturating_sub(start)..len;
-            for r in 0..rep {
-                let q = &qs[j][r * hd..(r + 1) * hd];
-                let row = &mut kq;
-                row.fill(0.0);
-                for (d, &qd) in q.iter().enumerate() {
-                    let kt = &k_tile_t[d * TILE..(d + 1) * TILE];
-                    for (slot, &k) in row.iter_mut().zip(kt) {
-                        *slot = qd.mul_add(k, *slot);
+            // K·Q for the group's heads together (each K value loaded once for all of them),
+            // every position its own chain over the dimensions in order.
+            for r0 in (0..rep).step_by(HEADS_AT_ONCE) {
+                let heads = (rep - r0).min(HEADS_AT_ONCE);
+                let rows = &mut kq[..heads];
+                let q_heads: Vec<&[f32]> =
+                    (r0..r0 + heads).map(|r| &qs[j][r * hd..(r + 1) * hd]).collect();
+                kq_tile(&k_tile_t, &q_heads, hd, rows);
+                for (h, row) in rows.iter_mut().enumerate() {
+                    let r = r0 + h;
+                    for (i, slot) in row.iter_mut().enumerate() {
+                        *slot = if seen.contains(&i) {
+                            *slot * scale
+                        } else {
+                            f32::NEG_INFINITY
+                        };
                     }
-                }
-                for (i, slot) in row.iter_mut().enumerate() {
-                    *slot = if seen.contains(&i) {
-                        *slot * scale
-                    } else {
-                        f32::NEG_INFINITY
-                    };
-                }
-                let (max, sum) = (&mut max[j * rep + r], &mut sum[j * rep + r]);
-                let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let m_new = max.max(tile_max);
-                let acc = &mut outs[j][r * hd..(r + 1) * hd];
-                if m_new > *max {
-                    let ms = (*max - m_new).exp();
-                    acc.iter_mut().for_each(|a| *a *= ms);
-                    *sum *= ms;
-                }
-                *max = m_new;
-                // ggml_vec_soft_max_f32: exp in place, 16-lane partial sums added in f64.
-                let mut tile_sum = 0f64;
-                for lanes in row.chunks_exact_mut(16) {
-                    for p in lanes.iter_mut() {
-                        *p = super::ops::expf_v(*p - m_new);
+                    let (max, sum) = (&mut max[j * rep + r], &mut sum[j * rep + r]);
+                    let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let m_new = max.max(tile_max);
+                    let acc = &mut outs[j][r * hd..(r + 1) * hd];
+                    if m_new > *max {
+                        let ms = (*max - m_new).exp();
+                        acc.iter_mut().for_each(|a| *a *= ms);
+                        *sum *= ms;
                     }
-                    tile_sum += reduce_add_16(lanes) as f64;
-                }
-                *sum = (*sum as f64 + tile_sum) as f32;
-                for (i, &p) in row.iter().enumerate().take(len).skip(seen.start) {
-                    let v = &v_tile[i * hd..(i + 1) * hd];
-                    for (a, &x) in acc.iter_mut().zip(v) {
-                        *a = p.mul_add(x, *a);
+                    *max = m_new;
+                    // ggml_vec_soft_max_f32: exp in place, 16-lane partial sums added in f64.
+                    let mut tile_sum = 0f64;
+                    for lanes in row.chunks_exact_mut(16) {
+                        for p in lanes.iter_mut() {
+                            *p = super::ops::expf_v(*p - m_new);
+                        }
+                        tile_sum += reduce_add_16(lanes) as f64;
+                    }
+                    *sum = (*sum as f64 + tile_sum) as f32;
+                    // V: each output dimension its own chain over the positions in order; 64
+                    // dimensions at a time stay in registers through the tile.
+                    for (dc, acc) in acc.chunks_mut(TILE).enumerate() {
+                        accumulate_v(&row[..], seen.start..len, &v_tile[dc * TILE..], hd, acc);
                     }
                 }
             }
@@ -421,6 +421,72 @@ fn attend_chunk_tiled(
             let s = sum[j * rep + r];
             let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
             out[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= inv);
+        }
+    }
+}
+}
+
+/// Query heads of a group scored together in the tiled path.
+const HEADS_AT_ONCE: usize = 4;
+
+/// `rows[h][i] = Σ_d q[h][d] · kt[d * TILE + i]`: each position's chain over the dimensions in
+/// order, from 0 (ggml's `simd_gemm`), for up to [`HEADS_AT_ONCE`] query heads at once (each
+/// K value loaded once for all of them).
+fn kq_tile(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; TILE]]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu_features::avx512() {
+        // SAFETY: AVX-512F was detected; the shapes are the tiled path's (checked inside).
+        return unsafe { super::attention_avx512::kq_tile(kt, q, hd, rows) };
+    }
+    kq_tile_portable(kt, q, hd, rows)
+}
+
+fma_dispatch! {
+fn kq_tile_portable(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; TILE]]) {
+    let rows = &mut rows[..q.len()];
+    rows.iter_mut().for_each(|row| row.fill(0.0));
+    for d in 0..hd {
+        let kt: &[f32; TILE] = kt[d * TILE..(d + 1) * TILE].try_into().expect("a tile");
+        for (row, q) in rows.iter_mut().zip(q) {
+            let qd = q[d];
+            for (slot, &k) in row.iter_mut().zip(kt) {
+                *slot = qd.mul_add(k, *slot);
+            }
+        }
+    }
+}
+}
+
+/// `acc[j] = p[i] · v[i * stride + j] + acc[j]` over the positions `range` in order: each
+/// output dimension's chain over the positions (up to [`TILE`] dimensions).
+fn accumulate_v(
+    p: &[f32],
+    range: std::ops::Range<usize>,
+    v: &[f32],
+    stride: usize,
+    acc: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu_features::avx512() {
+        // SAFETY: AVX-512F was detected; the bounds are checked inside.
+        return unsafe { super::attention_avx512::accumulate_v(p, range, v, stride, acc) };
+    }
+    accumulate_v_portable(p, range, v, stride, acc)
+}
+
+fma_dispatch! {
+fn accumulate_v_portable(
+    p: &[f32],
+    range: std::ops::Range<usize>,
+    v: &[f32],
+    stride: usize,
+    acc: &mut [f32],
+) {
+    let n = acc.len();
+    for i in range {
+        let pi = p[i];
+        for (a, &x) in acc.iter_mut().zip(&v[i * stride..i * stride + n]) {
+            *a = pi.mul_add(x, *a);
         }
     }
 }
@@ -521,6 +587,51 @@ unsafe fn dot_f16_ggml_avx2(x: &[f32], y: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The tiled path's inner loops on this CPU (AVX-512 where it has it) against their
+    /// portable forms, bit for bit, on ragged shapes.
+    #[test]
+    fn tile_loops_match_their_portable_forms_bit_for_bit() {
+        let mut x = 0x2545_f491u32;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x % 2001) as f32 / 1000.0 - 1.0
+        };
+        for hd in [64, 80, 128, 256] {
+            let kt: Vec<f32> = (0..hd * TILE).map(|_| rnd()).collect();
+            let q: Vec<Vec<f32>> = (0..HEADS_AT_ONCE)
+                .map(|_| (0..hd).map(|_| rnd()).collect())
+                .collect();
+            for heads in 1..=HEADS_AT_ONCE {
+                let qr: Vec<&[f32]> = q[..heads].iter().map(|v| &v[..]).collect();
+                let (mut got, mut want) =
+                    ([[0f32; TILE]; HEADS_AT_ONCE], [[0f32; TILE]; HEADS_AT_ONCE]);
+                kq_tile(&kt, &qr, hd, &mut got);
+                kq_tile_portable(&kt, &qr, hd, &mut want);
+                let bits =
+                    |r: &[[f32; TILE]]| r.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got[..heads]),
+                    bits(&want[..heads]),
+                    "hd {hd}, {heads} heads"
+                );
+            }
+            let v: Vec<f32> = (0..TILE * hd).map(|_| rnd()).collect();
+            let p: Vec<f32> = (0..TILE).map(|_| rnd()).collect();
+            for (range, n) in [(0..TILE, TILE), (3..40, 16), (5..6, 48), (7..7, 64)] {
+                let start: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                let (mut got, mut want) = (start.clone(), start);
+                accumulate_v(&p, range.clone(), &v, hd, &mut got);
+                accumulate_v_portable(&p, range, &v, hd, &mut want);
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
     use crate::kv::{KvType, PageGeometry};
 
     fn val(p: usize, h: usize, d: usize, part: usize) -> f32 {

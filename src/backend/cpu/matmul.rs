@@ -204,8 +204,9 @@ fn run_panel(
     });
 }
 
-/// [`run_panel`] for a packed matrix: rows `r` start a group; the groups' padding rows past
-/// the matrix are computed into the scratch and dropped.
+/// [`run_panel`] for a packed matrix: rows `r` start a group. Whole groups are written
+/// straight into the output; a last group with padding rows past the matrix goes through the
+/// scratch, which drops them.
 fn run_packed_panel(
     m: &WeightRef<'_>,
     xq: &[u8],
@@ -218,10 +219,17 @@ fn run_packed_panel(
     debug_assert_eq!(r0 % GROUP, 0);
     let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
     let gb = quant::packed::group_bytes(m.ty, m.cols);
+    let w = &m.w[g0 * gb..g1 * gb];
+    if (g1 - g0) * GROUP == r1 - r0 {
+        let first = out.span_ptr(r0, (n_tok - 1) * m.rows + r1 - r0);
+        // SAFETY: rows r0..r1 of every token (stride m.rows, inside the span checked above)
+        // belong to this task alone.
+        unsafe { quant::gemm_packed_to(m.ty, order, m.cols, w, g1 - g0, xq, n_tok, first, m.rows) };
+        return;
+    }
     let width = (g1 - g0) * GROUP;
     PANEL.with_borrow_mut(|panel| {
         panel.resize(width * n_tok, 0.0);
-        let w = &m.w[g0 * gb..g1 * gb];
         quant::gemm_packed(m.ty, order, m.cols, w, g1 - g0, xq, n_tok, panel);
         for t in 0..n_tok {
             // SAFETY: rows r0..r1 of every token belong to this task alone.

@@ -1,6 +1,8 @@
 //! The CPU backend: quantized matmul, paged attention and the small element-wise ops.
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx512;
 mod f16_round;
 pub mod matmul;
 pub mod ops;

@@ -28,6 +28,15 @@ impl<T> SharedSlice<T> {
         }
     }
 
+    /// A pointer to element `start`, for a task that writes a strided part of
+    /// `start..start + len` (checked to lie in the buffer). Creates no reference: what the
+    /// task may write through it is the type's contract.
+    pub fn span_ptr(&self, start: usize, len: usize) -> *mut T {
+        assert!(start.checked_add(len).is_some_and(|end| end <= self.len));
+        // SAFETY: in bounds (checked above).
+        unsafe { self.ptr.add(start) }
+    }
+
     /// # Safety
     /// No other live slice or write from this buffer may touch `start..start + len`.
     #[allow(clippy::mut_from_ref)]
