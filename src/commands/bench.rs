@@ -279,6 +279,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut prompt =
         |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
 
+    // A warm-up request first, untimed (as llama-bench runs one): the first step of a process
+    // grows its buffers and faults in the pages it writes, which no later request pays.
+    progress("warm-up", 0, 1);
+    run_requests(&engine, vec![prompt(args.n_prompt)], 2)?;
+
     // Prefill: time to the first token of an n_prompt-token prompt (fresh tokens each time).
     let mut prefill = Vec::new();
     for i in 0..args.repeats {

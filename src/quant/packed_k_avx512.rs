@@ -56,13 +56,17 @@ unsafe fn load(p: *const u8) -> __m512i {
 /// else once per super-block (its GEMV, for the batch's last `n mod 4` tokens).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn q4_k_group<const T: usize>(
+unsafe fn q4_k_group<const T: usize, const U: bool>(
     nb: usize,
     g: *const u8,
     x: [&[BlockQ8K]; T],
     per64: [bool; T],
 ) -> [__m512; T] {
-    let gbb = group_block_bytes(GgmlType::Q4_K);
+    let gbb = if U {
+        UNPACKED_BYTES
+    } else {
+        group_block_bytes(GgmlType::Q4_K)
+    };
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); T];
     let mut acc_min = [_mm512_setzero_ps(); T];
@@ -88,9 +92,16 @@ unsafe fn q4_k_group<const T: usize>(
             let mut dl = [_mm512_setzero_si512(); T];
             let mut dh = [_mm512_setzero_si512(); T];
             for w in 0..8 {
-                let q = load(gb.add(offsets::Q4_K_QS + 64 * (8 * j + w)));
-                let lo = _mm512_and_si512(q, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                let (lo, hi) = if U {
+                    let at = gb.add(UNPACKED_VALUES + 64 * (16 * j + 2 * w));
+                    (load(at), load(at.add(64)))
+                } else {
+                    let q = load(gb.add(offsets::Q4_K_QS + 64 * (8 * j + w)));
+                    (
+                        _mm512_and_si512(q, m4),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4),
+                    )
+                };
                 for t in 0..T {
                     dl[t] = _mm512_dpbusd_epi32(dl[t], lo, x_dword(xb[t], 64 * j + 4 * w));
                     dh[t] = _mm512_dpbusd_epi32(dh[t], hi, x_dword(xb[t], 64 * j + 32 + 4 * w));
@@ -198,12 +209,16 @@ unsafe fn q6_k_lanes_group(nb: usize, g: *const u8, x: &[BlockQ8K]) -> __m512 {
 /// and super-block the exact integer Σ scale·Σ(q − 32)·x, then `acc + (d·int)·dx`, fused.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn q6_k_tiled_group<const T: usize>(
+unsafe fn q6_k_tiled_group<const T: usize, const U: bool>(
     nb: usize,
     g: *const u8,
     x: [&[BlockQ8K]; T],
 ) -> [__m512; T] {
-    let gbb = group_block_bytes(GgmlType::Q6_K);
+    let gbb = if U {
+        UNPACKED_BYTES
+    } else {
+        group_block_bytes(GgmlType::Q6_K)
+    };
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let gb = g.add(b * gbb);
@@ -222,7 +237,12 @@ unsafe fn q6_k_tiled_group<const T: usize>(
                 })
             });
             for l in 0..8 {
-                let q = q6_k_quarters(gb, h, l);
+                let q = if U {
+                    let at = gb.add(UNPACKED_VALUES + 64 * (32 * h + 4 * l));
+                    std::array::from_fn(|c| load(at.add(64 * c)))
+                } else {
+                    q6_k_quarters(gb, h, l)
+                };
                 for (c, &qc) in q.iter().enumerate() {
                     for t in 0..T {
                         let at = 128 * h + 32 * c + 4 * l;
@@ -246,6 +266,62 @@ unsafe fn q6_k_tiled_group<const T: usize>(
         }
     }
     acc
+}
+
+// ------------------------------------------------------------------------ unpacking
+
+/// A K-quant group block unpacked for a batch: the packed block's scales as they were (at the
+/// same offsets), then the unsigned quant bytes of its 64 registers, 64 B each, in the order
+/// the kernels read them. A batch of several tokens unpacks each group once instead of once
+/// per pass of two tokens: Q6_K's quants take about as many instructions to assemble as one
+/// token's products (+20% at 64 tokens, measured); Q4_K's nibbles are cheap enough that the
+/// store and reload cost more than they save.
+const UNPACKED_VALUES: usize = offsets::Q4_K_QS;
+const UNPACKED_BYTES: usize = UNPACKED_VALUES + 64 * 64;
+const _: () = assert!(offsets::Q6_K_QL <= UNPACKED_VALUES);
+
+/// Batches of at least this many tokens unpack each group once for all their passes.
+const UNPACK_FROM_TOKENS: usize = 4;
+
+/// The `nb` group blocks of `ty` at `g`, unpacked into `dst` (`nb * UNPACKED_BYTES`) with the
+/// same arithmetic the direct kernels use.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn unpack(ty: GgmlType, nb: usize, g: *const u8, dst: &mut Vec<u8>) {
+    dst.resize(nb * UNPACKED_BYTES, 0);
+    let gbb = group_block_bytes(ty);
+    let m4 = _mm512_set1_epi8(0x0F);
+    for b in 0..nb {
+        let gb = g.add(b * gbb);
+        let out = dst.as_mut_ptr().add(b * UNPACKED_BYTES);
+        let store = |slot: usize, v: __m512i| unsafe {
+            _mm512_storeu_si512(out.add(UNPACKED_VALUES + 64 * slot).cast(), v)
+        };
+        if ty == GgmlType::Q4_K {
+            std::ptr::copy_nonoverlapping(gb, out, offsets::Q4_K_QS);
+            for dword in 0..32 {
+                let q = load(gb.add(offsets::Q4_K_QS + 64 * dword));
+                store(2 * dword, _mm512_and_si512(q, m4));
+                store(
+                    2 * dword + 1,
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4),
+                );
+            }
+        } else {
+            std::ptr::copy_nonoverlapping(gb, out, offsets::Q6_K_QL);
+            for h in 0..2 {
+                for l in 0..8 {
+                    for (c, q) in q6_k_quarters(gb, h, l).into_iter().enumerate() {
+                        store(32 * h + 4 * l + c, q);
+                    }
+                }
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread scratch for an unpacked group (reused, never shrunk).
+    static UNPACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 // --------------------------------------------------------------------------- entries
@@ -279,25 +355,28 @@ pub(crate) unsafe fn q4_k_repacked(
     let gemm_toks = toks - toks % 4;
     let xs = |t: usize| &x[t * nb..(t + 1) * nb];
     let gb = nb * group_block_bytes(GgmlType::Q4_K);
-    for g in 0..groups {
-        let gp = w.as_ptr().add(g * gb);
-        let mut t0 = 0;
-        while t0 < toks {
-            if toks - t0 >= 2 {
-                let per64 = [t0 < gemm_toks, t0 + 1 < gemm_toks];
-                let r = q4_k_group::<2>(nb, gp, [xs(t0), xs(t0 + 1)], per64);
-                out.put(t0, g, r[0]);
-                out.put(t0 + 1, g, r[1]);
-                t0 += 2;
-            } else {
-                out.put(
-                    t0,
-                    g,
-                    q4_k_group::<1>(nb, gp, [xs(t0)], [t0 < gemm_toks])[0],
-                );
-                t0 += 1;
+    macro_rules! passes {
+        ($g:expr, $gp:expr, $u:literal) => {{
+            let (g, gp) = ($g, $gp);
+            let mut t0 = 0;
+            while t0 < toks {
+                if toks - t0 >= 2 {
+                    let per64 = [t0 < gemm_toks, t0 + 1 < gemm_toks];
+                    let r = q4_k_group::<2, $u>(nb, gp, [xs(t0), xs(t0 + 1)], per64);
+                    out.put(t0, g, r[0]);
+                    out.put(t0 + 1, g, r[1]);
+                    t0 += 2;
+                } else {
+                    let r = q4_k_group::<1, $u>(nb, gp, [xs(t0)], [t0 < gemm_toks]);
+                    out.put(t0, g, r[0]);
+                    t0 += 1;
+                }
             }
-        }
+        }};
+    }
+    // Q4_K's nibbles are two instructions a register: unpacking ahead does not pay.
+    for g in 0..groups {
+        passes!(g, w.as_ptr().add(g * gb), false);
     }
 }
 
@@ -334,19 +413,31 @@ pub(crate) unsafe fn q6_k_tiled(
     let x = checked(GgmlType::Q6_K, nb, w, groups, x, toks);
     let xs = |t: usize| &x[t * nb..(t + 1) * nb];
     let gb = nb * group_block_bytes(GgmlType::Q6_K);
-    for g in 0..groups {
-        let gp = w.as_ptr().add(g * gb);
-        let mut t0 = 0;
-        while t0 < toks {
-            if toks - t0 >= 2 {
-                let r = q6_k_tiled_group::<2>(nb, gp, [xs(t0), xs(t0 + 1)]);
-                out.put(t0, g, r[0]);
-                out.put(t0 + 1, g, r[1]);
-                t0 += 2;
+    macro_rules! passes {
+        ($g:expr, $gp:expr, $u:literal) => {{
+            let (g, gp) = ($g, $gp);
+            let mut t0 = 0;
+            while t0 < toks {
+                if toks - t0 >= 2 {
+                    let r = q6_k_tiled_group::<2, $u>(nb, gp, [xs(t0), xs(t0 + 1)]);
+                    out.put(t0, g, r[0]);
+                    out.put(t0 + 1, g, r[1]);
+                    t0 += 2;
+                } else {
+                    out.put(t0, g, q6_k_tiled_group::<1, $u>(nb, gp, [xs(t0)])[0]);
+                    t0 += 1;
+                }
+            }
+        }};
+    }
+    UNPACKED.with_borrow_mut(|u| {
+        for g in 0..groups {
+            if toks >= UNPACK_FROM_TOKENS {
+                unpack(GgmlType::Q6_K, nb, w.as_ptr().add(g * gb), u);
+                passes!(g, u.as_ptr(), true);
             } else {
-                out.put(t0, g, q6_k_tiled_group::<1>(nb, gp, [xs(t0)])[0]);
-                t0 += 1;
+                passes!(g, w.as_ptr().add(g * gb), false);
             }
         }
-    }
+    });
 }

@@ -407,12 +407,11 @@ fn attend_chunk_tiled(
                         tile_sum += reduce_add_16(lanes) as f64;
                     }
                     *sum = (*sum as f64 + tile_sum) as f32;
-                    // V: each output dimension its own chain over the positions in order; 64
-                    // dimensions at a time stay in registers through the tile.
-                    for (dc, acc) in acc.chunks_mut(TILE).enumerate() {
-                        accumulate_v(&row[..], seen.start..len, &v_tile[dc * TILE..], hd, acc);
-                    }
                 }
+                // V: each output dimension its own chain over the positions in order, the
+                // heads together (each V value loaded once for all of them).
+                let acc = &mut outs[j][r0 * hd..(r0 + heads) * hd];
+                accumulate_v(rows, seen.start..len, &v_tile, hd, acc);
             }
         }
     }
@@ -457,36 +456,38 @@ fn kq_tile_portable(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; TILE]
 }
 }
 
-/// `acc[j] = p[i] · v[i * stride + j] + acc[j]` over the positions `range` in order: each
-/// output dimension's chain over the positions (up to [`TILE`] dimensions).
+/// For each head `h` (a row of `p`, and `hd` values of `acc`):
+/// `acc[h][d] = p[h][i] · v[i * hd + d] + acc[h][d]` over the positions `range` in order, each
+/// output dimension its own chain.
 fn accumulate_v(
-    p: &[f32],
+    p: &[[f32; TILE]],
     range: std::ops::Range<usize>,
     v: &[f32],
-    stride: usize,
+    hd: usize,
     acc: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu_features::avx512() {
         // SAFETY: AVX-512F was detected; the bounds are checked inside.
-        return unsafe { super::attention_avx512::accumulate_v(p, range, v, stride, acc) };
+        return unsafe { super::attention_avx512::accumulate_v(p, range, v, hd, acc) };
     }
-    accumulate_v_portable(p, range, v, stride, acc)
+    accumulate_v_portable(p, range, v, hd, acc)
 }
 
 fma_dispatch! {
 fn accumulate_v_portable(
-    p: &[f32],
+    p: &[[f32; TILE]],
     range: std::ops::Range<usize>,
     v: &[f32],
-    stride: usize,
+    hd: usize,
     acc: &mut [f32],
 ) {
-    let n = acc.len();
-    for i in range {
-        let pi = p[i];
-        for (a, &x) in acc.iter_mut().zip(&v[i * stride..i * stride + n]) {
-            *a = pi.mul_add(x, *a);
+    for (p, acc) in p.iter().zip(acc.chunks_exact_mut(hd)) {
+        for i in range.clone() {
+            let pi = p[i];
+            for (a, &x) in acc.iter_mut().zip(&v[i * hd..(i + 1) * hd]) {
+                *a = pi.mul_add(x, *a);
+            }
         }
     }
 }
@@ -619,12 +620,14 @@ mod tests {
                 );
             }
             let v: Vec<f32> = (0..TILE * hd).map(|_| rnd()).collect();
-            let p: Vec<f32> = (0..TILE).map(|_| rnd()).collect();
-            for (range, n) in [(0..TILE, TILE), (3..40, 16), (5..6, 48), (7..7, 64)] {
-                let start: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let p: Vec<[f32; TILE]> = (0..HEADS_AT_ONCE)
+                .map(|_| std::array::from_fn(|_| rnd()))
+                .collect();
+            for (range, heads) in [(0..TILE, 4), (3..40, 1), (5..6, 3), (7..7, 2), (0..63, 2)] {
+                let start: Vec<f32> = (0..heads * hd).map(|_| rnd()).collect();
                 let (mut got, mut want) = (start.clone(), start);
-                accumulate_v(&p, range.clone(), &v, hd, &mut got);
-                accumulate_v_portable(&p, range, &v, hd, &mut want);
+                accumulate_v(&p[..heads], range.clone(), &v, hd, &mut got);
+                accumulate_v_portable(&p[..heads], range, &v, hd, &mut want);
                 assert_eq!(
                     got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()

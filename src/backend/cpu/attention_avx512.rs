@@ -48,41 +48,64 @@ pub unsafe fn kq_tile(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; 64]
     }
 }
 
-/// `acc[j] = p[i] · v[i][j] + acc[j]` for the positions `i` in `range`, in order, where row
-/// `i` of `v` starts at `v[i * stride]`; `acc` holds up to 64 values.
+/// For each head `h ≤ HEADS` (a row of `p`, and `hd` values of `acc`):
+/// `acc[h][d] = p[h][i] · v[i * hd + d] + acc[h][d]` for the positions `i` in `range`, in
+/// order. Sixty-four dimensions at a time, every head's accumulators in registers: each V
+/// load feeds every head.
 ///
 /// # Safety
-/// The CPU has AVX-512F; every row read holds `acc.len()` values from its start.
+/// The CPU has AVX-512F; `v` holds the rows of `range` (`hd` values each).
 #[target_feature(enable = "avx512f")]
 pub unsafe fn accumulate_v(
-    p: &[f32],
+    p: &[[f32; 64]],
     range: std::ops::Range<usize>,
     v: &[f32],
-    stride: usize,
+    hd: usize,
     acc: &mut [f32],
 ) {
-    let n = acc.len();
-    assert!(n <= 64 && range.end <= p.len());
+    let heads = p.len();
+    assert!(heads <= HEADS && acc.len() == heads * hd && range.end <= 64);
     if range.is_empty() {
         return;
     }
-    assert!((range.end - 1) * stride + n <= v.len());
-    // Lanes past `n` are masked off: neither loaded nor stored.
-    let mask: [__mmask16; 4] = std::array::from_fn(|c| {
-        let lanes = n.saturating_sub(16 * c).min(16);
-        ((1u32 << lanes) - 1) as __mmask16
-    });
-    let mut a: [__m512; 4] =
-        std::array::from_fn(|c| _mm512_maskz_loadu_ps(mask[c], acc.as_ptr().add(16 * c)));
-    for i in range {
-        let pi = _mm512_set1_ps(*p.get_unchecked(i));
-        let row = v.as_ptr().add(i * stride);
-        for c in 0..4 {
-            let x = _mm512_maskz_loadu_ps(mask[c], row.add(16 * c));
-            a[c] = _mm512_fmadd_ps(pi, x, a[c]);
+    assert!(range.end * hd <= v.len());
+    let base = acc.as_mut_ptr();
+    for d0 in (0..hd).step_by(64) {
+        let n = (hd - d0).min(64);
+        // Lanes past `n` are masked off: neither loaded nor stored.
+        let mask: [__mmask16; 4] = std::array::from_fn(|c| {
+            let lanes = n.saturating_sub(16 * c).min(16);
+            ((1u32 << lanes) - 1) as __mmask16
+        });
+        macro_rules! run {
+            ($h:literal) => {{
+                let at = |h: usize, c: usize| base.add(h * hd + d0 + 16 * c);
+                let mut a: [[__m512; 4]; $h] = std::array::from_fn(|h| {
+                    std::array::from_fn(|c| _mm512_maskz_loadu_ps(mask[c], at(h, c)))
+                });
+                for i in range.clone() {
+                    let row = v.as_ptr().add(i * hd + d0);
+                    let x: [__m512; 4] =
+                        std::array::from_fn(|c| _mm512_maskz_loadu_ps(mask[c], row.add(16 * c)));
+                    for h in 0..$h {
+                        let pi = _mm512_set1_ps(*p.get_unchecked(h).get_unchecked(i));
+                        for c in 0..4 {
+                            a[h][c] = _mm512_fmadd_ps(pi, x[c], a[h][c]);
+                        }
+                    }
+                }
+                for (h, a) in a.iter().enumerate() {
+                    for (c, &v) in a.iter().enumerate() {
+                        _mm512_mask_storeu_ps(at(h, c), mask[c], v);
+                    }
+                }
+            }};
         }
-    }
-    for c in 0..4 {
-        _mm512_mask_storeu_ps(acc.as_mut_ptr().add(16 * c), mask[c], a[c]);
+        match heads {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            _ => run!(4),
+        }
     }
 }
