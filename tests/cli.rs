@@ -22,8 +22,7 @@ fn tokenize_prints_reference_ids_as_json() {
 
 #[test]
 fn run_greedy_prints_only_the_peer_text_on_stdout() {
-    let reference = reference();
-    let case = &reference["greedy"][0];
+    let case = &confident_case();
     let out = run_ok(
         edgelm()
             .args(["run", "--temp", "0", "-n", "48", "-t", "2", "-p"])

@@ -105,8 +105,9 @@ fn chat_template_renders_reference_prompts() {
     }
 }
 
-/// Greedy generation, token for token, stopping after an end-of-generation token (which the
-/// peer's `ids` include).
+/// Greedy generation, token for token (each generated token with the engine's arithmetic for
+/// generated tokens), stopping after an end-of-generation token (which the peer's `ids`
+/// include).
 fn greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize, kv: KvType) -> Vec<u32> {
     let mut s = session(model, prompt.len() + n, kv);
     let mut logits = s.extend(prompt, Logits::Last).unwrap();
@@ -117,7 +118,7 @@ fn greedy(model: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize, kv: KvT
         if tok.is_eog(next) {
             break;
         }
-        logits = s.extend(&[next], Logits::Last).unwrap();
+        logits = s.extend_generated(&[next], Logits::Last).unwrap();
     }
     out
 }

@@ -25,6 +25,13 @@ pub struct BatchMeta {
     pub block_tables: Vec<Vec<Vec<u32>>>,
     /// Indices (into `tokens`) whose logits the caller wants, in this order.
     pub logits_for: Vec<usize>,
+    /// Per token, whether the model generated it (a decode step's token, its drafts, or a
+    /// generated token recomputed after preemption) rather than read it from a prompt. Prompt
+    /// tokens follow the peer's arithmetic, which the correctness bar measures on prompts;
+    /// generated tokens take faster arithmetic (`quant::decode_order`, the tiled attention
+    /// path) that gives a token the same bits whatever the batch, so recomputing one changes
+    /// nothing.
+    pub generated: Vec<bool>,
 }
 
 impl BatchMeta {
@@ -38,6 +45,7 @@ impl BatchMeta {
             self.tokens.push(t);
             self.positions.push(start + i);
             self.seq_of.push(seq);
+            self.generated.push(false);
         }
         match want {
             Logits::None => {}
@@ -47,6 +55,25 @@ impl BatchMeta {
                 }
             }
             Logits::All => self.logits_for.extend(first..first + tokens.len()),
+        }
+    }
+
+    /// Marks the last span's tokens at positions `from` and after as generated (see
+    /// [`BatchMeta::generated`]): `from` is the sequence's prompt length.
+    pub fn mark_generated_from(&mut self, from: usize) {
+        let Some(&seq) = self.seq_of.last() else {
+            return;
+        };
+        let tokens = self
+            .generated
+            .iter_mut()
+            .zip(&self.seq_of)
+            .zip(&self.positions);
+        for ((g, &s), &p) in tokens.rev() {
+            if s != seq {
+                break;
+            }
+            *g = p >= from;
         }
     }
 

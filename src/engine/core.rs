@@ -490,6 +490,7 @@ impl Engine {
                 .copied()
                 .collect();
             meta.push_span(&tokens, span.start, s.blocks.tables().to_vec(), span.logits);
+            meta.mark_generated_from(s.prompt_len);
         }
         meta
     }

@@ -23,9 +23,15 @@ pub fn next_cap(drafted: usize, accepted: usize, max: usize) -> usize {
     }
 }
 
+/// How far back a match is compared to choose among the occurrences of a suffix.
+const MAX_CONTEXT: usize = 64;
+
 /// Up to `max_draft` tokens proposed to follow `tokens`: for the longest suffix of
-/// `MAX_NGRAM` down to `MIN_NGRAM` tokens that occurred before, what followed its latest
-/// earlier occurrence. Empty when nothing matches.
+/// `MAX_NGRAM` down to `MIN_NGRAM` tokens that occurred before, what followed the occurrence
+/// that agrees with the sequence furthest back (up to [`MAX_CONTEXT`] tokens; the latest of
+/// equals). A field name asked for in a question list and given in the document above it
+/// occurs twice; the occurrence preceded by what the answer has copied so far is the one in
+/// the document, whose value is the right continuation. Empty when nothing matches.
 pub fn draft(tokens: &[u32], max_draft: usize) -> Vec<u32> {
     if max_draft == 0 {
         return Vec::new();
@@ -36,13 +42,22 @@ pub fn draft(tokens: &[u32], max_draft: usize) -> Vec<u32> {
             continue;
         }
         let suffix = &tokens[len - n..];
-        // Latest match first: an occurrence ending at `end` (exclusive), strictly before the
-        // suffix itself, so at least one token follows it.
+        // Occurrences ending at `end` (exclusive), strictly before the suffix itself, so at
+        // least one token follows each; the latest first, replaced only by a longer context.
+        let mut best: Option<(usize, usize)> = None;
         for end in (n..len).rev() {
-            if &tokens[end - n..end] == suffix {
-                let follow = &tokens[end..len.min(end + max_draft)];
-                return follow.to_vec();
+            if &tokens[end - n..end] != suffix {
+                continue;
             }
+            let context = (1..=MAX_CONTEXT)
+                .take_while(|&k| end > n + k - 1 && tokens[end - n - k] == tokens[len - n - k])
+                .count();
+            if best.is_none_or(|(_, c)| context > c) {
+                best = Some((end, context));
+            }
+        }
+        if let Some((end, _)) = best {
+            return tokens[end..len.min(end + max_draft)].to_vec();
         }
     }
     Vec::new()
@@ -78,6 +93,17 @@ mod tests {
         assert_eq!(next_cap(8, 3, 16), 4);
         assert_eq!(next_cap(8, 0, 16), 1);
         assert_eq!(next_cap(2, 2, 1), 1);
+    }
+
+    #[test]
+    fn the_occurrence_with_the_longest_agreeing_context_wins() {
+        // "1 7 8" occurs after "0" and, later, after "5"; the sequence ends "0 1 7 8": the
+        // earlier occurrence agrees one token further back and gives its continuation.
+        let t = [0, 1, 7, 8, 3, 4, 5, 1, 7, 8, 6, 9, 0, 1, 7, 8];
+        assert_eq!(draft(&t, 2), vec![3, 4]);
+        // Equal context: the latest.
+        let t = [2, 7, 8, 3, 2, 7, 8, 5, 9, 7, 8];
+        assert_eq!(draft(&t, 1), vec![5]);
     }
 
     #[test]

@@ -101,6 +101,16 @@ impl Session {
     /// Appends `tokens` (run in chunks of the session's chunk size), returning the logits
     /// asked for: the last token's row, or every token's row.
     pub fn extend(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        self.append(tokens, want, false)
+    }
+
+    /// [`Session::extend`] with tokens the model generated: they take the arithmetic the
+    /// engine gives generated tokens (`BatchMeta::generated`), not a prompt's.
+    pub fn extend_generated(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        self.append(tokens, want, true)
+    }
+
+    fn append(&mut self, tokens: &[u32], want: Logits, generated: bool) -> Result<Vec<f32>> {
         if self.len + tokens.len() > self.capacity() {
             bail!(
                 "sequence of {} tokens exceeds the KV capacity of {}",
@@ -131,6 +141,9 @@ impl Session {
             };
             let mut batch = BatchMeta::default();
             batch.push_span(part, self.len, self.blocks.tables().to_vec(), w);
+            if generated {
+                batch.mark_generated_from(self.len);
+            }
             let logits = self.exec.forward(&self.model, &batch)?;
             out.extend_from_slice(&logits);
             self.exec.recycle(logits);

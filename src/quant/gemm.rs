@@ -125,7 +125,12 @@ fn packed_kernel(ty: GgmlType, order: Order) -> Option<PackedFn> {
     Some(match (ty, order) {
         (Q8_0, Order::Lanes) => packed_avx512::q8_0,
         (Q4_0, Order::Lanes) => packed_avx512::q4_0,
-        (Q4_0, Order::Repacked) => packed_avx512::q4_0_repacked,
+        (Q4_0, Order::Repacked | Order::Chain) => packed_avx512::q4_0_chain,
+        (Q4_1, Order::Chain) => packed_avx512::q4_1_chain,
+        (Q5_0, Order::Chain) => packed_avx512::q5_0_chain,
+        (Q8_0, Order::Chain) => packed_avx512::q8_0_chain,
+        (Q4_K, Order::Chain) => packed_k_avx512::q4_k_chain,
+        (Q6_K, Order::Chain) => packed_k_avx512::q6_k_tiled,
         (Q4_1, Order::Lanes) => packed_avx512::q4_1,
         (Q5_0, Order::Lanes) => packed_avx512::q5_0,
         (Q4_K, Order::Repacked) => packed_k_avx512::q4_k_repacked,
@@ -234,7 +239,7 @@ pub fn gemm(
 ) {
     if order != Order::Lanes && super::order::has(ty, order) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(f) = panels().order {
+        if let (Some(f), false) = (panels().order, order == Order::Chain) {
             // SAFETY: as for the panels below (avx2, fma and f16c were detected); the kernels
             // index the slices with bounds checks.
             unsafe { f(ty, order, n, w, rows, x, toks, out) };
@@ -393,8 +398,15 @@ mod tests {
                         let v: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
                         quantize_row(vt, &v, &mut x[t * x_row..(t + 1) * x_row]);
                     }
-                    for height in [rows, 8 * rows] {
-                        let order = super::super::order(ty, height, toks);
+                    let orders = [
+                        super::super::order(ty, rows, toks),
+                        super::super::order(ty, 8 * rows, toks),
+                        Order::Chain,
+                    ];
+                    for order in orders {
+                        if order == Order::Chain && !super::super::order::has(ty, order) {
+                            continue;
+                        }
                         let mut got = vec![f32::NAN; groups * GROUP * toks];
                         gemm_packed(ty, order, n, &pw, groups, &x, toks, &mut got);
                         let mut want = vec![0f32; rows * toks];

@@ -62,7 +62,7 @@ mod testdata {
 }
 
 pub use gemm::{gemm, gemm_level, gemm_packed, gemm_packed_to, packs};
-pub use order::{order, Order};
+pub use order::{decode_order, order, Order};
 pub use types::GgmlType;
 
 impl GgmlType {

@@ -32,6 +32,23 @@ pub enum Order {
     Repacked,
     /// ggml's tiled K-quant matmul.
     Tiled,
+    /// Not a peer order: one fused chain per (row, token) over the blocks' whole integer sums
+    /// (Q4_1 adds its `m·s` chain at the end), for every batch size. What tokens the model
+    /// generates take where weights are packed (`decode_order`): a third of the lane order's
+    /// vector work, the same for a row whatever the batch. For Q4_0 it is the repacked order,
+    /// for Q4_K the repacked order's per-super-block step, for Q6_K the tiled order.
+    Chain,
+}
+
+/// The order for the tokens a model generates (decode, drafts) from a packed matrix of `ty`:
+/// [`Order::Chain`] where there are kernels for it (`quant::packs`), else the peer's order for
+/// a batch of `tokens`.
+pub fn decode_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
+    if super::packs() && has(ty, Order::Chain) {
+        Order::Chain
+    } else {
+        order(ty, rows, tokens)
+    }
 }
 
 /// The order ggml-cpu uses for a `rows`-row matrix of `ty` times `tokens` activation rows.
@@ -54,6 +71,7 @@ pub fn has(ty: GgmlType, order: Order) -> bool {
         Order::Lanes => false,
         Order::Repacked => matches!(ty, Q4_0 | Q4_K),
         Order::Tiled => matches!(ty, Q4_K | Q5_K | Q6_K),
+        Order::Chain => matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q4_K | Q6_K),
     }
 }
 
@@ -103,6 +121,39 @@ pub fn dot(ty: GgmlType, order: Order, t: usize, n: usize, w: &[u8], x: &[u8]) -
                 .zip(cast::<BlockQ8K>(x))
                 .map(|(a, b)| (q5_k_ints(a, b), f16_to_f32(a.d), f16_to_f32(a.dmin), b.d())),
         ),
+        // The repacked order's one-token form (its GEMV).
+        (Q4_0 | Q4_K, Order::Chain) => dot(ty, Order::Repacked, 0, 1, w, x),
+        (Q6_K, Order::Chain) => dot(ty, Order::Tiled, t, n, w, x),
+        (Q4_1, Order::Chain) => {
+            let (mut acc, mut summs) = (0f32, 0f32);
+            for (a, b) in cast::<BlockQ4_1>(w).iter().zip(cast::<BlockQ8_1>(x)) {
+                let s: i32 = (0..QK / 2)
+                    .map(|j| {
+                        (a.qs[j] & 0xF) as i32 * b.qs[j] as i32
+                            + (a.qs[j] >> 4) as i32 * b.qs[j + QK / 2] as i32
+                    })
+                    .sum();
+                acc = chain_step(acc, s, f16_to_f32(a.d), f16_to_f32(b.d));
+                summs = f16_to_f32(a.m).mul_add(f16_to_f32(b.s), summs);
+            }
+            acc + summs
+        }
+        (Q5_0, Order::Chain) => chain(
+            cast::<BlockQ5_0>(w)
+                .iter()
+                .zip(cast::<BlockQ8_0>(x))
+                .map(|(a, b)| (q5_0_ints(a, b), f16_to_f32(a.d), f16_to_f32(b.d))),
+        ),
+        (Q8_0, Order::Chain) => chain(cast::<BlockQ8_0>(w).iter().zip(cast::<BlockQ8_0>(x)).map(
+            |(a, b)| {
+                let s =
+                    a.qs.iter()
+                        .zip(&b.qs)
+                        .map(|(&p, &q)| p as i32 * q as i32)
+                        .sum();
+                (s, f16_to_f32(a.d), f16_to_f32(b.d))
+            },
+        )),
         (Q6_K, Order::Tiled) => tiled(
             cast::<BlockQ6K>(w)
                 .iter()
@@ -137,6 +188,18 @@ fn tiled(blocks: impl Iterator<Item = ((i32, i32), f32, f32, f32)>) -> f32 {
 #[inline(always)]
 pub(super) fn tiled_step(acc: f32, (s, m): (i32, i32), d: f32, dmin: f32, dx: f32) -> f32 {
     (-dmin).mul_add(m as f32, d * s as f32).mul_add(dx, acc)
+}
+
+/// Σ (q − 16)·q8 over one Q5_0 block (the fifth bit of value `j` is bit `j` of `qh`).
+fn q5_0_ints(a: &BlockQ5_0, b: &BlockQ8_0) -> i32 {
+    let qh = u32::from_le_bytes(a.qh);
+    (0..QK / 2)
+        .map(|j| {
+            let lo = ((a.qs[j] & 0xF) as u32 | ((qh >> j) & 1) << 4) as i32 - 16;
+            let hi = ((a.qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i32 - 16;
+            lo * b.qs[j] as i32 + hi * b.qs[j + QK / 2] as i32
+        })
+        .sum()
 }
 
 /// Σ (q − 8)·q8 over one Q4_0 block.

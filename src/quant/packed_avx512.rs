@@ -298,38 +298,73 @@ lanes_group!(
     true
 );
 
-/// Q4_0 in its Repacked order: each row's whole-block integer sum, then one fused chain.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn q4_0_chain<const T: usize>(
-    nb: usize,
-    g: *const u8,
-    x: [&[BlockQ8_0]; T],
-    tb: [&[TokenBlock]; T],
-) -> [__m512; T] {
-    let gbb = group_block_bytes(GgmlType::Q4_0);
-    let mut acc = [_mm512_setzero_ps(); T];
-    for b in 0..nb {
-        let gb = g.add(b * gbb);
-        let dw = halves_at(gb.add(offsets::D));
-        let toks: [&TokenBlock; T] = std::array::from_fn(|t| unsafe { tb[t].get_unchecked(b) });
-        let xq: [&[i8; 32]; T] = std::array::from_fn(|t| unsafe { &x[t].get_unchecked(b).qs });
-        let mut sum: [__m512i; T] =
-            std::array::from_fn(|t| _mm512_set1_epi32(toks[t].bias.iter().sum()));
-        for j in 0..4 {
-            let (lo, hi) = values::q4_0(gb, j, _mm512_setzero_si512());
-            for t in 0..T {
-                sum[t] = _mm512_dpbusd_epi32(sum[t], lo, x_dword(xq[t], j));
-                sum[t] = _mm512_dpbusd_epi32(sum[t], hi, x_dword(xq[t], j + 4));
+/// Defines the per-group kernel of one layout in the chain order (`Order::Chain`, and Q4_0's
+/// `Order::Repacked`, which is the same): each row's whole-block integer sum (the eight lane
+/// sums in one register, started at the whole block's offset), then one fused chain
+/// `acc + int·(d_w·d_x)` over the blocks; Q4_1 adds its fused `m·s` chain at the end. A
+/// third of the lane order's vector work, for small batches, where that work (not memory)
+/// bounds a token's cost.
+macro_rules! chain_group {
+    ($name:ident, $ty:expr, $xb:ty, $values:path, $minimums:literal) => {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+        unsafe fn $name<const T: usize>(
+            nb: usize,
+            g: *const u8,
+            x: [&[$xb]; T],
+            tb: [&[TokenBlock]; T],
+        ) -> [__m512; T] {
+            let gbb = group_block_bytes($ty);
+            let mut acc = [_mm512_setzero_ps(); T];
+            let mut summs = [_mm512_setzero_ps(); T];
+            for b in 0..nb {
+                let gb = g.add(b * gbb);
+                let dw = halves_at(gb.add(offsets::D));
+                let qh = if $ty == GgmlType::Q5_0 {
+                    _mm512_loadu_si512(gb.add(offsets::QH).cast())
+                } else {
+                    _mm512_setzero_si512()
+                };
+                // SAFETY (get_unchecked): the entry checked both hold nb blocks per token.
+                let toks: [&TokenBlock; T] =
+                    std::array::from_fn(|t| unsafe { tb[t].get_unchecked(b) });
+                let xq: [&[i8; 32]; T] =
+                    std::array::from_fn(|t| unsafe { &x[t].get_unchecked(b).qs });
+                let mut sum: [__m512i; T] =
+                    std::array::from_fn(|t| _mm512_set1_epi32(toks[t].bias.iter().sum()));
+                for j in 0..4 {
+                    let (lo, hi) = $values(gb, j, qh);
+                    for t in 0..T {
+                        sum[t] = _mm512_dpbusd_epi32(sum[t], lo, x_dword(xq[t], j));
+                        sum[t] = _mm512_dpbusd_epi32(sum[t], hi, x_dword(xq[t], j + 4));
+                    }
+                }
+                if $minimums {
+                    let m = halves_at(gb.add(offsets::M));
+                    for t in 0..T {
+                        summs[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(toks[t].s), summs[t]);
+                    }
+                }
+                for t in 0..T {
+                    let dd = _mm512_mul_ps(dw, _mm512_set1_ps(toks[t].d));
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), dd, acc[t]);
+                }
             }
+            std::array::from_fn(|t| {
+                if $minimums {
+                    _mm512_add_ps(acc[t], summs[t])
+                } else {
+                    acc[t]
+                }
+            })
         }
-        for t in 0..T {
-            let dd = _mm512_mul_ps(dw, _mm512_set1_ps(toks[t].d));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), dd, acc[t]);
-        }
-    }
-    acc
+    };
 }
+
+chain_group!(q4_0_chains, GgmlType::Q4_0, BlockQ8_0, values::q4_0, false);
+chain_group!(q4_1_chains, GgmlType::Q4_1, BlockQ8_1, values::q4_1, true);
+chain_group!(q5_0_chains, GgmlType::Q5_0, BlockQ8_0, values::q5_0, false);
+chain_group!(q8_0_chains, GgmlType::Q8_0, BlockQ8_0, values::q8_0, false);
 
 thread_local! {
     /// Per-thread scratch for the prepared activation blocks and an unpacked group (reused,
@@ -364,12 +399,19 @@ impl Out {
 pub(crate) type PackedFn =
     unsafe fn(nb: usize, w: &[u8], groups: usize, x: &[u8], toks: usize, out: Out);
 
-/// Defines a kernel entry: tokens in passes of [`PASS_TOKENS`], groups outside (a group's
-/// weights come from memory once, later passes find them in L1). With an `$unpack` for the
-/// layout, a batch of [`UNPACK_FROM_TOKENS`] or more unpacks each group once and runs its
-/// passes with `$unpacked`.
+/// Defines a kernel entry: tokens in passes of [`PASS_TOKENS`] (`$pass`: up to 4, for the
+/// chain order's one accumulator a token), groups outside (a group's weights come from memory
+/// once, later passes find them in L1). With an `$unpack` for the layout, a batch of
+/// [`UNPACK_FROM_TOKENS`] or more unpacks each group once and runs its passes with
+/// `$unpacked`.
 macro_rules! packed_kernel {
     ($name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr $(, $unpack:ident, $unpacked:ident)?) => {
+        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, PASS_TOKENS $(, $unpack, $unpacked)?);
+    };
+    (chain $name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr) => {
+        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, 4);
+    };
+    (@entry $name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr, $pass:expr $(, $unpack:ident, $unpacked:ident)?) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
         pub(crate) unsafe fn $name(
             nb: usize,
@@ -390,16 +432,28 @@ macro_rules! packed_kernel {
                 macro_rules! passes {
                     ($g:expr, $gp:expr, $kernel:ident) => {{
                         let (g, gp) = ($g, $gp);
+                        // Passes as even as the pass size allows (five tokens as three and
+                        // two, not four and one: a pass's loads cost the same for any size).
+                        let size = toks.div_ceil(toks.div_ceil($pass));
                         let mut t0 = 0;
                         while t0 < toks {
-                            if toks - t0 >= PASS_TOKENS {
-                                let r = $kernel::<2>(nb, gp, [xs[t0], xs[t0 + 1]], [tb(t0), tb(t0 + 1)]);
-                                out.put(t0, g, r[0]);
-                                out.put(t0 + 1, g, r[1]);
-                            } else {
-                                out.put(t0, g, $kernel::<1>(nb, gp, [xs[t0]], [tb(t0)])[0]);
+                            let n = (toks - t0).min(size);
+                            macro_rules! pass {
+                                ($t:literal) => {{
+                                    let xt: [&[$xb]; $t] = std::array::from_fn(|i| xs[t0 + i]);
+                                    let bt: [&[TokenBlock]; $t] = std::array::from_fn(|i| tb(t0 + i));
+                                    for (i, v) in $kernel::<$t>(nb, gp, xt, bt).into_iter().enumerate() {
+                                        out.put(t0 + i, g, v);
+                                    }
+                                }};
                             }
-                            t0 += PASS_TOKENS;
+                            match n {
+                                1 => pass!(1),
+                                2 => pass!(2),
+                                3 => pass!(3),
+                                _ => pass!(4),
+                            }
+                            t0 += n;
                         }
                     }};
                 }
@@ -423,7 +477,10 @@ macro_rules! packed_kernel {
 
 packed_kernel!(q8_0, q8_0_lanes, GgmlType::Q8_0, BlockQ8_0, 128);
 packed_kernel!(q4_0, q4_0_lanes, GgmlType::Q4_0, BlockQ8_0, 8);
-packed_kernel!(q4_0_repacked, q4_0_chain, GgmlType::Q4_0, BlockQ8_0, 8);
+packed_kernel!(chain q4_0_chain, q4_0_chains, GgmlType::Q4_0, BlockQ8_0, 8);
+packed_kernel!(chain q4_1_chain, q4_1_chains, GgmlType::Q4_1, BlockQ8_1, 0);
+packed_kernel!(chain q5_0_chain, q5_0_chains, GgmlType::Q5_0, BlockQ8_0, 16);
+packed_kernel!(chain q8_0_chain, q8_0_chains, GgmlType::Q8_0, BlockQ8_0, 128);
 packed_kernel!(q4_1, q4_1_lanes, GgmlType::Q4_1, BlockQ8_1, 0);
 packed_kernel!(
     q5_0,

@@ -351,8 +351,34 @@ pub(crate) unsafe fn q4_k_repacked(
     toks: usize,
     out: Out,
 ) {
+    q4_k(nb, w, groups, x, toks, out, toks - toks % 4)
+}
+
+/// Q4_K in the chain order: every token as the peer's GEMV takes one, a step per super-block.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+pub(crate) unsafe fn q4_k_chain(
+    nb: usize,
+    w: &[u8],
+    groups: usize,
+    x: &[u8],
+    toks: usize,
+    out: Out,
+) {
+    q4_k(nb, w, groups, x, toks, out, 0)
+}
+
+/// Q4_K's repacked order with the first `gemm_toks` tokens stepping per 64 values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+unsafe fn q4_k(
+    nb: usize,
+    w: &[u8],
+    groups: usize,
+    x: &[u8],
+    toks: usize,
+    out: Out,
+    gemm_toks: usize,
+) {
     let x = checked(GgmlType::Q4_K, nb, w, groups, x, toks);
-    let gemm_toks = toks - toks % 4;
     let xs = |t: usize| &x[t * nb..(t + 1) * nb];
     let gb = nb * group_block_bytes(GgmlType::Q4_K);
     macro_rules! passes {

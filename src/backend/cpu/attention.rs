@@ -83,17 +83,19 @@ pub fn paged_attention(
                 let scale = shape.scale;
                 attend_chunk_tiled(kv, layer, seg.kv_head, toks, &q_g, m, hd, scale, &mut out_g);
             } else {
-                let (m, scale) = (heads.len(), shape.scale);
-                attend_group(
+                let (toks, m) = (&tokens[t0..t1], heads.len());
+                let scale = shape.scale;
+                attend_rows(
                     kv,
                     layer,
                     seg.kv_head,
-                    &tokens[t0],
-                    q_g[0],
+                    toks,
+                    &q_g,
                     m,
                     hd,
                     scale,
-                    out_g[0],
+                    &mut out_g,
+                    true,
                 );
             }
         }
@@ -111,72 +113,80 @@ struct Segment {
 
 /// Splits the batch into segments and the segments into units of parallel work.
 ///
-/// Normally one unit is one segment: (token, KV head) for the per-row path, (chunk of up to
-/// `QUERY_CHUNK` consecutive tokens of one span, KV head) for the tiled path, so that each
-/// decoded K/V tile serves the whole chunk. When the per-row work is too coarse to spread
-/// (one decoding sequence has only `n_head_kv` groups, often fewer than twice the threads),
-/// its query heads are instead dealt out in equal contiguous runs, one per thread.
+/// A segment is a run of consecutive tokens of one span (up to [`QUERY_CHUNK`] in the tiled
+/// path, [`ROW_CHUNK`] in the per-row path) and one KV head, so that each decoded K/V tile
+/// serves the whole run. Normally one unit is one segment. When the work is too coarse to
+/// spread (one decoding sequence has only `n_head_kv` groups, often fewer than twice the
+/// threads), the query heads are instead dealt out in equal contiguous runs, one per thread.
 fn plan_units(
     tokens: &[AttnToken<'_>],
     n_head_kv: usize,
     rep: usize,
     threads: usize,
 ) -> (Vec<Segment>, Vec<std::ops::Range<usize>>) {
-    let mut segments = Vec::new();
-    let mut units = Vec::new();
-    let row_tokens: Vec<usize> = (0..tokens.len()).filter(|&t| !tokens[t].tiled).collect();
-    let split_heads = threads > 1 && row_tokens.len() * n_head_kv < 2 * threads;
+    let mut runs = Vec::new();
     let mut t = 0;
     while t < tokens.len() {
+        let limit = if tokens[t].tiled {
+            QUERY_CHUNK
+        } else {
+            ROW_CHUNK
+        };
         let mut end = t + 1;
-        if tokens[t].tiled {
-            while end < tokens.len()
-                && end - t < QUERY_CHUNK
-                && tokens[end].tiled
-                && std::ptr::eq(tokens[end].block_table, tokens[t].block_table)
-            {
-                end += 1;
-            }
+        while end < tokens.len()
+            && end - t < limit
+            && tokens[end].tiled == tokens[t].tiled
+            && std::ptr::eq(tokens[end].block_table, tokens[t].block_table)
+        {
+            end += 1;
         }
-        if !tokens[t].tiled && split_heads {
-            t = end;
-            continue;
-        }
-        for kv_head in 0..n_head_kv {
-            units.push(segments.len()..segments.len() + 1);
-            segments.push(Segment {
-                tokens: t..end,
-                kv_head,
-                heads: 0..rep,
-            });
-        }
+        runs.push(t..end);
         t = end;
     }
-    if split_heads {
-        // Flatten (token, query head) and give each thread one contiguous run of it.
-        let total = row_tokens.len() * n_head_kv * rep;
-        let parts = threads.min(total);
-        for part in 0..parts {
-            let (lo, hi) = (part * total / parts, (part + 1) * total / parts);
-            let first = segments.len();
-            let mut f = lo;
-            while f < hi {
-                let (tok_i, head) = (f / (n_head_kv * rep), f % (n_head_kv * rep));
-                let (kv_head, h0) = (head / rep, head % rep);
-                let h1 = rep.min(h0 + hi - f);
-                let t = row_tokens[tok_i];
+    // Too few units to spread (one decoding sequence has only `n_head_kv` groups, often fewer
+    // than twice the threads): the query heads are dealt out instead.
+    let split_heads = threads > 1 && runs.len() * n_head_kv < 2 * threads;
+    let mut segments = Vec::new();
+    let mut units = Vec::new();
+    if !split_heads {
+        for run in &runs {
+            for kv_head in 0..n_head_kv {
+                units.push(segments.len()..segments.len() + 1);
                 segments.push(Segment {
-                    tokens: t..t + 1,
+                    tokens: run.clone(),
                     kv_head,
-                    heads: h0..h1,
+                    heads: 0..rep,
                 });
-                f += h1 - h0;
             }
-            units.push(first..segments.len());
         }
+        return (segments, units);
+    }
+    // Flatten (run, query head) and give each thread one contiguous part of it.
+    let total = runs.len() * n_head_kv * rep;
+    let parts = threads.min(total);
+    for part in 0..parts {
+        let (lo, hi) = (part * total / parts, (part + 1) * total / parts);
+        let first = segments.len();
+        let mut f = lo;
+        while f < hi {
+            let (run, head) = (f / (n_head_kv * rep), f % (n_head_kv * rep));
+            let (kv_head, h0) = (head / rep, head % rep);
+            let h1 = rep.min(h0 + hi - f);
+            segments.push(Segment {
+                tokens: runs[run].clone(),
+                kv_head,
+                heads: h0..h1,
+            });
+            f += h1 - h0;
+        }
+        units.push(first..segments.len());
     }
     (segments, units)
 }
+
+/// Tokens of one span that share each decoded K/V block in the per-row path (a decoding
+/// token and its draft tokens).
+const ROW_CHUNK: usize = 16;
 
 /// Queries of one span that share each decoded K/V tile in the tiled path.
 const QUERY_CHUNK: usize = 16;
@@ -189,109 +199,198 @@ struct Online {
 }
 
 fma_dispatch! {
+/// ggml's per-row attention for a run of tokens of one span (a decoding token and its drafts)
+/// and `rep` query heads of one KV head group: an online softmax over the positions in order
+/// per (token, head). Each K/V block is decoded once for the whole run; each token's
+/// arithmetic is what it would be alone.
 #[allow(clippy::too_many_arguments)]
-fn attend_group(
+fn attend_rows(
     kv: &KvPages,
     layer: usize,
     kv_head: usize,
-    tok: &AttnToken<'_>,
-    q_g: &[f32],
+    toks: &[AttnToken<'_>],
+    qs: &[&[f32]],
     rep: usize,
     hd: usize,
     scale: f32,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
+    fast_rows: bool,
 ) {
     let geom = kv.geometry();
     let kv_type = geom.kv_type;
     let bt = geom.block_size;
     let row_bytes = geom.row_bytes();
-    let n_ctx = tok.pos + 1;
     // f16 pages follow ggml's f16 arithmetic (the peer's greedy tokens depend on it);
     // quantized pages have no peer arithmetic to match and run in plain f32.
     let f16_numerics = kv_type == KvType::F16;
-    // The query as ggml multiplies it with f16 K: rounded to f16.
-    let q: Vec<f32> = if f16_numerics {
-        q_g.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
-    } else {
-        q_g.to_vec()
-    };
-    let mut heads: Vec<Online> = (0..rep)
+    // The AVX-512 form of the f16 block loop, where there is one (`fast_rows` off: the
+    // portable form, which tests compare it with).
+    let fast_rows = fast_rows && f16_numerics && per_row_block_f16_fits(hd);
+    // Each token's query as ggml multiplies it with f16 K: rounded to f16.
+    let q: Vec<Vec<f32>> = qs
+        .iter()
+        .map(|q_g| {
+            if f16_numerics {
+                q_g.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+            } else {
+                q_g.to_vec()
+            }
+        })
+        .collect();
+    let mut heads: Vec<Online> = (0..toks.len() * rep)
         .map(|_| Online {
             max: f32::NEG_INFINITY,
             sum: 0.0,
             acc: vec![0.0; hd],
         })
         .collect();
-    // One KV block at a time, in three passes that each keep the arithmetic of the one-position
-    // loop: every score of the block (independent dot products), then each head's softmax
-    // factors (a running maximum, then exps that no longer wait on each other), then the
-    // accumulator updates in position order.
     let mut k_tile = vec![0f32; bt * hd];
     let mut v_tile = vec![0f32; bt * hd];
-    let mut scores = vec![0f32; rep * bt];
+    let mut scores = vec![0f32; bt];
     let mut factors = vec![(0f32, 0f32); bt];
-    let first_block = tok.first / bt;
-    let blocks = tok.block_table.iter().enumerate().take(n_ctx.div_ceil(bt));
-    for (bi, &block) in blocks.skip(first_block) {
-        let k_rows = kv.head_rows(layer, block as usize, Part::K, kv_head);
-        let v_rows = kv.head_rows(layer, block as usize, Part::V, kv_head);
-        // Rows skip..len of the block are seen (a window may start inside the first block).
-        let skip = tok.first.saturating_sub(bi * bt);
-        let len = (n_ctx - bi * bt).min(bt) - skip;
-        let (k_rows, v_rows) = (&k_rows[skip * row_bytes..], &v_rows[skip * row_bytes..]);
+    let first = toks.iter().map(|t| t.first).min().unwrap_or(0);
+    let n_ctx = toks.iter().map(|t| t.pos + 1).max().unwrap_or(0);
+    for bi in first / bt..n_ctx.div_ceil(bt) {
+        let block = toks[0].block_table[bi] as usize;
+        let k_rows = kv.head_rows(layer, block, Part::K, kv_head);
+        let v_rows = kv.head_rows(layer, block, Part::V, kv_head);
+        // The block's rows lo..hi are seen by some token of the run (a window may start
+        // inside the first block): they are decoded once, into tile rows 0..hi - lo.
+        let lo = first.saturating_sub(bi * bt);
+        let hi = (n_ctx - bi * bt).min(bt);
         // A head's rows of one block are contiguous in its page, and rows are whole blocks of
         // the format: the block's rows convert in one call each for K and V.
-        kv_type.decode_row(&k_rows[..len * row_bytes], &mut k_tile[..len * hd]);
-        kv_type.decode_row(&v_rows[..len * row_bytes], &mut v_tile[..len * hd]);
-        for (r, sc) in scores.chunks_exact_mut(bt).enumerate() {
-            let q = &q[r * hd..(r + 1) * hd];
-            let pairs = sc.iter_mut().zip(k_tile.chunks_exact(hd)).take(len);
-            if f16_numerics {
-                pairs.for_each(|(s, k)| *s = dot_f16_ggml(k, q) * scale);
-            } else {
-                pairs.for_each(|(s, k)| *s = dot_f32(k, q) * scale);
+        let (k_rows, v_rows) = (&k_rows[lo * row_bytes..], &v_rows[lo * row_bytes..]);
+        kv_type.decode_row(&k_rows[..(hi - lo) * row_bytes], &mut k_tile[..(hi - lo) * hd]);
+        kv_type.decode_row(&v_rows[..(hi - lo) * row_bytes], &mut v_tile[..(hi - lo) * hd]);
+        for (j, tok) in toks.iter().enumerate() {
+            // This token's rows of the block, in tile rows.
+            let start = tok.first.saturating_sub(bi * bt).max(lo);
+            let end = (tok.pos + 1).saturating_sub(bi * bt).min(bt);
+            if start >= end {
+                continue;
             }
-        }
-        for (r, h) in heads.iter_mut().enumerate() {
-            // (ms, vs) per position: a new maximum rescales what came before by ms and adds
-            // the value at weight 1; otherwise the value is added at weight vs.
-            let mut max = h.max;
-            for (f, &sc) in factors.iter_mut().zip(&scores[r * bt..r * bt + len]) {
-                *f = if sc > max {
-                    let ms = (max - sc).exp();
-                    max = sc;
-                    (ms, 1.0)
+            let seen = start - lo..end - lo;
+            for r in 0..rep {
+                let (q, h) = (&q[j][r * hd..(r + 1) * hd], &mut heads[j * rep + r]);
+                if fast_rows {
+                    per_row_block_f16(&k_tile, &v_tile, seen.clone(), q, scale, &mut scores, h);
                 } else {
-                    (1.0, (sc - max).exp())
-                };
-            }
-            h.max = max;
-            for (&(ms, vs), v) in factors.iter().zip(v_tile.chunks_exact(hd)).take(len) {
-                if f16_numerics {
-                    if ms != 1.0 {
-                        scale_round(&mut h.acc, ms);
-                    }
-                    fma_round(&mut h.acc, v, vs);
-                    h.sum = h.sum.mul_add(ms, vs);
-                } else {
-                    if ms != 1.0 {
-                        h.acc.iter_mut().for_each(|a| *a *= ms);
-                    }
-                    for (a, &x) in h.acc.iter_mut().zip(v) {
-                        *a += x * vs;
-                    }
-                    h.sum = h.sum * ms + vs;
+                    let tiles = (&k_tile[..], &v_tile[..]);
+                    let (sc, fa) = (&mut scores[..], &mut factors[..]);
+                    per_row_block(tiles, seen.clone(), q, scale, f16_numerics, sc, fa, h);
                 }
             }
         }
     }
-    for (r, h) in heads.iter().enumerate() {
-        let inv = if h.sum == 0.0 { 0.0 } else { 1.0 / h.sum };
-        for (o, &a) in out[r * hd..(r + 1) * hd].iter_mut().zip(&h.acc) {
-            *o = a * inv;
+    for (j, out) in outs.iter_mut().enumerate() {
+        for r in 0..rep {
+            let h = &heads[j * rep + r];
+            let inv = if h.sum == 0.0 { 0.0 } else { 1.0 / h.sum };
+            for (o, &a) in out[r * hd..(r + 1) * hd].iter_mut().zip(&h.acc) {
+                *o = a * inv;
+            }
         }
     }
 }
+}
+
+/// The per-row path's work for one block and one (token, head): the rows `seen` of the K and
+/// V tiles, in three passes that each keep the arithmetic of the one-position loop: every
+/// score (independent dot products), then the softmax factors (a running maximum, then exps
+/// that no longer wait on each other), then the accumulator updates in position order.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn per_row_block(
+    (k_tile, v_tile): (&[f32], &[f32]),
+    seen: std::ops::Range<usize>,
+    q: &[f32],
+    scale: f32,
+    f16_numerics: bool,
+    scores: &mut [f32],
+    factors: &mut [(f32, f32)],
+    h: &mut Online,
+) {
+    let hd = q.len();
+    for p in seen.clone() {
+        let k = &k_tile[p * hd..(p + 1) * hd];
+        scores[p] = if f16_numerics {
+            dot_f16_ggml(k, q) * scale
+        } else {
+            dot_f32(k, q) * scale
+        };
+    }
+    // (ms, vs) per position: a new maximum rescales what came before by ms and adds the value
+    // at weight 1; otherwise the value is added at weight vs.
+    let mut max = h.max;
+    for p in seen.clone() {
+        let sc = scores[p];
+        factors[p] = if sc > max {
+            let ms = (max - sc).exp();
+            max = sc;
+            (ms, 1.0)
+        } else {
+            (1.0, (sc - max).exp())
+        };
+    }
+    h.max = max;
+    for p in seen {
+        let ((ms, vs), v) = (factors[p], &v_tile[p * hd..(p + 1) * hd]);
+        if f16_numerics {
+            if ms != 1.0 {
+                scale_round(&mut h.acc, ms);
+            }
+            fma_round(&mut h.acc, v, vs);
+            h.sum = h.sum.mul_add(ms, vs);
+        } else {
+            if ms != 1.0 {
+                h.acc.iter_mut().for_each(|a| *a *= ms);
+            }
+            for (a, &x) in h.acc.iter_mut().zip(v) {
+                *a += x * vs;
+            }
+            h.sum = h.sum * ms + vs;
+        }
+    }
+}
+
+/// Whether [`per_row_block_f16`] runs for heads of `hd` on this CPU.
+fn per_row_block_f16_fits(hd: usize) -> bool {
+    cfg!(target_arch = "x86_64") && crate::cpu_features::avx512() && matches!(hd, 64 | 128 | 256)
+}
+
+/// [`per_row_block`] for f16 pages (the rows `seen` of `k` and `v`) and one query head, in AVX-512 with the accumulator in registers
+/// (`attention_avx512::per_row_block_f16`); only where [`per_row_block_f16_fits`].
+fn per_row_block_f16(
+    k: &[f32],
+    v: &[f32],
+    seen: std::ops::Range<usize>,
+    q: &[f32],
+    scale: f32,
+    scores: &mut [f32],
+    h: &mut Online,
+) {
+    assert!(per_row_block_f16_fits(q.len()));
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::attention_avx512::{per_row_block_f16 as block, RowState};
+        let state = RowState {
+            max: &mut h.max,
+            sum: &mut h.sum,
+            acc: &mut h.acc,
+        };
+        // SAFETY: AVX-512 F and F16C were detected (`per_row_block_f16_fits`); the lengths
+        // are checked inside.
+        unsafe {
+            match q.len() {
+                64 => block::<4>(k, v, seen, q, scale, scores, state),
+                128 => block::<8>(k, v, seen, q, scale, scores, state),
+                _ => block::<16>(k, v, seen, q, scale, scores, state),
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (k, v, seen, scale, scores, h);
 }
 
 /// A dot product in eight independent partial sums (so it vectorises without reassociation
@@ -338,16 +437,10 @@ fn attend_chunk_tiled(
     // No query of the chunk sees a position before `lo` (and its block may be gone): tiles
     // start at the one holding it, and earlier rows of that tile are never read.
     let lo = toks.iter().map(|t| t.first).min().unwrap_or(0);
-    let row_of = |part: Part, p: usize, dst: &mut [f32]| {
-        let rows = kv.head_rows(layer, block_table[p / bt] as usize, part, kv_head);
-        let s = p % bt;
-        geom.kv_type
-            .decode_row(&rows[s * row_bytes..(s + 1) * row_bytes], dst);
-    };
     // K transposed ([dim][position]) so K·Q runs across positions: each position is its own
     // sequential FMA chain over dimensions, as in ggml's simd_gemm, and the lanes vectorise.
     let mut k_tile_t = vec![0f32; hd * TILE];
-    let mut k_row = vec![0f32; hd];
+    let mut k_rows = vec![0f32; TILE * hd];
     let mut v_tile = vec![0f32; TILE * hd];
     let mut kq = [[0f32; TILE]; HEADS_AT_ONCE];
     let n_q = toks.len();
@@ -356,13 +449,23 @@ fn attend_chunk_tiled(
     outs.iter_mut().for_each(|o| o.fill(0.0));
     for start in (lo - lo % TILE..max_ctx).step_by(TILE) {
         let tile_len = (max_ctx - start).min(TILE);
-        for i in lo.saturating_sub(start)..tile_len {
-            row_of(Part::K, start + i, &mut k_row);
-            for (d, &k) in k_row.iter().enumerate() {
-                k_tile_t[d * TILE + i] = k;
+        // The tile's rows, a block's run of them at a time (a head's rows of one block are
+        // contiguous in its page, and whole blocks of the format): rows before `lo` are never
+        // read (their block may be gone).
+        let first_row = lo.saturating_sub(start);
+        let mut i = first_row;
+        while i < tile_len {
+            let p = start + i;
+            let (block, s) = (block_table[p / bt] as usize, p % bt);
+            let run = (bt - s).min(tile_len - i);
+            for (part, dst) in [(Part::K, &mut k_rows), (Part::V, &mut v_tile)] {
+                let rows = kv.head_rows(layer, block, part, kv_head);
+                let src = &rows[s * row_bytes..(s + run) * row_bytes];
+                geom.kv_type.decode_row(src, &mut dst[i * hd..(i + run) * hd]);
             }
-            row_of(Part::V, start + i, &mut v_tile[i * hd..(i + 1) * hd]);
+            i += run;
         }
+        transpose_rows(&k_rows, first_row..tile_len, hd, &mut k_tile_t);
         for (j, tok) in toks.iter().enumerate() {
             let n_ctx = tok.pos + 1;
             if n_ctx <= start || tok.first >= start + TILE {
@@ -423,6 +526,22 @@ fn attend_chunk_tiled(
         }
     }
 }
+}
+
+/// `kt[d * TILE + i] = rows[i * hd + d]` for the rows `range` of a tile: K transposed for
+/// [`kq_tile`] (16 × 16 blocks in AVX-512 registers where the CPU has it).
+fn transpose_rows(rows: &[f32], range: std::ops::Range<usize>, hd: usize, kt: &mut [f32]) {
+    let mut done = range.start;
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu_features::avx512() && hd.is_multiple_of(16) {
+        // SAFETY: AVX-512F was detected; the bounds are checked inside.
+        done = unsafe { super::attention_avx512::transpose_rows(rows, range.clone(), hd, kt) };
+    }
+    for i in done..range.end {
+        for d in 0..hd {
+            kt[d * TILE + i] = rows[i * hd + d];
+        }
+    }
 }
 
 /// Query heads of a group scored together in the tiled path.
@@ -713,6 +832,92 @@ mod tests {
         }
     }
 
+    #[test]
+    fn tile_transpose_puts_every_value_in_its_column() {
+        for hd in [16, 64, 80, 256] {
+            let rows: Vec<f32> = (0..TILE * hd).map(|i| i as f32).collect();
+            for range in [0..TILE, 5..37, 16..32, 3..3] {
+                let mut kt = vec![-1f32; hd * TILE];
+                transpose_rows(&rows, range.clone(), hd, &mut kt);
+                for d in 0..hd {
+                    for i in 0..TILE {
+                        let want = if range.contains(&i) {
+                            rows[i * hd + d]
+                        } else {
+                            -1.0
+                        };
+                        assert_eq!(kt[d * TILE + i], want, "hd {hd} {range:?} ({d}, {i})");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The per-row path's AVX-512 block loop (where this CPU has it) against the portable one,
+    /// bit for bit: several blocks, a window starting inside a block, every head size it takes.
+    #[test]
+    fn per_row_fast_path_matches_the_portable_one_bit_for_bit() {
+        for hd in [64, 128, 256] {
+            let geom = PageGeometry {
+                layers: 1,
+                kv_heads: 1,
+                head_dim: hd,
+                block_size: 16,
+                kv_type: KvType::F16,
+            };
+            let mut kv = KvPages::new(geom, 8).unwrap();
+            let table: Vec<u32> = vec![3, 6, 1, 7, 0];
+            let n = 70;
+            for p in 0..n {
+                let slot = table[p / 16] as usize * 16 + p % 16;
+                for (part, which) in [(0, Part::K), (1, Part::V)] {
+                    let row: Vec<f32> = (0..hd).map(|d| val(p, 0, d, part) * 3.0).collect();
+                    kv.write_row(0, slot, which, 0, &row);
+                }
+            }
+            let rep = 3;
+            let q: Vec<f32> = (0..rep * hd)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0)
+                .collect();
+            for first in [0, 21] {
+                let tok = AttnToken {
+                    block_table: &table,
+                    pos: n - 1,
+                    first,
+                    tiled: false,
+                };
+                let (mut fast, mut portable) = (vec![0f32; rep * hd], vec![0f32; rep * hd]);
+                let toks = [tok];
+                attend_rows(
+                    &kv,
+                    0,
+                    0,
+                    &toks,
+                    &[&q],
+                    rep,
+                    hd,
+                    0.3,
+                    &mut [&mut fast],
+                    true,
+                );
+                attend_rows(
+                    &kv,
+                    0,
+                    0,
+                    &toks,
+                    &[&q],
+                    rep,
+                    hd,
+                    0.3,
+                    &mut [&mut portable],
+                    false,
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&portable), "hd {hd}, first {first}");
+            }
+        }
+    }
+
     /// A chunk of queries sharing K/V tiles gives each query the bits it gets alone.
     #[test]
     fn chunked_tiled_queries_match_single_queries_bit_for_bit() {
@@ -785,11 +990,13 @@ mod tests {
         seen.sort();
         let want: Vec<(usize, usize)> = (0..3).flat_map(|g| (0..3).map(move |h| (g, h))).collect();
         assert_eq!(seen, want);
-        // Plenty of groups: one unit per (token, KV head), whole groups.
-        let many: Vec<AttnToken> = (0..4)
-            .map(|p| AttnToken {
-                block_table: &table,
-                pos: p,
+        // Plenty of groups (four sequences): one unit per (token, KV head), whole groups.
+        let tables = [[0u32], [1], [2], [3]];
+        let many: Vec<AttnToken> = tables
+            .iter()
+            .map(|t| AttnToken {
+                block_table: t,
+                pos: 3,
                 first: 0,
                 tiled: false,
             })
@@ -799,6 +1006,18 @@ mod tests {
         assert!(segs
             .iter()
             .all(|s| s.heads == (0..3) && s.tokens.len() == 1));
+        // One sequence's token and its drafts: one run, whose heads are split as above.
+        let span: Vec<AttnToken> = (0..4)
+            .map(|p| AttnToken {
+                block_table: &table,
+                pos: p,
+                first: 0,
+                tiled: false,
+            })
+            .collect();
+        let (segs, units) = plan_units(&span, 3, 3, 2);
+        assert_eq!(units.len(), 2);
+        assert!(segs.iter().all(|s| s.tokens == (0..4)));
     }
 
     /// A window sees only its last positions, in both paths, and never reads the blocks before

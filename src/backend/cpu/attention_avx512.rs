@@ -109,3 +109,168 @@ pub unsafe fn accumulate_v(
         }
     }
 }
+
+/// One query row's state in the per-row path's online softmax.
+pub struct RowState<'a> {
+    pub max: &'a mut f32,
+    pub sum: &'a mut f32,
+    /// `hd` values, each the f16 value ggml's accumulator holds.
+    pub acc: &'a mut [f32],
+}
+
+/// ggml's per-row flash attention on f16 pages, over the positions `seen` of one block for one
+/// query row: `k` and `v` are the block's rows (`hd` values each, f16 values held in f32), `q`
+/// the row's query rounded to f16. Each score is ggml's f16 dot product (four 16-lane
+/// accumulators over 64 values at a time, folded pairwise, then the lanes reduced as GCC's
+/// `_mm512_reduce_add_ps` does) times `scale`; the softmax factors are the scalar `expf` steps
+/// of the portable path; every accumulator update is one fused multiply-add rounded to f16.
+/// The accumulator stays in registers through the block.
+///
+/// # Safety
+/// The CPU has AVX-512F and F16C; `hd` is `16 * L` and a multiple of 64; `k` and `v` hold the
+/// rows of `seen`, `q` and `acc` hold `hd` values; `scores` holds `seen.end` values.
+#[target_feature(enable = "avx512f,f16c,avx2,fma")]
+pub unsafe fn per_row_block_f16<const L: usize>(
+    k: &[f32],
+    v: &[f32],
+    seen: std::ops::Range<usize>,
+    q: &[f32],
+    scale: f32,
+    scores: &mut [f32],
+    state: RowState<'_>,
+) {
+    let hd = 16 * L;
+    assert!(hd.is_multiple_of(64) && q.len() >= hd && state.acc.len() >= hd);
+    assert!(seen.end * hd <= k.len().min(v.len()) && scores.len() >= seen.end);
+    let qv: [__m512; L] = std::array::from_fn(|c| _mm512_loadu_ps(q.as_ptr().add(16 * c)));
+    // Scores, each position independent.
+    for p in seen.clone() {
+        let kp = k.as_ptr().add(p * hd);
+        let mut a = [_mm512_setzero_ps(); 4];
+        for c in 0..L {
+            a[c % 4] = _mm512_fmadd_ps(_mm512_loadu_ps(kp.add(16 * c)), qv[c], a[c % 4]);
+        }
+        let folded = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+        *scores.get_unchecked_mut(p) = reduce_add_16(folded) * scale;
+    }
+    // The running maximum and the accumulator, position by position.
+    let mut acc: [__m512; L] =
+        std::array::from_fn(|c| _mm512_loadu_ps(state.acc.as_ptr().add(16 * c)));
+    let round = |x: __m512| {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(x))
+    };
+    let (mut max, mut sum) = (*state.max, *state.sum);
+    for p in seen {
+        let sc = *scores.get_unchecked(p);
+        let (ms, vs) = if sc > max {
+            let ms = (max - sc).exp();
+            max = sc;
+            (ms, 1.0)
+        } else {
+            (1.0, (sc - max).exp())
+        };
+        if ms != 1.0 {
+            let m = _mm512_set1_ps(ms);
+            for a in acc.iter_mut() {
+                *a = round(_mm512_mul_ps(*a, m));
+            }
+        }
+        let (vp, s) = (v.as_ptr().add(p * hd), _mm512_set1_ps(vs));
+        for (c, a) in acc.iter_mut().enumerate() {
+            *a = round(_mm512_fmadd_ps(_mm512_loadu_ps(vp.add(16 * c)), s, *a));
+        }
+        sum = sum.mul_add(ms, vs);
+    }
+    *state.max = max;
+    *state.sum = sum;
+    for (c, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(state.acc.as_mut_ptr().add(16 * c), *a);
+    }
+}
+
+/// GCC's `_mm512_reduce_add_ps` order: halves, quarters, then pairs.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn reduce_add_16(v: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let t8 = _mm256_add_ps(hi, _mm512_castps512_ps256(v));
+    let t4 = _mm_add_ps(_mm256_extractf128_ps::<1>(t8), _mm256_castps256_ps128(t8));
+    let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
+}
+
+/// `kt[d * 64 + i] = rows[i * hd + d]` for the whole sixteens of rows from `range.start`
+/// (`hd` a multiple of 16), in 16 × 16 register transposes. Returns the first row it left.
+///
+/// # Safety
+/// The CPU has AVX-512F; `rows` holds `range.end` rows of `hd`, `kt` `hd` rows of 64.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn transpose_rows(
+    rows: &[f32],
+    range: std::ops::Range<usize>,
+    hd: usize,
+    kt: &mut [f32],
+) -> usize {
+    assert!(hd.is_multiple_of(16) && range.end <= 64);
+    assert!(rows.len() >= range.end * hd && kt.len() >= hd * 64);
+    let mut i0 = range.start;
+    while i0 + 16 <= range.end {
+        for d0 in (0..hd).step_by(16) {
+            let r: [__m512; 16] =
+                std::array::from_fn(|k| _mm512_loadu_ps(rows.as_ptr().add((i0 + k) * hd + d0)));
+            for (k, col) in transpose_16x16(r).into_iter().enumerate() {
+                _mm512_storeu_ps(kt.as_mut_ptr().add((d0 + k) * 64 + i0), col);
+            }
+        }
+        i0 += 16;
+    }
+    i0
+}
+
+/// The transpose of sixteen rows of sixteen floats: element `j` of row `k` becomes element
+/// `k` of row `j`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_16x16(r: [__m512; 16]) -> [__m512; 16] {
+    let pd = |v: __m512| _mm512_castps_pd(v);
+    let ps = |v: __m512d| _mm512_castpd_ps(v);
+    // Pairs of rows interleaved by 32-bit elements, then by 64-bit ones: 4 × 4 blocks
+    // transposed within each 128-bit lane.
+    let t: [__m512; 16] = std::array::from_fn(|k| {
+        let (a, b) = (r[k & !1], r[k | 1]);
+        if k % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    let u: [__m512; 16] = std::array::from_fn(|k| {
+        let base = k & !3;
+        let (a, b) = (t[base + (k >> 1 & 1)], t[base + 2 + (k >> 1 & 1)]);
+        if k % 2 == 0 {
+            ps(_mm512_unpacklo_pd(pd(a), pd(b)))
+        } else {
+            ps(_mm512_unpackhi_pd(pd(a), pd(b)))
+        }
+    });
+    // Then the 128-bit lanes: pairs four rows apart, then eight apart.
+    let v: [__m512; 16] = std::array::from_fn(|k| {
+        let (half, j) = (k / 8, k % 8);
+        let (a, b) = (u[8 * half + j % 4], u[8 * half + j % 4 + 4]);
+        if j < 4 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    });
+    std::array::from_fn(|k| {
+        let (a, b) = (v[k % 8], v[k % 8 + 8]);
+        if k < 8 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    })
+}

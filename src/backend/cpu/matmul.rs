@@ -66,14 +66,21 @@ pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: 
         height: rows,
         packed: false,
     };
-    matmul_fused(&[m], x, &mut [out]);
+    matmul_fused(&[m], x, &mut [out], &[]);
 }
 
 /// Several matrices applied to the same input (Q/K/V, gate/up) as one parallel loop: the
 /// input is quantized once per dot format, and the threads meet once instead of once per
 /// matrix, which matters for one decoding token, where each matrix is only a few µs of work.
-/// `outs[i]` is n_tok × `mats[i].rows`.
-pub fn matmul_fused(mats: &[WeightRef<'_>], x: &[f32], outs: &mut [&mut [f32]]) {
+/// `outs[i]` is n_tok × `mats[i].rows`. `generated[t]`: whether the model generated token `t`
+/// (`BatchMeta::generated`; empty: none did), which packed matrices compute in
+/// `quant::decode_order`.
+pub fn matmul_fused(
+    mats: &[WeightRef<'_>],
+    x: &[f32],
+    outs: &mut [&mut [f32]],
+    generated: &[bool],
+) {
     assert_eq!(mats.len(), outs.len());
     let Some(first) = mats.first() else { return };
     let cols = first.cols;
@@ -123,11 +130,16 @@ pub fn matmul_fused(mats: &[WeightRef<'_>], x: &[f32], outs: &mut [&mut [f32]]) 
             .flat_map(|(i, (m, &step))| (0..m.rows).step_by(step).map(move |r0| (i, r0)))
             .collect();
         let shared: Vec<SharedSlice<f32>> = outs.iter_mut().map(|o| SharedSlice::new(o)).collect();
+        let runs = TokenRuns::of(generated, n_tok);
         pool::parallel_for(tasks.len(), |task| {
             let (i, r0) = tasks[task];
             let m = &mats[i];
             let r1 = (r0 + rows_per_task[i]).min(m.rows);
-            run_panel(m, xq_of(m.ty), n_tok, r0..r1, shared[i]);
+            if m.packed {
+                run_packed_panel(m, xq_of(m.ty), &runs, r0..r1, shared[i]);
+            } else {
+                run_panel(m, xq_of(m.ty), n_tok, r0..r1, shared[i]);
+            }
         });
     })
 }
@@ -181,9 +193,6 @@ fn run_panel(
 ) {
     let (r0, r1) = (r.start, r.end);
     let order = quant::order(m.ty, m.height, n_tok);
-    if m.packed {
-        return run_packed_panel(m, xq, n_tok, order, r, out);
-    }
     let w_row = m.ty.row_bytes(m.cols as u64).expect("checked at load") as usize;
     let w_panel = &m.w[r0 * w_row..r1 * w_row];
     if n_tok == 1 {
@@ -204,14 +213,49 @@ fn run_panel(
     });
 }
 
-/// [`run_panel`] for a packed matrix: rows `r` start a group. Whole groups are written
-/// straight into the output; a last group with padding rows past the matrix goes through the
-/// scratch, which drops them.
+/// A matmul's tokens as runs of consecutive prompt or generated tokens, each computed in its
+/// own order: prompt tokens in the peer's for a batch of the prompt tokens, generated ones in
+/// `quant::decode_order`.
+struct TokenRuns {
+    runs: Vec<(std::ops::Range<usize>, bool)>,
+    prompt: usize,
+    generated: usize,
+}
+
+impl TokenRuns {
+    fn of(generated: &[bool], n_tok: usize) -> TokenRuns {
+        let kind = |t: usize| generated.get(t).copied().unwrap_or(false);
+        let mut runs: Vec<(std::ops::Range<usize>, bool)> = Vec::new();
+        for t in 0..n_tok {
+            match runs.last_mut() {
+                Some((r, g)) if *g == kind(t) => r.end = t + 1,
+                _ => runs.push((t..t + 1, kind(t))),
+            }
+        }
+        let generated = (0..n_tok).filter(|&t| kind(t)).count();
+        TokenRuns {
+            runs,
+            prompt: n_tok - generated,
+            generated,
+        }
+    }
+
+    fn order(&self, m: &WeightRef<'_>, generated: bool) -> quant::Order {
+        if generated {
+            quant::decode_order(m.ty, m.height, self.generated)
+        } else {
+            quant::order(m.ty, m.height, self.prompt)
+        }
+    }
+}
+
+/// [`run_panel`] for a packed matrix: rows `r` start a group; each run of tokens in its
+/// order. Whole groups are written straight into the output; a last group with padding rows
+/// past the matrix goes through the scratch, which drops them.
 fn run_packed_panel(
     m: &WeightRef<'_>,
     xq: &[u8],
-    n_tok: usize,
-    order: quant::Order,
+    runs: &TokenRuns,
     r: std::ops::Range<usize>,
     out: SharedSlice<f32>,
 ) {
@@ -220,17 +264,36 @@ fn run_packed_panel(
     let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
     let gb = quant::packed::group_bytes(m.ty, m.cols);
     let w = &m.w[g0 * gb..g1 * gb];
+    let x_row =
+        m.ty.vec_dot_type()
+            .row_bytes(m.cols as u64)
+            .expect("checked") as usize;
+    let n_tok = runs.runs.last().map_or(0, |(r, _)| r.end);
     if (g1 - g0) * GROUP == r1 - r0 {
-        let first = out.span_ptr(r0, (n_tok - 1) * m.rows + r1 - r0);
-        // SAFETY: rows r0..r1 of every token (stride m.rows, inside the span checked above)
-        // belong to this task alone.
-        unsafe { quant::gemm_packed_to(m.ty, order, m.cols, w, g1 - g0, xq, n_tok, first, m.rows) };
+        for (tokens, generated) in &runs.runs {
+            let (t0, n) = (tokens.start, tokens.len());
+            let first = out.span_ptr(t0 * m.rows + r0, (n - 1) * m.rows + r1 - r0);
+            let (order, x) = (
+                runs.order(m, *generated),
+                &xq[t0 * x_row..tokens.end * x_row],
+            );
+            // SAFETY: rows r0..r1 of every token (stride m.rows, inside the span checked
+            // above) belong to this task alone.
+            unsafe { quant::gemm_packed_to(m.ty, order, m.cols, w, g1 - g0, x, n, first, m.rows) };
+        }
         return;
     }
     let width = (g1 - g0) * GROUP;
     PANEL.with_borrow_mut(|panel| {
         panel.resize(width * n_tok, 0.0);
-        quant::gemm_packed(m.ty, order, m.cols, w, g1 - g0, xq, n_tok, panel);
+        for (tokens, generated) in &runs.runs {
+            let (order, x) = (
+                runs.order(m, *generated),
+                &xq[tokens.start * x_row..tokens.end * x_row],
+            );
+            let dst = &mut panel[tokens.start * width..tokens.end * width];
+            quant::gemm_packed(m.ty, order, m.cols, w, g1 - g0, x, tokens.len(), dst);
+        }
         for t in 0..n_tok {
             // SAFETY: rows r0..r1 of every token belong to this task alone.
             let dst = unsafe { out.slice_mut(t * m.rows + r0, r1 - r0) };
@@ -319,7 +382,7 @@ mod tests {
             .collect();
         let mut fused: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; n_tok * m.rows]).collect();
         let mut refs: Vec<&mut [f32]> = fused.iter_mut().map(|v| &mut v[..]).collect();
-        matmul_fused(&mats, &x, &mut refs);
+        matmul_fused(&mats, &x, &mut refs, &[]);
         for (m, got) in mats.iter().zip(&fused) {
             let mut want = vec![0f32; n_tok * m.rows];
             matmul(m.w, m.ty, m.rows, cols, &x, &mut want);

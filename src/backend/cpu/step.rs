@@ -119,7 +119,12 @@ impl<'a> CpuStep<'a> {
                         block_table: &batch.block_tables[batch.seq_of[i]][g],
                         pos: batch.positions[i],
                         first: layout.first_visible(g, batch.positions[i]),
-                        tiled: span_len[batch.seq_of[i]] >= TILE,
+                        // ggml's tiled path for long prompt spans, as the peer; and for the
+                        // tokens the model generates, where no peer arithmetic is held to:
+                        // its vector softmax costs less than the per-row path's scalar one,
+                        // and a run of drafts shares each decoded tile.
+                        tiled: span_len[batch.seq_of[i]] >= TILE
+                            || batch.generated.get(i).copied().unwrap_or(false),
                     })
                     .collect()
             })
@@ -228,7 +233,17 @@ impl Ops for CpuStep<'_> {
             .collect();
         {
             let mut refs: Vec<&mut [f32]> = taken.iter_mut().map(|v| &mut v[..]).collect();
-            matmul_fused(&mats, &self.bufs.bufs[index(x)], &mut refs);
+            // The head's rows are the gathered ones: their tokens' kinds.
+            let batch = self.batch;
+            let head_kinds: Vec<bool>;
+            let generated: &[bool] = if x == Buf::Head {
+                let kind = |i: usize| batch.generated.get(i).copied().unwrap_or(false);
+                head_kinds = batch.logits_for.iter().map(|&i| kind(i)).collect();
+                &head_kinds
+            } else {
+                &batch.generated
+            };
+            matmul_fused(&mats, &self.bufs.bufs[index(x)], &mut refs, generated);
         }
         for (&(_, b), v) in outs.iter().zip(taken) {
             self.put(b, v);
