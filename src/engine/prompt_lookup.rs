@@ -1,4 +1,4 @@
-//! Prompt-lookup drafts for speculative decoding: the tokens that followed the latest earlier
+//! Prompt-lookup drafts for speculative decoding: the tokens that followed an earlier
 //! occurrence of the sequence's last few tokens. Output that copies its input (extracting
 //! fields from a document, quoting, editing code) repeats long runs of the prompt, and a run
 //! found this way costs no model at all to propose. The engine verifies every draft in one
@@ -9,15 +9,18 @@ pub const MAX_NGRAM: usize = 3;
 /// A single repeated token is too weak a hint to spend a verification on.
 pub const MIN_NGRAM: usize = 2;
 /// The draft length a sequence starts with (at most the server's maximum).
-pub const FIRST_CAP: usize = 4;
+pub const FIRST_CAP: usize = 3;
 
 /// The draft cap after a draft of `drafted` tokens of which the first `accepted` held, with
-/// `max` the server's maximum: doubled after a whole draft held (a copied run goes on), else
-/// one more than what held (a wrong guess costs the step its verification; a short one costs
-/// little).
+/// `max` the server's maximum: one more after a whole draft held (a copied run goes on), else
+/// one more than what held (a wrong guess costs the step its verification). It grows by one,
+/// not by doubling: on a CPU each verified token costs real arithmetic (a 5-token step about
+/// twice a 1-token one on the reference model), so long drafts pay only when they hold; on
+/// the extraction task, drafts of up to 8 went from 1.45× to 1.51× the plain decode rate
+/// (`edgelm bench --lookup-task tests/data/lookup-extraction.txt --prompt-lookup 8`).
 pub fn next_cap(drafted: usize, accepted: usize, max: usize) -> usize {
     if accepted >= drafted {
-        (2 * drafted).clamp(1, max.max(1))
+        (drafted + 1).clamp(1, max.max(1))
     } else {
         (accepted + 1).min(max.max(1))
     }
@@ -87,9 +90,9 @@ mod tests {
     }
 
     #[test]
-    fn the_cap_doubles_on_whole_drafts_and_shrinks_to_what_held() {
-        assert_eq!(next_cap(4, 4, 16), 8);
-        assert_eq!(next_cap(12, 12, 16), 16);
+    fn the_cap_grows_on_whole_drafts_and_shrinks_to_what_held() {
+        assert_eq!(next_cap(4, 4, 16), 5);
+        assert_eq!(next_cap(16, 16, 16), 16);
         assert_eq!(next_cap(8, 3, 16), 4);
         assert_eq!(next_cap(8, 0, 16), 1);
         assert_eq!(next_cap(2, 2, 1), 1);
