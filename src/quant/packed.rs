@@ -168,8 +168,12 @@ enum Part {
     /// Q5_0's `qh` word at `from`, rearranged ([`rearrange_qh`]), the sixteen at `at`.
     Q5Bits { at: usize, from: usize },
     /// Q4_K's twelve bytes of six-bit scales and minimums at `from`, unpacked: the scales as
-    /// [`Part::Bytes`] at `at`, the minimums at `at + 128`.
-    ScaleMinK4 { at: usize, from: usize },
+    /// [`Part::Bytes`] at `at`, the minimums at `mins_at`.
+    ScaleMinK4 {
+        at: usize,
+        mins_at: usize,
+        from: usize,
+    },
 }
 
 /// The parts of a block of `ty`, which together cover all its bytes.
@@ -221,6 +225,7 @@ fn parts(ty: GgmlType) -> &'static [Part] {
             },
             ScaleMinK4 {
                 at: Q4_K_SC,
+                mins_at: Q4_K_MIN,
                 from: 4,
             },
             Dwords {
@@ -274,11 +279,11 @@ fn pack_block(ty: GgmlType, block: &[u8], lane: usize, group: &mut [u8]) {
                 let qh = u32::from_le_bytes(block[from..from + 4].try_into().expect("4 bytes"));
                 group[at + 4 * lane..][..4].copy_from_slice(&rearrange_qh(qh).to_le_bytes());
             }
-            Part::ScaleMinK4 { at, from } => {
+            Part::ScaleMinK4 { at, mins_at, from } => {
                 let (sc, m) = unpack_scale_min_k4(block[from..from + 12].try_into().expect("12"));
                 for k in 0..8 {
                     group[at + GROUP * k + lane] = sc[k];
-                    group[at + 128 + GROUP * k + lane] = m[k];
+                    group[mins_at + GROUP * k + lane] = m[k];
                 }
             }
         }
@@ -307,9 +312,9 @@ fn unpack_block(ty: GgmlType, group: &[u8], lane: usize, block: &mut [u8]) {
                 let w = u32::from_le_bytes(group[at + 4 * lane..][..4].try_into().expect("4"));
                 block[from..from + 4].copy_from_slice(&restore_qh(w).to_le_bytes());
             }
-            Part::ScaleMinK4 { at, from } => {
+            Part::ScaleMinK4 { at, mins_at, from } => {
                 let sc: [u8; 8] = std::array::from_fn(|k| group[at + GROUP * k + lane]);
-                let m: [u8; 8] = std::array::from_fn(|k| group[at + 128 + GROUP * k + lane]);
+                let m: [u8; 8] = std::array::from_fn(|k| group[mins_at + GROUP * k + lane]);
                 block[from..from + 12].copy_from_slice(&pack_scale_min_k4(&sc, &m));
             }
         }

@@ -531,12 +531,15 @@ fn attend_chunk_tiled(
 /// `kt[d * TILE + i] = rows[i * hd + d]` for the rows `range` of a tile: K transposed for
 /// [`kq_tile`] (16 × 16 blocks in AVX-512 registers where the CPU has it).
 fn transpose_rows(rows: &[f32], range: std::ops::Range<usize>, hd: usize, kt: &mut [f32]) {
-    let mut done = range.start;
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu_features::avx512() && hd.is_multiple_of(16) {
+    let done = if crate::cpu_features::avx512() && hd.is_multiple_of(16) {
         // SAFETY: AVX-512F was detected; the bounds are checked inside.
-        done = unsafe { super::attention_avx512::transpose_rows(rows, range.clone(), hd, kt) };
-    }
+        unsafe { super::attention_avx512::transpose_rows(rows, range.clone(), hd, kt) }
+    } else {
+        range.start
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = range.start;
     for i in done..range.end {
         for d in 0..hd {
             kt[d * TILE + i] = rows[i * hd + d];

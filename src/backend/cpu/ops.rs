@@ -99,12 +99,15 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 /// table of f16 values, with the tails outside ±10 taken exactly.
 pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     let table = gelu_table();
-    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu_features::avx512() {
+    let done = if crate::cpu_features::avx512() {
         // SAFETY: AVX-512 F/BW/VL (and F16C) were detected.
-        done = unsafe { gelu_mul_avx512(gate, up, table) };
-    }
+        unsafe { gelu_mul_avx512(gate, up, table) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     for (g, &u) in gate[done..].iter_mut().zip(&up[done..]) {
         *g = gelu_looked_up(*g, table) * u;
     }
