@@ -56,17 +56,13 @@ unsafe fn load(p: *const u8) -> __m512i {
 /// else once per super-block (its GEMV, for the batch's last `n mod 4` tokens).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn q4_k_group<const T: usize, const U: bool>(
+unsafe fn q4_k_group<const T: usize>(
     nb: usize,
     g: *const u8,
     x: [&[BlockQ8K]; T],
     per64: [bool; T],
 ) -> [__m512; T] {
-    let gbb = if U {
-        UNPACKED_BYTES
-    } else {
-        group_block_bytes(GgmlType::Q4_K)
-    };
+    let gbb = group_block_bytes(GgmlType::Q4_K);
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); T];
     let mut acc_min = [_mm512_setzero_ps(); T];
@@ -92,16 +88,9 @@ unsafe fn q4_k_group<const T: usize, const U: bool>(
             let mut dl = [_mm512_setzero_si512(); T];
             let mut dh = [_mm512_setzero_si512(); T];
             for w in 0..8 {
-                let (lo, hi) = if U {
-                    let at = gb.add(UNPACKED_VALUES + 64 * (16 * j + 2 * w));
-                    (load(at), load(at.add(64)))
-                } else {
-                    let q = load(gb.add(offsets::Q4_K_QS + 64 * (8 * j + w)));
-                    (
-                        _mm512_and_si512(q, m4),
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4),
-                    )
-                };
+                let q = load(gb.add(offsets::Q4_K_QS + 64 * (8 * j + w)));
+                let lo = _mm512_and_si512(q, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
                 for t in 0..T {
                     dl[t] = _mm512_dpbusd_epi32(dl[t], lo, x_dword(xb[t], 64 * j + 4 * w));
                     dh[t] = _mm512_dpbusd_epi32(dh[t], hi, x_dword(xb[t], 64 * j + 32 + 4 * w));
@@ -270,49 +259,35 @@ unsafe fn q6_k_tiled_group<const T: usize, const U: bool>(
 
 // ------------------------------------------------------------------------ unpacking
 
-/// A K-quant group block unpacked for a batch: the packed block's scales as they were (at the
+/// A Q6_K group block unpacked for a batch: the packed block's scales as they were (at the
 /// same offsets), then the unsigned quant bytes of its 64 registers, 64 B each, in the order
 /// the kernels read them. A batch of several tokens unpacks each group once instead of once
 /// per pass of two tokens: Q6_K's quants take about as many instructions to assemble as one
 /// token's products (+20% at 64 tokens, measured); Q4_K's nibbles are cheap enough that the
-/// store and reload cost more than they save.
-const UNPACKED_VALUES: usize = offsets::Q4_K_QS;
+/// store and reload would cost more than they save, so Q4_K is never unpacked.
+const UNPACKED_VALUES: usize = offsets::Q6_K_QL;
 const UNPACKED_BYTES: usize = UNPACKED_VALUES + 64 * 64;
-const _: () = assert!(offsets::Q6_K_QL <= UNPACKED_VALUES);
 
 /// Batches of at least this many tokens unpack each group once for all their passes.
 const UNPACK_FROM_TOKENS: usize = 4;
 
-/// The `nb` group blocks of `ty` at `g`, unpacked into `dst` (`nb * UNPACKED_BYTES`) with the
+/// The `nb` Q6_K group blocks at `g`, unpacked into `dst` (`nb * UNPACKED_BYTES`) with the
 /// same arithmetic the direct kernels use.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn unpack(ty: GgmlType, nb: usize, g: *const u8, dst: &mut Vec<u8>) {
+unsafe fn unpack_q6_k(nb: usize, g: *const u8, dst: &mut Vec<u8>) {
     dst.resize(nb * UNPACKED_BYTES, 0);
-    let gbb = group_block_bytes(ty);
-    let m4 = _mm512_set1_epi8(0x0F);
+    let gbb = group_block_bytes(GgmlType::Q6_K);
     for b in 0..nb {
         let gb = g.add(b * gbb);
         let out = dst.as_mut_ptr().add(b * UNPACKED_BYTES);
         let store = |slot: usize, v: __m512i| unsafe {
             _mm512_storeu_si512(out.add(UNPACKED_VALUES + 64 * slot).cast(), v)
         };
-        if ty == GgmlType::Q4_K {
-            std::ptr::copy_nonoverlapping(gb, out, offsets::Q4_K_QS);
-            for dword in 0..32 {
-                let q = load(gb.add(offsets::Q4_K_QS + 64 * dword));
-                store(2 * dword, _mm512_and_si512(q, m4));
-                store(
-                    2 * dword + 1,
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4),
-                );
-            }
-        } else {
-            std::ptr::copy_nonoverlapping(gb, out, offsets::Q6_K_QL);
-            for h in 0..2 {
-                for l in 0..8 {
-                    for (c, q) in q6_k_quarters(gb, h, l).into_iter().enumerate() {
-                        store(32 * h + 4 * l + c, q);
-                    }
+        std::ptr::copy_nonoverlapping(gb, out, offsets::Q6_K_QL);
+        for h in 0..2 {
+            for l in 0..8 {
+                for (c, q) in q6_k_quarters(gb, h, l).into_iter().enumerate() {
+                    store(32 * h + 4 * l + c, q);
                 }
             }
         }
@@ -381,28 +356,23 @@ unsafe fn q4_k(
     let x = checked(GgmlType::Q4_K, nb, w, groups, x, toks);
     let xs = |t: usize| &x[t * nb..(t + 1) * nb];
     let gb = nb * group_block_bytes(GgmlType::Q4_K);
-    macro_rules! passes {
-        ($g:expr, $gp:expr, $u:literal) => {{
-            let (g, gp) = ($g, $gp);
-            let mut t0 = 0;
-            while t0 < toks {
-                if toks - t0 >= 2 {
-                    let per64 = [t0 < gemm_toks, t0 + 1 < gemm_toks];
-                    let r = q4_k_group::<2, $u>(nb, gp, [xs(t0), xs(t0 + 1)], per64);
-                    out.put(t0, g, r[0]);
-                    out.put(t0 + 1, g, r[1]);
-                    t0 += 2;
-                } else {
-                    let r = q4_k_group::<1, $u>(nb, gp, [xs(t0)], [t0 < gemm_toks]);
-                    out.put(t0, g, r[0]);
-                    t0 += 1;
-                }
-            }
-        }};
-    }
     // Q4_K's nibbles are two instructions a register: unpacking ahead does not pay.
     for g in 0..groups {
-        passes!(g, w.as_ptr().add(g * gb), false);
+        let gp = w.as_ptr().add(g * gb);
+        let mut t0 = 0;
+        while t0 < toks {
+            if toks - t0 >= 2 {
+                let per64 = [t0 < gemm_toks, t0 + 1 < gemm_toks];
+                let r = q4_k_group::<2>(nb, gp, [xs(t0), xs(t0 + 1)], per64);
+                out.put(t0, g, r[0]);
+                out.put(t0 + 1, g, r[1]);
+                t0 += 2;
+            } else {
+                let r = q4_k_group::<1>(nb, gp, [xs(t0)], [t0 < gemm_toks]);
+                out.put(t0, g, r[0]);
+                t0 += 1;
+            }
+        }
     }
 }
 
@@ -459,7 +429,7 @@ pub(crate) unsafe fn q6_k_tiled(
     UNPACKED.with_borrow_mut(|u| {
         for g in 0..groups {
             if toks >= UNPACK_FROM_TOKENS {
-                unpack(GgmlType::Q6_K, nb, w.as_ptr().add(g * gb), u);
+                unpack_q6_k(nb, w.as_ptr().add(g * gb), u);
                 passes!(g, u.as_ptr(), true);
             } else {
                 passes!(g, w.as_ptr().add(g * gb), false);

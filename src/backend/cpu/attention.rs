@@ -889,34 +889,14 @@ mod tests {
                     first,
                     tiled: false,
                 };
-                let (mut fast, mut portable) = (vec![0f32; rep * hd], vec![0f32; rep * hd]);
                 let toks = [tok];
-                attend_rows(
-                    &kv,
-                    0,
-                    0,
-                    &toks,
-                    &[&q],
-                    rep,
-                    hd,
-                    0.3,
-                    &mut [&mut fast],
-                    true,
-                );
-                attend_rows(
-                    &kv,
-                    0,
-                    0,
-                    &toks,
-                    &[&q],
-                    rep,
-                    hd,
-                    0.3,
-                    &mut [&mut portable],
-                    false,
-                );
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fast), bits(&portable), "hd {hd}, first {first}");
+                let [fast, portable] = [true, false].map(|fast_path| {
+                    let mut out = vec![0f32; rep * hd];
+                    let outs: &mut [&mut [f32]] = &mut [&mut out];
+                    attend_rows(&kv, 0, 0, &toks, &[&q], rep, hd, 0.3, outs, fast_path);
+                    out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                });
+                assert_eq!(fast, portable, "hd {hd}, first {first}");
             }
         }
     }
