@@ -161,18 +161,26 @@ impl GgufFile {
     /// bytes stay readable; a later read faults them in again from the page cache or the file.
     /// A no-op for owned images and for the partial pages at either end of the range.
     pub fn release(&self, info: &TensorInfo) {
+        self.release_bytes(self.tensor_data(info));
+    }
+
+    /// [`GgufFile::release`] for `data`, a part of a tensor's data (rows already copied).
+    pub fn release_bytes(&self, data: &[u8]) {
         let Backing::Mmap(map) = &self.backing else {
             return;
         };
-        let data = self.tensor_data(info);
+        let at = (data.as_ptr() as usize)
+            .checked_sub(map.as_ptr() as usize)
+            .filter(|&at| at + data.len() <= map.len())
+            .expect("released bytes lie in the map");
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let start = (data.as_ptr() as usize - map.as_ptr() as usize).next_multiple_of(page);
-        let end = (data.as_ptr() as usize - map.as_ptr() as usize + data.len()) / page * page;
+        let start = at.next_multiple_of(page);
+        let end = (at + data.len()) / page * page;
         if end > start {
             // SAFETY: the mapping is private and read-only, so no page holds anything but the
             // file's bytes: dropping them changes no value a live `&[u8]` sees, only whether
-            // the next read faults. The range lies inside the map (it is part of a tensor's).
+            // the next read faults. The range lies inside the map (asserted above).
             let _ = unsafe {
                 map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
             };

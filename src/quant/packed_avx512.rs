@@ -71,7 +71,7 @@ unsafe fn x_dword(qs: &[i8; 32], j: usize) -> __m512i {
 /// Sixteen f16 values at `p` as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn halves_at(p: *const u8) -> __m512 {
+pub(super) unsafe fn halves_at(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
 }
 

@@ -11,15 +11,8 @@ use std::arch::x86_64::*;
 
 use super::blocks::*;
 use super::packed::{group_block_bytes, offsets, GROUP};
-use super::packed_avx512::Out;
+use super::packed_avx512::{halves_at, Out};
 use super::GgmlType;
-
-/// Sixteen f16 values at `p` as f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn halves_at(p: *const u8) -> __m512 {
-    _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
-}
 
 /// Sixteen bytes at `p` (one per row) as i32 lanes, zero- or sign-extended.
 #[inline]

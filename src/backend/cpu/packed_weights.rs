@@ -4,9 +4,10 @@
 //! They live in one anonymous mapping that asks for transparent huge pages: decode streams
 //! every weight once per token, and on 4 KiB pages the core's prefetchers stop at every page
 //! boundary and every page costs a TLB walk (one core read 17 GB/s from 4 KiB pages against
-//! 25 GB/s from 2 MiB ones on the 2-core AVX-512 VM). Once a tensor is packed, its pages of the
-//! file mapping are dropped from this process (`GgufFile::release`), so the process holds each
-//! weight once: resident memory stays weights + KV pool + a little.
+//! 25 GB/s from 2 MiB ones on the 2-core AVX-512 VM). As rows are packed, their pages of the
+//! file mapping are dropped from this process (`GgufFile::release_bytes`, every 16 MiB), so the
+//! process holds each weight once: resident memory stays weights + KV pool + a little, and
+//! packing raises the peak by one round, not by the whole model.
 //!
 //! Only the matrices the matmuls read are packed (the output head, which is the embedding
 //! table too when the model ties them, and every layer's); the embedding lookup reads packed
@@ -15,7 +16,7 @@
 use super::pool;
 use crate::backend::ops::Mat;
 use crate::gguf::GgufFile;
-use crate::quant::packed;
+use crate::quant::packed::{self, GROUP};
 
 /// One packed matrix: which rows of which tensor, and where its groups are.
 struct Entry {
@@ -97,38 +98,66 @@ impl PackedWeights {
 }
 
 /// Packs every entry's matrix into its place in `dst`, in tasks of a few groups over the pool.
+///
+/// The tasks run in rounds of about [`ROUND_BYTES`] of the file's bytes, and after each round
+/// the file pages it read are dropped: the two copies of a weight are resident together only
+/// for the round in flight, so packing raises the process's peak memory by a round, not by the
+/// whole model.
 fn pack_all(file: &GgufFile, mats: &[&Mat], entries: &[Entry], dst: &mut [u8]) {
     /// Groups per task: enough work per task (tens of KiB) to hide the claiming.
     const GROUPS_PER_TASK: usize = 64;
+    /// The file's bytes packed between two releases.
+    const ROUND_BYTES: usize = 16 << 20;
     let mat_of = |e: &Entry| {
         *mats
             .iter()
             .find(|m| (m.tensor, m.first_row, m.rows) == (e.tensor, e.first_row, e.rows))
             .expect("every entry comes from a matrix")
     };
-    let tasks: Vec<(usize, usize)> = entries
+    // (entry, first group, the task's rows of the file)
+    let tasks: Vec<(usize, usize, &[u8])> = entries
         .iter()
         .enumerate()
         .flat_map(|(i, e)| {
+            let m = mat_of(e);
+            let (data, row_bytes) = (m.data(file), m.row_bytes());
             (0..packed::groups(e.rows))
                 .step_by(GROUPS_PER_TASK)
-                .map(move |g| (i, g))
+                .map(move |g| {
+                    let rows = g * GROUP..((g + GROUPS_PER_TASK) * GROUP).min(e.rows);
+                    (i, g, &data[rows.start * row_bytes..rows.end * row_bytes])
+                })
         })
         .collect();
     let shared = super::parallel::SharedSlice::new(dst);
-    pool::parallel_for(tasks.len(), |task| {
-        let (i, g0) = tasks[task];
-        let (e, m) = (&entries[i], mat_of(&entries[i]));
-        let g1 = (g0 + GROUPS_PER_TASK).min(packed::groups(e.rows));
-        let gb = packed::group_bytes(m.ty, m.cols);
-        // SAFETY: tasks write disjoint group ranges of disjoint entries.
-        let out = unsafe { shared.slice_mut(e.offset + g0 * gb, (g1 - g0) * gb) };
-        packed::pack_groups(m.ty, m.cols, m.data(file), m.rows, g0..g1, out);
-    });
+    let mut first = 0;
+    while first < tasks.len() {
+        let mut end = first;
+        let mut bytes = 0;
+        while end < tasks.len() && (end == first || bytes + tasks[end].2.len() <= ROUND_BYTES) {
+            bytes += tasks[end].2.len();
+            end += 1;
+        }
+        let round = &tasks[first..end];
+        pool::parallel_for(round.len(), |task| {
+            let (i, g0, _) = round[task];
+            let (e, m) = (&entries[i], mat_of(&entries[i]));
+            let g1 = (g0 + GROUPS_PER_TASK).min(packed::groups(e.rows));
+            let gb = packed::group_bytes(m.ty, m.cols);
+            // SAFETY: tasks write disjoint group ranges of disjoint entries.
+            let out = unsafe { shared.slice_mut(e.offset + g0 * gb, (g1 - g0) * gb) };
+            packed::pack_groups(m.ty, m.cols, m.data(file), m.rows, g0..g1, out);
+        });
+        for &(_, _, rows) in round {
+            file.release_bytes(rows);
+        }
+        first = end;
+    }
 }
 
 /// Drops from this process the file pages of every tensor the entries cover whole (a fused
-/// tensor is covered once all its bands are packed): nothing on the CPU reads them again.
+/// tensor is covered once all its bands are packed): the pages that straddled two rounds of
+/// [`pack_all`], which it could not drop. Nothing on the CPU reads them again.
 fn release_packed_tensors(file: &GgufFile, entries: &[Entry]) {
     let mut tensors: Vec<usize> = entries.iter().map(|e| e.tensor).collect();
     tensors.sort_unstable();
@@ -215,6 +244,61 @@ impl Drop for Region {
         // nothing borrows them once the region drops.
         unsafe {
             libc::munmap(self.ptr.cast(), self.len.next_multiple_of(4096));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::test_model_path;
+
+    /// Every matrix of the reference model (one of them as two bands of rows, as a fused QKV
+    /// is) packs to groups that unpack to its file bytes, and the file reads the same after
+    /// its pages were dropped round by round.
+    #[test]
+    fn packed_matrices_unpack_to_the_file_bytes_after_release() {
+        let file = GgufFile::open(test_model_path()).unwrap();
+        let mut mats: Vec<Mat> = Vec::new();
+        for (tensor, info) in file.tensors().iter().enumerate() {
+            let (cols, rows) = (
+                info.dims[0] as usize,
+                info.dims.get(1).copied().unwrap_or(1),
+            );
+            if info.dims.len() != 2 || !packed::packable(info.ty, rows as usize) {
+                continue;
+            }
+            let rows = rows as usize;
+            let bands = if mats.is_empty() {
+                vec![(0, rows / 2), (rows / 2, rows - rows / 2)]
+            } else {
+                vec![(0, rows)]
+            };
+            for (first_row, rows) in bands {
+                mats.push(Mat {
+                    name: info.name.clone(),
+                    ty: info.ty,
+                    cols,
+                    rows,
+                    tensor,
+                    first_row,
+                });
+            }
+        }
+        assert!(mats.len() > 200, "the reference model's matrices");
+        let before: Vec<Vec<u8>> = mats.iter().map(|m| m.data(&file).to_vec()).collect();
+        let refs: Vec<&Mat> = mats.iter().collect();
+        let packed = PackedWeights::build(&file, &refs);
+        if !crate::quant::packs() {
+            assert_eq!(packed.bytes(), 0, "only CPUs with packed kernels pack");
+            return;
+        }
+        for (m, original) in mats.iter().zip(&before) {
+            let groups = packed.get(m).expect("every packable matrix is packed");
+            let mut rows = vec![0u8; original.len()];
+            packed::unpack_rows(m.ty, m.cols, groups, 0..m.rows, &mut rows);
+            assert!(rows == *original, "{} rows {}..", m.name, m.first_row);
+            assert!(m.data(&file) == &original[..], "{} reads back", m.name);
         }
     }
 }
