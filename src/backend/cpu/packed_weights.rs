@@ -38,7 +38,7 @@ impl PackedWeights {
     /// Packs every matrix of `mats` whose type has a packed layout, when this CPU computes
     /// from packed matrices (`quant::packs`); otherwise holds none.
     pub fn build(file: &GgufFile, mats: &[&Mat]) -> PackedWeights {
-        if !crate::quant::packs() || std::env::var_os("EDGELM_PACK").is_some_and(|v| v == "0") {
+        if !enabled() {
             return PackedWeights::default();
         }
         let mut entries: Vec<Entry> = Vec::new();
@@ -95,6 +95,12 @@ impl PackedWeights {
     pub fn bytes(&self) -> usize {
         self.entries.iter().map(|e| e.len).sum()
     }
+}
+
+/// Whether the CPU computes from packed matrices: where it has kernels for them
+/// (`quant::packs`), unless `EDGELM_PACK=0` asks for the file's layout.
+fn enabled() -> bool {
+    crate::quant::packs() && std::env::var_os("EDGELM_PACK").is_none_or(|v| v != "0")
 }
 
 /// Packs every entry's matrix into its place in `dst`, in tasks of a few groups over the pool.
@@ -289,7 +295,7 @@ mod tests {
         let before: Vec<Vec<u8>> = mats.iter().map(|m| m.data(&file).to_vec()).collect();
         let refs: Vec<&Mat> = mats.iter().collect();
         let packed = PackedWeights::build(&file, &refs);
-        if !crate::quant::packs() {
+        if !enabled() {
             assert_eq!(packed.bytes(), 0, "only CPUs with packed kernels pack");
             return;
         }
