@@ -77,6 +77,11 @@ impl BatchMeta {
         }
     }
 
+    /// Whether token `i` is one the model generated ([`BatchMeta::generated`]).
+    pub fn is_generated(&self, i: usize) -> bool {
+        self.generated.get(i).copied().unwrap_or(false)
+    }
+
     pub fn len(&self) -> usize {
         self.tokens.len()
     }

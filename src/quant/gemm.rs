@@ -238,8 +238,10 @@ pub fn gemm(
     out: &mut [f32],
 ) {
     if order != Order::Lanes && super::order::has(ty, order) {
+        // The peer-order panels know the peer's orders only; the chain order on row-major
+        // weights (only `gemm_packed`'s fallback asks for it) takes `dot` below.
         #[cfg(target_arch = "x86_64")]
-        if let (Some(f), false) = (panels().order, order == Order::Chain) {
+        if let Some(f) = panels().order.filter(|_| order != Order::Chain) {
             // SAFETY: as for the panels below (avx2, fma and f16c were detected); the kernels
             // index the slices with bounds checks.
             unsafe { f(ty, order, n, w, rows, x, toks, out) };

@@ -359,8 +359,9 @@ fn per_row_block_f16_fits(hd: usize) -> bool {
     cfg!(target_arch = "x86_64") && crate::cpu_features::avx512() && matches!(hd, 64 | 128 | 256)
 }
 
-/// [`per_row_block`] for f16 pages (the rows `seen` of `k` and `v`) and one query head, in AVX-512 with the accumulator in registers
-/// (`attention_avx512::per_row_block_f16`); only where [`per_row_block_f16_fits`].
+/// [`per_row_block`] for f16 pages (the rows `seen` of `k` and `v`) and one query head, in
+/// AVX-512 with the accumulator in registers (`attention_avx512::per_row_block_f16`); only
+/// where [`per_row_block_f16_fits`].
 fn per_row_block_f16(
     k: &[f32],
     v: &[f32],

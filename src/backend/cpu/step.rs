@@ -123,8 +123,7 @@ impl<'a> CpuStep<'a> {
                         // tokens the model generates, where no peer arithmetic is held to:
                         // its vector softmax costs less than the per-row path's scalar one,
                         // and a run of drafts shares each decoded tile.
-                        tiled: span_len[batch.seq_of[i]] >= TILE
-                            || batch.generated.get(i).copied().unwrap_or(false),
+                        tiled: span_len[batch.seq_of[i]] >= TILE || batch.is_generated(i),
                     })
                     .collect()
             })
@@ -237,8 +236,11 @@ impl Ops for CpuStep<'_> {
             let batch = self.batch;
             let head_kinds: Vec<bool>;
             let generated: &[bool] = if x == Buf::Head {
-                let kind = |i: usize| batch.generated.get(i).copied().unwrap_or(false);
-                head_kinds = batch.logits_for.iter().map(|&i| kind(i)).collect();
+                head_kinds = batch
+                    .logits_for
+                    .iter()
+                    .map(|&i| batch.is_generated(i))
+                    .collect();
                 &head_kinds
             } else {
                 &batch.generated
