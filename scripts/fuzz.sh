@@ -14,7 +14,7 @@ set -euo pipefail
 secs=${1:-20}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-targets=(gguf_parse tokenizer_roundtrip request_json chat_template grammar)
+targets=(gguf_parse tokenizer_roundtrip request_json chat_template grammar http_front)
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
     rustup toolchain install nightly --profile minimal

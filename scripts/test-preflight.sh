@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Checks what scripts/test.sh needs before it builds anything, and says what the suite will
-# install on the way. A hard failure is one message and exit 1, so a run that cannot finish
-# stops in the first second instead of an hour in.
+# Checks what scripts/test.sh needs before it builds anything, then installs every tool the
+# tests use (scripts/test-deps.sh). A hard failure is one message and exit 1, so a run that
+# cannot finish stops in its first seconds (or, if an install fails, its first minutes)
+# instead of an hour in.
 #
 #   scripts/test-preflight.sh        (scripts/test.sh runs it first)
 #
-# EDGELM_TEST_MIN_FREE_GB (default 6): the free disk under target/ the builds need (the
+# EDGELM_TEST_MIN_FREE_GB (default 8): the free disk under target/ the builds need (the
 # release, static, aarch64 and fuzz builds, the peer and the CUDA wheels).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +28,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 command -v apt-get >/dev/null || problems+=("apt-get is missing: the suite installs Debian packages")
 
-min_gb=${EDGELM_TEST_MIN_FREE_GB:-6}
+min_gb=${EDGELM_TEST_MIN_FREE_GB:-8}
 mkdir -p target
 free_kb=$(df -Pk target | awk 'NR == 2 { print $4 }')
 if [ "$free_kb" -lt $((min_gb * 1024 * 1024)) ]; then
@@ -42,19 +43,12 @@ if [ ${#problems[@]} -gt 0 ]; then
     exit 1
 fi
 
-# What the steps install when it is missing (each step checks for itself).
+# The tools every step's tests use, installed now rather than met missing an hour in.
+scripts/test-deps.sh
 cat >&2 <<'EOF'
-test.sh: prerequisites found. When missing, the suite installs:
+test.sh: prerequisites found. The steps also fetch, when missing:
   - models: SmolLM2-135M-Instruct Q4_1 and Gemma 3 270M into models/ (packaging/fetch-model.sh)
-  - Debian packages: cmake g++ make (scripts/build-peer.sh);
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user (scripts/test-aarch64.sh)
-  - rustup targets: aarch64-unknown-linux-gnu (scripts/test-aarch64.sh);
-    x86_64-unknown-linux-musl aarch64-unknown-linux-musl (scripts/build-static.sh)
   - the peer: llama.cpp from the llama-cpp-python sdist (pip download), built into
     target/peer (scripts/build-peer.sh, ~10 min on 2 cores)
   - NVRTC, CUDA runtime and ptxas wheels (pip) into target/cuda-wheels (scripts/check-kernels.sh)
-  - the nightly toolchain and cargo-fuzz (scripts/fuzz.sh)
-The end-to-end tests also need what .ci/run installs: tests/e2e/requirements.txt (pip),
-chromium and curl, nodejs and npm with autocannon, skopeo umoci haproxy prometheus (the image
-and fleet tests).
 EOF

@@ -1,5 +1,6 @@
 //! Writing a job's answer: as SSE chunks while its choices grow (`stream`), or as one JSON
-//! object at the end, with whitespace before it now and then so that a vanished client shows.
+//! object at the end (with whitespace before it now and then, if its head had to go out
+//! first: `generate::WHOLE_HEAD_AFTER`).
 //! The OpenAI shapes of both endpoints' choices, chunks, logprobs and usage live here.
 
 use super::chat_output::Delta;
@@ -39,13 +40,10 @@ impl Writer {
         }
     }
 
-    /// How long the answer may go without a write. Writing is the only way to notice a
-    /// vanished client; a whole answer writes nothing until the end, so it beats more often.
+    /// How long a started answer may go without a write: proxies and clients take a long
+    /// silence for a dead connection.
     pub fn heartbeat(&self) -> Duration {
-        Duration::from_millis(match self {
-            Writer::Stream { .. } => 1000,
-            Writer::Whole => 250,
-        })
+        Duration::from_secs(1)
     }
 
     /// A write that changes nothing for the client: an SSE comment line, or whitespace (valid
@@ -88,10 +86,12 @@ impl Writer {
         Ok(!events.is_empty())
     }
 
-    /// The engine failed mid-answer: the error in the answer's own form, then the end.
+    /// The answer fails after its head went out (the engine failed, or the server stops):
+    /// the error in the answer's own form (a stream's error event and `[DONE]`, or a whole
+    /// error object), then the end.
     pub fn error(&self, mut body: ChunkedBody, err: &ApiError) {
         let _ = match self {
-            Writer::Stream { .. } => body.sse(&err.body()),
+            Writer::Stream { .. } => body.sse(&err.body()).and_then(|_| body.sse("[DONE]")),
             Writer::Whole => body.chunk(err.body().as_bytes()),
         };
         let _ = body.finish();
@@ -106,13 +106,6 @@ impl Writer {
         job: &Job,
         choices: &Choices,
     ) -> io::Result<()> {
-        let u = &choices.usage;
-        let usage = json!({
-            "prompt_tokens": u.prompt,
-            "completion_tokens": u.completion,
-            "total_tokens": u.prompt + u.completion,
-            "prompt_tokens_details": {"cached_tokens": u.cached},
-        });
         match self {
             Writer::Stream { .. } => {
                 if job.include_usage {
@@ -120,28 +113,40 @@ impl Writer {
                         Flavor::Chat(_) => "chat.completion.chunk",
                         Flavor::Completion { .. } => "text_completion",
                     };
-                    let u = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": [], "usage": usage});
+                    let u = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": [], "usage": usage(choices)});
                     body.sse(&u.to_string())?;
                 }
                 body.sse("[DONE]")?;
             }
-            Writer::Whole => {
-                let list: Vec<Value> = choices
-                    .list
-                    .iter()
-                    .enumerate()
-                    .map(|(ci, c)| final_choice(ready, job, ci, c))
-                    .collect();
-                let obj = match job.flavor {
-                    Flavor::Chat(_) => "chat.completion",
-                    Flavor::Completion { .. } => "text_completion",
-                };
-                let v = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": list, "usage": usage});
-                body.chunk(v.to_string().as_bytes())?;
-            }
+            Writer::Whole => body.chunk(self.whole(ready, job, choices).to_string().as_bytes())?,
         }
         body.finish()
     }
+
+    /// The whole answer's JSON object.
+    pub fn whole(&self, ready: &Ready, job: &Job, choices: &Choices) -> Value {
+        let list: Vec<Value> = choices
+            .list
+            .iter()
+            .enumerate()
+            .map(|(ci, c)| final_choice(ready, job, ci, c))
+            .collect();
+        let obj = match job.flavor {
+            Flavor::Chat(_) => "chat.completion",
+            Flavor::Completion { .. } => "text_completion",
+        };
+        json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": list, "usage": usage(choices)})
+    }
+}
+
+fn usage(choices: &Choices) -> Value {
+    let u = &choices.usage;
+    json!({
+        "prompt_tokens": u.prompt,
+        "completion_tokens": u.completion,
+        "total_tokens": u.prompt + u.completion,
+        "prompt_tokens_details": {"cached_tokens": u.cached},
+    })
 }
 
 fn piece(ready: &Ready, t: u32) -> String {

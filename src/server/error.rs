@@ -102,7 +102,8 @@ impl ApiError {
         }
     }
 
-    /// 400 for a request head that does not parse (or is over the head limit, 431).
+    /// A request head (or body framing) the front refuses: 400, 414 or 431 by the limit it
+    /// breaks, 501 for a transfer coding it does not read.
     pub fn bad_head(status: u16, message: &str) -> ApiError {
         ApiError {
             status,
@@ -110,19 +111,6 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: Some("bad_request_head"),
-            retry_after: None,
-        }
-    }
-
-    /// 411: a request body must come with Content-Length (chunked request bodies are not
-    /// read: no client of this API sends them).
-    pub fn length_required() -> ApiError {
-        ApiError {
-            status: 411,
-            message: "send the request body with Content-Length (chunked request bodies are not accepted)".into(),
-            kind: "invalid_request_error",
-            param: None,
-            code: Some("length_required"),
             retry_after: None,
         }
     }
@@ -156,9 +144,10 @@ impl ApiError {
             401 => "unauthorized",
             404 => "not_found",
             405 => "method_not_allowed",
-            411 => "length_required",
+            414 => "target_too_long",
             413 => "too_large",
             431 => "head_too_large",
+            501 => "not_implemented",
             429 if self.code == Some("client_rate_limited") => "client_rate",
             429 => "queue_full",
             503 => "unavailable",

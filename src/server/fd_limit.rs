@@ -3,7 +3,7 @@
 //! with a warning when even that would leave too few for the rest of the process.
 
 /// Descriptors kept for everything but the front's connections: the model file, the
-/// listener, epoll, logs, and the connections handed to handler threads.
+/// listener, the runtime's poller, logs and the like.
 pub const RESERVED: u64 = 512;
 
 /// Raises the soft limit to the hard limit if `max_connections` needs more than it allows;

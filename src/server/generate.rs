@@ -1,14 +1,16 @@
 //! Driving a generation request for both endpoints: submit its prompts to the engine, feed
 //! the events to its choices (`choices`), and write the answer as it grows or once at the end
-//! (`answer`). A failed write means the client left: its engine requests are cancelled at once.
+//! (`answer`). A failed write, or a response channel its client's connection has dropped,
+//! means the client left: its engine requests are cancelled at once.
 
 use super::answer::Writer;
 use super::chat_request::OutputRules;
 use super::choices::Choices;
 use super::error::ApiError;
-use super::http::RawResponse;
+use super::http::{ChunkedBody, RawResponse};
 use super::Ready;
 use crate::engine::{Event, GenParams, RequestId};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -42,14 +44,29 @@ pub struct Outcome {
     pub first_token: Option<Instant>,
 }
 
+/// A whole answer sends its head once it is complete, so that a failure before then is a real
+/// error status; only a request still running after this long (a long prefill) gets its `200`
+/// head, then whitespace now and then before the JSON, so that proxies and clients see it alive.
+pub const WHOLE_HEAD_AFTER: Duration = Duration::from_secs(10);
+/// How often a handler waiting for events looks at its client and at the server's stop.
+const WAKE: Duration = Duration::from_millis(100);
+
+/// The response: its head not sent yet, or its body under way.
+enum Out {
+    Waiting(RawResponse),
+    Open(ChunkedBody),
+}
+
 /// Runs a job and writes its answer; `on_first_token` is told when the first token came.
-/// Errors before the response starts come back with the response, so they can be sent.
+/// Errors before the response starts come back with the response, so they can be sent. When
+/// `cut` turns true (the server's drain time is over) the answer ends at once with an error.
 pub fn run(
     ready: &Ready,
     job: Job,
     resp: RawResponse,
     on_first_token: &mut dyn FnMut(Instant),
     shed: &dyn Fn(Duration) -> bool,
+    cut: &AtomicBool,
 ) -> Result<Outcome, (ApiError, RawResponse)> {
     let (ids, rx) = match submit(ready, &job) {
         Ok(x) => x,
@@ -57,53 +74,63 @@ pub fn run(
     };
     let cancel_all = || ids.iter().for_each(|&id| ready.engine.cancel(id));
     let mut choices = Choices::new(&job);
-    // A whole answer sends nothing before its first event: until then it can still be refused
-    // (429) when `shed` says so (a flood: its clients would take the slot it waits for anyway,
-    // sooner), and a client gone is seen by polling the socket instead of writing.
-    let mut early = None;
-    if !job.stream {
-        let since = Instant::now();
-        loop {
-            match rx.recv_timeout(Duration::from_millis(250)) {
-                Ok(x) => {
-                    early = Some(x);
-                    break;
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    if resp.peer_gone() {
-                        cancel_all();
-                        return Ok(choices.outcome(GONE));
-                    }
-                    if shed(since.elapsed()) {
-                        cancel_all();
-                        return Err((ApiError::overloaded(1, false), resp));
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-        }
-    }
     let mut writer = Writer::new(&job, &choices);
-    let Ok(mut body) = resp.start_chunked(200, writer.content_type()) else {
-        cancel_all();
-        return Ok(choices.outcome(GONE)); // the client went away before the first byte
-    };
-    let heartbeat = writer.heartbeat();
-    let mut last_write = Instant::now();
-    let mut cut_short = "";
-    while !choices.all_done() {
-        if last_write.elapsed() >= heartbeat {
-            if writer.beat(&mut body).is_err() {
+    let since = Instant::now();
+    // A stream has its head at once (clients show that the request is under way).
+    let mut out = if job.stream {
+        match resp.start_chunked(200, writer.content_type()) {
+            Ok(body) => Out::Open(body),
+            Err(_) => {
                 cancel_all();
                 return Ok(choices.outcome(GONE));
             }
-            last_write = Instant::now();
         }
-        let received = match early.take() {
-            Some(x) => Ok(x),
-            None => rx.recv_timeout(heartbeat.saturating_sub(last_write.elapsed())),
-        };
-        let (pi, ev) = match received {
+    } else {
+        Out::Waiting(resp)
+    };
+    let mut last_write = Instant::now();
+    let mut cut_short = "";
+    while !choices.all_done() {
+        if cut.load(Ordering::Relaxed) {
+            cancel_all();
+            let e = ApiError::unavailable("the server is shutting down");
+            return end_with_error(out, &writer, &e, &choices, "cut short (shutting down)");
+        }
+        match out {
+            Out::Waiting(resp) => {
+                if resp.peer_gone() {
+                    cancel_all();
+                    return Ok(choices.outcome(GONE));
+                }
+                // Before its first token a whole answer can still be refused (429) when `shed`
+                // says so (a flood: its clients would take the slot it waits for anyway).
+                if choices.first_token.is_none() && shed(since.elapsed()) {
+                    cancel_all();
+                    return Err((ApiError::overloaded(1, false), resp));
+                }
+                out = if since.elapsed() >= WHOLE_HEAD_AFTER {
+                    match resp.start_chunked(200, writer.content_type()) {
+                        Ok(body) => Out::Open(body),
+                        Err(_) => {
+                            cancel_all();
+                            return Ok(choices.outcome(GONE));
+                        }
+                    }
+                } else {
+                    Out::Waiting(resp)
+                };
+            }
+            Out::Open(ref mut body) => {
+                if last_write.elapsed() >= writer.heartbeat() {
+                    if writer.beat(body).is_err() {
+                        cancel_all();
+                        return Ok(choices.outcome(GONE));
+                    }
+                    last_write = Instant::now();
+                }
+            }
+        }
+        let (pi, ev) = match rx.recv_timeout(WAKE) {
             Ok(x) => x,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => {
@@ -113,28 +140,56 @@ pub fn run(
         };
         match choices.apply(ready, &job, pi, ev, on_first_token) {
             Ok(None) => {}
-            Ok(Some(released)) => match writer.released(&mut body, ready, &job, &choices, released)
-            {
-                Ok(true) => last_write = Instant::now(),
-                Ok(false) => {}
-                Err(_) => {
-                    cancel_all();
-                    return Ok(choices.outcome(GONE));
+            Ok(Some(released)) => {
+                let Out::Open(ref mut body) = out else {
+                    continue; // a whole answer is written at its end
+                };
+                match writer.released(body, ready, &job, &choices, released) {
+                    Ok(true) => last_write = Instant::now(),
+                    Ok(false) => {}
+                    Err(_) => {
+                        cancel_all();
+                        return Ok(choices.outcome(GONE));
+                    }
                 }
-            },
+            }
             Err(e) => {
                 cancel_all();
                 let failed = format!("failed ({e})");
-                writer.error(body, &ApiError::internal(e));
-                return Ok(choices.outcome(&failed));
+                return end_with_error(out, &writer, &ApiError::internal(e), &choices, &failed);
             }
         }
     }
     // Stop strings can end every choice before the engine does: free its work now.
     cancel_all();
-    match writer.finish(body, ready, &job, &choices) {
+    let sent = match out {
+        Out::Waiting(resp) => {
+            let whole = writer.whole(ready, &job, &choices).to_string();
+            resp.send(200, writer.content_type(), &[], whole.as_bytes())
+        }
+        Out::Open(body) => writer.finish(body, ready, &job, &choices),
+    };
+    match sent {
         Ok(()) => Ok(choices.outcome(cut_short)),
         Err(_) => Ok(choices.outcome(GONE)),
+    }
+}
+
+/// Ends an answer with an error: as the response itself if its head has not gone out yet,
+/// otherwise in the answer's own form.
+fn end_with_error(
+    out: Out,
+    writer: &Writer,
+    e: &ApiError,
+    choices: &Choices,
+    result: &str,
+) -> Result<Outcome, (ApiError, RawResponse)> {
+    match out {
+        Out::Waiting(resp) => Err((e.clone(), resp)),
+        Out::Open(body) => {
+            writer.error(body, e);
+            Ok(choices.outcome(result))
+        }
     }
 }
 

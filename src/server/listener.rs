@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// After the drain time, how long the answers cut short may take to end (their handlers look
+/// every 100 ms).
+const CUT_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The listening socket. SO_REUSEADDR: a restart right after a crash binds despite
 /// connections in TIME_WAIT. No SO_REUSEPORT: any socket already on the port, another
 /// edgelm's included, makes the bind fail, where a second edgelm started by mistake would
@@ -90,6 +94,16 @@ pub fn serve(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let cut_short = server.in_flight();
+    if cut_short > 0 {
+        // The drain time is over: every answer still under way ends now with an error its
+        // client can parse (a stream's error event and [DONE], or an error response), and the
+        // front writes those before it stops.
+        server.cut_short();
+        let t1 = Instant::now();
+        while server.in_flight() > 0 && t1.elapsed() < CUT_LIMIT {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
     accepting.store(false, Ordering::Relaxed);
     front.join();
     // A stop that came while the model was loading waits for the load to end (it cannot be
@@ -102,9 +116,8 @@ pub fn serve(
         ready.engine.shutdown();
     }
     if cut_short > 0 {
-        // The drain time is over. The engine would finish every running request before it
-        // stops, however long they are: returning instead ends the process now, closing the
-        // connections of the requests still in flight.
+        // The engine would finish every running request before it stops, however long they
+        // are: their answers have ended, so returning ends the process now.
         log::warn!(
             "drain time ({} s) over: {cut_short} in-flight requests cut short",
             drain_timeout.as_secs()

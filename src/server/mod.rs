@@ -1,7 +1,8 @@
-//! The OpenAI-compatible HTTP server. The front (`front`) owns every connection until its
-//! request is complete, on one epoll thread, and answers what the head alone decides; fixed
-//! pools of handler threads (`handlers`) parse and validate complete requests, then hand work
-//! to the single engine thread through its channels; nothing of the engine sits behind a lock
+//! The OpenAI-compatible HTTP server. The front (`front`) owns every connection, on one
+//! thread (hyper's HTTP/1.1 on a single-threaded runtime), and answers what the head alone
+//! decides; fixed pools of handler threads (`handlers`) parse and validate complete requests,
+//! hand work to the single engine thread through its channels, and send their answers back to
+//! the front over channels (`http`); nothing of the engine sits behind a lock
 //! here (its published stats are a read-only copy). docs/http-front.md says why it is built
 //! this way.
 
@@ -26,6 +27,7 @@ mod text;
 mod tools;
 mod triage;
 
+pub use front::fuzz_http;
 pub use front::FrontConfig;
 pub use listener::serve;
 pub use parse::fuzz_parse_request;
@@ -39,7 +41,7 @@ use admission::Admission;
 use api::Limits;
 use error::ApiError;
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -78,6 +80,9 @@ pub struct Server {
     ready: OnceLock<Ready>,
     load_error: OnceLock<String>,
     draining: AtomicBool,
+    /// The drain time is over: every answer under way ends now, with an error its client can
+    /// parse.
+    cut: AtomicBool,
     started: Instant,
     in_flight: AtomicUsize,
     admission: Admission,
@@ -92,12 +97,10 @@ pub struct Server {
 
 /// A complete request, as the front hands it to a handler.
 pub struct Request {
-    pub method: String,
     pub path: String,
-    pub auth: Option<String>,
     pub body: Vec<u8>,
-    /// The connection, blocking again; every response ends it (`Connection: close`).
-    pub stream: TcpStream,
+    /// Where the answer goes (the front writes it on the connection).
+    pub response: http::RawResponse,
     /// Set for generation requests: counted until admission has decided.
     pending: Option<triage::Pending>,
 }
@@ -123,6 +126,7 @@ impl Server {
             ready: OnceLock::new(),
             load_error: OnceLock::new(),
             draining: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
             started: Instant::now(),
             in_flight: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
@@ -196,6 +200,11 @@ impl Server {
     /// Stops accepting generation work; /health turns 503.
     pub fn drain(&self) {
         self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Ends every answer under way (the drain time is over).
+    pub fn cut_short(&self) {
+        self.cut.store(true, Ordering::Relaxed);
     }
 
     pub fn in_flight(&self) -> usize {

@@ -8,7 +8,6 @@ use super::http::RawResponse;
 use super::{api, chat_request, front, generate, metrics, tools, triage};
 use super::{unix_now, Ready, Request, Server};
 use serde_json::json;
-use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,26 +16,18 @@ impl Server {
     /// Handles one complete request to the end of its response (on a handler thread).
     pub fn handle(self: &Arc<Self>, req: Request) {
         let Request {
-            method: _,
             path,
-            auth: _,
             body,
-            stream,
+            response,
             pending,
         } = req;
-        let linger = stream.try_clone().ok();
-        // Buffered: a response goes out in one write per flush (the head, then each chunk).
-        let resp = RawResponse::new(Box::new(std::io::BufWriter::new(stream)));
-        if let Err((e, resp)) = self.route(&path, &body, resp, pending) {
+        if let Err((e, resp)) = self.route(&path, &body, response, pending) {
             self.count_error(&e);
             let retry = match e.retry_after {
                 Some(s) => vec![("Retry-After", s.to_string())],
                 None => Vec::new(),
             };
             let _ = resp.send(e.status, "application/json", &retry, e.body().as_bytes());
-        }
-        if let Some(s) = linger {
-            lingering_close(s);
         }
     }
 
@@ -143,8 +134,8 @@ impl Server {
             }
             shed
         };
-        let out =
-            generate::run(ready, job, resp, &mut on_first_token, &shed).inspect_err(|(e, _)| {
+        let out = generate::run(ready, job, resp, &mut on_first_token, &shed, &self.cut)
+            .inspect_err(|(e, _)| {
                 log::info!(
                     "{id}: rejected ({} {}), prompt_tokens={n_prompt}",
                     e.status,
@@ -205,27 +196,6 @@ impl Server {
             "tokens_per_second": s.recent_tokens.iter().map(|&(t, n)| (t, n)).collect::<Vec<_>>(),
             "ttft": s.recent_ttft,
         })
-    }
-}
-
-/// Closes a connection whose response is complete without resetting it: says so (FIN), then
-/// reads and drops whatever the client still sends until it closes too. A client that ignores
-/// `Connection: close` and has already written its next request (load tools do) would
-/// otherwise get a reset, which can also destroy the end of the response it has not read yet.
-/// Bounded: a client that neither sends nor closes is let go after a moment.
-fn lingering_close(s: TcpStream) {
-    use std::io::Read;
-    const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
-    if s.shutdown(std::net::Shutdown::Write).is_err() || s.set_read_timeout(Some(LINGER)).is_err() {
-        return;
-    }
-    let t0 = Instant::now();
-    let mut scratch = [0u8; 4096];
-    while t0.elapsed() < LINGER {
-        match (&s).read(&mut scratch) {
-            Ok(n) if n > 0 => {}
-            _ => return,
-        }
     }
 }
 

@@ -77,9 +77,11 @@ impl Server {
     fn authorized(&self, auth: Option<&str>) -> bool {
         match &self.config.api_key {
             None => true,
+            // The scheme is case-insensitive (RFC 9110 §11.1); the key is not.
             Some(key) => auth
-                .and_then(|a| a.strip_prefix("Bearer "))
-                .is_some_and(|k| constant_time_eq(k.trim().as_bytes(), key.as_bytes())),
+                .and_then(|a| a.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .is_some_and(|(_, k)| constant_time_eq(k.trim().as_bytes(), key.as_bytes())),
         }
     }
 
@@ -98,11 +100,10 @@ impl Server {
         if !open && !self.authorized(head.authorization.as_deref()) {
             return Err(ApiError::unauthorized());
         }
-        if head.content_length > self.config.body_limit {
+        // A declared length over the limit is refused now; a chunked body is limited as it
+        // is read.
+        if head.content_length > self.config.body_limit as u64 {
             return Err(ApiError::too_large(self.config.body_limit));
-        }
-        if head.chunked {
-            return Err(ApiError::length_required());
         }
         Ok(match path {
             "/health" => {

@@ -241,7 +241,7 @@ def test_kept_alive_connections_carry_several_answers_and_time_out_when_idle(tmp
         for _ in range(3):
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             got = s.recv(4096)
-            assert got.startswith(b"HTTP/1.1 200") and b"keep-alive" in got, got
+            assert got.startswith(b"HTTP/1.1 200") and b"close" not in got.lower(), got
         # HEAD: the head only, so the next answer on the connection starts clean.
         s.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         got = b""

@@ -300,8 +300,9 @@ def test_sigterm_drains_in_flight_streams_and_refuses_new_work():
 
 
 def test_sigterm_drain_is_bounded_by_drain_seconds():
-    """A request that would outlast the drain is cut when it ends; the process exits 0 then
-    (under systemd it would otherwise be SIGKILLed at TimeoutStopSec)."""
+    """A request that would outlast the drain is cut when it ends, with an error event and
+    [DONE] (its client can tell it was cut); the process exits 0 then (under systemd it would
+    otherwise be SIGKILLed at TimeoutStopSec)."""
     srv = FaultServer("--drain-seconds", "2")
     s = post_raw(srv.port, {"prompt": "Go on forever:", "max_tokens": 3000, "ignore_eos": True, "stream": True})
     try:
@@ -315,7 +316,10 @@ def test_sigterm_drain_is_bounded_by_drain_seconds():
         s.settimeout(5)
         while chunk := s.recv(65536):
             got += chunk
-        assert b"[DONE]" not in got, "the stream was not cut: the drain waited for it"
+        events = sse_events(got)
+        assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events[-3:]
+        assert all(json.loads(e).get("choices", [{}])[0].get("finish_reason") is None
+                   for e in events[:-2]), "the stream was not cut: the drain waited for it"
     finally:
         s.close()
         srv.stop()

@@ -1,5 +1,5 @@
-//! Token buckets: one per client address (fairness: a client sending faster than its rate
-//! gets 429 with Retry-After while the others are served), and one for the front's own
+//! Token buckets, one per client address (fairness: a client sending faster than its rate
+//! gets 429 with Retry-After while the others are served), and the pacer of the front's own
 //! refusals (the rate at which it answers requests it turns away, so that a flood of them
 //! costs a bounded amount of CPU however fast the clients resend).
 
@@ -47,6 +47,36 @@ impl TokenBucket {
     fn is_full(&mut self, now: Instant) -> bool {
         self.refill(now);
         self.tokens >= self.burst
+    }
+}
+
+/// The front's refusals in arrival order, `rate` a second with bursts of a tenth of a second's
+/// worth: each refusal is given its turn as it arrives (the virtual-scheduling form of a token
+/// bucket), so later ones never overtake earlier ones.
+pub struct Pacer {
+    interval: Duration,
+    /// How far ahead of the schedule a burst may run.
+    tolerance: Duration,
+    /// When the next refusal would be due were there no burst allowance.
+    next: Instant,
+}
+
+impl Pacer {
+    pub fn new(rate: f64, now: Instant) -> Pacer {
+        let burst = (rate / 10.0).max(1.0);
+        let interval = Duration::from_secs_f64(1.0 / rate);
+        Pacer {
+            interval,
+            tolerance: interval.mul_f64(burst - 1.0),
+            next: now,
+        }
+    }
+
+    /// When a refusal arriving now may be answered (now, or its turn after the waiting ones).
+    pub fn turn(&mut self, now: Instant) -> Instant {
+        let due = self.next.max(now);
+        self.next = due + self.interval;
+        due.checked_sub(self.tolerance).map_or(now, |t| t.max(now))
     }
 }
 
@@ -120,6 +150,23 @@ mod tests {
         let later = t0 + Duration::from_secs(100);
         assert!((0..3).all(|_| b.take(later).is_ok()));
         assert!(b.take(later).is_err());
+    }
+
+    #[test]
+    fn the_pacer_answers_a_burst_then_one_per_interval_in_order() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(100.0, t0);
+        // 10 at once (a tenth of a second's worth), then 10 ms apart, each after the last.
+        let turns: Vec<Instant> = (0..15).map(|_| p.turn(t0)).collect();
+        assert!(turns[..10].iter().all(|&t| t == t0), "{turns:?}");
+        for w in turns[9..].windows(2) {
+            let gap = w[1] - w[0];
+            assert!(gap >= 9 * MS && gap <= 11 * MS, "{gap:?}");
+        }
+        // After a rest it has its burst again.
+        let later = t0 + Duration::from_secs(5);
+        assert!((0..10).all(|_| p.turn(later) == later));
+        assert!(p.turn(later) > later);
     }
 
     #[test]

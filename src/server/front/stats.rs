@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Default)]
 pub struct FrontStats {
     pub accepted: AtomicU64,
-    /// Connections the front holds now (reading a head or body, kept alive, or waiting on
-    /// the rejection pacer); those handed to a handler are not counted.
+    /// Connections the front holds now (every open connection: reading a request, answering
+    /// it, kept alive, or waiting on the rejection pacer).
     pub open: AtomicU64,
     /// Closed at accept: over `max_connections`.
     pub rejected_cap: AtomicU64,
@@ -52,7 +52,7 @@ impl FrontStats {
         family(
             "edgelm_http_connections_open",
             "gauge",
-            "Connections the front holds now (reading a request, kept alive, or waiting for a refusal).",
+            "Open connections (reading a request, answering it, kept alive, or waiting for a refusal).",
             &[("", v(&self.open))],
         );
         family(

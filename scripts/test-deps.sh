@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Installs every tool the suite's tests use that is missing, then checks each one is there, so
+# that a run on a fresh machine either has everything within its first minutes or stops then
+# with the line that installs what could not be had. One rule for a missing tool: install it,
+# or fail early; no test is skipped for want of one.
+#
+#   scripts/test-deps.sh        (scripts/test-preflight.sh runs it, so scripts/test.sh does)
+#
+# Installs: the Python test clients (tests/e2e/requirements.txt, pip); Debian packages (curl,
+# Chromium, nodejs and npm, lintian and file, skopeo umoci haproxy prometheus, cmake g++ make
+# for the peer, the aarch64 cross toolchain and qemu-user); autocannon (npm, into
+# target/node); the rustup targets (aarch64 gnu, x86_64 and aarch64 musl); the nightly
+# toolchain and cargo-fuzz.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+log() { echo "test-deps: $*" >&2; }
+
+# Debian packages by the command (or file) that shows each is there.
+declare -A debs=(
+    [curl]=curl [chromium]=chromium [node]=nodejs [npm]=npm [lintian]=lintian [file]=file
+    [skopeo]=skopeo [umoci]=umoci [haproxy]=haproxy [prometheus]=prometheus
+    [promtool]=prometheus [cmake]=cmake [g++]=g++ [make]=make
+    [aarch64-linux-gnu-gcc]=gcc-aarch64-linux-gnu [qemu-aarch64]=qemu-user
+    [/usr/aarch64-linux-gnu/include/stdio.h]=libc6-dev-arm64-cross
+)
+present() { if [[ $1 == /* ]]; then [ -e "$1" ]; else command -v "$1" >/dev/null; fi; }
+
+missing=()
+for what in "${!debs[@]}"; do
+    present "$what" || missing+=("${debs[$what]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+    log "apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! python3 -c "import openai, httpx, pytest, jsonschema, yaml" 2>/dev/null; then
+    log "pip install -r tests/e2e/requirements.txt"
+    python3 -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
+fi
+
+if [ ! -x target/node/node_modules/.bin/autocannon ]; then
+    log "npm install autocannon@9 into target/node"
+    npm install --prefix target/node --no-audit --no-fund --silent autocannon@9
+fi
+
+installed=$(rustup target list --installed)
+for triple in aarch64-unknown-linux-gnu x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
+    if ! grep -qx "$triple" <<<"$installed"; then
+        log "rustup target add $triple"
+        rustup --quiet target add "$triple"
+    fi
+done
+if ! cargo +nightly --version >/dev/null 2>&1; then
+    log "rustup toolchain install nightly"
+    rustup toolchain install nightly --profile minimal
+fi
+if ! command -v cargo-fuzz >/dev/null; then
+    log "cargo install cargo-fuzz"
+    cargo install --quiet cargo-fuzz --locked
+fi
+
+# Everything again: what is still missing stops the run now, with its install line.
+problems=()
+for what in "${!debs[@]}"; do
+    present "$what" || problems+=("$what: apt-get install ${debs[$what]}")
+done
+python3 -c "import openai, httpx, pytest, jsonschema, yaml" 2>/dev/null \
+    || problems+=("the Python test clients: python3 -m pip install -r tests/e2e/requirements.txt")
+[ -x target/node/node_modules/.bin/autocannon ] \
+    || problems+=("autocannon: npm install --prefix target/node autocannon@9")
+command -v cargo-fuzz >/dev/null || problems+=("cargo-fuzz: cargo install cargo-fuzz --locked")
+if [ ${#problems[@]} -gt 0 ]; then
+    {
+        echo "test-deps: could not install:"
+        printf '  - %s\n' "${problems[@]}"
+    } >&2
+    exit 1
+fi
+log "every tool the tests use is here"
