@@ -77,59 +77,45 @@ pub fn run(
     let mut writer = Writer::new(&job, &choices);
     let since = Instant::now();
     // A stream has its head at once (clients show that the request is under way).
-    let mut out = if job.stream {
-        match resp.start_chunked(200, writer.content_type()) {
-            Ok(body) => Out::Open(body),
-            Err(_) => {
-                cancel_all();
-                return Ok(choices.outcome(GONE));
-            }
-        }
+    let opened = if job.stream {
+        resp.start_chunked(200, writer.content_type())
+            .map(Out::Open)
     } else {
-        Out::Waiting(resp)
+        Ok(Out::Waiting(resp))
+    };
+    let Ok(mut out) = opened else {
+        cancel_all();
+        return Ok(choices.outcome(GONE));
     };
     let mut last_write = Instant::now();
     let mut cut_short = "";
     while !choices.all_done() {
         if cut.load(Ordering::Relaxed) {
             cancel_all();
-            let e = ApiError::unavailable("the server is shutting down");
-            return end_with_error(out, &writer, &e, &choices, "cut short (shutting down)");
+            let stopping = ApiError::unavailable("the server is shutting down");
+            return end_with_error(out, &writer, &stopping, &choices, "cut short (shutdown)");
         }
-        match out {
+        out = match out {
             Out::Waiting(resp) => {
-                if resp.peer_gone() {
-                    cancel_all();
-                    return Ok(choices.outcome(GONE));
-                }
-                // Before its first token a whole answer can still be refused (429) when `shed`
-                // says so (a flood: its clients would take the slot it waits for anyway).
-                if choices.first_token.is_none() && shed(since.elapsed()) {
-                    cancel_all();
-                    return Err((ApiError::overloaded(1, false), resp));
-                }
-                out = if since.elapsed() >= WHOLE_HEAD_AFTER {
-                    match resp.start_chunked(200, writer.content_type()) {
-                        Ok(body) => Out::Open(body),
-                        Err(_) => {
-                            cancel_all();
-                            return Ok(choices.outcome(GONE));
-                        }
+                match hold(resp, &writer, since, choices.first_token.is_some(), shed) {
+                    Ok(out) => out,
+                    Err(stop) => {
+                        cancel_all();
+                        return stop.outcome(&choices);
                     }
-                } else {
-                    Out::Waiting(resp)
-                };
+                }
             }
-            Out::Open(ref mut body) => {
+            Out::Open(mut body) => {
                 if last_write.elapsed() >= writer.heartbeat() {
-                    if writer.beat(body).is_err() {
+                    if writer.beat(&mut body).is_err() {
                         cancel_all();
                         return Ok(choices.outcome(GONE));
                     }
                     last_write = Instant::now();
                 }
+                Out::Open(body)
             }
-        }
+        };
         let (pi, ev) = match rx.recv_timeout(WAKE) {
             Ok(x) => x,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -145,8 +131,7 @@ pub fn run(
                     continue; // a whole answer is written at its end
                 };
                 match writer.released(body, ready, &job, &choices, released) {
-                    Ok(true) => last_write = Instant::now(),
-                    Ok(false) => {}
+                    Ok(wrote) => last_write = if wrote { Instant::now() } else { last_write },
                     Err(_) => {
                         cancel_all();
                         return Ok(choices.outcome(GONE));
@@ -173,6 +158,46 @@ pub fn run(
         Ok(()) => Ok(choices.outcome(cut_short)),
         Err(_) => Ok(choices.outcome(GONE)),
     }
+}
+
+/// Why a whole answer stopped before its head went out.
+enum Stop {
+    Gone,
+    /// Refused after all (429): the response is given back for the refusal.
+    Shed(RawResponse),
+}
+
+impl Stop {
+    fn outcome(self, choices: &Choices) -> Result<Outcome, (ApiError, RawResponse)> {
+        match self {
+            Stop::Gone => Ok(choices.outcome(GONE)),
+            Stop::Shed(resp) => Err((ApiError::overloaded(1, false), resp)),
+        }
+    }
+}
+
+/// A whole answer whose head waits: its client may have gone; before its first token it can
+/// still be shed (a flood: its clients would take the slot it waits for anyway); after
+/// `WHOLE_HEAD_AFTER` its head goes out.
+fn hold(
+    resp: RawResponse,
+    writer: &Writer,
+    since: Instant,
+    first_token: bool,
+    shed: &dyn Fn(Duration) -> bool,
+) -> Result<Out, Stop> {
+    if resp.peer_gone() {
+        return Err(Stop::Gone);
+    }
+    if !first_token && shed(since.elapsed()) {
+        return Err(Stop::Shed(resp));
+    }
+    if since.elapsed() < WHOLE_HEAD_AFTER {
+        return Ok(Out::Waiting(resp));
+    }
+    resp.start_chunked(200, writer.content_type())
+        .map(Out::Open)
+        .map_err(|_| Stop::Gone)
 }
 
 /// Ends an answer with an error: as the response itself if its head has not gone out yet,

@@ -329,3 +329,19 @@ def test_sigterm_ends_every_answer_in_a_form_the_openai_client_parses():
     assert all(k in ("complete", "error") for k in kinds), outcomes
     # They would each take far longer than the drain: they were ended, with an error.
     assert kinds.count("error") >= 14, outcomes
+
+
+def test_a_body_that_stops_coming_is_closed_by_the_body_timeout(tmp_path):
+    profile = tmp_path / "p.toml"
+    profile.write_text("[server]\nbody_timeout_s = 1\n")
+    s = Server("--config", str(profile))
+    try:
+        t0 = time.time()
+        got, closed = exchange(s.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro",
+                               linger=5)
+        took = time.time() - t0
+        assert got == b"" and closed and 0.8 < took < 3, (got, closed, took)
+        m = httpx.get(s.base + "/metrics").text
+        assert 'edgelm_http_timeouts_total{phase="body"} 1' in m, m
+    finally:
+        s.stop()
