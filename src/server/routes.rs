@@ -167,7 +167,9 @@ impl Server {
         } else {
             0.0
         };
-        let errors = self.errors.lock().map(|e| e.clone()).unwrap_or_default();
+        let mut errors = self.errors.lock().map(|e| e.clone()).unwrap_or_default();
+        // A client that leaves before its answer is not the server's error.
+        let cancelled = errors.remove("cancelled").unwrap_or(0);
         json!({
             "state": if self.is_ready() { "ready" } else { "draining" },
             "version": env!("CARGO_PKG_VERSION"),
@@ -180,6 +182,7 @@ impl Server {
             "kv_pool_bytes": s.kv_pool_bytes,
             "errors": errors.values().sum::<u64>(),
             "errors_by_reason": errors,
+            "cancelled": cancelled,
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "now": now,
             "running": s.running,

@@ -34,6 +34,7 @@ def test_status_page_renders_live_figures(server, tmp_path):
     assert status["resident_bytes"] > 0 and status["kv_pool_bytes"] > 0 and status["weight_bytes"] > 0
     assert 'id="mem">–<' not in dom and "KV pool" in dom, "memory shown"
     assert f'id="errors">{status["errors"]}<' in dom, "error count shown"
+    assert f'id="cancelled">{status["cancelled"]}<' in dom and "cancelled" not in status["errors_by_reason"]
     shot = ARTIFACTS / "status-page.png"
     subprocess.run([*common, f"--screenshot={shot}", server.base + "/"], capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 5000
