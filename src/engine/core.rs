@@ -370,13 +370,13 @@ impl Engine {
             .map(|s| s.id)
             .collect();
         for id in ids {
-            let s = self.sched.get_mut(id).expect("listed");
-            // The pending token and the bonus token after the draft are within max_len.
-            let room = s.max_len.saturating_sub(s.tokens.len() + 1);
-            let cap = match s.draft_cap {
+            let cap = match self.seqs[&id].draft_cap {
                 0 => self.prompt_lookup.min(prompt_lookup::FIRST_CAP),
                 c => c,
             };
+            let s = self.sched.get_mut(id).expect("listed");
+            // The pending token and the bonus token after the draft are within max_len.
+            let room = s.max_len.saturating_sub(s.tokens.len() + 1);
             s.draft = prompt_lookup::draft(&s.tokens, cap.min(room));
         }
     }

@@ -121,8 +121,8 @@ impl Engine {
             self.sched.accept_computed(seq, 1);
         }
         self.local.accepted_draft_tokens += accepted as u64;
-        if let Some(s) = self.sched.get_mut(seq) {
-            s.draft_cap = prompt_lookup::next_cap(draft.len(), accepted, self.prompt_lookup);
+        if let Some(rec) = self.seqs.get_mut(&seq) {
+            rec.draft_cap = prompt_lookup::next_cap(draft.len(), accepted, self.prompt_lookup);
         }
     }
 

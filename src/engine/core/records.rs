@@ -9,8 +9,9 @@ use crate::grammar::{Constraint, Mask};
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
-/// One live sequence's sampling state. The scheduler owns its tokens, blocks and drafts
-/// (it sizes each step by them); this is the rest, dropped with the sequence.
+/// One live sequence's state beside its `Sequence`: how its tokens are chosen and how long
+/// its drafts may be. The scheduler owns its tokens, blocks and current draft (it sizes each
+/// step by them); this is the rest, dropped with the sequence.
 pub(super) struct SeqRecord {
     /// The request the sequence is one completion of.
     pub request: RequestId,
@@ -21,6 +22,11 @@ pub(super) struct SeqRecord {
     /// The mask computed beside this step's forward pass, for a constrained sequence that
     /// samples in it (an error: the grammar gave up).
     pub mask: Option<Result<Mask, String>>,
+    /// The longest prompt-lookup draft to propose next (0: not yet speculated): it grows
+    /// while drafts are accepted whole and shrinks to what was accepted when they are not,
+    /// because verifying a draft token costs a share of a decode step whether or not it is
+    /// kept.
+    pub draft_cap: usize,
 }
 
 impl SeqRecord {
@@ -30,6 +36,7 @@ impl SeqRecord {
             sampler,
             constraint,
             mask: None,
+            draft_cap: 0,
         }
     }
 }

@@ -174,6 +174,10 @@ fn prompt_lookup_keeps_what_plain_decoding_gives_and_rolls_a_rejected_draft_back
         s.num_computed, 15,
         "accepted draft tokens count as computed"
     );
+    assert_eq!(
+        e.seqs[&0].draft_cap, 4,
+        "a draft that held whole grows the next"
+    );
     // "14 15 16" is followed by "17 3 10 11" in the prompt: 17 holds, 3 is rejected.
     e.step();
     let verified = probe.last_batch();
@@ -191,6 +195,7 @@ fn prompt_lookup_keeps_what_plain_decoding_gives_and_rolls_a_rejected_draft_back
         Some(3),
         "the store still holds the rejected token"
     );
+    assert_eq!(e.seqs[&0].draft_cap, 2, "one more than what held");
     assert_kv_holds_tokens(&e, &probe);
     // The next step runs the model's own token where the rejected draft stood.
     e.step();
