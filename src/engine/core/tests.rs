@@ -354,3 +354,38 @@ fn only_plain_greedy_rows_come_back_as_tokens() {
         assert_all_released(&e);
     }
 }
+
+#[test]
+fn cancelling_a_forked_request_drops_every_record_and_block_and_spares_the_others() {
+    let (mut e, probe) = engine();
+    let forked = GenParams {
+        n: 3,
+        ..greedy(8, false)
+    };
+    let r1 = submit(&mut e, 1, &[1, 2, 3, 4, 5, 6], forked);
+    let r2 = submit(&mut e, 2, &[20, 21, 22], greedy(4, false));
+    e.step();
+    e.step();
+    assert_eq!(e.seqs.len(), 4, "three completions and the other request");
+    assert_eq!(e.requests[&1].seqs.len(), 3);
+    e.apply(Command::Cancel(1));
+    assert_eq!(e.seqs.len(), 1);
+    assert!(e.seqs.values().all(|r| r.request == 2));
+    run_to_idle(&mut e, &probe);
+    let ev1 = events(&r1);
+    for index in 0..3 {
+        assert_eq!(
+            tokens_of(&ev1, index),
+            count_after(6, 2),
+            "completion {index}"
+        );
+    }
+    assert_eq!(
+        finish_reasons(&ev1),
+        (0..3)
+            .map(|i| (i, FinishReason::Cancelled))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(tokens_of(&events(&r2), 0), count_after(22, 4));
+    assert_all_released(&e);
+}
