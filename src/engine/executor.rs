@@ -180,6 +180,79 @@ impl Executor {
     }
 }
 
+/// What the engine's steps ask of whatever runs them: [`ModelExecutor`] in service; the
+/// engine's unit tests run a fake (so they need no model file). The methods are
+/// [`Executor`]'s, with the model bound in.
+pub trait StepExecutor: Send {
+    fn is_cuda(&self) -> bool;
+    fn backend_name(&self) -> &'static str;
+    /// Blocks of its KV pool.
+    fn blocks(&self) -> usize;
+    fn kv_bytes(&self) -> usize;
+    fn copy_block(&mut self, src: usize, dst: usize) -> Result<()>;
+    fn release_step_buffers(&mut self);
+    fn recycle(&mut self, logits: Vec<f32>);
+    fn forward(&mut self, batch: &BatchMeta) -> Result<Vec<f32>>;
+    fn forward_sample(
+        &mut self,
+        batch: &BatchMeta,
+        rows: &[(SamplingParams, u64)],
+    ) -> Result<Vec<u32>>;
+    fn forward_greedy(&mut self, batch: &BatchMeta) -> Result<Vec<u32>>;
+}
+
+/// An [`Executor`] with the model it runs.
+pub struct ModelExecutor {
+    pub model: Arc<Model>,
+    pub exec: Executor,
+}
+
+impl StepExecutor for ModelExecutor {
+    fn is_cuda(&self) -> bool {
+        self.exec.is_cuda()
+    }
+
+    fn backend_name(&self) -> &'static str {
+        self.exec.backend_name()
+    }
+
+    fn blocks(&self) -> usize {
+        self.exec.blocks()
+    }
+
+    fn kv_bytes(&self) -> usize {
+        self.exec.kv_bytes()
+    }
+
+    fn copy_block(&mut self, src: usize, dst: usize) -> Result<()> {
+        self.exec.copy_block(src, dst)
+    }
+
+    fn release_step_buffers(&mut self) {
+        self.exec.release_step_buffers()
+    }
+
+    fn recycle(&mut self, logits: Vec<f32>) {
+        self.exec.recycle(logits)
+    }
+
+    fn forward(&mut self, batch: &BatchMeta) -> Result<Vec<f32>> {
+        self.exec.forward(&self.model, batch)
+    }
+
+    fn forward_sample(
+        &mut self,
+        batch: &BatchMeta,
+        rows: &[(SamplingParams, u64)],
+    ) -> Result<Vec<u32>> {
+        self.exec.forward_sample(&self.model, batch, rows)
+    }
+
+    fn forward_greedy(&mut self, batch: &BatchMeta) -> Result<Vec<u32>> {
+        self.exec.forward_greedy(&self.model, batch)
+    }
+}
+
 /// The CPU forward pass, then `pick(logits row, its item of per_row)` for each logits row
 /// (as many as both have).
 fn cpu_tokens<T>(

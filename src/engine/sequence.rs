@@ -41,10 +41,6 @@ pub struct Sequence {
     /// Tokens proposed to follow the pending one (prompt lookup), verified in its next decode
     /// step; never part of `tokens` until the model agrees with them.
     pub draft: Vec<u32>,
-    /// The longest draft to propose next (0: not yet speculated): it grows while drafts are
-    /// accepted whole and shrinks to what was accepted when they are not, because verifying
-    /// a draft token costs a share of a decode step whether or not it is kept.
-    pub draft_cap: usize,
 }
 
 impl Sequence {
@@ -75,7 +71,6 @@ impl Sequence {
             arrived: Instant::now(),
             decoding_since: None,
             draft: Vec::new(),
-            draft_cap: 0,
         }
     }
 
