@@ -176,7 +176,8 @@ fn chunked_len(body: &[u8]) -> Option<usize> {
     let mut at = 0;
     loop {
         let line = body[at..].windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(std::str::from_utf8(&body[at..at + line]).ok()?, 16).ok()?;
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&body[at..at + line]).ok()?, 16).ok()?;
         at += line + 2 + size + 2;
         if at > body.len() {
             return None;
