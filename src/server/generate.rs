@@ -10,6 +10,7 @@ use super::error::ApiError;
 use super::http::{ChunkedBody, RawResponse};
 use super::Ready;
 use crate::engine::{Event, GenParams, RequestId};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -57,6 +58,9 @@ enum Out {
     Open(ChunkedBody),
 }
 
+/// How an answer ends: its outcome, or an error to send as the response (with it).
+type Answer = Result<Outcome, (ApiError, RawResponse)>;
+
 /// Runs a job and writes its answer; `on_first_token` is told when the first token came.
 /// Errors before the response starts come back with the response, so they can be sent. When
 /// `cut` turns true (the server's drain time is over) the answer ends at once with an error.
@@ -67,7 +71,7 @@ pub fn run(
     on_first_token: &mut dyn FnMut(Instant),
     shed: &dyn Fn(Duration) -> bool,
     cut: &AtomicBool,
-) -> Result<Outcome, (ApiError, RawResponse)> {
+) -> Answer {
     let (ids, rx) = match submit(ready, &job) {
         Ok(x) => x,
         Err(e) => return Err((e, resp)),
@@ -96,40 +100,17 @@ pub fn run(
             let e = ApiError::unavailable("the server is shutting down");
             return end_with_error(out, &writer, &e, &choices, "cut short (shutting down)");
         }
-        match out {
-            Out::Waiting(resp) => {
-                if resp.peer_gone() {
-                    cancel_all();
-                    return Ok(choices.outcome(GONE));
-                }
-                // Before its first token a whole answer can still be refused (429) when `shed`
-                // says so (a flood: its clients would take the slot it waits for anyway).
-                if choices.first_token.is_none() && shed(since.elapsed()) {
-                    cancel_all();
-                    return Err((ApiError::overloaded(1, false), resp));
-                }
-                out = if since.elapsed() >= WHOLE_HEAD_AFTER {
-                    match resp.start_chunked(200, writer.content_type()) {
-                        Ok(body) => Out::Open(body),
-                        Err(_) => {
-                            cancel_all();
-                            return Ok(choices.outcome(GONE));
-                        }
-                    }
-                } else {
-                    Out::Waiting(resp)
-                };
-            }
-            Out::Open(ref mut body) => {
-                if last_write.elapsed() >= writer.heartbeat() {
-                    if writer.beat(body).is_err() {
-                        cancel_all();
-                        return Ok(choices.outcome(GONE));
-                    }
-                    last_write = Instant::now();
-                }
-            }
-        }
+        let waiting = Waiting {
+            writer: &writer,
+            choices: &choices,
+            since,
+            shed,
+            cancel_all: &cancel_all,
+        };
+        out = match waiting.tend(out, &mut last_write) {
+            ControlFlow::Continue(out) => out,
+            ControlFlow::Break(answer) => return answer,
+        };
         let (pi, ev) = match rx.recv_timeout(WAKE) {
             Ok(x) => x,
             Err(RecvTimeoutError::Timeout) => continue,
@@ -175,6 +156,61 @@ pub fn run(
     }
 }
 
+/// An answer between two engine events.
+struct Waiting<'a> {
+    writer: &'a Writer,
+    choices: &'a Choices,
+    /// When the job was submitted.
+    since: Instant,
+    shed: &'a dyn Fn(Duration) -> bool,
+    /// Cancels the job's engine requests.
+    cancel_all: &'a dyn Fn(),
+}
+
+impl Waiting<'_> {
+    /// Keeps the response alive while no event comes: a whole answer ends when its client has
+    /// left, or with 429 when `shed` refuses it before its first token, and gets its head once
+    /// it has waited WHOLE_HEAD_AFTER; an open body gets its heartbeat when one is due.
+    /// `Break`: how the answer ends, its engine requests cancelled.
+    fn tend(&self, out: Out, last_write: &mut Instant) -> ControlFlow<Answer, Out> {
+        match out {
+            Out::Waiting(resp) => {
+                if resp.peer_gone() {
+                    return self.gone();
+                }
+                // Before its first token a whole answer can still be refused (429) when `shed`
+                // says so (a flood: its clients would take the slot it waits for anyway).
+                if self.choices.first_token.is_none() && (self.shed)(self.since.elapsed()) {
+                    (self.cancel_all)();
+                    return ControlFlow::Break(Err((ApiError::overloaded(1, false), resp)));
+                }
+                if self.since.elapsed() < WHOLE_HEAD_AFTER {
+                    return ControlFlow::Continue(Out::Waiting(resp));
+                }
+                match resp.start_chunked(200, self.writer.content_type()) {
+                    Ok(body) => ControlFlow::Continue(Out::Open(body)),
+                    Err(_) => self.gone(),
+                }
+            }
+            Out::Open(mut body) => {
+                if last_write.elapsed() >= self.writer.heartbeat() {
+                    if self.writer.beat(&mut body).is_err() {
+                        return self.gone();
+                    }
+                    *last_write = Instant::now();
+                }
+                ControlFlow::Continue(Out::Open(body))
+            }
+        }
+    }
+
+    /// The client left: its requests are cancelled.
+    fn gone(&self) -> ControlFlow<Answer, Out> {
+        (self.cancel_all)();
+        ControlFlow::Break(Ok(self.choices.outcome(GONE)))
+    }
+}
+
 /// Ends an answer with an error: as the response itself if its head has not gone out yet,
 /// otherwise in the answer's own form.
 fn end_with_error(
@@ -183,7 +219,7 @@ fn end_with_error(
     e: &ApiError,
     choices: &Choices,
     result: &str,
-) -> Result<Outcome, (ApiError, RawResponse)> {
+) -> Answer {
     match out {
         Out::Waiting(resp) => Err((e.clone(), resp)),
         Out::Open(body) => {
