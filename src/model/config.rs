@@ -186,7 +186,7 @@ impl Shape {
 fn head_dim(k: &Keys<'_>, n_embd: usize, n_head: usize) -> Result<usize> {
     let head_dim = match k.u32("attention.key_length")? {
         Some(d) => d,
-        None if n_embd % n_head == 0 => n_embd / n_head,
+        None if n_embd.is_multiple_of(n_head) => n_embd / n_head,
         None => bail!("embedding_length {n_embd} is not a multiple of head_count {n_head}"),
     };
     if let Some(v) = k.u32("attention.value_length")? {
