@@ -124,7 +124,7 @@ def char_end(text, i):
     """The end of the char literal opening at `i`, or None when the quote starts a lifetime or a
     label (`'a` with no closing quote right after one character)."""
     if text[i + 1 : i + 2] == "\\":
-        j = i + 2
+        j = i + 3  # past the backslash and the character it escapes
         while j < len(text) and text[j] != "'":
             j += 1
         return j + 1

@@ -249,6 +249,7 @@ impl ServerSection {
 }
 
 impl EngineSection {
+    /// The backend, threads, memory, KV, batch, pacing and prompt-lookup bounds.
     fn check(&self) -> Check {
         if !matches!(self.backend.as_str(), "cpu" | "cuda" | "auto") {
             return bad("engine.backend", "must be \"cpu\", \"cuda\" or \"auto\"");

@@ -148,6 +148,7 @@ struct Shape {
 }
 
 impl Shape {
+    /// The dimensions the file declares, refused when implausible or inconsistent.
     fn read(k: &Keys<'_>) -> Result<Shape> {
         let n_layers = k.req("block_count")?;
         let n_embd = k.req("embedding_length")?;
@@ -259,6 +260,7 @@ struct HyperParams {
 }
 
 impl HyperParams {
+    /// The hyper-parameters of `family`: the llama defaults with what the family changes.
     fn read(family: Family, k: &Keys<'_>, shape: &Shape, global: RopeParams) -> Result<Self> {
         let mut hp = HyperParams::llama(shape, global);
         match family {

@@ -100,14 +100,14 @@ pub fn run(
             let e = ApiError::unavailable("the server is shutting down");
             return end_with_error(out, &writer, &e, &choices, "cut short (shutting down)");
         }
-        let waiting = Waiting {
+        let keep_alive = KeepAlive {
             writer: &writer,
             choices: &choices,
             since,
             shed,
             cancel_all: &cancel_all,
         };
-        out = match waiting.tend(out, &mut last_write) {
+        out = match keep_alive.tend(out, &mut last_write) {
             ControlFlow::Continue(out) => out,
             ControlFlow::Break(answer) => return answer,
         };
@@ -156,8 +156,8 @@ pub fn run(
     }
 }
 
-/// An answer between two engine events.
-struct Waiting<'a> {
+/// What keeps an answer alive between two engine events.
+struct KeepAlive<'a> {
     writer: &'a Writer,
     choices: &'a Choices,
     /// When the job was submitted.
@@ -167,7 +167,7 @@ struct Waiting<'a> {
     cancel_all: &'a dyn Fn(),
 }
 
-impl Waiting<'_> {
+impl KeepAlive<'_> {
     /// Keeps the response alive while no event comes: a whole answer ends when its client has
     /// left, or with 429 when `shed` refuses it before its first token, and gets its head once
     /// it has waited WHOLE_HEAD_AFTER; an open body gets its heartbeat when one is due.

@@ -158,6 +158,7 @@ const COUNTERS: [Series; 11] = [
     ),
 ];
 
+/// Each of `all`, read from `s`.
 fn series(out: &mut String, s: &EngineStats, all: &[Series]) {
     for (name, kind, help, value) in all {
         metric(out, name, kind, help, value(s));

@@ -108,6 +108,7 @@ struct Streams {
 }
 
 impl Streams {
+    /// Starts `n` streams (greedy, EOS ignored so that they decode through the whole burst).
     fn start(target: &Target, w: &Workload, n: usize, run_start: Instant) -> Streams {
         let mut stream_target = target.clone();
         stream_target.temperature = 0.0;

@@ -145,6 +145,7 @@ fn create_base(
     Ok(Some(w))
 }
 
+/// How long the chunks took, on stderr.
 fn print_speed(n_chunks: usize, n_ctx: usize, t0: Instant) {
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
