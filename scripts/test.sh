@@ -13,7 +13,8 @@
 # backend's device tests on the host CUDA emulator (scripts/check-cuda-emu.sh); last, each
 # cargo-fuzz target briefly (EDGELM_FUZZ_SECONDS, default 20) from the checked-in corpus.
 # First, scripts/test-preflight.sh checks root, the tools and free disk, and lists what the
-# steps will install; scripts/check-layers.py checks the import order (docs/architecture.md).
+# steps will install; scripts/check-layers.py checks the import order (docs/architecture.md),
+# scripts/check-fn-length.py that no function outside the tests is over 100 lines.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -32,6 +33,7 @@ step packaging/fetch-model.sh gemma3
 step scripts/build-peer.sh llama-perplexity
 step cargo fmt --check
 step scripts/check-layers.py
+step scripts/check-fn-length.py
 step cargo clippy --release --all-targets -- -D warnings
 step cargo clippy --release --features cuda --all-targets -- -D warnings
 step cargo test --profile suite -- --test-threads=1

@@ -159,6 +159,154 @@ impl Default for LogSection {
     }
 }
 
+/// A profile check's answer: the first out-of-range value, as (`section.key`, why).
+type Check = Result<(), (&'static str, String)>;
+
+fn bad(key: &'static str, why: impl Into<String>) -> Check {
+    Err((key, why.into()))
+}
+
+impl ServerSection {
+    /// Where the server listens and who may call it.
+    fn check_address(&self) -> Check {
+        if self.host.trim().is_empty() {
+            return bad("server.host", "must not be empty");
+        }
+        if self.host.parse::<std::net::IpAddr>().is_err() && !is_hostname(&self.host) {
+            return bad(
+                "server.host",
+                format!("{:?} is neither an IP address nor a host name", self.host),
+            );
+        }
+        if self.port == 0 {
+            return bad("server.port", "must be 1 to 65535");
+        }
+        if !self.api_key_env.is_empty() && !is_env_name(&self.api_key_env) {
+            return bad(
+                "server.api_key_env",
+                format!(
+                    "{:?} is not an environment variable name (letters, digits and _, not \
+                     starting with a digit; \"\" for no API key)",
+                    self.api_key_env
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The queue, body, drain, timeout, connection and rate bounds.
+    fn check_limits(&self) -> Check {
+        if !(0.0..=3600.0).contains(&self.max_queue_wait_s) {
+            return bad("server.max_queue_wait_s", "must be 0 (off) to 3600 seconds");
+        }
+        if self.max_queue > MAX_QUEUE {
+            return bad("server.max_queue", format!("must be 0 to {MAX_QUEUE}"));
+        }
+        if !(1..=MAX_BODY_KIB).contains(&self.body_limit_kib) {
+            return bad(
+                "server.body_limit_kib",
+                format!("must be 1 to {MAX_BODY_KIB}"),
+            );
+        }
+        if self.drain_seconds > MAX_DRAIN_SECONDS {
+            return bad(
+                "server.drain_seconds",
+                format!(
+                    "must be 0 to {MAX_DRAIN_SECONDS} (edgelm.service stops the server after \
+                     TimeoutStopSec=45s; raise both together)"
+                ),
+            );
+        }
+        for (key, v) in [
+            ("server.header_timeout_s", self.header_timeout_s),
+            ("server.body_timeout_s", self.body_timeout_s),
+            ("server.idle_timeout_s", self.idle_timeout_s),
+        ] {
+            if !(0.1..=3600.0).contains(&v) {
+                return bad(key, "must be 0.1 to 3600 seconds");
+            }
+        }
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            return bad(
+                "server.max_connections",
+                format!("must be 1 to {MAX_CONNECTIONS}"),
+            );
+        }
+        if !(0.0..=1e6).contains(&self.client_rate_per_s) {
+            return bad("server.client_rate_per_s", "must be 0 (off) to 1000000");
+        }
+        if !(1.0..=1e6).contains(&self.client_burst) {
+            return bad("server.client_burst", "must be 1 to 1000000");
+        }
+        if !(0.0..=1e7).contains(&self.max_rejections_per_s) {
+            return bad(
+                "server.max_rejections_per_s",
+                "must be 0 (no bound) to 10000000",
+            );
+        }
+        Ok(())
+    }
+}
+
+impl EngineSection {
+    /// The backend, threads, memory, KV, batch, pacing and prompt-lookup bounds.
+    fn check(&self) -> Check {
+        if !matches!(self.backend.as_str(), "cpu" | "cuda" | "auto") {
+            return bad("engine.backend", "must be \"cpu\", \"cuda\" or \"auto\"");
+        }
+        if self.threads > MAX_THREADS {
+            return bad(
+                "engine.threads",
+                format!("must be 0 (all cores) to {MAX_THREADS}"),
+            );
+        }
+        if !(1..=MAX_MIB).contains(&self.kv_memory_mib) {
+            return bad("engine.kv_memory_mib", format!("must be 1 to {MAX_MIB}"));
+        }
+        if self.reserve_mib > MAX_MIB {
+            return bad("engine.reserve_mib", format!("must be 0 to {MAX_MIB}"));
+        }
+        if self.gpu_reserve_mib > MAX_MIB {
+            return bad("engine.gpu_reserve_mib", format!("must be 0 to {MAX_MIB}"));
+        }
+        if !self.block_size.is_power_of_two() || self.block_size > MAX_BLOCK_SIZE {
+            return bad(
+                "engine.block_size",
+                format!("must be a power of two from 1 to {MAX_BLOCK_SIZE} tokens"),
+            );
+        }
+        if !(1..=MAX_SEQS).contains(&self.max_seqs) {
+            return bad("engine.max_seqs", format!("must be 1 to {MAX_SEQS}"));
+        }
+        if !(1..=MAX_BATCHED_TOKENS).contains(&self.max_batched_tokens) {
+            return bad(
+                "engine.max_batched_tokens",
+                format!("must be 1 to {MAX_BATCHED_TOKENS}"),
+            );
+        }
+        if !(self.prefill_pacing == 0.0 || (1.0..=100.0).contains(&self.prefill_pacing)) {
+            return bad("engine.prefill_pacing", "must be 0 (off) or 1 to 100");
+        }
+        if self.prompt_lookup > MAX_PROMPT_LOOKUP {
+            return bad(
+                "engine.prompt_lookup",
+                format!("must be 0 (off) to {MAX_PROMPT_LOOKUP}"),
+            );
+        }
+        if self.max_batched_tokens < self.max_seqs {
+            return bad(
+                "engine.max_batched_tokens",
+                format!(
+                    "must be at least engine.max_seqs ({}): every running sequence decodes one \
+                     token per step",
+                    self.max_seqs
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Profile {
     pub fn load(path: &Path) -> anyhow::Result<Profile> {
         let text = std::fs::read_to_string(path)
@@ -181,138 +329,13 @@ impl Profile {
     }
 
     /// The first out-of-range value, as (`section.key`, why).
-    fn check(&self) -> Result<(), (&'static str, String)> {
-        fn bad(key: &'static str, why: impl Into<String>) -> Result<(), (&'static str, String)> {
-            Err((key, why.into()))
-        }
-        let m = &self.model;
-        let s = &self.server;
-        let e = &self.engine;
-        if m.path.as_os_str().is_empty() {
+    fn check(&self) -> Check {
+        if self.model.path.as_os_str().is_empty() {
             return bad("model.path", "must not be empty");
         }
-        if s.host.trim().is_empty() {
-            return bad("server.host", "must not be empty");
-        }
-        if s.host.parse::<std::net::IpAddr>().is_err() && !is_hostname(&s.host) {
-            return bad(
-                "server.host",
-                format!("{:?} is neither an IP address nor a host name", s.host),
-            );
-        }
-        if s.port == 0 {
-            return bad("server.port", "must be 1 to 65535");
-        }
-        if !s.api_key_env.is_empty() && !is_env_name(&s.api_key_env) {
-            return bad(
-                "server.api_key_env",
-                format!(
-                    "{:?} is not an environment variable name (letters, digits and _, not \
-                     starting with a digit; \"\" for no API key)",
-                    s.api_key_env
-                ),
-            );
-        }
-        if !(0.0..=3600.0).contains(&s.max_queue_wait_s) {
-            return bad("server.max_queue_wait_s", "must be 0 (off) to 3600 seconds");
-        }
-        if s.max_queue > MAX_QUEUE {
-            return bad("server.max_queue", format!("must be 0 to {MAX_QUEUE}"));
-        }
-        if !(1..=MAX_BODY_KIB).contains(&s.body_limit_kib) {
-            return bad(
-                "server.body_limit_kib",
-                format!("must be 1 to {MAX_BODY_KIB}"),
-            );
-        }
-        if s.drain_seconds > MAX_DRAIN_SECONDS {
-            return bad(
-                "server.drain_seconds",
-                format!(
-                    "must be 0 to {MAX_DRAIN_SECONDS} (edgelm.service stops the server after \
-                     TimeoutStopSec=45s; raise both together)"
-                ),
-            );
-        }
-        for (key, v) in [
-            ("server.header_timeout_s", s.header_timeout_s),
-            ("server.body_timeout_s", s.body_timeout_s),
-            ("server.idle_timeout_s", s.idle_timeout_s),
-        ] {
-            if !(0.1..=3600.0).contains(&v) {
-                return bad(key, "must be 0.1 to 3600 seconds");
-            }
-        }
-        if !(1..=MAX_CONNECTIONS).contains(&s.max_connections) {
-            return bad(
-                "server.max_connections",
-                format!("must be 1 to {MAX_CONNECTIONS}"),
-            );
-        }
-        if !(0.0..=1e6).contains(&s.client_rate_per_s) {
-            return bad("server.client_rate_per_s", "must be 0 (off) to 1000000");
-        }
-        if !(1.0..=1e6).contains(&s.client_burst) {
-            return bad("server.client_burst", "must be 1 to 1000000");
-        }
-        if !(0.0..=1e7).contains(&s.max_rejections_per_s) {
-            return bad(
-                "server.max_rejections_per_s",
-                "must be 0 (no bound) to 10000000",
-            );
-        }
-        if !matches!(e.backend.as_str(), "cpu" | "cuda" | "auto") {
-            return bad("engine.backend", "must be \"cpu\", \"cuda\" or \"auto\"");
-        }
-        if e.threads > MAX_THREADS {
-            return bad(
-                "engine.threads",
-                format!("must be 0 (all cores) to {MAX_THREADS}"),
-            );
-        }
-        if !(1..=MAX_MIB).contains(&e.kv_memory_mib) {
-            return bad("engine.kv_memory_mib", format!("must be 1 to {MAX_MIB}"));
-        }
-        if e.reserve_mib > MAX_MIB {
-            return bad("engine.reserve_mib", format!("must be 0 to {MAX_MIB}"));
-        }
-        if e.gpu_reserve_mib > MAX_MIB {
-            return bad("engine.gpu_reserve_mib", format!("must be 0 to {MAX_MIB}"));
-        }
-        if !e.block_size.is_power_of_two() || e.block_size > MAX_BLOCK_SIZE {
-            return bad(
-                "engine.block_size",
-                format!("must be a power of two from 1 to {MAX_BLOCK_SIZE} tokens"),
-            );
-        }
-        if !(1..=MAX_SEQS).contains(&e.max_seqs) {
-            return bad("engine.max_seqs", format!("must be 1 to {MAX_SEQS}"));
-        }
-        if !(1..=MAX_BATCHED_TOKENS).contains(&e.max_batched_tokens) {
-            return bad(
-                "engine.max_batched_tokens",
-                format!("must be 1 to {MAX_BATCHED_TOKENS}"),
-            );
-        }
-        if !(e.prefill_pacing == 0.0 || (1.0..=100.0).contains(&e.prefill_pacing)) {
-            return bad("engine.prefill_pacing", "must be 0 (off) or 1 to 100");
-        }
-        if e.prompt_lookup > MAX_PROMPT_LOOKUP {
-            return bad(
-                "engine.prompt_lookup",
-                format!("must be 0 (off) to {MAX_PROMPT_LOOKUP}"),
-            );
-        }
-        if e.max_batched_tokens < e.max_seqs {
-            return bad(
-                "engine.max_batched_tokens",
-                format!(
-                    "must be at least engine.max_seqs ({}): every running sequence decodes one \
-                     token per step",
-                    e.max_seqs
-                ),
-            );
-        }
+        self.server.check_address()?;
+        self.server.check_limits()?;
+        self.engine.check()?;
         if !matches!(
             self.log.level.as_str(),
             "error" | "warn" | "info" | "debug" | "trace"

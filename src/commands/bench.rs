@@ -5,8 +5,9 @@
 use super::{engine_config, init_threads, kv_bytes_for};
 use crate::cli::BenchArgs;
 use anyhow::{bail, Result};
-use edgelm::engine::{Engine, EngineHandle, Event, GenParams, Rng, SamplingParams};
+use edgelm::engine::{Engine, EngineConfig, EngineHandle, Event, GenParams, Rng, SamplingParams};
 use edgelm::grammar::{Constraint, ConstraintSpec, Grammars};
+use edgelm::kv::KvType;
 use edgelm::model::Model;
 use serde::Serialize;
 use std::io::Write;
@@ -99,6 +100,14 @@ impl Timing {
             _ => 0.0,
         };
         self.tokens.len().saturating_sub(1) as f64 / span.max(1e-9)
+    }
+
+    /// Seconds from submission to the first token (0 when none came).
+    fn time_to_first_token(&self) -> f64 {
+        self.first
+            .unwrap_or(self.submitted)
+            .duration_since(self.submitted)
+            .as_secs_f64()
     }
 }
 
@@ -198,205 +207,41 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--repeats must be ≥ 1, -n ≥ 2 and -p ≥ 1");
     }
     let model = Arc::new(Model::load(&args.model.model)?);
-    let vocab = model.config.vocab_size as u64;
-    // The lookup task ends where the model ends its answer; the other tests ignore EOS.
-    let lookup_task = match &args.lookup_task {
-        None => None,
-        Some(path) => {
-            if args.compute.prompt_lookup == 0 {
-                bail!("--lookup-task needs --prompt-lookup N (the draft tokens per step)");
-            }
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-            let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file)?;
-            let prompt = match tokenizer.chat_template() {
-                Some(_) => super::generate::render_chat(&tokenizer, None, &text)?,
-                None => text,
-            };
-            Some((
-                tokenizer.encode(&prompt, true)?,
-                tokenizer.eog_tokens().to_vec(),
-            ))
-        }
-    };
-    let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
-    let mut config = engine_config(&args.compute);
-    config.max_seqs = config.max_seqs.max(max_conc);
-    if args.compute.kv_memory_mib.is_none() {
-        let need = (max_conc * (args.concurrency_prompt + args.n_gen + 32))
-            .max(args.n_prompt + args.n_gen)
-            .max(2 * (args.shared_prefix + 64))
-            .max(
-                lookup_task
-                    .as_ref()
-                    .map_or(0, |t| t.0.len() + args.n_gen + 32),
-            );
-        config.kv_memory_bytes = 2 * kv_bytes_for(&model, &args.compute, need);
-    }
+    let mut prompts = RandomPrompts::new(model.config.vocab_size as u64);
+    let lookup_task = load_lookup_task(&args, &model)?;
+    let config = bench_engine_config(&args, &model, lookup_task.as_ref());
     // Ceilings first, on an idle pool.
-    progress("machine peaks", 0, 3);
-    let peak_gflops = edgelm::backend::cpu::peak::peak_gflops();
-    progress("machine peaks", 1, 3);
-    let peak_gbs = edgelm::backend::cpu::peak::stream_copy_gbs();
-    progress("machine peaks", 2, 3);
-    let peak_read_gbs = edgelm::backend::cpu::peak::stream_read_gbs();
-    progress("machine peaks", 3, 3);
-    let prefill_flops = args.n_prompt as f64 * model.block_flops_per_token()
-        + model.output_flops()
-        + (1..=args.n_prompt)
-            .map(|ctx| model.attention_flops(ctx))
-            .sum::<f64>();
-    // Decode starts after an 8-token prompt: the mean context is 8 + n_gen / 2.
-    let kv_row_bytes = args
-        .compute
-        .kv_type
-        .row_bytes(model.config.head_dim)
-        .unwrap_or(0);
-    let kv_bytes_per_pos = 2 * model.config.n_layers * model.config.n_head_kv * kv_row_bytes;
-    let decode_bytes = (model.weight_bytes() + kv_bytes_per_pos * (8 + args.n_gen / 2)) as f64;
-    let constraint = match &args.json_schema {
-        None => None,
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-            let schema = serde_json::from_str(&text)
-                .map_err(|e| anyhow::anyhow!("{} is not JSON: {e}", path.display()))?;
-            let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file)?;
-            let grammars = Grammars::new(&tokenizer)?;
-            Some(
-                grammars
-                    .compile(&ConstraintSpec::JsonSchema(schema))
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
-            )
-        }
-    };
+    let peaks = Peaks::measure();
+    let prefill_flops = prefill_flops(&model, args.n_prompt);
+    let decode_bytes = decode_bytes(&model, &args);
+    let constraint = load_constraint(&args, &model)?;
     let eog = lookup_task
         .as_ref()
-        .map(|t| t.1.clone())
+        .map(|t| t.eog.clone())
         .unwrap_or_default();
     let (engine, thread) = Engine::start(model, eog, config)?;
-    let mut rng = Rng::new(0x5eed);
-    let mut prompt =
-        |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
 
     // A warm-up request first, untimed (as llama-bench runs one): the first step of a process
     // grows its buffers and faults in the pages it writes, which no later request pays.
     progress("warm-up", 0, 1);
-    run_requests(&engine, vec![prompt(args.n_prompt)], 2)?;
-
-    // Prefill: time to the first token of an n_prompt-token prompt (fresh tokens each time).
-    let mut prefill = Vec::new();
-    for i in 0..args.repeats {
-        progress("prefill", i, args.repeats);
-        let t = &run_requests(&engine, vec![prompt(args.n_prompt)], 1)?[0];
-        prefill.push(
-            args.n_prompt as f64
-                / t.first
-                    .unwrap_or(t.submitted)
-                    .duration_since(t.submitted)
-                    .as_secs_f64(),
-        );
-    }
-    progress("prefill", args.repeats, args.repeats);
-
-    // Decode, one sequence: tokens after the first over the time they took.
-    let mut decode = Vec::new();
-    for i in 0..args.repeats {
-        progress("decode", i, args.repeats);
-        let t = &run_requests(&engine, vec![prompt(8)], args.n_gen)?[0];
-        decode.push(t.decode_rate());
-    }
-    progress("decode", args.repeats, args.repeats);
-
-    // Aggregate decode at each concurrency: tokens generated once every sequence is past its
-    // prompt, over that window (prefill excluded, as llama-batched-bench reports S_TG).
-    let mut concurrency = Vec::new();
-    for &n in &args.concurrency {
-        let mut rates = Vec::new();
-        for i in 0..args.repeats {
-            progress(&format!("{n} sequences"), i, args.repeats);
-            let prompts = (0..n).map(|_| prompt(args.concurrency_prompt)).collect();
-            rates.push(decode_rate(&run_requests(&engine, prompts, args.n_gen)?));
-        }
-        progress(&format!("{n} sequences"), args.repeats, args.repeats);
-        concurrency.push(Concurrency {
-            sequences: n,
-            decode_tok_s: median(rates),
-        });
-    }
-
-    // Constrained decode: the same prompts free and under the schema, interleaved (the schema
-    // should not let the output end before n_gen tokens, or fewer tokens are timed).
-    let mut constrained = Vec::new();
-    if let Some(c) = &constraint {
-        for &n in &args.concurrency {
-            let (mut free, mut bound) = (Vec::new(), Vec::new());
-            for i in 0..args.repeats {
-                progress(&format!("{n} sequences, constrained"), i, args.repeats);
-                let prompts: Vec<Vec<u32>> =
-                    (0..n).map(|_| prompt(args.concurrency_prompt)).collect();
-                free.push(decode_rate(&run_constrained(
-                    &engine,
-                    prompts.clone(),
-                    args.n_gen,
-                    None,
-                )?));
-                bound.push(decode_rate(&run_constrained(
-                    &engine,
-                    prompts,
-                    args.n_gen,
-                    Some(c),
-                )?));
-            }
-            progress(
-                &format!("{n} sequences, constrained"),
-                args.repeats,
-                args.repeats,
-            );
-            let (u, k) = (median(free), median(bound));
-            constrained.push(Constrained {
-                sequences: n,
-                unconstrained_tok_s: u,
-                constrained_tok_s: k,
-                ratio: k / u,
-            });
-        }
-    }
-
-    // Prefix cache: a long shared system prompt, then a second request that extends it.
+    run_requests(&engine, vec![prompts.next(args.n_prompt)], 2)?;
+    let prefill = time_prefill(&engine, &mut prompts, &args)?;
+    let decode = time_decode(&engine, &mut prompts, &args)?;
+    let concurrency = time_concurrency(&engine, &mut prompts, &args)?;
+    let constrained = match &constraint {
+        Some(c) => time_constrained(&engine, &mut prompts, &args, c)?,
+        None => Vec::new(),
+    };
     let shared_prefix = if args.shared_prefix > 0 {
-        let (mut first, mut second) = (Vec::new(), Vec::new());
-        for i in 0..args.repeats {
-            progress("shared prefix", i, args.repeats);
-            let system = prompt(args.shared_prefix);
-            let ttft = |suffix: Vec<u32>| -> Result<f64> {
-                let mut p = system.clone();
-                p.extend(suffix);
-                let t = &run_requests(&engine, vec![p], 1)?[0];
-                Ok(t.first
-                    .unwrap_or(t.submitted)
-                    .duration_since(t.submitted)
-                    .as_secs_f64())
-            };
-            first.push(ttft(prompt(16))?);
-            second.push(ttft(prompt(16))?);
-        }
-        progress("shared prefix", args.repeats, args.repeats);
-        let (a, b) = (median(first), median(second));
-        Some(SharedPrefix {
-            prefix_tokens: args.shared_prefix,
-            first_ttft_s: a,
-            second_ttft_s: b,
-            ratio: b / a,
-        })
+        Some(time_shared_prefix(&engine, &mut prompts, &args)?)
     } else {
         None
     };
     // Prompt lookup: the task greedy, plain and with drafts, interleaved.
     let prompt_lookup = match &lookup_task {
-        Some((ids, _)) => Some(time_prompt_lookup(
+        Some(task) => Some(time_prompt_lookup(
             &engine,
-            ids,
+            &task.prompt,
             args.n_gen,
             args.compute.prompt_lookup,
             args.repeats,
@@ -417,9 +262,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         decode_tok_s,
         prefill_gflops: prefill_flops * prefill_tok_s / args.n_prompt as f64 / 1e9,
         decode_gbs: decode_bytes * decode_tok_s / 1e9,
-        peak_gflops,
-        peak_gbs,
-        peak_read_gbs,
+        peak_gflops: peaks.gflops,
+        peak_gbs: peaks.copy_gbs,
+        peak_read_gbs: peaks.read_gbs,
         concurrency,
         constrained,
         shared_prefix,
@@ -429,75 +274,355 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    println!(
-        "threads {}, KV {}, medians of {} runs",
-        report.threads, report.kv_type, args.repeats
-    );
-    println!(
-        "prefill  pp{:<5} {:>9.1} tok/s   {:>6.1} GFLOP/s = {:>4.1}% of {:.1} GFLOP/s (FMA loop peak)",
-        report.n_prompt,
-        report.prefill_tok_s,
-        report.prefill_gflops,
-        100.0 * report.prefill_gflops / report.peak_gflops,
-        report.peak_gflops
-    );
-    println!(
-        "decode   tg{:<5} {:>9.1} tok/s   {:>6.1} GB/s    = {:>4.1}% of {:.1} GB/s (copy peak), {:.1}% of {:.1} GB/s (read peak)",
-        report.n_gen,
-        report.decode_tok_s,
-        report.decode_gbs,
-        100.0 * report.decode_gbs / report.peak_gbs,
-        report.peak_gbs,
-        100.0 * report.decode_gbs / report.peak_read_gbs,
-        report.peak_read_gbs
-    );
-    let single = report
-        .concurrency
-        .iter()
-        .find(|c| c.sequences == 1)
-        .map(|c| c.decode_tok_s);
-    for c in &report.concurrency {
-        let x = single
-            .map(|s| format!("  ({:.2}x one sequence)", c.decode_tok_s / s))
-            .unwrap_or_default();
-        println!(
-            "decode   {:>3} seqs  {:>9.1} tok/s aggregate{x}",
-            c.sequences, c.decode_tok_s
-        );
-    }
-    for c in &report.constrained {
-        println!(
-            "schema   {:>3} seqs  {:>9.1} tok/s constrained, {:.1} free ({:.0}%)",
-            c.sequences,
-            c.constrained_tok_s,
-            c.unconstrained_tok_s,
-            100.0 * c.ratio
-        );
-    }
-    if let Some(s) = &report.shared_prefix {
-        println!(
-            "prefix   {} shared tokens: TTFT {:.3} s cold, {:.3} s cached ({:.0}%)",
-            s.prefix_tokens,
-            s.first_ttft_s,
-            s.second_ttft_s,
-            s.ratio * 100.0
-        );
-    }
-    if let Some(p) = &report.prompt_lookup {
-        println!(
-            "lookup   {} prompt tokens, {} generated: {:.1} tok/s with drafts of up to {}, {:.1} plain ({:.2}x); {:.0}% of draft tokens accepted, {:.2} tokens per step; {}",
-            p.prompt_tokens,
-            p.generated_tokens,
-            p.lookup_tok_s,
-            p.max_draft,
-            p.plain_tok_s,
-            p.speedup,
-            100.0 * p.acceptance,
-            p.lookup_tokens_per_step,
-            if p.same_output { "same output" } else { "outputs differ (a near-tie)" }
-        );
-    }
+    report.print_throughput(args.repeats);
+    report.print_features();
     Ok(())
+}
+
+/// Random prompts: fresh tokens each time, so that no request finds another's in the prefix
+/// cache (a seeded generator: every run asks for the same tokens).
+struct RandomPrompts {
+    rng: Rng,
+    vocab: u64,
+}
+
+impl RandomPrompts {
+    fn new(vocab: u64) -> RandomPrompts {
+        RandomPrompts {
+            rng: Rng::new(0x5eed),
+            vocab,
+        }
+    }
+
+    fn next(&mut self, n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| (self.rng.next_u64() % self.vocab) as u32)
+            .collect()
+    }
+}
+
+/// `--lookup-task`: the task's prompt (as a chat when the model has a template) and the tokens
+/// that end the model's answer (the lookup task stops there; the other tests ignore EOS).
+struct LookupTask {
+    prompt: Vec<u32>,
+    eog: Vec<u32>,
+}
+
+fn load_lookup_task(args: &BenchArgs, model: &Model) -> Result<Option<LookupTask>> {
+    let Some(path) = &args.lookup_task else {
+        return Ok(None);
+    };
+    if args.compute.prompt_lookup == 0 {
+        bail!("--lookup-task needs --prompt-lookup N (the draft tokens per step)");
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file)?;
+    let prompt = match tokenizer.chat_template() {
+        Some(_) => super::generate::render_chat(&tokenizer, None, &text)?,
+        None => text,
+    };
+    Ok(Some(LookupTask {
+        prompt: tokenizer.encode(&prompt, true)?,
+        eog: tokenizer.eog_tokens().to_vec(),
+    }))
+}
+
+/// `--json-schema`: the schema compiled against the model's vocabulary.
+fn load_constraint(args: &BenchArgs, model: &Model) -> Result<Option<Constraint>> {
+    let Some(path) = &args.json_schema else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let schema = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not JSON: {e}", path.display()))?;
+    let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file)?;
+    let grammars = Grammars::new(&tokenizer)?;
+    let constraint = grammars
+        .compile(&ConstraintSpec::JsonSchema(schema))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(Some(constraint))
+}
+
+/// The engine settings of the compute flags, with room for the widest concurrency and, unless
+/// `--kv-memory-mib` sizes it, a KV pool twice what the longest test holds.
+fn bench_engine_config(
+    args: &BenchArgs,
+    model: &Model,
+    lookup_task: Option<&LookupTask>,
+) -> EngineConfig {
+    let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
+    let mut config = engine_config(&args.compute);
+    config.max_seqs = config.max_seqs.max(max_conc);
+    if args.compute.kv_memory_mib.is_none() {
+        let need = (max_conc * (args.concurrency_prompt + args.n_gen + 32))
+            .max(args.n_prompt + args.n_gen)
+            .max(2 * (args.shared_prefix + 64))
+            .max(lookup_task.map_or(0, |t| t.prompt.len() + args.n_gen + 32));
+        config.kv_memory_bytes = 2 * kv_bytes_for(model, &args.compute, need);
+    }
+    config
+}
+
+/// This machine's ceilings, measured on the compute threads.
+struct Peaks {
+    gflops: f64,
+    copy_gbs: f64,
+    read_gbs: f64,
+}
+
+impl Peaks {
+    fn measure() -> Peaks {
+        progress("machine peaks", 0, 3);
+        let gflops = edgelm::backend::cpu::peak::peak_gflops();
+        progress("machine peaks", 1, 3);
+        let copy_gbs = edgelm::backend::cpu::peak::stream_copy_gbs();
+        progress("machine peaks", 2, 3);
+        let read_gbs = edgelm::backend::cpu::peak::stream_read_gbs();
+        progress("machine peaks", 3, 3);
+        Peaks {
+            gflops,
+            copy_gbs,
+            read_gbs,
+        }
+    }
+}
+
+/// Arithmetic of an `n_prompt`-token prefill: the weights for every token, the logits of the
+/// last one and attention over each token's growing context.
+fn prefill_flops(model: &Model, n_prompt: usize) -> f64 {
+    n_prompt as f64 * model.block_flops_per_token()
+        + model.output_flops()
+        + (1..=n_prompt)
+            .map(|ctx| model.attention_flops(ctx))
+            .sum::<f64>()
+}
+
+/// Bytes one-sequence decode reads per token: every weight once, and the K/V rows of the mean
+/// context (decode starts after an 8-token prompt: the mean context is 8 + n_gen / 2).
+fn decode_bytes(model: &Model, args: &BenchArgs) -> f64 {
+    let kv_bytes_per_pos = kv_bytes_per_token(model, args.compute.kv_type);
+    (model.weight_bytes() + kv_bytes_per_pos * (8 + args.n_gen / 2)) as f64
+}
+
+/// KV bytes one token takes in every layer (K and V); 0 when `kv_type` cannot hold a row of
+/// this head size (the engine then refuses to start).
+fn kv_bytes_per_token(model: &Model, kv_type: KvType) -> usize {
+    let cfg = &model.config;
+    if kv_type.row_bytes(cfg.head_dim).is_none() {
+        return 0;
+    }
+    // A page holds one KV group's layers, and the groups together hold every layer; the block
+    // size does not enter a token's bytes.
+    cfg.page_geometry(kv_type, 1).bytes_per_token() * cfg.kv_layout().num_groups()
+}
+
+/// Prefill rates: an `n_prompt`-token prompt over the time to its first token, per repeat.
+fn time_prefill(
+    engine: &EngineHandle,
+    prompts: &mut RandomPrompts,
+    args: &BenchArgs,
+) -> Result<Vec<f64>> {
+    let mut prefill = Vec::new();
+    for i in 0..args.repeats {
+        progress("prefill", i, args.repeats);
+        let t = &run_requests(engine, vec![prompts.next(args.n_prompt)], 1)?[0];
+        prefill.push(args.n_prompt as f64 / t.time_to_first_token());
+    }
+    progress("prefill", args.repeats, args.repeats);
+    Ok(prefill)
+}
+
+/// Decode rates of one sequence after an 8-token prompt, per repeat.
+fn time_decode(
+    engine: &EngineHandle,
+    prompts: &mut RandomPrompts,
+    args: &BenchArgs,
+) -> Result<Vec<f64>> {
+    let mut decode = Vec::new();
+    for i in 0..args.repeats {
+        progress("decode", i, args.repeats);
+        let t = &run_requests(engine, vec![prompts.next(8)], args.n_gen)?[0];
+        decode.push(t.decode_rate());
+    }
+    progress("decode", args.repeats, args.repeats);
+    Ok(decode)
+}
+
+/// Aggregate decode at each `--concurrency` (see [`decode_rate`]), medians over the repeats.
+fn time_concurrency(
+    engine: &EngineHandle,
+    prompts: &mut RandomPrompts,
+    args: &BenchArgs,
+) -> Result<Vec<Concurrency>> {
+    let mut concurrency = Vec::new();
+    for &n in &args.concurrency {
+        let mut rates = Vec::new();
+        for i in 0..args.repeats {
+            progress(&format!("{n} sequences"), i, args.repeats);
+            let batch = (0..n)
+                .map(|_| prompts.next(args.concurrency_prompt))
+                .collect();
+            rates.push(decode_rate(&run_requests(engine, batch, args.n_gen)?));
+        }
+        progress(&format!("{n} sequences"), args.repeats, args.repeats);
+        concurrency.push(Concurrency {
+            sequences: n,
+            decode_tok_s: median(rates),
+        });
+    }
+    Ok(concurrency)
+}
+
+/// Constrained decode at each `--concurrency`: the same prompts free and under the schema,
+/// interleaved (the schema should not let the output end before n_gen tokens, or fewer tokens
+/// are timed).
+fn time_constrained(
+    engine: &EngineHandle,
+    prompts: &mut RandomPrompts,
+    args: &BenchArgs,
+    constraint: &Constraint,
+) -> Result<Vec<Constrained>> {
+    let mut constrained = Vec::new();
+    for &n in &args.concurrency {
+        let (mut free, mut bound) = (Vec::new(), Vec::new());
+        let label = format!("{n} sequences, constrained");
+        for i in 0..args.repeats {
+            progress(&label, i, args.repeats);
+            let batch: Vec<Vec<u32>> = (0..n)
+                .map(|_| prompts.next(args.concurrency_prompt))
+                .collect();
+            free.push(decode_rate(&run_constrained(
+                engine,
+                batch.clone(),
+                args.n_gen,
+                None,
+            )?));
+            bound.push(decode_rate(&run_constrained(
+                engine,
+                batch,
+                args.n_gen,
+                Some(constraint),
+            )?));
+        }
+        progress(&label, args.repeats, args.repeats);
+        let (u, k) = (median(free), median(bound));
+        constrained.push(Constrained {
+            sequences: n,
+            unconstrained_tok_s: u,
+            constrained_tok_s: k,
+            ratio: k / u,
+        });
+    }
+    Ok(constrained)
+}
+
+/// The prefix cache: a long shared system prompt, then a second request that extends it; the
+/// time to first token of each.
+fn time_shared_prefix(
+    engine: &EngineHandle,
+    prompts: &mut RandomPrompts,
+    args: &BenchArgs,
+) -> Result<SharedPrefix> {
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for i in 0..args.repeats {
+        progress("shared prefix", i, args.repeats);
+        let system = prompts.next(args.shared_prefix);
+        let ttft = |suffix: Vec<u32>| -> Result<f64> {
+            let mut p = system.clone();
+            p.extend(suffix);
+            Ok(run_requests(engine, vec![p], 1)?[0].time_to_first_token())
+        };
+        first.push(ttft(prompts.next(16))?);
+        second.push(ttft(prompts.next(16))?);
+    }
+    progress("shared prefix", args.repeats, args.repeats);
+    let (a, b) = (median(first), median(second));
+    Ok(SharedPrefix {
+        prefix_tokens: args.shared_prefix,
+        first_ttft_s: a,
+        second_ttft_s: b,
+        ratio: b / a,
+    })
+}
+
+impl Report {
+    /// The prefill, decode and concurrency lines, against the machine's ceilings.
+    fn print_throughput(&self, repeats: usize) {
+        println!(
+            "threads {}, KV {}, medians of {} runs",
+            self.threads, self.kv_type, repeats
+        );
+        println!(
+            "prefill  pp{:<5} {:>9.1} tok/s   {:>6.1} GFLOP/s = {:>4.1}% of {:.1} GFLOP/s (FMA loop peak)",
+            self.n_prompt,
+            self.prefill_tok_s,
+            self.prefill_gflops,
+            100.0 * self.prefill_gflops / self.peak_gflops,
+            self.peak_gflops
+        );
+        println!(
+            "decode   tg{:<5} {:>9.1} tok/s   {:>6.1} GB/s    = {:>4.1}% of {:.1} GB/s (copy peak), {:.1}% of {:.1} GB/s (read peak)",
+            self.n_gen,
+            self.decode_tok_s,
+            self.decode_gbs,
+            100.0 * self.decode_gbs / self.peak_gbs,
+            self.peak_gbs,
+            100.0 * self.decode_gbs / self.peak_read_gbs,
+            self.peak_read_gbs
+        );
+        let single = self
+            .concurrency
+            .iter()
+            .find(|c| c.sequences == 1)
+            .map(|c| c.decode_tok_s);
+        for c in &self.concurrency {
+            let x = single
+                .map(|s| format!("  ({:.2}x one sequence)", c.decode_tok_s / s))
+                .unwrap_or_default();
+            println!(
+                "decode   {:>3} seqs  {:>9.1} tok/s aggregate{x}",
+                c.sequences, c.decode_tok_s
+            );
+        }
+    }
+
+    /// The lines of the optional tests: schema, shared prefix, prompt lookup.
+    fn print_features(&self) {
+        for c in &self.constrained {
+            println!(
+                "schema   {:>3} seqs  {:>9.1} tok/s constrained, {:.1} free ({:.0}%)",
+                c.sequences,
+                c.constrained_tok_s,
+                c.unconstrained_tok_s,
+                100.0 * c.ratio
+            );
+        }
+        if let Some(s) = &self.shared_prefix {
+            println!(
+                "prefix   {} shared tokens: TTFT {:.3} s cold, {:.3} s cached ({:.0}%)",
+                s.prefix_tokens,
+                s.first_ttft_s,
+                s.second_ttft_s,
+                s.ratio * 100.0
+            );
+        }
+        if let Some(p) = &self.prompt_lookup {
+            println!(
+                "lookup   {} prompt tokens, {} generated: {:.1} tok/s with drafts of up to {}, {:.1} plain ({:.2}x); {:.0}% of draft tokens accepted, {:.2} tokens per step; {}",
+                p.prompt_tokens,
+                p.generated_tokens,
+                p.lookup_tok_s,
+                p.max_draft,
+                p.plain_tok_s,
+                p.speedup,
+                100.0 * p.acceptance,
+                p.lookup_tokens_per_step,
+                if p.same_output { "same output" } else { "outputs differ (a near-tie)" }
+            );
+        }
+    }
 }
 
 /// Greedy decode of `prompt` (up to `n_gen` tokens) without and with prompt-lookup drafts,

@@ -17,55 +17,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(path) => Profile::load(path)?,
         None => Profile::default(),
     };
-    // Flags override the profile.
-    if let Some(m) = args.model {
-        p.model.path = m;
-    }
-    if let Some(h) = args.host {
-        p.server.host = h;
-    }
-    if let Some(port) = args.port {
-        p.server.port = port;
-    }
-    if let Some(t) = args.threads {
-        p.engine.threads = t;
-    }
-    if let Some(k) = args.kv_type {
-        p.engine.kv_type = k;
-    }
-    if let Some(m) = args.kv_memory_mib {
-        p.engine.kv_memory_mib = m;
-    }
-    if let Some(m) = args.max_seqs {
-        p.engine.max_seqs = m;
-    }
-    if let Some(x) = args.prefill_pacing {
-        p.engine.prefill_pacing = x;
-    }
-    if let Some(k) = args.prompt_lookup {
-        p.engine.prompt_lookup = k;
-    }
-    if let Some(w) = args.max_queue_wait {
-        p.server.max_queue_wait_s = w;
-    }
-    if let Some(q) = args.max_queue {
-        p.server.max_queue = q;
-    }
-    if let Some(d) = args.drain_seconds {
-        p.server.drain_seconds = d;
-    }
-    if let Some(t) = args.header_timeout {
-        p.server.header_timeout_s = t;
-    }
-    if let Some(n) = args.max_connections {
-        p.server.max_connections = n;
-    }
-    if let Some(r) = args.client_rate {
-        p.server.client_rate_per_s = r;
-    }
-    if let Some(b) = args.client_burst {
-        p.server.client_burst = b;
-    }
+    args.override_profile(&mut p);
     p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     edgelm::backend::select::resolve(&p.engine.backend, "serving");
     let compute = ComputeArgs::from_profile(&p.engine);
@@ -77,6 +29,75 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("cannot resolve {}:{}", p.server.host, p.server.port))?
         .next()
         .context("no address to listen on")?;
+    check_memory(&p)?;
+    let api_key = args
+        .api_key
+        .clone()
+        .or_else(|| {
+            (!p.server.api_key_env.is_empty())
+                .then(|| std::env::var(&p.server.api_key_env).ok())
+                .flatten()
+        })
+        .filter(|k| !k.is_empty());
+    let stop = stop_on_signals()?;
+    let profile_name = args
+        .config
+        .as_ref()
+        .and_then(|c| c.file_stem())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "defaults".into());
+    let drain = Duration::from_secs(p.server.drain_seconds);
+    let config = ServeConfig {
+        addr,
+        engine: engine_config(&compute),
+        api_key,
+        max_queue: p.server.max_queue,
+        max_queue_wait: std::time::Duration::from_secs_f64(p.server.max_queue_wait_s),
+        body_limit: p.server.body_limit_kib * 1024,
+        profile: profile_name,
+        front: front_config(&p),
+        model: p.model.path,
+    };
+    serve(config, stop, drain)
+}
+
+impl ServeArgs {
+    /// The flags given override the profile's values.
+    fn override_profile(&self, p: &mut Profile) {
+        let (server, engine) = (&mut p.server, &mut p.engine);
+        if let Some(m) = &self.model {
+            p.model.path = m.clone();
+        }
+        if let Some(h) = &self.host {
+            server.host = h.clone();
+        }
+        set(&mut server.port, self.port);
+        set(&mut engine.threads, self.threads);
+        set(&mut engine.kv_type, self.kv_type);
+        set(&mut engine.kv_memory_mib, self.kv_memory_mib);
+        set(&mut engine.max_seqs, self.max_seqs);
+        set(&mut engine.prefill_pacing, self.prefill_pacing);
+        set(&mut engine.prompt_lookup, self.prompt_lookup);
+        set(&mut server.max_queue_wait_s, self.max_queue_wait);
+        set(&mut server.max_queue, self.max_queue);
+        set(&mut server.drain_seconds, self.drain_seconds);
+        set(&mut server.header_timeout_s, self.header_timeout);
+        set(&mut server.max_connections, self.max_connections);
+        set(&mut server.client_rate_per_s, self.client_rate);
+        set(&mut server.client_burst, self.client_burst);
+    }
+}
+
+/// `value`, when the flag was given.
+fn set<T>(field: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *field = v;
+    }
+}
+
+/// The model file and the KV pool must fit in RAM with the profile's reserve left over
+/// (`Profile::check_memory`); a missing model file is the error to report first.
+fn check_memory(p: &Profile) -> Result<()> {
     let model_bytes = match std::fs::metadata(&p.model.path) {
         Ok(m) => m.len(),
         Err(_) => anyhow::bail!("{}", edgelm::config::missing_model(&p.model.path)),
@@ -85,14 +106,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         p.check_memory(model_bytes, total)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let api_key = args
-        .api_key
-        .or_else(|| {
-            (!p.server.api_key_env.is_empty())
-                .then(|| std::env::var(&p.server.api_key_env).ok())
-                .flatten()
-        })
-        .filter(|k| !k.is_empty());
+    Ok(())
+}
+
+/// The flag SIGTERM and SIGINT set, which starts the drain.
+fn stop_on_signals() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         // A second signal while draining exits at once (status 1): someone at the terminal
@@ -102,32 +120,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .context("cannot install signal handlers")?;
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
     }
-    let profile_name = args
-        .config
-        .as_ref()
-        .and_then(|c| c.file_stem())
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "defaults".into());
-    let config = ServeConfig {
-        model: p.model.path,
-        addr,
-        engine: engine_config(&compute),
-        api_key,
-        max_queue: p.server.max_queue,
-        max_queue_wait: std::time::Duration::from_secs_f64(p.server.max_queue_wait_s),
-        body_limit: p.server.body_limit_kib * 1024,
-        profile: profile_name,
-        front: FrontConfig {
-            header_timeout: Duration::from_secs_f64(p.server.header_timeout_s),
-            body_timeout: Duration::from_secs_f64(p.server.body_timeout_s),
-            idle_timeout: Duration::from_secs_f64(p.server.idle_timeout_s),
-            max_connections: p.server.max_connections,
-            client_rate_per_s: p.server.client_rate_per_s,
-            client_burst: p.server.client_burst,
-            max_rejections_per_s: p.server.max_rejections_per_s,
-        },
-    };
-    serve(config, stop, Duration::from_secs(p.server.drain_seconds))
+    Ok(stop)
+}
+
+/// The HTTP front's timeouts and bounds from the profile.
+fn front_config(p: &Profile) -> FrontConfig {
+    FrontConfig {
+        header_timeout: Duration::from_secs_f64(p.server.header_timeout_s),
+        body_timeout: Duration::from_secs_f64(p.server.body_timeout_s),
+        idle_timeout: Duration::from_secs_f64(p.server.idle_timeout_s),
+        max_connections: p.server.max_connections,
+        client_rate_per_s: p.server.client_rate_per_s,
+        client_burst: p.server.client_burst,
+        max_rejections_per_s: p.server.max_rejections_per_s,
+    }
 }
 
 /// Physical RAM from sysinfo(2), which works where /proc/meminfo is hidden (the systemd unit's

@@ -51,22 +51,7 @@ impl Sampler {
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         if penalize {
-            let mut counts: HashMap<u32, u32> = HashMap::new();
-            for &t in history {
-                *counts.entry(t).or_default() += 1;
-            }
-            for (&t, &c) in &counts {
-                if let Some(entry) = self.cand.get_mut(t as usize) {
-                    let l = &mut entry.1;
-                    // llama.cpp / CTRL style: shrink positive logits, grow negative ones.
-                    if *l > 0.0 {
-                        *l /= p.repetition_penalty;
-                    } else {
-                        *l *= p.repetition_penalty;
-                    }
-                    *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
-                }
-            }
+            penalize_repeats(&mut self.cand, history, p);
         }
         if p.temperature <= 0.0 {
             return self
@@ -92,59 +77,104 @@ impl Sampler {
             self.cand.truncate(k);
             self.cand.sort_unstable_by(by_logit);
         }
-        // Softmax weights relative to the best candidate (whose weight is 1), normalised over
-        // the candidates in a fixed order (rank order after top-k, else token order), so the
-        // draw does not depend on how the selection below permutes them.
-        let max = self.cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
-        let inv_t = 1.0 / p.temperature;
-        let sum: f32 = self.cand.iter().map(|c| ((c.1 - max) * inv_t).exp()).sum();
-        let weight = |l: f32| ((l - max) * inv_t).exp();
-        // The candidates in order, best first, but only as far as min-p and top-p can reach:
-        // with no top-k a 262K vocabulary is never sorted whole, only a growing prefix.
-        let mut sorted = self.cand.len().min(SORTED_FIRST);
-        let keep = loop {
-            if sorted < self.cand.len() {
-                self.cand.select_nth_unstable_by(sorted - 1, by_logit);
-            }
-            self.cand[..sorted].sort_unstable_by(by_logit);
-            // min-p: tokens far less likely than the best one are dropped.
-            let mut keep = sorted;
-            if p.min_p > 0.0 {
-                keep = self.cand[..sorted]
-                    .iter()
-                    .take_while(|c| weight(c.1) >= p.min_p)
-                    .count()
-                    .max(1);
-            }
-            // top-p: the smallest prefix whose mass reaches top_p.
-            let mut acc = 0.0;
-            let mut reached = false;
-            if p.top_p < 1.0 {
-                for (i, c) in self.cand[..keep].iter().enumerate() {
-                    acc += weight(c.1) / sum;
-                    if acc >= p.top_p {
-                        keep = i + 1;
-                        reached = true;
-                        break;
-                    }
-                }
-            }
-            let cut = reached || keep < sorted;
-            if cut || sorted == self.cand.len() {
-                break keep;
-            }
-            sorted = (sorted * 8).min(self.cand.len());
-        };
-        let mass: f32 = self.cand[..keep].iter().map(|c| weight(c.1) / sum).sum();
+        let softmax = Softmax::new(&self.cand, p.temperature);
+        let keep = keep_nucleus(&mut self.cand, &softmax, p.min_p, p.top_p);
+        let mass: f32 = self.cand[..keep]
+            .iter()
+            .map(|c| softmax.weight(c.1) / softmax.sum)
+            .sum();
         let mut r = self.rng.next_f32() * mass;
         for c in &self.cand[..keep] {
-            let x = weight(c.1) / sum;
+            let x = softmax.weight(c.1) / softmax.sum;
             if r < x {
                 return c.0;
             }
             r -= x;
         }
         self.cand[keep - 1].0
+    }
+}
+
+/// Repetition (llama.cpp / CTRL style), frequency and presence penalties on the logits of the
+/// tokens in `history`.
+fn penalize_repeats(cand: &mut [(u32, f32)], history: &[u32], p: &SamplingParams) {
+    let mut counts: HashMap<u32, u32> = HashMap::new();
+    for &t in history {
+        *counts.entry(t).or_default() += 1;
+    }
+    for (&t, &c) in &counts {
+        if let Some(entry) = cand.get_mut(t as usize) {
+            let l = &mut entry.1;
+            // llama.cpp / CTRL style: shrink positive logits, grow negative ones.
+            if *l > 0.0 {
+                *l /= p.repetition_penalty;
+            } else {
+                *l *= p.repetition_penalty;
+            }
+            *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+}
+
+/// Softmax weights relative to the best candidate (whose weight is 1), normalised over the
+/// candidates in a fixed order (rank order after top-k, else token order), so the draw does not
+/// depend on how the selection in [`keep_nucleus`] permutes them.
+struct Softmax {
+    max: f32,
+    inv_t: f32,
+    /// The weights' sum.
+    sum: f32,
+}
+
+impl Softmax {
+    fn new(cand: &[(u32, f32)], temperature: f32) -> Softmax {
+        let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        let inv_t = 1.0 / temperature;
+        let sum: f32 = cand.iter().map(|c| ((c.1 - max) * inv_t).exp()).sum();
+        Softmax { max, inv_t, sum }
+    }
+
+    fn weight(&self, l: f32) -> f32 {
+        ((l - self.max) * self.inv_t).exp()
+    }
+}
+
+/// Sorts the candidates, best first, only as far as min-p and top-p can reach (with no top-k a
+/// 262K vocabulary is never sorted whole, only a growing prefix); how many of them are kept.
+fn keep_nucleus(cand: &mut [(u32, f32)], softmax: &Softmax, min_p: f32, top_p: f32) -> usize {
+    let mut sorted = cand.len().min(SORTED_FIRST);
+    loop {
+        if sorted < cand.len() {
+            cand.select_nth_unstable_by(sorted - 1, by_logit);
+        }
+        cand[..sorted].sort_unstable_by(by_logit);
+        // min-p: tokens far less likely than the best one are dropped.
+        let mut keep = sorted;
+        if min_p > 0.0 {
+            keep = cand[..sorted]
+                .iter()
+                .take_while(|c| softmax.weight(c.1) >= min_p)
+                .count()
+                .max(1);
+        }
+        // top-p: the smallest prefix whose mass reaches top_p.
+        let mut acc = 0.0;
+        let mut reached = false;
+        if top_p < 1.0 {
+            for (i, c) in cand[..keep].iter().enumerate() {
+                acc += softmax.weight(c.1) / softmax.sum;
+                if acc >= top_p {
+                    keep = i + 1;
+                    reached = true;
+                    break;
+                }
+            }
+        }
+        let cut = reached || keep < sorted;
+        if cut || sorted == cand.len() {
+            return keep;
+        }
+        sorted = (sorted * 8).min(cand.len());
     }
 }
 

@@ -245,55 +245,11 @@ impl Scheduler {
     ) -> ScheduledBatch {
         let mut batch = ScheduledBatch::default();
         let mut budget = self.config.max_batched_tokens;
+        let decoders = self.schedule_decodes(&mut budget, &mut batch);
 
-        // 1. Decodes, oldest first: one token each.
-        let decoders: Vec<SeqId> = self
-            .running
-            .iter()
-            .copied()
-            .filter(|id| self.seqs[id].is_decoding())
-            .collect();
-        for &id in &decoders {
-            if budget == 0 {
-                break;
-            }
-            let draft = self.fit_draft(id, budget);
-            while self.running.contains(&id) {
-                match self.grow(id, 1 + draft, &mut batch) {
-                    Grow::Ok => {
-                        let start = self.seqs[&id].num_computed;
-                        batch.spans.push(ScheduledSpan {
-                            seq: id,
-                            start,
-                            len: 1 + draft,
-                            logits: if draft > 0 { Logits::All } else { Logits::Last },
-                            draft,
-                        });
-                        budget -= 1 + draft;
-                        break;
-                    }
-                    // Out of blocks: preempt the newest (maybe this one) and retry, or, if
-                    // nobody may be preempted, let this one wait a step.
-                    Grow::NoBlock => {
-                        if !self.preempt_newest(id, &mut batch) {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-
-        // 2. Prefill chunks for running sequences part-way through their tokens, oldest first,
-        // in two lanes (see `Lanes`) shared with the waiting sequences step 3 may admit.
-        let prefilling: Vec<SeqId> = self
-            .running
-            .iter()
-            .copied()
-            .filter(|id| {
-                let s = &self.seqs[id];
-                !s.is_decoding() && s.pending() > 0 && !batch.spans.iter().any(|sp| sp.seq == *id)
-            })
-            .collect();
+        // Prefill chunks for running sequences part-way through their tokens, then for the
+        // waiting sequences admitted, in two lanes (see `Lanes`).
+        let prefilling = self.prefilling(&batch);
         let room = self.config.max_seqs.saturating_sub(self.running.len());
         let admissible: Vec<SeqId> = self
             .waiting
@@ -303,33 +259,103 @@ impl Scheduler {
             .take(room)
             .collect();
         let candidates = || prefilling.iter().chain(&admissible).copied();
-
         let protected = if self.prefill_is_new_work(&decoders, candidates()) {
             batch.spans.len()
         } else {
             0
         };
         budget = prefill_budget(protected, budget).min(budget);
-
         let mut lanes = Lanes::new(
             budget,
             self.long_turn,
             candidates().map(|id| (self.is_long(id), self.seqs[&id].pending())),
         );
+        self.schedule_prefills(prefilling, &mut lanes, &mut batch);
+        self.admit_waiting(&mut lanes, &mut batch);
+        if lanes.contended {
+            self.long_turn = !self.long_turn;
+        }
+        self.ensure_progress(&mut batch);
+        batch
+    }
+
+    /// Decodes, oldest first: one token each (with its draft, if it has one), while `budget`
+    /// lasts. Returns the sequences that were decoding.
+    fn schedule_decodes(&mut self, budget: &mut usize, batch: &mut ScheduledBatch) -> Vec<SeqId> {
+        let decoders: Vec<SeqId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| self.seqs[id].is_decoding())
+            .collect();
+        for &id in &decoders {
+            if *budget == 0 {
+                break;
+            }
+            let draft = self.fit_draft(id, *budget);
+            while self.running.contains(&id) {
+                match self.grow(id, 1 + draft, batch) {
+                    Grow::Ok => {
+                        let start = self.seqs[&id].num_computed;
+                        batch.spans.push(ScheduledSpan {
+                            seq: id,
+                            start,
+                            len: 1 + draft,
+                            logits: if draft > 0 { Logits::All } else { Logits::Last },
+                            draft,
+                        });
+                        *budget -= 1 + draft;
+                        break;
+                    }
+                    // Out of blocks: preempt the newest (maybe this one) and retry, or, if
+                    // nobody may be preempted, let this one wait a step.
+                    Grow::NoBlock => {
+                        if !self.preempt_newest(id, batch) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        decoders
+    }
+
+    /// Running sequences part-way through their tokens with no span in `batch` yet, oldest
+    /// first.
+    fn prefilling(&self, batch: &ScheduledBatch) -> Vec<SeqId> {
+        self.running
+            .iter()
+            .copied()
+            .filter(|id| {
+                let s = &self.seqs[id];
+                !s.is_decoding() && s.pending() > 0 && !batch.spans.iter().any(|sp| sp.seq == *id)
+            })
+            .collect()
+    }
+
+    /// A prefill chunk for each of `prefilling` that its lane has room for.
+    fn schedule_prefills(
+        &mut self,
+        prefilling: Vec<SeqId>,
+        lanes: &mut Lanes,
+        batch: &mut ScheduledBatch,
+    ) {
         for id in prefilling {
             let long = self.is_long(id);
             let len = lanes.allow(long, self.seqs[&id].pending());
             if len == 0 {
                 continue;
             }
-            if let Grow::Ok = self.grow(id, len, &mut batch) {
+            if let Grow::Ok = self.grow(id, len, batch) {
                 batch.spans.push(self.prefill_span(id, len));
                 lanes.take(long, len);
             }
         }
+    }
 
-        // 3. Admit waiting sequences, first come first served within each lane: a short
-        // prompt is never held up behind a long one that cannot start yet, nor the reverse.
+    /// Admits waiting sequences, first come first served within each lane: a short prompt is
+    /// never held up behind a long one that cannot start yet, nor the reverse.
+    fn admit_waiting(&mut self, lanes: &mut Lanes, batch: &mut ScheduledBatch) {
         let mut lane_closed = [false; 2];
         let mut i = 0;
         while i < self.waiting.len()
@@ -349,7 +375,7 @@ impl Scheduler {
             }
             self.attach_cached_prefix(id);
             let len = lanes.allow(long, self.seqs[&id].pending());
-            match self.grow(id, len, &mut batch) {
+            match self.grow(id, len, batch) {
                 Grow::Ok => {
                     self.waiting.remove(i);
                     self.running.push(id);
@@ -366,31 +392,27 @@ impl Scheduler {
                 }
             }
         }
+    }
 
-        if lanes.contended {
-            self.long_turn = !self.long_turn;
-        }
-
-        // Liveness: if nothing at all could run while sequences hold blocks, force the newest
-        // out (the thrash bound yields to making progress).
+    /// Liveness: if nothing at all could run while sequences hold blocks, forces the newest
+    /// out (the thrash bound yields to making progress).
+    fn ensure_progress(&mut self, batch: &mut ScheduledBatch) {
         if batch.spans.is_empty() && !self.running.is_empty() {
             if let Some(&victim) = self.running.iter().max_by_key(|&&s| self.seqs[&s].arrival) {
                 if self.running.len() > 1 || !self.waiting.is_empty() {
-                    self.preempt(victim, &mut batch);
+                    self.preempt(victim, batch);
                 }
             }
         }
-        batch
     }
 
-    /// Whether `id`'s prompt takes the long lane (see `Lanes`).
     /// Whether the prefill this step may carry (`candidates`: the prompts that may get a chunk)
-    /// is work that came in after some stream began: a prompt that arrived after the earliest of `decoders` started decoding, a long prompt,
-    /// or a preempted sequence's recompute. Only then is the prefill share paced: the prompts
-    /// of a burst of requests that arrived together with the decoders (clients sending a batch
-    /// at once) are prefilled at the full budget, so the burst decodes as one batch instead
-    /// of being staggered by pacing into small, slow ones (the 16-sequence benchmark lost
-    /// about 45% of its throughput that way).
+    /// is work that came in after some stream began: a prompt that arrived after the earliest
+    /// of `decoders` started decoding, a long prompt, or a preempted sequence's recompute.
+    /// Only then is the prefill share paced: the prompts of a burst of requests that arrived
+    /// together with the decoders (clients sending a batch at once) are prefilled at the full
+    /// budget, so the burst decodes as one batch instead of being staggered by pacing into
+    /// small, slow ones (the 16-sequence benchmark lost about 45% of its throughput that way).
     fn prefill_is_new_work(
         &self,
         decoders: &[SeqId],
@@ -409,6 +431,7 @@ impl Scheduler {
         })
     }
 
+    /// Whether `id`'s prompt takes the long lane (see `Lanes`).
     fn is_long(&self, id: SeqId) -> bool {
         self.seqs[&id].prompt_len > self.config.long_prompt_tokens()
     }

@@ -132,19 +132,24 @@ impl Keys<'_> {
     }
 }
 
-impl ModelConfig {
-    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
-        let arch = file
-            .architecture()
-            .context("GGUF has no general.architecture")?
-            .to_owned();
-        let family = Family::from_arch(&arch).with_context(|| {
-            format!(
-                "unsupported architecture '{arch}' (supported: {})",
-                SUPPORTED.join(", ")
-            )
-        })?;
-        let k = Keys { file, arch: &arch };
+/// Gemma 3 27B, the one Gemma 3 with 62 layers: llama.cpp tells it apart by its layer count
+/// (`LLM_TYPE_27B`) to scale its queries by the model width per head.
+const GEMMA3_27B_LAYERS: usize = 62;
+
+/// The model's dimensions, checked against each other and against sizes no real model has.
+struct Shape {
+    n_layers: usize,
+    n_embd: usize,
+    n_ff: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    n_rot: usize,
+}
+
+impl Shape {
+    /// The dimensions the file declares, refused when implausible or inconsistent.
+    fn read(k: &Keys<'_>) -> Result<Shape> {
         let n_layers = k.req("block_count")?;
         let n_embd = k.req("embedding_length")?;
         let n_ff = k.req("feed_forward_length")?;
@@ -160,36 +165,55 @@ impl ModelConfig {
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
             bail!("attention.head_count {n_head} is not a multiple of head_count_kv {n_head_kv}");
         }
-        let head_dim = match k.u32("attention.key_length")? {
-            Some(d) => d,
-            None if n_embd % n_head == 0 => n_embd / n_head,
-            None => bail!("embedding_length {n_embd} is not a multiple of head_count {n_head}"),
-        };
-        if let Some(v) = k.u32("attention.value_length")? {
-            if v != head_dim {
-                bail!(
-                    "{} ({v}) differs from the key length ({head_dim}), which edgelm does not implement",
-                    k.name("attention.value_length")
-                );
-            }
-        }
-        if head_dim == 0 || head_dim % 2 != 0 || head_dim > 1024 {
-            bail!("unsupported head dimension {head_dim}");
-        }
+        let head_dim = head_dim(k, n_embd, n_head)?;
         let n_rot = k.u32("rope.dimension_count")?.unwrap_or(head_dim);
         if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             bail!("rope.dimension_count {n_rot} does not fit head dimension {head_dim}");
         }
-        let vocab_size = file
-            .get("tokenizer.ggml.tokens")
-            .and_then(|v| v.as_string_array())
-            .map(|t| t.len())
-            .context("GGUF has no tokenizer.ggml.tokens")?;
-        let context_length = k.u32("context_length")?.unwrap_or(2048);
-        let rms_eps = k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
+        Ok(Shape {
+            n_layers,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot,
+        })
+    }
+}
 
-        // RoPE: the table of the global layers, and Gemma's local one.
-        let rope_scaling = match k.str("rope.scaling.type").unwrap_or("linear") {
+/// The head dimension: `attention.key_length`, or the width split over the heads; the value
+/// length, when given, must be the same.
+fn head_dim(k: &Keys<'_>, n_embd: usize, n_head: usize) -> Result<usize> {
+    let head_dim = match k.u32("attention.key_length")? {
+        Some(d) => d,
+        None if n_embd.is_multiple_of(n_head) => n_embd / n_head,
+        None => bail!("embedding_length {n_embd} is not a multiple of head_count {n_head}"),
+    };
+    if let Some(v) = k.u32("attention.value_length")? {
+        if v != head_dim {
+            bail!(
+                "{} ({v}) differs from the key length ({head_dim}), which edgelm does not implement",
+                k.name("attention.value_length")
+            );
+        }
+    }
+    if head_dim == 0 || head_dim % 2 != 0 || head_dim > 1024 {
+        bail!("unsupported head dimension {head_dim}");
+    }
+    Ok(head_dim)
+}
+
+/// The global layers' RoPE: how it is scaled, its table and the context it was trained with.
+struct GlobalRope {
+    scaling: RopeScaling,
+    params: RopeParams,
+    original_context: usize,
+}
+
+impl GlobalRope {
+    fn read(k: &Keys<'_>, context_length: usize) -> Result<GlobalRope> {
+        let scaling = match k.str("rope.scaling.type").unwrap_or("linear") {
             "none" => RopeScaling::None,
             "linear" => RopeScaling::Linear,
             "longrope" => RopeScaling::LongRope,
@@ -202,126 +226,199 @@ impl ModelConfig {
             Some(f) => Some(f),
             None => k.f32("rope.scale_linear")?,
         };
-        let freq_scale = match (rope_scaling, factor) {
+        let freq_scale = match (scaling, factor) {
             (RopeScaling::None, _) | (_, None) | (_, Some(0.0)) => 1.0,
             (_, Some(f)) => 1.0 / f,
         };
-        let global_rope = RopeParams {
+        let params = RopeParams {
             base: k.f32("rope.freq_base")?.unwrap_or(10_000.0),
             freq_scale,
             mscale: k.f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
         };
-        let rope_original_context = k
+        let original_context = k
             .u32("rope.scaling.original_context_length")?
             .unwrap_or(context_length);
+        Ok(GlobalRope {
+            scaling,
+            params,
+            original_context,
+        })
+    }
+}
 
-        let mut ropes = vec![global_rope];
-        let mut layers = vec![
-            LayerConfig {
-                rope: Some(0),
-                window: None,
-            };
-            n_layers
-        ];
-        let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
-        let mut query_scale = 1.0;
-        let (mut embed_scale, mut residual_scale, mut logit_scale) = (1.0, 1.0, 1.0);
-        let mut final_softcap = None;
+/// What a family changes on top of the plain llama model: further RoPE tables, per-layer RoPE
+/// and windows, and the scales.
+struct HyperParams {
+    ropes: Vec<RopeParams>,
+    layers: Vec<LayerConfig>,
+    attn_scale: f32,
+    query_scale: f32,
+    embed_scale: f32,
+    residual_scale: f32,
+    logit_scale: f32,
+    final_softcap: Option<f32>,
+}
+
+impl HyperParams {
+    /// The hyper-parameters of `family`: the llama defaults with what the family changes.
+    fn read(family: Family, k: &Keys<'_>, shape: &Shape, global: RopeParams) -> Result<Self> {
+        let mut hp = HyperParams::llama(shape, global);
         match family {
-            Family::Gemma3 => {
-                embed_scale = (n_embd as f32).sqrt();
-                final_softcap = k.f32("final_logit_softcapping")?.filter(|&c| c != 0.0);
-                // Gemma scales the queries: by the model width per head for Gemma 3 27B, by the
-                // head dimension for the others (llama.cpp's `f_attention_scale`).
-                query_scale = if n_layers == 62 {
-                    1.0 / ((n_embd / n_head) as f32).sqrt()
-                } else {
-                    attn_scale
-                };
-                attn_scale = 1.0;
-                if let Some(window) = k.u32("attention.sliding_window")?.filter(|&w| w > 0) {
-                    // Local layers have their own RoPE base and no scaling.
-                    ropes.push(RopeParams {
-                        base: k.f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
-                        freq_scale: 1.0,
-                        mscale: global_rope.mscale,
-                    });
-                    for (l, local) in sliding_pattern(&k, n_layers)?.into_iter().enumerate() {
-                        if local {
-                            layers[l] = LayerConfig {
-                                rope: Some(1),
-                                window: Some(window),
-                            };
-                        }
-                    }
-                }
-            }
-            Family::Smollm3 => {
-                // Every fourth layer has no RoPE (llama.cpp's `n_no_rope_layer_step`).
-                for (l, layer) in layers.iter_mut().enumerate() {
-                    if (l + 1) % 4 == 0 {
-                        layer.rope = None;
-                    }
-                }
-            }
-            Family::Granite => {
-                let scale = k
-                    .f32("logit_scale")?
-                    .with_context(|| format!("GGUF has no {}", k.name("logit_scale")))?;
-                if scale == 0.0 {
-                    bail!("{} is 0", k.name("logit_scale"));
-                }
-                logit_scale = 1.0 / scale;
-                residual_scale = k
-                    .f32("residual_scale")?
-                    .filter(|&s| s != 0.0)
-                    .unwrap_or(1.0);
-                embed_scale = k
-                    .f32("embedding_scale")?
-                    .filter(|&s| s != 0.0)
-                    .unwrap_or(1.0);
-                if let Some(s) = k.f32("attention.scale")?.filter(|&s| s != 0.0) {
-                    attn_scale = s;
-                }
-                // Granite switches RoPE off with `rope.scaling.finetuned = false`.
-                if k.bool("rope.scaling.finetuned")? == Some(false) {
-                    layers.iter_mut().for_each(|l| l.rope = None);
-                }
-            }
-            Family::Phi3 => {
-                query_scale = attn_scale;
-                attn_scale = 1.0;
-            }
+            Family::Gemma3 => hp.gemma3(k, shape, global)?,
+            Family::Smollm3 => hp.smollm3(),
+            Family::Granite => hp.granite(k)?,
+            Family::Phi3 => hp.scale_queries(hp.attn_scale),
             Family::Llama | Family::Qwen2 | Family::Qwen3 => {}
         }
+        Ok(hp)
+    }
 
-        let cfg = ModelConfig {
+    /// The llama defaults: the global RoPE table in every layer, no window, Q·K scaled by
+    /// 1/√head_dim and nothing else scaled.
+    fn llama(shape: &Shape, global: RopeParams) -> HyperParams {
+        HyperParams {
+            ropes: vec![global],
+            layers: vec![
+                LayerConfig {
+                    rope: Some(0),
+                    window: None,
+                };
+                shape.n_layers
+            ],
+            attn_scale: 1.0 / (shape.head_dim as f32).sqrt(),
+            query_scale: 1.0,
+            embed_scale: 1.0,
+            residual_scale: 1.0,
+            logit_scale: 1.0,
+            final_softcap: None,
+        }
+    }
+
+    /// Scales the queries by `scale` instead of Q·K (Gemma, Phi-3).
+    fn scale_queries(&mut self, scale: f32) {
+        self.query_scale = scale;
+        self.attn_scale = 1.0;
+    }
+
+    /// Gemma 3: embeddings scaled by √n_embd, an optional logit soft-cap, scaled queries, and
+    /// sliding-window layers with their own RoPE table.
+    fn gemma3(&mut self, k: &Keys<'_>, shape: &Shape, global: RopeParams) -> Result<()> {
+        self.embed_scale = (shape.n_embd as f32).sqrt();
+        self.final_softcap = k.f32("final_logit_softcapping")?.filter(|&c| c != 0.0);
+        // Gemma scales the queries: by the model width per head for Gemma 3 27B, by the head
+        // dimension for the others (llama.cpp's `f_attention_scale`).
+        let query_scale = if shape.n_layers == GEMMA3_27B_LAYERS {
+            1.0 / ((shape.n_embd / shape.n_head) as f32).sqrt()
+        } else {
+            self.attn_scale
+        };
+        self.scale_queries(query_scale);
+        let Some(window) = k.u32("attention.sliding_window")?.filter(|&w| w > 0) else {
+            return Ok(());
+        };
+        // Local layers have their own RoPE base and no scaling.
+        self.ropes.push(RopeParams {
+            base: k.f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
+            freq_scale: 1.0,
+            mscale: global.mscale,
+        });
+        for (l, local) in sliding_pattern(k, shape.n_layers)?.into_iter().enumerate() {
+            if local {
+                self.layers[l] = LayerConfig {
+                    rope: Some(1),
+                    window: Some(window),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// SmolLM3: every fourth layer has no RoPE (llama.cpp's `n_no_rope_layer_step`).
+    fn smollm3(&mut self) {
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            if (l + 1) % 4 == 0 {
+                layer.rope = None;
+            }
+        }
+    }
+
+    /// Granite: its logit, residual, embedding and attention scales, and RoPE switched off by
+    /// `rope.scaling.finetuned = false`.
+    fn granite(&mut self, k: &Keys<'_>) -> Result<()> {
+        let scale = k
+            .f32("logit_scale")?
+            .with_context(|| format!("GGUF has no {}", k.name("logit_scale")))?;
+        if scale == 0.0 {
+            bail!("{} is 0", k.name("logit_scale"));
+        }
+        self.logit_scale = 1.0 / scale;
+        self.residual_scale = k
+            .f32("residual_scale")?
+            .filter(|&s| s != 0.0)
+            .unwrap_or(1.0);
+        self.embed_scale = k
+            .f32("embedding_scale")?
+            .filter(|&s| s != 0.0)
+            .unwrap_or(1.0);
+        if let Some(s) = k.f32("attention.scale")?.filter(|&s| s != 0.0) {
+            self.attn_scale = s;
+        }
+        if k.bool("rope.scaling.finetuned")? == Some(false) {
+            self.layers.iter_mut().for_each(|l| l.rope = None);
+        }
+        Ok(())
+    }
+}
+
+impl ModelConfig {
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
+        let arch = file
+            .architecture()
+            .context("GGUF has no general.architecture")?
+            .to_owned();
+        let family = Family::from_arch(&arch).with_context(|| {
+            format!(
+                "unsupported architecture '{arch}' (supported: {})",
+                SUPPORTED.join(", ")
+            )
+        })?;
+        let k = Keys { file, arch: &arch };
+        let shape = Shape::read(&k)?;
+        let vocab_size = file
+            .get("tokenizer.ggml.tokens")
+            .and_then(|v| v.as_string_array())
+            .map(|t| t.len())
+            .context("GGUF has no tokenizer.ggml.tokens")?;
+        let context_length = k.u32("context_length")?.unwrap_or(2048);
+        let rms_eps = k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
+        let rope = GlobalRope::read(&k, context_length)?;
+        let hp = HyperParams::read(family, &k, &shape, rope.params)?;
+        Ok(ModelConfig {
             family,
-            n_layers,
-            n_embd,
-            n_ff,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_rot,
+            n_layers: shape.n_layers,
+            n_embd: shape.n_embd,
+            n_ff: shape.n_ff,
+            n_head: shape.n_head,
+            n_head_kv: shape.n_head_kv,
+            head_dim: shape.head_dim,
+            n_rot: shape.n_rot,
             rope_layout: family.rope_layout(),
-            rope_scaling,
-            rope_original_context,
-            ropes,
-            layers,
+            rope_scaling: rope.scaling,
+            rope_original_context: rope.original_context,
+            ropes: hp.ropes,
+            layers: hp.layers,
             rms_eps,
             activation: family.activation(),
-            attn_scale,
-            query_scale,
-            embed_scale,
-            residual_scale,
-            logit_scale,
-            final_softcap,
+            attn_scale: hp.attn_scale,
+            query_scale: hp.query_scale,
+            embed_scale: hp.embed_scale,
+            residual_scale: hp.residual_scale,
+            logit_scale: hp.logit_scale,
+            final_softcap: hp.final_softcap,
             context_length,
             vocab_size,
             arch,
-        };
-        Ok(cfg)
+        })
     }
 
     pub fn q_dim(&self) -> usize {

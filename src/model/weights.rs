@@ -136,6 +136,15 @@ impl Binder<'_> {
         Ok(allowed)
     }
 
+    /// An optional vector that only an optional feature may use (see [`Binder::allowed`]).
+    fn allowed_vector(&mut self, name: &str, allowed: bool, len: usize) -> Result<Option<VecRef>> {
+        if self.allowed(name, allowed)? {
+            self.opt_vector(name, len)
+        } else {
+            Ok(None)
+        }
+    }
+
     /// Fails on the first tensor nothing took.
     fn finish(self, arch: &str) -> Result<Vec<f32>> {
         let unused: Vec<&str> = self
@@ -178,6 +187,146 @@ fn slice(v: VecRef, first: usize, len: usize) -> VecRef {
     }
 }
 
+/// RoPE frequency factors (see [`Weights::rope_freqs`]).
+struct RopeFactors {
+    freqs: Option<VecRef>,
+    long: Option<VecRef>,
+    short: Option<VecRef>,
+}
+
+/// A layer's attention input projections and their biases.
+struct Qkv {
+    wq: Mat,
+    wk: Mat,
+    wv: Mat,
+    bq: Option<VecRef>,
+    bk: Option<VecRef>,
+    bv: Option<VecRef>,
+}
+
+impl Binder<'_> {
+    /// The RoPE factors the family reads. Phi-3 reads LongRoPE factors whatever the scaling
+    /// type; the Llama family reads them with LongRoPE scaling and `rope_freqs` otherwise.
+    fn rope_factors(&mut self, cfg: &ModelConfig, opt: &Optional) -> Result<RopeFactors> {
+        let half_rot = cfg.n_rot / 2;
+        let longrope = cfg.rope_scaling == RopeScaling::LongRope;
+        let phi3 = cfg.family == super::arch::Family::Phi3;
+        let mut f = RopeFactors {
+            freqs: None,
+            long: None,
+            short: None,
+        };
+        if self.allowed("rope_freqs.weight", opt.rope_factors && !longrope && !phi3)? {
+            f.freqs = self.opt_vector("rope_freqs.weight", half_rot)?;
+        }
+        let factors = opt.rope_factors && (longrope || phi3);
+        self.allowed("rope_factors_short.weight", factors)?;
+        if self.allowed("rope_factors_long.weight", factors)? {
+            f.long = self.opt_vector("rope_factors_long.weight", half_rot)?;
+            f.short = self.opt_vector("rope_factors_short.weight", half_rot)?;
+        }
+        Ok(f)
+    }
+
+    /// Block `i`'s weights, bound in a fixed order (the arena's layout follows it).
+    fn layer(&mut self, cfg: &ModelConfig, opt: &Optional, i: usize) -> Result<LayerWeights> {
+        let fam = cfg.family;
+        let (e, qd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.n_ff);
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let attn_norm = self.vector(&n("attn_norm.weight"), e)?;
+        let qkv = self.qkv(cfg, i)?;
+        let (q_norm, k_norm) = if fam.qk_norm() {
+            (
+                Some(self.vector(&n("attn_q_norm.weight"), cfg.head_dim)?),
+                Some(self.vector(&n("attn_k_norm.weight"), cfg.head_dim)?),
+            )
+        } else {
+            (None, None)
+        };
+        let wo = self.mat(&n("attn_output.weight"), qd, e)?;
+        let bo = self.allowed_vector(&n("attn_output.bias"), opt.attn_out_bias, e)?;
+        let post_attn_norm = if fam.post_norms() {
+            Some(self.vector(&n("post_attention_norm.weight"), e)?)
+        } else {
+            None
+        };
+        let ffn_norm = self.vector(&n("ffn_norm.weight"), e)?;
+        let (w_gate, w_up) = if fam.fused_gate_up() {
+            let up = self.mat(&n("ffn_up.weight"), e, 2 * ff)?;
+            (band(&up, 0, ff, "gate"), band(&up, ff, ff, "up"))
+        } else {
+            (
+                self.mat(&n("ffn_gate.weight"), e, ff)?,
+                self.mat(&n("ffn_up.weight"), e, ff)?,
+            )
+        };
+        let w_down = self.mat(&n("ffn_down.weight"), ff, e)?;
+        let b_gate = self.allowed_vector(&n("ffn_gate.bias"), opt.ffn_biases, ff)?;
+        let b_up = self.allowed_vector(&n("ffn_up.bias"), opt.ffn_biases, ff)?;
+        let b_down = self.allowed_vector(&n("ffn_down.bias"), opt.ffn_biases, e)?;
+        let post_ffn_norm = if fam.post_norms() {
+            Some(self.vector(&n("post_ffw_norm.weight"), e)?)
+        } else {
+            None
+        };
+        Ok(LayerWeights {
+            attn_norm,
+            wq: qkv.wq,
+            wk: qkv.wk,
+            wv: qkv.wv,
+            bq: qkv.bq,
+            bk: qkv.bk,
+            bv: qkv.bv,
+            q_norm,
+            k_norm,
+            wo,
+            bo,
+            post_attn_norm,
+            ffn_norm,
+            w_gate,
+            w_up,
+            b_gate,
+            b_up,
+            w_down,
+            b_down,
+            post_ffn_norm,
+        })
+    }
+
+    /// Block `i`'s Q/K/V: one fused tensor (and its bias) or three, as llama.cpp's
+    /// `create_tensor_qkv` accepts for every family; separate biases when there is no fused one.
+    fn qkv(&mut self, cfg: &ModelConfig, i: usize) -> Result<Qkv> {
+        let (e, qd, kvd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let mut qkv = if let Some(fused) = self.opt_mat(&n("attn_qkv.weight"), e, qd + 2 * kvd)? {
+            let bias = self.opt_vector(&n("attn_qkv.bias"), qd + 2 * kvd)?;
+            Qkv {
+                wq: band(&fused, 0, qd, "q"),
+                wk: band(&fused, qd, kvd, "k"),
+                wv: band(&fused, qd + kvd, kvd, "v"),
+                bq: bias.map(|v| slice(v, 0, qd)),
+                bk: bias.map(|v| slice(v, qd, kvd)),
+                bv: bias.map(|v| slice(v, qd + kvd, kvd)),
+            }
+        } else {
+            Qkv {
+                wq: self.mat(&n("attn_q.weight"), e, qd)?,
+                wk: self.mat(&n("attn_k.weight"), e, kvd)?,
+                wv: self.mat(&n("attn_v.weight"), e, kvd)?,
+                bq: None,
+                bk: None,
+                bv: None,
+            }
+        };
+        if qkv.bq.is_none() {
+            qkv.bq = self.opt_vector(&n("attn_q.bias"), qd)?;
+            qkv.bk = self.opt_vector(&n("attn_k.bias"), kvd)?;
+            qkv.bv = self.opt_vector(&n("attn_v.bias"), kvd)?;
+        }
+        Ok(qkv)
+    }
+}
+
 impl Weights {
     pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
         let mut b = Binder {
@@ -185,139 +334,28 @@ impl Weights {
             used: vec![false; file.tensors().len()],
             arena: Vec::new(),
         };
-        let fam = cfg.family;
-        let opt: Optional = fam.optional();
-        let (e, qd, kvd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let opt: Optional = cfg.family.optional();
+        let e = cfg.n_embd;
         let token_embd = b.mat("token_embd.weight", e, cfg.vocab_size)?;
         let output = match b.opt_mat("output.weight", e, cfg.vocab_size)? {
             Some(m) => m,
             None => token_embd.clone(),
         };
-        let output_bias = if b.allowed("output.bias", opt.output_bias)? {
-            b.opt_vector("output.bias", cfg.vocab_size)?
-        } else {
-            None
-        };
+        let output_bias = b.allowed_vector("output.bias", opt.output_bias, cfg.vocab_size)?;
         let output_norm = b.vector("output_norm.weight", e)?;
-        let half_rot = cfg.n_rot / 2;
-        let longrope = cfg.rope_scaling == RopeScaling::LongRope;
-        let (mut rope_freqs, mut rope_long, mut rope_short) = (None, None, None);
-        // Phi-3 reads LongRoPE factors whatever the scaling type; the Llama family reads them
-        // with LongRoPE scaling and `rope_freqs` otherwise.
-        let phi3 = fam == super::arch::Family::Phi3;
-        if b.allowed("rope_freqs.weight", opt.rope_factors && !longrope && !phi3)? {
-            rope_freqs = b.opt_vector("rope_freqs.weight", half_rot)?;
-        }
-        let factors = opt.rope_factors && (longrope || phi3);
-        b.allowed("rope_factors_short.weight", factors)?;
-        if b.allowed("rope_factors_long.weight", factors)? {
-            rope_long = b.opt_vector("rope_factors_long.weight", half_rot)?;
-            rope_short = b.opt_vector("rope_factors_short.weight", half_rot)?;
-        }
-
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let attn_norm = b.vector(&n("attn_norm.weight"), e)?;
-            // Q/K/V: one fused tensor (and its bias) or three, as llama.cpp's
-            // `create_tensor_qkv` accepts for every family.
-            let (wq, wk, wv, mut bq, mut bk, mut bv);
-            if let Some(qkv) = b.opt_mat(&n("attn_qkv.weight"), e, qd + 2 * kvd)? {
-                wq = band(&qkv, 0, qd, "q");
-                wk = band(&qkv, qd, kvd, "k");
-                wv = band(&qkv, qd + kvd, kvd, "v");
-                let fused = b.opt_vector(&n("attn_qkv.bias"), qd + 2 * kvd)?;
-                bq = fused.map(|v| slice(v, 0, qd));
-                bk = fused.map(|v| slice(v, qd, kvd));
-                bv = fused.map(|v| slice(v, qd + kvd, kvd));
-            } else {
-                wq = b.mat(&n("attn_q.weight"), e, qd)?;
-                wk = b.mat(&n("attn_k.weight"), e, kvd)?;
-                wv = b.mat(&n("attn_v.weight"), e, kvd)?;
-                (bq, bk, bv) = (None, None, None);
-            }
-            if bq.is_none() {
-                bq = b.opt_vector(&n("attn_q.bias"), qd)?;
-                bk = b.opt_vector(&n("attn_k.bias"), kvd)?;
-                bv = b.opt_vector(&n("attn_v.bias"), kvd)?;
-            }
-            let (q_norm, k_norm) = if fam.qk_norm() {
-                (
-                    Some(b.vector(&n("attn_q_norm.weight"), cfg.head_dim)?),
-                    Some(b.vector(&n("attn_k_norm.weight"), cfg.head_dim)?),
-                )
-            } else {
-                (None, None)
-            };
-            let wo = b.mat(&n("attn_output.weight"), qd, e)?;
-            let bo = if b.allowed(&n("attn_output.bias"), opt.attn_out_bias)? {
-                b.opt_vector(&n("attn_output.bias"), e)?
-            } else {
-                None
-            };
-            let post_attn_norm = if fam.post_norms() {
-                Some(b.vector(&n("post_attention_norm.weight"), e)?)
-            } else {
-                None
-            };
-            let ffn_norm = b.vector(&n("ffn_norm.weight"), e)?;
-            let (w_gate, w_up) = if fam.fused_gate_up() {
-                let up = b.mat(&n("ffn_up.weight"), e, 2 * ff)?;
-                (band(&up, 0, ff, "gate"), band(&up, ff, ff, "up"))
-            } else {
-                (
-                    b.mat(&n("ffn_gate.weight"), e, ff)?,
-                    b.mat(&n("ffn_up.weight"), e, ff)?,
-                )
-            };
-            let w_down = b.mat(&n("ffn_down.weight"), ff, e)?;
-            let (mut b_gate, mut b_up, mut b_down) = (None, None, None);
-            if b.allowed(&n("ffn_gate.bias"), opt.ffn_biases)? {
-                b_gate = b.opt_vector(&n("ffn_gate.bias"), ff)?;
-            }
-            if b.allowed(&n("ffn_up.bias"), opt.ffn_biases)? {
-                b_up = b.opt_vector(&n("ffn_up.bias"), ff)?;
-            }
-            if b.allowed(&n("ffn_down.bias"), opt.ffn_biases)? {
-                b_down = b.opt_vector(&n("ffn_down.bias"), e)?;
-            }
-            let post_ffn_norm = if fam.post_norms() {
-                Some(b.vector(&n("post_ffw_norm.weight"), e)?)
-            } else {
-                None
-            };
-            layers.push(LayerWeights {
-                attn_norm,
-                wq,
-                wk,
-                wv,
-                bq,
-                bk,
-                bv,
-                q_norm,
-                k_norm,
-                wo,
-                bo,
-                post_attn_norm,
-                ffn_norm,
-                w_gate,
-                w_up,
-                b_gate,
-                b_up,
-                w_down,
-                b_down,
-                post_ffn_norm,
-            });
-        }
+        let rope = b.rope_factors(cfg, &opt)?;
+        let layers = (0..cfg.n_layers)
+            .map(|i| b.layer(cfg, &opt, i))
+            .collect::<Result<Vec<_>>>()?;
         let arena = b.finish(&cfg.arch)?;
         Ok(Weights {
             token_embd,
             output_norm,
             output,
             output_bias,
-            rope_freqs,
-            rope_long,
-            rope_short,
+            rope_freqs: rope.freqs,
+            rope_long: rope.long,
+            rope_short: rope.short,
             layers,
             arena,
         })

@@ -207,6 +207,20 @@ pub struct Limits {
     pub default_max_tokens: usize,
 }
 
+impl Limits {
+    /// The server's limits for an engine running `max_seqs` sequences at most: a request may
+    /// ask for no more completions than run at once, and never more than 16.
+    pub fn for_engine(max_seqs: usize) -> Limits {
+        Limits {
+            max_n: max_seqs.min(16),
+            max_stop: 16,
+            max_stop_len: 256,
+            max_logprobs: 20,
+            default_max_tokens: 16,
+        }
+    }
+}
+
 pub struct Validated {
     pub params: GenParams,
     pub stop: Vec<String>,

@@ -14,155 +14,165 @@ fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
     let _ = writeln!(out, "{name}_count {}", h.count);
 }
 
-pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f64) -> String {
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    };
-    metric(
+/// One unlabelled sample under its `# HELP` and `# TYPE` lines.
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+    );
+}
+
+/// A series read from the engine's stats: (name, kind, help, value).
+type Series = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&EngineStats) -> f64,
+);
+
+/// The memory the server holds by design: the KV pool and the mapped model.
+const MEMORY: [Series; 2] = [
+    (
         "edgelm_kv_pool_bytes",
         "gauge",
         "Bytes of the KV pool, allocated once at start.",
-        s.kv_pool_bytes as f64,
-    );
-    metric(
+        |s| s.kv_pool_bytes as f64,
+    ),
+    (
         "edgelm_model_file_bytes",
         "gauge",
         "Bytes of the memory-mapped model file.",
-        s.weight_bytes as f64,
-    );
-    if let Some(rss) = resident_bytes() {
-        metric(
-            "process_resident_memory_bytes",
-            "gauge",
-            "Resident memory of this process (weights mapped, KV pool touched, the rest).",
-            rss as f64,
-        );
-    }
-    if let Some(fds) = open_fds() {
-        metric(
-            "process_open_fds",
-            "gauge",
-            "Open file descriptors (sockets included): flat while serving, or something leaks.",
-            fds as f64,
-        );
-    }
-    if let Some(threads) = thread_count() {
-        metric(
-            "process_threads",
-            "gauge",
-            "OS threads of this process.",
-            threads as f64,
-        );
-    }
-    metric(
+        |s| s.weight_bytes as f64,
+    ),
+];
+
+/// The batch and the KV pool as they stand.
+const GAUGES: [Series; 6] = [
+    (
         "edgelm_requests_running",
         "gauge",
         "Sequences in the running batch.",
-        s.running as f64,
-    );
-    metric(
+        |s| s.running as f64,
+    ),
+    (
         "edgelm_requests_waiting",
         "gauge",
         "Sequences waiting for admission.",
-        s.waiting as f64,
-    );
-    metric(
+        |s| s.waiting as f64,
+    ),
+    (
         "edgelm_kv_pool_blocks",
         "gauge",
         "KV blocks in the pool.",
-        s.kv_blocks_total as f64,
-    );
+        |s| s.kv_blocks_total as f64,
+    ),
     // What a router's endpoint picker reads (the inference extension's model-server
     // protocol): one unlabelled gauge for KV use, and the cache geometry as an info series.
-    metric(
+    (
         "edgelm_kv_cache_usage_ratio",
         "gauge",
         "Fraction of the KV blocks in use by running sequences (0 to 1).",
-        kv_usage_ratio(s),
-    );
-    metric(
+        kv_usage_ratio,
+    ),
+    (
         "edgelm_kv_blocks_used",
         "gauge",
         "KV blocks referenced by sequences.",
-        s.kv_blocks_used as f64,
-    );
-    metric(
+        |s| s.kv_blocks_used as f64,
+    ),
+    (
         "edgelm_kv_blocks_cached",
         "gauge",
         "KV blocks registered in the prefix cache.",
-        s.kv_blocks_cached as f64,
-    );
-    metric(
+        |s| s.kv_blocks_cached as f64,
+    ),
+];
+
+/// The engine's totals since start.
+const COUNTERS: [Series; 11] = [
+    (
         "edgelm_prefix_cache_queries_total",
         "counter",
         "Prompt tokens looked up in the prefix cache.",
-        s.prefix_queried_tokens as f64,
-    );
-    metric(
+        |s| s.prefix_queried_tokens as f64,
+    ),
+    (
         "edgelm_prefix_cache_hits_total",
         "counter",
         "Prompt tokens served from the prefix cache.",
-        s.prefix_hit_tokens as f64,
-    );
-    metric(
+        |s| s.prefix_hit_tokens as f64,
+    ),
+    (
         "edgelm_preemptions_total",
         "counter",
         "Sequences preempted for KV space.",
-        s.preemptions as f64,
-    );
-    metric(
+        |s| s.preemptions as f64,
+    ),
+    (
         "edgelm_constrained_requests_total",
         "counter",
         "Requests whose output a JSON schema, grammar, regex or forced tool call constrained.",
-        s.constrained_requests as f64,
-    );
-    metric(
+        |s| s.constrained_requests as f64,
+    ),
+    (
         "edgelm_grammar_mask_seconds_total",
         "counter",
         "Seconds spent computing the token masks of constrained requests.",
-        s.grammar_mask_seconds,
-    );
-    metric(
+        |s| s.grammar_mask_seconds,
+    ),
+    (
         "edgelm_spec_decode_num_draft_tokens_total",
         "counter",
         "Prompt-lookup draft tokens verified.",
-        s.draft_tokens as f64,
-    );
-    metric(
+        |s| s.draft_tokens as f64,
+    ),
+    (
         "edgelm_spec_decode_num_accepted_tokens_total",
         "counter",
         "Prompt-lookup draft tokens the model agreed with (each saved a decode step).",
-        s.accepted_draft_tokens as f64,
-    );
-    metric(
+        |s| s.accepted_draft_tokens as f64,
+    ),
+    (
         "edgelm_prompt_tokens_total",
         "counter",
         "Prompt tokens received.",
-        s.prompt_tokens as f64,
-    );
-    metric(
+        |s| s.prompt_tokens as f64,
+    ),
+    (
         "edgelm_generation_tokens_total",
         "counter",
         "Tokens generated.",
-        s.generation_tokens as f64,
-    );
-    metric(
+        |s| s.generation_tokens as f64,
+    ),
+    (
         "edgelm_requests_finished_total",
         "counter",
         "Requests completed.",
-        s.requests_finished as f64,
-    );
-    metric(
+        |s| s.requests_finished as f64,
+    ),
+    (
         "edgelm_engine_steps_total",
         "counter",
         "Engine steps run.",
-        s.steps as f64,
-    );
+        |s| s.steps as f64,
+    ),
+];
+
+/// Each of `all`, read from `s`.
+fn series(out: &mut String, s: &EngineStats, all: &[Series]) {
+    for (name, kind, help, value) in all {
+        metric(out, name, kind, help, value(s));
+    }
+}
+
+pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f64) -> String {
+    let mut out = String::new();
+    series(&mut out, s, &MEMORY);
+    process(&mut out);
+    series(&mut out, s, &GAUGES);
+    series(&mut out, s, &COUNTERS);
     metric(
+        &mut out,
         "edgelm_uptime_seconds",
         "gauge",
         "Seconds since start.",
@@ -187,6 +197,44 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
         "Time between generated tokens.",
         &s.tpot,
     );
+    request_errors(&mut out, errors);
+    out
+}
+
+/// The process's resident memory, descriptors and threads, where /proc tells them.
+fn process(out: &mut String) {
+    if let Some(rss) = resident_bytes() {
+        metric(
+            out,
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory of this process (weights mapped, KV pool touched, the rest).",
+            rss as f64,
+        );
+    }
+    if let Some(fds) = open_fds() {
+        metric(
+            out,
+            "process_open_fds",
+            "gauge",
+            "Open file descriptors (sockets included): flat while serving, or something leaks.",
+            fds as f64,
+        );
+    }
+    if let Some(threads) = thread_count() {
+        metric(
+            out,
+            "process_threads",
+            "gauge",
+            "OS threads of this process.",
+            threads as f64,
+        );
+    }
+}
+
+/// Requests answered with an error, one series per reason (a zero series when none yet, so
+/// the metric exists from the start).
+fn request_errors(out: &mut String, errors: &BTreeMap<&'static str, u64>) {
     let _ = writeln!(out, "# HELP edgelm_request_errors_total Requests answered with an error, by reason.\n# TYPE edgelm_request_errors_total counter");
     if errors.is_empty() {
         let _ = writeln!(out, "edgelm_request_errors_total{{reason=\"none\"}} 0");
@@ -197,7 +245,6 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
             "edgelm_request_errors_total{{reason=\"{reason}\"}} {n}"
         );
     }
-    out
 }
 
 /// Open descriptors from /proc (Linux); None elsewhere.

@@ -167,13 +167,7 @@ impl Server {
             tokenizer.eog_tokens().to_vec(),
             self.config.engine.clone(),
         )?;
-        let limits = Limits {
-            max_n: self.config.engine.max_seqs.min(16),
-            max_stop: 16,
-            max_stop_len: 256,
-            max_logprobs: 20,
-            default_max_tokens: 16,
-        };
+        let limits = Limits::for_engine(self.config.engine.max_seqs);
         let _ = self.ready.set(Ready {
             engine,
             tokenizer,

@@ -45,108 +45,144 @@ fn parse_request(
         .map_err(|_| ApiError::bad_request("the request body is not valid UTF-8"))?;
     let value: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
-    let vocab = tokenizer.vocab_size();
     if path == "/v1/completions" {
-        api::check_keys(&value, api::COMPLETION_KEYS)?;
-        let req: CompletionRequest = serde_json::from_value(value)
-            .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
-        let mut v = api::validate_sampling(&req.sampling, None, limits)?;
-        v.params.constraint = compile(grammars, api::constraint_spec(&req.sampling)?)?;
-        let logprobs = api::check_logprobs(req.logprobs, limits, "logprobs")?;
-        let prompts: Vec<Vec<u32>> = match &req.prompt {
-            PromptInput::Text(t) => vec![encode(tokenizer, t)?],
-            PromptInput::TextBatch(ts) => ts
-                .iter()
-                .map(|t| encode(tokenizer, t))
-                .collect::<Result<_, _>>()?,
-            PromptInput::Tokens(ids) => vec![api::token_ids(ids, vocab)?],
-            PromptInput::TokenBatch(b) => b
-                .iter()
-                .map(|ids| api::token_ids(ids, vocab))
-                .collect::<Result<_, _>>()?,
-        };
-        if prompts.is_empty() || prompts.len() > 16 {
-            return Err(ApiError::bad_request("prompt must hold 1 to 16 prompts").param("prompt"));
-        }
-        if prompts.iter().any(|p| p.is_empty()) {
-            return Err(ApiError::bad_request("the prompt is empty").param("prompt"));
-        }
-        if prompts.len() * v.params.n > limits.max_n {
-            return Err(
-                ApiError::bad_request(format!("prompts × n exceeds {}", limits.max_n)).param("n"),
-            );
-        }
-        let echo = req.echo.unwrap_or(false);
-        if echo && logprobs.is_some() {
-            v.params.prompt_logprobs = logprobs;
-        }
-        v.params.logprobs = logprobs;
-        let echo_text = if echo {
-            prompts.iter().map(|p| tokenizer.decode(p, true)).collect()
-        } else {
-            Vec::new()
-        };
-        Ok(Job {
-            id: format!("cmpl-{id_num}"),
-            created: unix_now(),
-            prompts,
-            params: v.params,
-            stop: v.stop,
-            stream: v.stream,
-            include_usage: v.include_usage,
-            logprobs,
-            flavor: Flavor::Completion { echo: echo_text },
-        })
+        parse_completion(tokenizer, grammars, limits, value, id_num)
     } else {
-        api::check_keys(&value, api::CHAT_KEYS)?;
-        let req: ChatRequest = serde_json::from_value(value)
-            .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
-        let Some(tmpl) = chat else {
-            return Err(ApiError::bad_request(
-                "this model has no chat template; use /v1/completions",
-            ));
-        };
-        if req.messages.is_empty() {
-            return Err(ApiError::bad_request("messages must not be empty").param("messages"));
-        }
-        let mut v = api::validate_sampling(&req.sampling, req.max_completion_tokens, limits)?;
-        if req
-            .sampling
-            .max_tokens
-            .or(req.max_completion_tokens)
-            .is_none()
-        {
-            // A chat answer runs until the model stops or the context is full (the engine
-            // bounds every sequence by the context).
-            v.params.max_tokens = crate::engine::UNTIL_CONTEXT_END;
-        }
-        let setup = chat_request::prepare(tmpl, &req, api::constraint_spec(&req.sampling)?)?;
-        v.params.constraint = compile(grammars, setup.constraint)?;
-        let prompt = encode(tokenizer, &setup.prompt)?;
-        let logprobs = if req.logprobs.unwrap_or(false) {
-            Some(
-                api::check_logprobs(req.top_logprobs.or(Some(0)), limits, "top_logprobs")?
-                    .unwrap_or(0),
-            )
-        } else if req.top_logprobs.is_some() {
-            return Err(
-                ApiError::bad_request("top_logprobs needs logprobs: true").param("top_logprobs")
-            );
-        } else {
-            None
-        };
-        v.params.logprobs = logprobs;
-        Ok(Job {
-            id: format!("chatcmpl-{id_num}"),
-            created: unix_now(),
-            prompts: vec![prompt],
-            params: v.params,
-            stop: v.stop,
-            stream: v.stream,
-            include_usage: v.include_usage,
-            logprobs,
-            flavor: Flavor::Chat(setup.rules),
-        })
+        parse_chat(tokenizer, chat, grammars, limits, value, id_num)
+    }
+}
+
+/// A /v1/completions body: one prompt or a batch of them, as text or token ids.
+fn parse_completion(
+    tokenizer: &Tokenizer,
+    grammars: &Grammars,
+    limits: &Limits,
+    value: serde_json::Value,
+    id_num: u64,
+) -> Result<Job, ApiError> {
+    api::check_keys(&value, api::COMPLETION_KEYS)?;
+    let req: CompletionRequest = serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+    let mut v = api::validate_sampling(&req.sampling, None, limits)?;
+    v.params.constraint = compile(grammars, api::constraint_spec(&req.sampling)?)?;
+    let logprobs = api::check_logprobs(req.logprobs, limits, "logprobs")?;
+    let prompts = completion_prompts(tokenizer, &req.prompt)?;
+    if prompts.len() * v.params.n > limits.max_n {
+        return Err(
+            ApiError::bad_request(format!("prompts × n exceeds {}", limits.max_n)).param("n"),
+        );
+    }
+    let echo = req.echo.unwrap_or(false);
+    if echo && logprobs.is_some() {
+        v.params.prompt_logprobs = logprobs;
+    }
+    v.params.logprobs = logprobs;
+    let echo_text = if echo {
+        prompts.iter().map(|p| tokenizer.decode(p, true)).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Job {
+        id: format!("cmpl-{id_num}"),
+        created: unix_now(),
+        prompts,
+        params: v.params,
+        stop: v.stop,
+        stream: v.stream,
+        include_usage: v.include_usage,
+        logprobs,
+        flavor: Flavor::Completion { echo: echo_text },
+    })
+}
+
+/// A completion request's prompts as tokens: 1 to 16 of them, none empty.
+fn completion_prompts(
+    tokenizer: &Tokenizer,
+    prompt: &PromptInput,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let vocab = tokenizer.vocab_size();
+    let prompts: Vec<Vec<u32>> = match prompt {
+        PromptInput::Text(t) => vec![encode(tokenizer, t)?],
+        PromptInput::TextBatch(ts) => ts
+            .iter()
+            .map(|t| encode(tokenizer, t))
+            .collect::<Result<_, _>>()?,
+        PromptInput::Tokens(ids) => vec![api::token_ids(ids, vocab)?],
+        PromptInput::TokenBatch(b) => b
+            .iter()
+            .map(|ids| api::token_ids(ids, vocab))
+            .collect::<Result<_, _>>()?,
+    };
+    if prompts.is_empty() || prompts.len() > 16 {
+        return Err(ApiError::bad_request("prompt must hold 1 to 16 prompts").param("prompt"));
+    }
+    if prompts.iter().any(|p| p.is_empty()) {
+        return Err(ApiError::bad_request("the prompt is empty").param("prompt"));
+    }
+    Ok(prompts)
+}
+
+/// A /v1/chat/completions body: the messages rendered through the model's chat template, with
+/// the output rules of its tools and reasoning.
+fn parse_chat(
+    tokenizer: &Tokenizer,
+    chat: Option<&ChatTemplate>,
+    grammars: &Grammars,
+    limits: &Limits,
+    value: serde_json::Value,
+    id_num: u64,
+) -> Result<Job, ApiError> {
+    api::check_keys(&value, api::CHAT_KEYS)?;
+    let req: ChatRequest = serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+    let Some(tmpl) = chat else {
+        return Err(ApiError::bad_request(
+            "this model has no chat template; use /v1/completions",
+        ));
+    };
+    if req.messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty").param("messages"));
+    }
+    let mut v = api::validate_sampling(&req.sampling, req.max_completion_tokens, limits)?;
+    if req
+        .sampling
+        .max_tokens
+        .or(req.max_completion_tokens)
+        .is_none()
+    {
+        // A chat answer runs until the model stops or the context is full (the engine
+        // bounds every sequence by the context).
+        v.params.max_tokens = crate::engine::UNTIL_CONTEXT_END;
+    }
+    let setup = chat_request::prepare(tmpl, &req, api::constraint_spec(&req.sampling)?)?;
+    v.params.constraint = compile(grammars, setup.constraint)?;
+    let prompt = encode(tokenizer, &setup.prompt)?;
+    let logprobs = chat_logprobs(&req, limits)?;
+    v.params.logprobs = logprobs;
+    Ok(Job {
+        id: format!("chatcmpl-{id_num}"),
+        created: unix_now(),
+        prompts: vec![prompt],
+        params: v.params,
+        stop: v.stop,
+        stream: v.stream,
+        include_usage: v.include_usage,
+        logprobs,
+        flavor: Flavor::Chat(setup.rules),
+    })
+}
+
+/// The alternatives per token a chat request asks for: `top_logprobs` (0 when absent) with
+/// `logprobs: true`, none without (and `top_logprobs` alone is an error).
+fn chat_logprobs(req: &ChatRequest, limits: &Limits) -> Result<Option<usize>, ApiError> {
+    if req.logprobs.unwrap_or(false) {
+        Ok(Some(
+            api::check_logprobs(req.top_logprobs.or(Some(0)), limits, "top_logprobs")?.unwrap_or(0),
+        ))
+    } else if req.top_logprobs.is_some() {
+        Err(ApiError::bad_request("top_logprobs needs logprobs: true").param("top_logprobs"))
+    } else {
+        Ok(None)
     }
 }
 
@@ -173,13 +209,7 @@ pub fn fuzz_parse_request(
     path: &str,
     body: &[u8],
 ) -> Result<(), u16> {
-    let limits = Limits {
-        max_n: 16,
-        max_stop: 16,
-        max_stop_len: 256,
-        max_logprobs: 20,
-        default_max_tokens: 16,
-    };
+    let limits = Limits::for_engine(16);
     parse_request(tokenizer, chat, grammars, &limits, path, body, 0)
         .map(|_| ())
         .map_err(|e| e.status)

@@ -430,10 +430,12 @@ fn attend_chunk_tiled(
     scale: f32,
     outs: &mut [&mut [f32]],
 ) {
-    let geom = kv.geometry();
-    let bt = geom.block_size;
-    let row_bytes = geom.row_bytes();
-    let block_table = toks[0].block_table;
+    let head = HeadRows {
+        kv,
+        layer,
+        kv_head,
+        block_table: toks[0].block_table,
+    };
     let max_ctx = toks.iter().map(|t| t.pos + 1).max().unwrap_or(0);
     // No query of the chunk sees a position before `lo` (and its block may be gone): tiles
     // start at the one holding it, and earlier rows of that tile are never read.
@@ -450,22 +452,9 @@ fn attend_chunk_tiled(
     outs.iter_mut().for_each(|o| o.fill(0.0));
     for start in (lo - lo % TILE..max_ctx).step_by(TILE) {
         let tile_len = (max_ctx - start).min(TILE);
-        // The tile's rows, a block's run of them at a time (a head's rows of one block are
-        // contiguous in its page, and whole blocks of the format): rows before `lo` are never
-        // read (their block may be gone).
+        // Rows before `lo` are never read (their block may be gone).
         let first_row = lo.saturating_sub(start);
-        let mut i = first_row;
-        while i < tile_len {
-            let p = start + i;
-            let (block, s) = (block_table[p / bt] as usize, p % bt);
-            let run = (bt - s).min(tile_len - i);
-            for (part, dst) in [(Part::K, &mut k_rows), (Part::V, &mut v_tile)] {
-                let rows = kv.head_rows(layer, block, part, kv_head);
-                let src = &rows[s * row_bytes..(s + run) * row_bytes];
-                geom.kv_type.decode_row(src, &mut dst[i * hd..(i + run) * hd]);
-            }
-            i += run;
-        }
+        head.decode_tile(start, first_row..tile_len, hd, &mut k_rows, &mut v_tile);
         transpose_rows(&k_rows, first_row..tile_len, hd, &mut k_tile_t);
         for (j, tok) in toks.iter().enumerate() {
             let n_ctx = tok.pos + 1;
@@ -485,32 +474,14 @@ fn attend_chunk_tiled(
                 kq_tile(&k_tile_t, &q_heads, hd, rows);
                 for (h, row) in rows.iter_mut().enumerate() {
                     let r = r0 + h;
-                    for (i, slot) in row.iter_mut().enumerate() {
-                        *slot = if seen.contains(&i) {
-                            *slot * scale
-                        } else {
-                            f32::NEG_INFINITY
-                        };
-                    }
-                    let (max, sum) = (&mut max[j * rep + r], &mut sum[j * rep + r]);
-                    let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let m_new = max.max(tile_max);
-                    let acc = &mut outs[j][r * hd..(r + 1) * hd];
-                    if m_new > *max {
-                        let ms = (*max - m_new).exp();
-                        acc.iter_mut().for_each(|a| *a *= ms);
-                        *sum *= ms;
-                    }
-                    *max = m_new;
-                    // ggml_vec_soft_max_f32: exp in place, 16-lane partial sums added in f64.
-                    let mut tile_sum = 0f64;
-                    for lanes in row.chunks_exact_mut(16) {
-                        for p in lanes.iter_mut() {
-                            *p = super::ops::expf_v(*p - m_new);
-                        }
-                        tile_sum += reduce_add_16(lanes) as f64;
-                    }
-                    *sum = (*sum as f64 + tile_sum) as f32;
+                    softmax_tile(
+                        row,
+                        &seen,
+                        scale,
+                        &mut max[j * rep + r],
+                        &mut sum[j * rep + r],
+                        &mut outs[j][r * hd..(r + 1) * hd],
+                    );
                 }
                 // V: each output dimension its own chain over the positions in order, the
                 // heads together (each V value loaded once for all of them).
@@ -519,6 +490,91 @@ fn attend_chunk_tiled(
             }
         }
     }
+    normalize(outs, &sum, rep, hd);
+}
+}
+
+/// One KV head's rows of one layer, through a sequence's block table.
+struct HeadRows<'a> {
+    kv: &'a KvPages,
+    layer: usize,
+    kv_head: usize,
+    block_table: &'a [u32],
+}
+
+impl HeadRows<'_> {
+    /// Decodes the K and V rows `rows` of the tile that starts at position `start` into
+    /// `k_rows` and `v_tile`, a block's run of them at a time (a head's rows of one block are
+    /// contiguous in its page, and whole blocks of the format).
+    #[inline(always)]
+    fn decode_tile(
+        &self,
+        start: usize,
+        rows: std::ops::Range<usize>,
+        hd: usize,
+        k_rows: &mut [f32],
+        v_tile: &mut [f32],
+    ) {
+        let geom = self.kv.geometry();
+        let bt = geom.block_size;
+        let row_bytes = geom.row_bytes();
+        let mut i = rows.start;
+        while i < rows.end {
+            let p = start + i;
+            let (block, s) = (self.block_table[p / bt] as usize, p % bt);
+            let run = (bt - s).min(rows.end - i);
+            for (part, dst) in [(Part::K, &mut *k_rows), (Part::V, &mut *v_tile)] {
+                let page = self.kv.head_rows(self.layer, block, part, self.kv_head);
+                let src = &page[s * row_bytes..(s + run) * row_bytes];
+                geom.kv_type
+                    .decode_row(src, &mut dst[i * hd..(i + run) * hd]);
+            }
+            i += run;
+        }
+    }
+}
+
+/// One query head's K·Q scores of a tile into its online softmax (ggml's): the scores outside
+/// `seen` masked and the rest scaled, the running `max` and `sum` updated (`acc`, the head's
+/// output so far, rescaled when the maximum grows), and `row` turned into the tile's weights.
+#[inline(always)]
+fn softmax_tile(
+    row: &mut [f32; TILE],
+    seen: &std::ops::Range<usize>,
+    scale: f32,
+    max: &mut f32,
+    sum: &mut f32,
+    acc: &mut [f32],
+) {
+    for (i, slot) in row.iter_mut().enumerate() {
+        *slot = if seen.contains(&i) {
+            *slot * scale
+        } else {
+            f32::NEG_INFINITY
+        };
+    }
+    let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m_new = max.max(tile_max);
+    if m_new > *max {
+        let ms = (*max - m_new).exp();
+        acc.iter_mut().for_each(|a| *a *= ms);
+        *sum *= ms;
+    }
+    *max = m_new;
+    // ggml_vec_soft_max_f32: exp in place, 16-lane partial sums added in f64.
+    let mut tile_sum = 0f64;
+    for lanes in row.chunks_exact_mut(16) {
+        for p in lanes.iter_mut() {
+            *p = super::ops::expf_v(*p - m_new);
+        }
+        tile_sum += reduce_add_16(lanes) as f64;
+    }
+    *sum = (*sum as f64 + tile_sum) as f32;
+}
+
+/// Divides each query head's output by its softmax sum (a head that saw nothing stays 0).
+#[inline(always)]
+fn normalize(outs: &mut [&mut [f32]], sum: &[f32], rep: usize, hd: usize) {
     for (j, out) in outs.iter_mut().enumerate() {
         for r in 0..rep {
             let s = sum[j * rep + r];
@@ -526,7 +582,6 @@ fn attend_chunk_tiled(
             out[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= inv);
         }
     }
-}
 }
 
 /// `kt[d * TILE + i] = rows[i * hd + d]` for the rows `range` of a tile: K transposed for

@@ -200,18 +200,44 @@ impl CudaExecutor {
         batch: &BatchMeta,
         want: Want<'_>,
     ) -> Result<StepOutput, String> {
-        let shape = net.shape();
-        let layout = net.kv_layout();
+        self.check_step(net, batch, want)?;
+        let n = batch.len();
+        if n == 0 {
+            return Ok(match want {
+                Want::Logits => StepOutput::Logits(Vec::new()),
+                _ => StepOutput::Tokens(Vec::new()),
+            });
+        }
+        self.bind()?;
+        let graph_bucket = self.graph_bucket(batch);
+        let total = graph_bucket.unwrap_or(n);
+        self.upload_meta(net, batch, total, graph_bucket)?;
+        let rotated = self.cfg.kv_type.rotated(net.shape().head_dim);
+        if let Some(b) = graph_bucket {
+            if self.launch_graph(net, b, rotated)? {
+                return self.finish(net.shape().widths.vocab, 0, n, want);
+            }
+        }
+        self.run_plainly(net, batch, total, rotated, want)
+    }
+
+    /// Refuses a batch that does not fit the network, the pool or the workspace, and sampling
+    /// rows that do not match the logits rows.
+    fn check_step<N: Network>(
+        &self,
+        net: &N,
+        batch: &BatchMeta,
+        want: Want<'_>,
+    ) -> Result<(), String> {
         batch
             .validate(
                 self.cfg.block_size,
                 self.pool.blocks(),
-                shape.widths.vocab,
+                net.shape().widths.vocab,
                 net.max_position(),
-                layout,
+                net.kv_layout(),
             )
             .map_err(|e| format!("{e:#}"))?;
-        let n = batch.len();
         let m = batch.logits_for.len();
         if !matches!(want, Want::Logits) && m > self.ws.caps.logit_rows {
             return Err(format!(
@@ -224,19 +250,28 @@ impl CudaExecutor {
                 return Err(format!("{} sampling rows for {m} logits rows", rows.len()));
             }
         }
-        if n == 0 {
-            return Ok(match want {
-                Want::Logits => StepOutput::Logits(Vec::new()),
-                _ => StepOutput::Tokens(Vec::new()),
-            });
-        }
-        self.bind()?;
+        Ok(())
+    }
+
+    /// The decode graph size a plain decode batch is padded to, when graphs are on and one
+    /// fits the workspace.
+    fn graph_bucket(&self, batch: &BatchMeta) -> Option<usize> {
         let bucket_max = self.cfg.max_seqs.max(1).next_power_of_two();
-        let graph_bucket = (self.graphs.enabled() && is_plain_decode(batch, bucket_max))
-            .then(|| bucket(n, bucket_max))
+        (self.graphs.enabled() && is_plain_decode(batch, bucket_max))
+            .then(|| bucket(batch.len(), bucket_max))
             .flatten()
-            .filter(|&b| b <= self.ws.caps.logit_rows);
-        let total = graph_bucket.unwrap_or(n);
+            .filter(|&b| b <= self.ws.caps.logit_rows)
+    }
+
+    /// Builds the step's metadata (block tables, positions, RoPE angles) for `total` rows,
+    /// padded to `graph_bucket` when given, and uploads it.
+    fn upload_meta<N: Network>(
+        &mut self,
+        net: &N,
+        batch: &BatchMeta,
+        total: usize,
+        graph_bucket: Option<usize>,
+    ) -> Result<(), String> {
         let pad = graph_bucket.map(|b| Padding {
             to: b,
             block: self.pool.pad_block(),
@@ -244,14 +279,14 @@ impl CudaExecutor {
         build_ints(
             batch,
             self.cfg.block_size,
-            layout.num_groups(),
+            net.kv_layout().num_groups(),
             &self.ws.caps,
             pad,
             &mut self.ints,
         )?;
         build_cs(
             batch,
-            shape,
+            net.shape(),
             self.ws.caps.tokens,
             total,
             &mut self.pairs,
@@ -264,46 +299,62 @@ impl CudaExecutor {
             upload(s, self.ws.meta_buf.ptr(), &self.ints)?;
             upload(s, self.ws.cs.ptr(), &self.cs)?;
         }
-        let rotated = self.cfg.kv_type.rotated(shape.head_dim);
+        Ok(())
+    }
 
-        if let Some(b) = graph_bucket {
-            let rows: Vec<usize> = (0..b).collect();
-            let Self {
-                graphs,
-                kernels,
-                ws,
-                pool,
-                weights,
-                stream,
-                cfg,
-                ..
-            } = self;
-            let mut step = CudaStep {
-                kernels,
-                ws,
-                pool,
-                weights,
-                stream,
-                shape,
-                layout,
-                kv_type: cfg.kv_type,
-                block_size: cfg.block_size,
-                tokens: b,
-                head_rows: 0,
-            };
-            let launched = graphs.launch(stream, b, || {
-                net.run_blocks(&mut step, rotated)
-                    .and_then(|()| net.run_head(&mut step, &rows))
-                    .map_err(|e| format!("{e:#}"))
-            })?;
-            if launched {
-                return self.finish(shape.widths.vocab, 0, n, want);
-            }
-        }
+    /// Launches the decode graph of `b` rows (captured on first use): every block and the
+    /// head over all `b` rows. `Ok(false)`: no graph, the step runs plainly.
+    fn launch_graph<N: Network>(
+        &mut self,
+        net: &N,
+        b: usize,
+        rotated: bool,
+    ) -> Result<bool, String> {
+        let rows: Vec<usize> = (0..b).collect();
+        let Self {
+            graphs,
+            kernels,
+            ws,
+            pool,
+            weights,
+            stream,
+            cfg,
+            ..
+        } = self;
+        let mut step = CudaStep {
+            kernels,
+            ws,
+            pool,
+            weights,
+            stream,
+            shape: net.shape(),
+            layout: net.kv_layout(),
+            kv_type: cfg.kv_type,
+            block_size: cfg.block_size,
+            tokens: b,
+            head_rows: 0,
+        };
+        graphs.launch(stream, b, || {
+            net.run_blocks(&mut step, rotated)
+                .and_then(|()| net.run_head(&mut step, &rows))
+                .map_err(|e| format!("{e:#}"))
+        })
+    }
+
+    /// The step launched kernel by kernel: the blocks over `total` rows, then the head over
+    /// the logits rows, a workspace's worth at a time.
+    fn run_plainly<N: Network>(
+        &mut self,
+        net: &N,
+        batch: &BatchMeta,
+        total: usize,
+        rotated: bool,
+        want: Want<'_>,
+    ) -> Result<StepOutput, String> {
         net.run_blocks(&mut self.step(net, total), rotated)
             .map_err(|e| format!("{e:#}"))?;
-        // The logits rows, a workspace's worth at a time.
-        let vocab = shape.widths.vocab;
+        let vocab = net.shape().widths.vocab;
+        let m = batch.logits_for.len();
         let mut logits = Vec::new();
         let mut tokens = Vec::new();
         for (c, rows) in batch.logits_for.chunks(self.ws.caps.logit_rows).enumerate() {

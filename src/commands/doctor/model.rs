@@ -128,30 +128,36 @@ pub fn model(ctx: &Context) -> (Check, Option<Parsed>) {
             None,
         );
     }
-    let file = match GgufFile::open(path) {
-        Ok(f) => f,
-        Err(e) => {
-            return (
-                c.fail(
-                    format!("{} is not a readable GGUF: {e}", path.display()),
-                    "the file is damaged or not a GGUF model: copy it again",
-                ),
-                None,
-            )
-        }
+    let (file, config) = match open(path) {
+        Ok(x) => x,
+        Err((reason, hint)) => return (c.fail(reason, hint), None),
     };
-    let config = match ModelConfig::from_gguf(&file) {
-        Ok(cfg) => cfg,
-        Err(e) => {
-            return (
-                c.fail(
-                    format!("GGUF parses but edgelm cannot serve it: {e:#}"),
-                    "use a supported architecture (llama, mistral, qwen2)",
-                ),
-                None,
-            )
-        }
-    };
+    let summary = describe(&mut c, &file, &config);
+    let file_bytes = file.file_size();
+    drop(file);
+    let parsed = Some(Parsed { config, file_bytes });
+    (verify(c, ctx, &summary), parsed)
+}
+
+/// The model's GGUF and the configuration edgelm reads from it, or why not (reason, hint).
+fn open(path: &Path) -> Result<(GgufFile, ModelConfig), (String, &'static str)> {
+    let file = GgufFile::open(path).map_err(|e| {
+        (
+            format!("{} is not a readable GGUF: {e}", path.display()),
+            "the file is damaged or not a GGUF model: copy it again",
+        )
+    })?;
+    let config = ModelConfig::from_gguf(&file).map_err(|e| {
+        (
+            format!("GGUF parses but edgelm cannot serve it: {e:#}"),
+            "use a supported architecture (llama, mistral, qwen2)",
+        )
+    })?;
+    Ok((file, config))
+}
+
+/// Records the model's shape as details; returns its one-line summary.
+fn describe(c: &mut Check, file: &GgufFile, config: &ModelConfig) -> String {
     let params: u64 = file
         .tensors()
         .iter()
@@ -169,7 +175,7 @@ pub fn model(ctx: &Context) -> (Check, Option<Parsed>) {
     c.detail("n_head_kv", config.n_head_kv);
     c.detail("context_length", config.context_length);
     c.detail("vocab_size", config.vocab_size);
-    let summary = format!(
+    format!(
         "{}{} {:.0}M params, {} layers, ctx {}, {}",
         if name.is_empty() {
             String::new()
@@ -181,11 +187,13 @@ pub fn model(ctx: &Context) -> (Check, Option<Parsed>) {
         config.n_layers,
         config.context_length,
         human(file_bytes)
-    );
-    drop(file);
-    let parsed = Some(Parsed { config, file_bytes });
-    // The manifest: the first SHA256SUMS that names this file (under its own or its link
-    // target's name).
+    )
+}
+
+/// Checks the file against the first SHA256SUMS that names it (under its own or its link
+/// target's name); a warning when no manifest does.
+fn verify(mut c: Check, ctx: &Context, summary: &str) -> Check {
+    let path = &ctx.model_path;
     let names: Vec<String> = [Some(path.to_path_buf()), std::fs::canonicalize(path).ok()]
         .into_iter()
         .flatten()
@@ -204,51 +212,50 @@ pub fn model(ctx: &Context) -> (Check, Option<Parsed>) {
         };
         c.detail("manifest", manifest.display().to_string());
         c.detail("sha256_expected", expected);
-        let actual = match sha256_file(path) {
-            Ok(h) => h,
-            Err(e) => {
-                return (
-                    c.fail(
-                        format!("{summary}; cannot read it to hash: {e}"),
-                        "check the file's permissions and the disk",
-                    ),
-                    parsed,
-                )
-            }
-        };
-        c.detail("sha256", actual.clone());
-        return if actual == expected {
-            (
-                c.pass(format!("{summary}; SHA-256 matches {}", manifest.display())),
-                parsed,
-            )
-        } else {
-            (
-                c.fail(
-                    format!(
-                        "{summary}; SHA-256 {} does not match {} in {}",
-                        &actual[..16],
-                        &expected[..16],
-                        manifest.display()
-                    ),
-                    "the model file is corrupt or not the one shipped: copy it again from the bundle",
-                ),
-                parsed,
-            )
-        };
+        return compare_hash(c, path, expected, &manifest, summary);
     }
     let why = if manifests_without_entry.is_empty() {
         "no SHA256SUMS manifest found".to_owned()
     } else {
         format!("{} has no entry for it", manifests_without_entry.join(", "))
     };
-    (
-        c.warn(
-            format!("{summary}; not verified: {why}"),
-            "ship a SHA256SUMS (sha256sum format) next to the model to verify it",
-        ),
-        parsed,
+    c.warn(
+        format!("{summary}; not verified: {why}"),
+        "ship a SHA256SUMS (sha256sum format) next to the model to verify it",
     )
+}
+
+/// Hashes the file and compares it with `expected`, the entry of `manifest`.
+fn compare_hash(
+    mut c: Check,
+    path: &Path,
+    expected: &str,
+    manifest: &Path,
+    summary: &str,
+) -> Check {
+    let actual = match sha256_file(path) {
+        Ok(h) => h,
+        Err(e) => {
+            return c.fail(
+                format!("{summary}; cannot read it to hash: {e}"),
+                "check the file's permissions and the disk",
+            )
+        }
+    };
+    c.detail("sha256", actual.clone());
+    if actual == expected {
+        c.pass(format!("{summary}; SHA-256 matches {}", manifest.display()))
+    } else {
+        c.fail(
+            format!(
+                "{summary}; SHA-256 {} does not match {} in {}",
+                &actual[..16],
+                &expected[..16],
+                manifest.display()
+            ),
+            "the model file is corrupt or not the one shipped: copy it again from the bundle",
+        )
+    }
 }
 
 pub fn kv_plan(ctx: &Context, parsed: Option<&Parsed>) -> Check {

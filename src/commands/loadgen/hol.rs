@@ -2,7 +2,7 @@
 //! arrives. A server that prefills in small chunks between decode steps keeps the streams'
 //! inter-token latency close to what it was; one that prefills whole prompts stalls them.
 
-use super::client::{self, Outcome, Target};
+use super::client::{self, Outcome, Record, Target};
 use super::stats::Percentiles;
 use super::workload::{Endpoint, Planned, Workload};
 use super::LoadgenArgs;
@@ -54,93 +54,19 @@ impl HolReport {
 type Timelines = Arc<Mutex<Vec<Vec<Instant>>>>;
 
 pub fn run(target: &Target, w: &Workload, args: &LoadgenArgs) -> Result<HolReport> {
-    let mut stream_target = target.clone();
-    stream_target.temperature = 0.0;
-    stream_target.ignore_eos = true; // streams must keep decoding through the whole burst
-    let timelines: Timelines = Arc::default();
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
     let run_start = Instant::now();
-    let workers: Vec<_> = (0..args.hol_streams)
-        .map(|k| {
-            let (t, tl, errs, stop) = (
-                stream_target.clone(),
-                timelines.clone(),
-                errors.clone(),
-                stop.clone(),
-            );
-            let text = w.prompt(&short(k)).1;
-            std::thread::spawn(move || {
-                // Restart the stream whenever it reaches max_tokens, until told to stop.
-                while !stop.load(Ordering::Relaxed) {
-                    let slot = {
-                        let mut v = tl.lock().expect("timelines");
-                        v.push(Vec::new());
-                        v.len() - 1
-                    };
-                    let p = short(k);
-                    let body = client::body(&t, &p, None, &text);
-                    let rec = client::send(&t, &p, &body, run_start, |at| {
-                        tl.lock().expect("timelines")[slot].push(at);
-                        !stop.load(Ordering::Relaxed)
-                    });
-                    if let Outcome::Failed(kind) = rec.outcome {
-                        errs.lock().expect("errors").push(format!("stream: {kind}"));
-                        std::thread::sleep(Duration::from_millis(200));
-                    }
-                }
-            })
-        })
-        .collect();
+    let streams = Streams::start(target, w, args.hol_streams, run_start);
 
     // Warm up: every stream has produced tokens; then the undisturbed window.
-    let warm_deadline = Instant::now() + Duration::from_secs(120);
-    while count_streams_with_tokens(&timelines, 3) < args.hol_streams {
-        if Instant::now() > warm_deadline {
-            stop.store(true, Ordering::Relaxed);
-            bail!(
-                "the {} streams did not all start within 120 s",
-                args.hol_streams
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    streams.wait_until_decoding(args.hol_streams)?;
     std::thread::sleep(Duration::from_secs(1));
     let before_start = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(args.hol_baseline));
     let burst_start = Instant::now();
-
-    let mut long_target = target.clone();
-    long_target.temperature = 0.0;
-    let burst: Vec<_> = (0..args.hol_burst)
-        .map(|i| {
-            let t = long_target.clone();
-            let p = Planned {
-                index: 2_000_000 + i,
-                at_s: 0.0,
-                endpoint: Endpoint::Completions,
-                stream: false,
-                system: None,
-                words: args.long_tokens,
-                long: true,
-                max_tokens: 4,
-                disconnect_after: None,
-            };
-            let text = w.prompt(&p).1;
-            std::thread::spawn(move || {
-                let body = client::body(&t, &p, None, &text);
-                client::send(&t, &p, &body, run_start, |_| true)
-            })
-        })
-        .collect();
-    let burst_records: Vec<_> = burst.into_iter().filter_map(|h| h.join().ok()).collect();
+    let burst_records = send_burst(target, w, args, run_start);
     let burst_end = Instant::now();
-    stop.store(true, Ordering::Relaxed);
-    for h in workers {
-        let _ = h.join();
-    }
+    let (lines, mut errors) = streams.stop();
 
-    let lines = timelines.lock().expect("timelines");
     // Gaps between consecutive tokens of one request, (previous, this) kept if `keep` says so.
     let gaps = |keep: &dyn Fn(Instant, Instant) -> bool| {
         Percentiles::of(lines.iter().flat_map(|tl| {
@@ -153,7 +79,6 @@ pub fn run(target: &Target, w: &Workload, args: &LoadgenArgs) -> Result<HolRepor
     // Gaps that end inside the burst (a gap spanning its start counts: the stall it measures
     // began when the burst arrived).
     let itl_during = gaps(&|_, this| this > burst_start && this <= burst_end);
-    let mut errors = std::mem::take(&mut *errors.lock().expect("errors"));
     for r in &burst_records {
         if let Outcome::Failed(kind) = &r.outcome {
             errors.push(format!("long prompt: {kind}"));
@@ -171,6 +96,137 @@ pub fn run(target: &Target, w: &Workload, args: &LoadgenArgs) -> Result<HolRepor
         failed: errors.len(),
         errors,
     })
+}
+
+/// The decoding streams, each a thread that restarts its request whenever it reaches
+/// max_tokens, until told to stop.
+struct Streams {
+    timelines: Timelines,
+    errors: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Streams {
+    /// Starts `n` streams (greedy, EOS ignored so that they decode through the whole burst).
+    fn start(target: &Target, w: &Workload, n: usize, run_start: Instant) -> Streams {
+        let mut stream_target = target.clone();
+        stream_target.temperature = 0.0;
+        stream_target.ignore_eos = true; // streams must keep decoding through the whole burst
+        let timelines: Timelines = Arc::default();
+        let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = (0..n)
+            .map(|k| {
+                let (t, tl, errs, stop) = (
+                    stream_target.clone(),
+                    timelines.clone(),
+                    errors.clone(),
+                    stop.clone(),
+                );
+                let text = w.prompt(&short(k)).1;
+                std::thread::spawn(move || stream(k, &t, &text, &tl, &errs, &stop, run_start))
+            })
+            .collect();
+        Streams {
+            timelines,
+            errors,
+            stop,
+            workers,
+        }
+    }
+
+    /// Waits until all `n` streams have produced tokens (120 s at most).
+    fn wait_until_decoding(&self, n: usize) -> Result<()> {
+        let warm_deadline = Instant::now() + Duration::from_secs(120);
+        while count_streams_with_tokens(&self.timelines, 3) < n {
+            if Instant::now() > warm_deadline {
+                self.stop.store(true, Ordering::Relaxed);
+                bail!("the {n} streams did not all start within 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Stops the streams; their token timelines and errors.
+    fn stop(self) -> (Vec<Vec<Instant>>, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for h in self.workers {
+            let _ = h.join();
+        }
+        let lines = std::mem::take(&mut *self.timelines.lock().expect("timelines"));
+        let errors = std::mem::take(&mut *self.errors.lock().expect("errors"));
+        (lines, errors)
+    }
+}
+
+/// The k-th stream's thread: its request again and again until `stop`, every token's arrival
+/// in a timeline of its own per request.
+fn stream(
+    k: usize,
+    t: &Target,
+    text: &str,
+    tl: &Timelines,
+    errs: &Mutex<Vec<String>>,
+    stop: &AtomicBool,
+    run_start: Instant,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let slot = {
+            let mut v = tl.lock().expect("timelines");
+            v.push(Vec::new());
+            v.len() - 1
+        };
+        let p = short(k);
+        let body = client::body(t, &p, None, text);
+        let rec = client::send(t, &p, &body, run_start, |at| {
+            tl.lock().expect("timelines")[slot].push(at);
+            !stop.load(Ordering::Relaxed)
+        });
+        if let Outcome::Failed(kind) = rec.outcome {
+            errs.lock().expect("errors").push(format!("stream: {kind}"));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// The burst: `hol_burst` long prompts at once; their records when all have been answered.
+fn send_burst(
+    target: &Target,
+    w: &Workload,
+    args: &LoadgenArgs,
+    run_start: Instant,
+) -> Vec<Record> {
+    let mut long_target = target.clone();
+    long_target.temperature = 0.0;
+    let burst: Vec<_> = (0..args.hol_burst)
+        .map(|i| {
+            let t = long_target.clone();
+            let p = long(i, args.long_tokens);
+            let text = w.prompt(&p).1;
+            std::thread::spawn(move || {
+                let body = client::body(&t, &p, None, &text);
+                client::send(&t, &p, &body, run_start, |_| true)
+            })
+        })
+        .collect();
+    burst.into_iter().filter_map(|h| h.join().ok()).collect()
+}
+
+/// The i-th prompt of the burst: `words` words, a few tokens generated.
+fn long(i: usize, words: usize) -> Planned {
+    Planned {
+        index: 2_000_000 + i,
+        at_s: 0.0,
+        endpoint: Endpoint::Completions,
+        stream: false,
+        system: None,
+        words,
+        long: true,
+        max_tokens: 4,
+        disconnect_after: None,
+    }
 }
 
 /// The k-th decoding stream: a short prompt and a long generation.

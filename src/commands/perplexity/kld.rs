@@ -257,11 +257,16 @@ impl Kld {
 
     /// The closing statistics, in llama-perplexity's words and layout.
     pub fn report(&self) -> String {
-        let mut out = String::new();
-        let mut line = |s: String| {
-            out.push_str(&s);
-            out.push('\n');
-        };
+        let mut lines = self.perplexity_lines();
+        lines.push(String::new());
+        lines.extend(self.kld_lines());
+        lines.push(String::new());
+        lines.extend(self.probability_lines());
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    }
+
+    /// Both perplexities and how they relate.
+    fn perplexity_lines(&self) -> Vec<String> {
         let (lp, lp_unc) = mean_and_uncertainty(self.sum_nll, self.sum_nll2, self.count);
         let (lb, lb_unc) = mean_and_uncertainty(self.sum_nll_base, self.sum_nll_base2, self.count);
         let (ppl, ppl_base) = (lp.exp(), lb.exp());
@@ -272,69 +277,74 @@ impl Kld {
             self.sum_nll_nll_base,
             self.count,
         );
-        line("====== Perplexity statistics ======".into());
-        line(format!(
-            "Mean PPL(Q)                   : {ppl:10.6} ± {ppl_unc:10.6}"
-        ));
-        line(format!(
-            "Mean PPL(base)                : {ppl_base:10.6} ± {ppl_base_unc:10.6}"
-        ));
-        line(format!(
-            "Cor(ln(PPL(Q)), ln(PPL(base))): {:6.2}%",
-            100.0 * cov / (lp_unc * lb_unc)
-        ));
         let ratio_unc = (lp_unc * lp_unc + lb_unc * lb_unc - 2.0 * cov).sqrt();
-        line(format!(
-            "Mean ln(PPL(Q)/PPL(base))     : {:10.6} ± {ratio_unc:10.6}",
-            lp - lb
-        ));
         let ratio = (lp - lb).exp();
-        line(format!(
-            "Mean PPL(Q)/PPL(base)         : {ratio:10.6} ± {:10.6}",
-            ratio * ratio_unc
-        ));
         let diff_unc =
             (ppl_unc * ppl_unc + ppl_base_unc * ppl_base_unc - 2.0 * ppl * ppl_base * cov).sqrt();
-        line(format!(
-            "Mean PPL(Q)-PPL(base)         : {:10.6} ± {diff_unc:10.6}",
-            ppl - ppl_base
-        ));
-        line(String::new());
-        line("====== KL divergence statistics ======".into());
+        vec![
+            "====== Perplexity statistics ======".into(),
+            format!("Mean PPL(Q)                   : {ppl:10.6} ± {ppl_unc:10.6}"),
+            format!("Mean PPL(base)                : {ppl_base:10.6} ± {ppl_base_unc:10.6}"),
+            format!(
+                "Cor(ln(PPL(Q)), ln(PPL(base))): {:6.2}%",
+                100.0 * cov / (lp_unc * lb_unc)
+            ),
+            format!(
+                "Mean ln(PPL(Q)/PPL(base))     : {:10.6} ± {ratio_unc:10.6}",
+                lp - lb
+            ),
+            format!(
+                "Mean PPL(Q)/PPL(base)         : {ratio:10.6} ± {:10.6}",
+                ratio * ratio_unc
+            ),
+            format!(
+                "Mean PPL(Q)-PPL(base)         : {:10.6} ± {diff_unc:10.6}",
+                ppl - ppl_base
+            ),
+        ]
+    }
+
+    /// The KL divergence's mean and its distribution over the tokens.
+    fn kld_lines(&self) -> Vec<String> {
         let (kld, kld_unc) = mean_and_uncertainty(self.sum_kld, self.sum_kld2, self.count);
-        line(format!("Mean    KLD: {kld:10.6} ± {kld_unc:10.6}"));
         let mut k = self.klds.clone();
         k.sort_by(f32::total_cmp);
-        line(format!("Maximum KLD: {:10.6}", k[k.len() - 1]));
+        let mut lines = vec![
+            "====== KL divergence statistics ======".into(),
+            format!("Mean    KLD: {kld:10.6} ± {kld_unc:10.6}"),
+            format!("Maximum KLD: {:10.6}", k[k.len() - 1]),
+        ];
         for (label, f) in [
             ("99.9%", 0.999),
             ("99.0%", 0.99),
             ("95.0%", 0.95),
             ("90.0%", 0.9),
         ] {
-            line(format!("{label}   KLD: {:10.6}", percentile(&k, f)));
+            lines.push(format!("{label}   KLD: {:10.6}", percentile(&k, f)));
         }
-        line(format!("Median  KLD: {:10.6}", median(&k)));
+        lines.push(format!("Median  KLD: {:10.6}", median(&k)));
         for (label, f) in [
             ("10.0%", 0.1),
             (" 5.0%", 0.05),
             (" 1.0%", 0.01),
             (" 0.1%", 0.001),
         ] {
-            line(format!("{label}   KLD: {:10.6}", percentile(&k, f)));
+            lines.push(format!("{label}   KLD: {:10.6}", percentile(&k, f)));
         }
-        line(format!("Minimum KLD: {:10.6}", k[0]));
-        line(String::new());
-        line("====== Token probability statistics ======".into());
+        lines.push(format!("Minimum KLD: {:10.6}", k[0]));
+        lines
+    }
+
+    /// How the probability of the right token moved (Δp), and how often the top token agreed.
+    fn probability_lines(&self) -> Vec<String> {
         let (pd, pd_unc) = mean_and_uncertainty(self.sum_p_diff, self.sum_p_diff2, self.count);
-        line(format!(
-            "Mean    Δp: {:6.3} ± {:5.3} %",
-            100.0 * pd,
-            100.0 * pd_unc
-        ));
         let mut p = self.p_diffs.clone();
         p.sort_by(f32::total_cmp);
-        line(format!("Maximum Δp: {:6.3}%", 100.0 * p[p.len() - 1]));
+        let mut lines = vec![
+            "====== Token probability statistics ======".into(),
+            format!("Mean    Δp: {:6.3} ± {:5.3} %", 100.0 * pd, 100.0 * pd_unc),
+            format!("Maximum Δp: {:6.3}%", 100.0 * p[p.len() - 1]),
+        ];
         for (label, f) in [
             ("99.9%", 0.999),
             ("99.0%", 0.99),
@@ -342,9 +352,9 @@ impl Kld {
             ("90.0%", 0.9),
             ("75.0%", 0.75),
         ] {
-            line(format!("{label}   Δp: {:6.3}%", 100.0 * percentile(&p, f)));
+            lines.push(format!("{label}   Δp: {:6.3}%", 100.0 * percentile(&p, f)));
         }
-        line(format!("Median  Δp: {:6.3}%", 100.0 * median(&p)));
+        lines.push(format!("Median  Δp: {:6.3}%", 100.0 * median(&p)));
         for (label, f) in [
             ("25.0%", 0.25),
             ("10.0%", 0.1),
@@ -352,23 +362,23 @@ impl Kld {
             (" 1.0%", 0.01),
             (" 0.1%", 0.001),
         ] {
-            line(format!("{label}   Δp: {:6.3}%", 100.0 * percentile(&p, f)));
+            lines.push(format!("{label}   Δp: {:6.3}%", 100.0 * percentile(&p, f)));
         }
-        line(format!("Minimum Δp: {:6.3}%", 100.0 * p[0]));
+        lines.push(format!("Minimum Δp: {:6.3}%", 100.0 * p[0]));
         let (mse, mse_unc) = mean_and_uncertainty(self.sum_p_diff2, self.sum_p_diff4, self.count);
         let rms = mse.sqrt();
-        line(format!(
+        lines.push(format!(
             "RMS Δp    : {:6.3} ± {:5.3} %",
             100.0 * rms,
             100.0 * 0.5 / rms * mse_unc
         ));
         let top = self.n_same_top as f64 / self.count as f64;
-        line(format!(
+        lines.push(format!(
             "Same top p: {:6.3} ± {:5.3} %",
             100.0 * top,
             100.0 * (top * (1.0 - top) / (self.count as f64 - 1.0)).sqrt()
         ));
-        out
+        lines
     }
 }
 
