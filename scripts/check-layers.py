@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails when a module under src/ imports one above it in the layer order docs/architecture.md
+"""Fails when a module under src/ imports one above it in the layer order docs/layers.md
 writes down (an import may only point down the list; modules on one line are peers and may not
 import each other).
 
@@ -88,7 +88,7 @@ def main():
             continue
         if module not in RANK and module not in LEAVES:
             problems.append(f"{path}: module `{module}` is in no layer (add it to {__file__} "
-                            "and docs/architecture.md)")
+                            "and docs/layers.md)")
             continue
         for line, root, target in imports(path):
             # `crate::` in the binary names its own modules; `edgelm::` elsewhere is a doc test.
@@ -110,7 +110,7 @@ def main():
         print(p)
     if problems:
         print(f"check-layers: {len(problems)} import(s) break the layer order "
-              "(docs/architecture.md)", file=sys.stderr)
+              "(docs/layers.md)", file=sys.stderr)
         sys.exit(1)
 
 

@@ -12,8 +12,9 @@
 # and checked by ptxas for spills, with the `cuda` build's CPU fallback (scripts/check-kernels.sh; no GPU needed); the CUDA
 # backend's device tests on the host CUDA emulator (scripts/check-cuda-emu.sh); last, each
 # cargo-fuzz target briefly (EDGELM_FUZZ_SECONDS, default 20) from the checked-in corpus.
-# First, scripts/test-preflight.sh checks root, the tools and free disk, and lists what the
-# steps will install; scripts/check-layers.py checks the import order (docs/architecture.md),
+# First, scripts/test-preflight.sh checks root and free disk and installs every tool the tests
+# use (scripts/test-deps.sh); scripts/check-layers.py checks the import order
+# (docs/layers.md), scripts/check-docs.py that docs and comments hold no history, and
 # scripts/check-fn-length.py that no function outside the tests is over 100 lines.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -33,6 +34,7 @@ step packaging/fetch-model.sh gemma3
 step scripts/build-peer.sh llama-perplexity
 step cargo fmt --check
 step scripts/check-layers.py
+step scripts/check-docs.py
 step scripts/check-fn-length.py
 step cargo clippy --release --all-targets -- -D warnings
 step cargo clippy --release --features cuda --all-targets -- -D warnings

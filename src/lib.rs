@@ -3,7 +3,7 @@
 //! Data flows one way: GGUF weights (`gguf`) and quantized math (`quant`) feed the model
 //! (`model`), which reads and writes K/V through the paged pool (`kv`) using a compute
 //! backend (`backend`); the engine (`engine`) schedules sequences and samples tokens.
-//! Imports follow the same order, top to bottom; docs/architecture.md lists the layers and
+//! Imports follow the same order, top to bottom; docs/layers.md lists the layers and
 //! scripts/check-layers.py enforces them.
 
 pub mod backend;
