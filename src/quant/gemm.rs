@@ -9,12 +9,10 @@ use super::packed::{self, GROUP};
 use super::{vec_dot, GgmlType};
 
 #[cfg(target_arch = "x86_64")]
-use super::{
-    gemm_avx512,
-    gemm_x86::{self, PanelFn},
-    order_x86,
-    packed_avx512::{self, Out, PackedFn},
-    packed_k_avx512,
+use super::x86::{
+    self,
+    packed_avx512::{Out, PackedFn},
+    panel::PanelFn,
 };
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2" or "none" (per-pair dots).
@@ -35,7 +33,7 @@ struct Panels {
     order: Option<OrderFn>,
 }
 
-/// `order_x86::panel`'s signature: `gemm`'s, one `order` kernel for every type.
+/// `x86::order::panel`'s signature: `gemm`'s, one `order` kernel for every type.
 #[cfg(target_arch = "x86_64")]
 type OrderFn = unsafe fn(GgmlType, Order, usize, &[u8], usize, &[u8], usize, &mut [f32]);
 
@@ -54,10 +52,10 @@ const NONE: Panels = Panels {
 #[cfg(target_arch = "x86_64")]
 const AVX2: Panels = Panels {
     name: "avx2",
-    q4_1: Some(gemm_x86::avx2::q4_1),
-    q8_0: Some(gemm_x86::avx2::q8_0),
-    q5_0: Some(gemm_x86::avx2::q5_0),
-    order: Some(order_x86::panel),
+    q4_1: Some(x86::panel::avx2::q4_1),
+    q8_0: Some(x86::panel::avx2::q8_0),
+    q5_0: Some(x86::panel::avx2::q5_0),
+    order: Some(x86::order::panel),
 };
 
 /// AVX-512 VNNI in 256-bit registers only (the 512-bit panels' fallback for short groups;
@@ -65,19 +63,19 @@ const AVX2: Panels = Panels {
 #[cfg(target_arch = "x86_64")]
 const VNNI_256: Panels = Panels {
     name: "avx512-vnni-256",
-    q4_1: Some(gemm_x86::vnni::q4_1),
-    q8_0: Some(gemm_x86::vnni::q8_0),
-    q5_0: Some(gemm_x86::vnni::q5_0),
-    order: Some(order_x86::panel),
+    q4_1: Some(x86::panel::vnni::q4_1),
+    q8_0: Some(x86::panel::vnni::q8_0),
+    q5_0: Some(x86::panel::vnni::q5_0),
+    order: Some(x86::order::panel),
 };
 
 #[cfg(target_arch = "x86_64")]
 const VNNI: Panels = Panels {
     name: "avx512-vnni",
-    q4_1: Some(gemm_avx512::q4_1),
-    q8_0: Some(gemm_avx512::q8_0),
-    q5_0: Some(gemm_avx512::q5_0),
-    order: Some(order_x86::panel),
+    q4_1: Some(x86::panel_avx512::q4_1),
+    q8_0: Some(x86::panel_avx512::q8_0),
+    q5_0: Some(x86::panel_avx512::q5_0),
+    order: Some(x86::order::panel),
 };
 
 /// The fastest panels [`crate::cpu_features::enabled`] allows (the per-pair dot elsewhere).
@@ -123,19 +121,19 @@ fn packed_kernel(ty: GgmlType, order: Order) -> Option<PackedFn> {
     }
     use GgmlType::*;
     Some(match (ty, order) {
-        (Q8_0, Order::Lanes) => packed_avx512::q8_0,
-        (Q4_0, Order::Lanes) => packed_avx512::q4_0,
-        (Q4_0, Order::Repacked | Order::Chain) => packed_avx512::q4_0_chain,
-        (Q4_1, Order::Chain) => packed_avx512::q4_1_chain,
-        (Q5_0, Order::Chain) => packed_avx512::q5_0_chain,
-        (Q8_0, Order::Chain) => packed_avx512::q8_0_chain,
-        (Q4_K, Order::Chain) => packed_k_avx512::q4_k_chain,
-        (Q6_K, Order::Chain) => packed_k_avx512::q6_k_tiled,
-        (Q4_1, Order::Lanes) => packed_avx512::q4_1,
-        (Q5_0, Order::Lanes) => packed_avx512::q5_0,
-        (Q4_K, Order::Repacked) => packed_k_avx512::q4_k_repacked,
-        (Q6_K, Order::Lanes) => packed_k_avx512::q6_k_lanes,
-        (Q6_K, Order::Tiled) => packed_k_avx512::q6_k_tiled,
+        (Q8_0, Order::Lanes) => x86::packed_avx512::q8_0,
+        (Q4_0, Order::Lanes) => x86::packed_avx512::q4_0,
+        (Q4_0, Order::Repacked | Order::Chain) => x86::packed_avx512::q4_0_chain,
+        (Q4_1, Order::Chain) => x86::packed_avx512::q4_1_chain,
+        (Q5_0, Order::Chain) => x86::packed_avx512::q5_0_chain,
+        (Q8_0, Order::Chain) => x86::packed_avx512::q8_0_chain,
+        (Q4_K, Order::Chain) => x86::packed_k_avx512::q4_k_chain,
+        (Q6_K, Order::Chain) => x86::packed_k_avx512::q6_k_tiled,
+        (Q4_1, Order::Lanes) => x86::packed_avx512::q4_1,
+        (Q5_0, Order::Lanes) => x86::packed_avx512::q5_0,
+        (Q4_K, Order::Repacked) => x86::packed_k_avx512::q4_k_repacked,
+        (Q6_K, Order::Lanes) => x86::packed_k_avx512::q6_k_lanes,
+        (Q6_K, Order::Tiled) => x86::packed_k_avx512::q6_k_tiled,
         _ => return None,
     })
 }
@@ -225,7 +223,7 @@ thread_local! {
 /// If `ty` has no dot product, `n` is not whole blocks or a buffer is too short.
 ///
 /// `order` is how the peer accumulates this product (`order::order`): the repacked and tiled
-/// orders have their own kernels (`order_x86`'s with AVX2, else `order::dot` per pair).
+/// orders have their own kernels (`x86::order`'s with AVX2, else `order::dot` per pair).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     ty: GgmlType,
@@ -306,9 +304,9 @@ fn gemm_with(
 
 #[cfg(test)]
 mod tests {
-    use super::super::quantize_row;
-    use super::super::test_util::{random_row, Rng};
     use super::*;
+    use crate::quant::quantize_row;
+    use crate::quant::test_util::{random_row, Rng};
 
     /// Every tile shape and ragged edge, against the per-pair dot, bit for bit.
     fn check_panels(p: &Panels) {
@@ -401,12 +399,12 @@ mod tests {
                         quantize_row(vt, &v, &mut x[t * x_row..(t + 1) * x_row]);
                     }
                     let orders = [
-                        super::super::order(ty, rows, toks),
-                        super::super::order(ty, 8 * rows, toks),
+                        crate::quant::order(ty, rows, toks),
+                        crate::quant::order(ty, 8 * rows, toks),
                         Order::Chain,
                     ];
                     for order in orders {
-                        if order == Order::Chain && !super::super::order::has(ty, order) {
+                        if order == Order::Chain && !crate::quant::order::has(ty, order) {
                             continue;
                         }
                         let mut got = vec![f32::NAN; groups * GROUP * toks];

@@ -31,35 +31,23 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-mod blocks;
-mod dequant;
-mod dot_ref;
-mod gemm;
-#[cfg(target_arch = "x86_64")]
-mod gemm_avx512;
-#[cfg(target_arch = "x86_64")]
-mod gemm_x86;
-pub mod order;
-#[cfg(target_arch = "x86_64")]
-mod order_x86;
-pub mod packed;
-#[cfg(target_arch = "x86_64")]
-mod packed_avx512;
-#[cfg(target_arch = "x86_64")]
-mod packed_k_avx512;
-mod quantize;
 #[cfg(target_arch = "aarch64")]
-mod simd_arm;
-#[cfg(target_arch = "x86_64")]
-mod simd_x86;
-pub mod types;
-
+mod arm;
+mod formats;
+mod gemm;
+pub mod reference;
 #[cfg(test)]
 mod test_util;
 #[cfg(test)]
 mod testdata {
     pub mod vectors;
 }
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use formats::{blocks, dequant, quantize};
+pub use formats::{packed, types};
+pub use reference::order;
 
 pub use gemm::{gemm, gemm_level, gemm_packed, gemm_packed_to, packs};
 pub use order::{decode_order, order, Order};
@@ -204,17 +192,17 @@ struct Kernels {
 
 const SCALAR: Kernels = Kernels {
     name: "scalar",
-    q4_0: dot_ref::q4_0_q8_0,
-    q4_1: dot_ref::q4_1_q8_1,
-    q5_0: dot_ref::q5_0_q8_0,
-    q5_1: dot_ref::q5_1_q8_1,
-    q8_0: dot_ref::q8_0_q8_0,
-    q4_k: dot_ref::q4_k_q8_k,
-    q5_k: dot_ref::q5_k_q8_k,
-    q6_k: dot_ref::q6_k_q8_k,
-    f16: dot_ref::f16_f16,
-    bf16: dot_ref::bf16_bf16,
-    f32: dot_ref::f32_f32,
+    q4_0: reference::dot::q4_0_q8_0,
+    q4_1: reference::dot::q4_1_q8_1,
+    q5_0: reference::dot::q5_0_q8_0,
+    q5_1: reference::dot::q5_1_q8_1,
+    q8_0: reference::dot::q8_0_q8_0,
+    q4_k: reference::dot::q4_k_q8_k,
+    q5_k: reference::dot::q5_k_q8_k,
+    q6_k: reference::dot::q6_k_q8_k,
+    f16: reference::dot::f16_f16,
+    bf16: reference::dot::bf16_bf16,
+    f32: reference::dot::f32_f32,
 };
 
 static KERNELS: OnceLock<&'static Kernels> = OnceLock::new();
@@ -226,15 +214,15 @@ fn detect() -> &'static Kernels {
     let cpu = crate::cpu_features::enabled();
     #[cfg(target_arch = "x86_64")]
     if cpu.avx2 {
-        return &simd_x86::AVX2;
+        return &x86::dot::AVX2;
     }
     #[cfg(target_arch = "aarch64")]
     {
         if cpu.neon_dotprod {
-            return &simd_arm::NEON_DOTPROD;
+            return &arm::dot::NEON_DOTPROD;
         }
         if cpu.neon {
-            return &simd_arm::NEON;
+            return &arm::dot::NEON;
         }
     }
     &SCALAR
@@ -310,21 +298,10 @@ pub fn f16_row_to_f32(src: &[u8], dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if kernels().name == "avx2" {
         // SAFETY: the avx2 table is only chosen when cpu_features saw avx2, fma and f16c.
-        return unsafe { simd_x86::f16_row(src, dst) };
+        return unsafe { x86::dot::f16_row(src, dst) };
     }
     for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
         *d = blocks::f16_to_f32([s[0], s[1]]);
-    }
-}
-
-/// The scalar reference implementations (what the fast paths are tested
-/// against; a faithful transcription of ggml-cpu's generic C code).
-pub mod reference {
-    use super::GgmlType;
-
-    /// Same contract as [`super::vec_dot`], always using the scalar kernels.
-    pub fn vec_dot(ty: GgmlType, n: usize, w_row: &[u8], x_q: &[u8]) -> f32 {
-        super::dot_with(&super::SCALAR, ty, n, w_row, x_q)
     }
 }
 
@@ -370,13 +347,13 @@ mod tests {
         let cpu = crate::cpu_features::hardware();
         #[cfg(target_arch = "x86_64")]
         if cpu.avx2 {
-            v.push(&simd_x86::AVX2);
+            v.push(&x86::dot::AVX2);
         }
         #[cfg(target_arch = "aarch64")]
         {
-            v.push(&simd_arm::NEON);
+            v.push(&arm::dot::NEON);
             if cpu.neon_dotprod {
-                v.push(&simd_arm::NEON_DOTPROD);
+                v.push(&arm::dot::NEON_DOTPROD);
             }
         }
         v

@@ -31,8 +31,8 @@
 //! bit `4 + j` of byte `p` that of value `16 + 4j + p`. A shift by a constant then lines them
 //! up with bit 4 of each byte.
 
-use super::blocks::{pack_scale_min_k4, unpack_scale_min_k4};
-use super::GgmlType;
+use crate::quant::formats::blocks::{pack_scale_min_k4, unpack_scale_min_k4};
+use crate::quant::GgmlType;
 
 /// Rows per group: one 512-bit register of f32 or i32 lanes.
 pub const GROUP: usize = 16;
@@ -44,7 +44,7 @@ pub fn packable(ty: GgmlType, height: usize) -> bool {
     use GgmlType::*;
     match ty {
         Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q6_K => true,
-        Q4_K => super::order(ty, height, 1) == super::Order::Repacked,
+        Q4_K => crate::quant::order(ty, height, 1) == crate::quant::Order::Repacked,
         _ => false,
     }
 }
@@ -75,7 +75,7 @@ pub fn packed_bytes(ty: GgmlType, rows: usize, cols: usize) -> usize {
 
 /// Byte offsets in a group block: the scales `d`, the minimums `m` (Q4_1), the rearranged
 /// `qh` words (Q5_0) and the quant dwords.
-pub(super) mod offsets {
+pub(in crate::quant) mod offsets {
     pub const D: usize = 0;
     pub const M: usize = 32;
     pub const QH: usize = 32;
@@ -349,7 +349,7 @@ fn restore_qh(w: u32) -> u32 {
 
 /// Unpacks through [`unpack_rows`] for the types without packed kernels on this CPU: the
 /// bytes of groups `groups`, row-major, into a reused buffer.
-pub(super) fn rows_of_groups<'a>(
+pub(in crate::quant) fn rows_of_groups<'a>(
     ty: GgmlType,
     cols: usize,
     packed: &[u8],
@@ -368,8 +368,8 @@ pub(super) fn rows_of_groups<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{random_row, Rng};
     use super::*;
+    use crate::quant::test_util::{random_row, Rng};
 
     #[test]
     fn packing_keeps_every_byte_and_pads_with_zero_rows() {

@@ -1,7 +1,7 @@
 //! 512-bit panels for AVX-512 VNNI: sixteen (or eight) tokens per weight block, two tokens
 //! per register.
 //!
-//! The 256-bit tiles of `gemm_x86` spend most of their instructions per (row, token) pair:
+//! The 256-bit tiles of `x86::panel` spend most of their instructions per (row, token) pair:
 //! one `vpdpbusd`, one conversion, one FMA. Here each zmm holds the eight i32 lanes of two
 //! tokens side by side (lanes 0–7 token 2p, lanes 8–15 token 2p+1), so one instruction does
 //! the work of two pairs; the weight block is unpacked once, into both halves, for all the
@@ -22,9 +22,9 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::*;
-use super::gemm_x86::{rows_from, vnni, ActScales};
-use super::simd_x86::{h2f, hsum_f32x8 as hsum8, load32, q5_0_values};
+use crate::quant::formats::blocks::*;
+use crate::quant::x86::dot::{h2f, hsum_f32x8 as hsum8, load32, q5_0_values};
+use crate::quant::x86::panel::{rows_from, vnni, ActScales};
 
 /// Tokens per group: four registers of two tokens each.
 const GROUP: usize = 8;
@@ -141,7 +141,7 @@ unsafe fn finish<const R: usize>(
     out
 }
 
-/// One R×8 tile of Q4_1 × Q8_1; see `gemm_x86`'s `q4_1_tile` for the per-pair order.
+/// One R×8 tile of Q4_1 × Q8_1; see `x86::panel`'s `q4_1_tile` for the per-pair order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 unsafe fn q4_1_tile<const R: usize>(
@@ -230,7 +230,7 @@ thread_local! {
 /// than eight, decode's one) through the 256-bit VNNI panel.
 macro_rules! panel {
     ($name:ident, $tile:ident, $wb:ty, $xb:ty, $bias:literal) => {
-        /// `out[t * rows + r]` for every weight row and token (see `gemm_x86::PanelFn`).
+        /// `out[t * rows + r]` for every weight row and token (see `x86::panel::PanelFn`).
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
         pub(crate) unsafe fn $name(
             nb: usize,

@@ -18,10 +18,10 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::*;
-use super::gemm_x86::ActScales;
-use super::packed::{group_block_bytes, offsets, GROUP};
-use super::GgmlType;
+use crate::quant::formats::blocks::*;
+use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
+use crate::quant::x86::panel::ActScales;
+use crate::quant::GgmlType;
 
 /// Tokens one pass over a group carries: eight accumulators each, sixteen in all, beside the
 /// unpacked quants and scales in the 32 registers.
@@ -71,7 +71,7 @@ unsafe fn x_dword(qs: &[i8; 32], j: usize) -> __m512i {
 /// Sixteen f16 values at `p` as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-pub(super) unsafe fn halves_at(p: *const u8) -> __m512 {
+pub(in crate::quant) unsafe fn halves_at(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
 }
 

@@ -2,7 +2,7 @@
 //! rows per pass over the blocks, so each weight block is unpacked once for several tokens and
 //! the per-pair FMA chains run side by side instead of waiting on each other's latency.
 //!
-//! Every output is computed with exactly the arithmetic of the per-pair dot in `simd_x86`
+//! Every output is computed with exactly the arithmetic of the per-pair dot in `x86::dot`
 //! (ggml's x86 order: one 8-lane FMA chain over the blocks, the same integer lane sums, the
 //! same horizontal sum), so a matmul gives the same bits whatever the tiling, the thread
 //! count or the instruction set. Only the integer part differs between the variants: AVX2
@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::*;
+use crate::quant::formats::blocks::*;
 
 /// How far ahead decode prefetches weights, in bytes: the same block that many bytes' worth
 /// of rows further on. Rows are short (a few hundred bytes), so looking ahead within the row
@@ -38,7 +38,7 @@ const SMALL_BATCH: usize = 16;
 pub(crate) type PanelFn =
     unsafe fn(nb: usize, w: &[u8], rows: usize, x: &[u8], toks: usize, out: &mut [f32]);
 
-/// Σ of 4 adjacent u8×i8 products per i32 lane, AVX2 (no saturation: see `simd_x86`).
+/// Σ of 4 adjacent u8×i8 products per i32 lane, AVX2 (no saturation: see `x86::dot`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_us8_avx2(ax: __m256i, sy: __m256i) -> __m256i {
@@ -62,7 +62,7 @@ struct TokenScales {
 }
 
 /// An activation block's f16 scale bits (d, s) and its quants.
-pub(super) trait ActScales {
+pub(in crate::quant) trait ActScales {
     fn scales(&self) -> ([u8; 2], [u8; 2]);
     fn qs(&self) -> &[i8; 32];
 }
@@ -92,7 +92,7 @@ macro_rules! panels {
             use super::*;
             // The block helpers are the per-pair kernels' own (their AVX2 feature set is a
             // subset of every variant's, so they inline here).
-            use crate::quant::simd_x86::{
+            use crate::quant::x86::dot::{
                 bytes_from_nibbles_32 as nibbles, h2f, hsum_f32x8 as hsum8, load32, q5_0_values,
             };
 
@@ -142,7 +142,7 @@ macro_rules! panels {
                 a[t]
             }
 
-            /// One R×T tile of Q4_1 × Q8_1 (see `simd_x86::q4_1_q8_1` for the order). The
+            /// One R×T tile of Q4_1 × Q8_1 (see `x86::dot::q4_1_q8_1` for the order). The
             /// scale products `d_w·d_x` and the `m·s` chains run T lanes at a time: each lane
             /// is the same single f32 multiply or fused multiply-add as the per-pair code.
             #[inline]
@@ -407,7 +407,7 @@ macro_rules! panel {
 /// `[f(first), f(first + 1), …]` (what `array::from_fn` does, but inlined into the kernel:
 /// `from_fn`'s closure is not, inside a `target_feature` function).
 #[inline(always)]
-pub(super) fn rows_from<'a, B, const N: usize>(
+pub(in crate::quant) fn rows_from<'a, B, const N: usize>(
     f: &impl Fn(usize) -> &'a [B],
     first: usize,
 ) -> [&'a [B]; N] {

@@ -14,8 +14,8 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::blocks::*;
-use super::Kernels;
+use crate::quant::formats::blocks::*;
+use crate::quant::Kernels;
 
 /// A variant's table: its own legacy-quant kernels, the scalar reference for the rest.
 macro_rules! table {
@@ -25,13 +25,13 @@ macro_rules! table {
             q4_0: $module::q4_0_q8_0,
             q4_1: $module::q4_1_q8_1,
             q8_0: $module::q8_0_q8_0,
-            ..super::SCALAR
+            ..crate::quant::SCALAR
         }
     };
 }
 
-pub(super) const NEON: Kernels = table!("neon", neon);
-pub(super) const NEON_DOTPROD: Kernels = table!("neon-dotprod", dotprod);
+pub(in crate::quant) const NEON: Kernels = table!("neon", neon);
+pub(in crate::quant) const NEON_DOTPROD: Kernels = table!("neon-dotprod", dotprod);
 
 /// Σ a[i]·b[i] over 16 signed bytes, as 4 i32 lanes (each lane holds the
 /// sum of 4 products; |sum| ≤ 4·128·128 fits easily).

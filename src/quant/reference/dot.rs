@@ -10,7 +10,7 @@
 //! falls back to on CPUs without a fast path. All kernels take the row
 //! slices already cut to their exact lengths by `quant::vec_dot`.
 
-use super::blocks::*;
+use crate::quant::formats::blocks::*;
 
 /// Q4_0 × Q8_0.
 pub(crate) fn q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
@@ -283,9 +283,9 @@ pub(crate) fn f32_f32(_n: usize, w: &[u8], x: &[u8]) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{random_row, Rng};
-    use super::super::{dequantize_row, quantize_row, reference, GgmlType};
     use super::*;
+    use crate::quant::test_util::{random_row, Rng};
+    use crate::quant::{dequantize_row, quantize_row, reference, GgmlType};
 
     /// Σ |m| * |s| * 2^-9 over the blocks of a Q4_1/Q5_1 row.
     fn min_term_bound(ty: GgmlType, w: &[u8], xq: &[u8]) -> f64 {

@@ -12,10 +12,10 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::*;
-use super::order::{chain_step, tiled_step, Order};
-use super::simd_x86::{bytes_from_nibbles_32, h2f, load32};
-use super::GgmlType;
+use crate::quant::formats::blocks::*;
+use crate::quant::reference::order::{chain_step, tiled_step, Order};
+use crate::quant::x86::dot::{bytes_from_nibbles_32, h2f, load32};
+use crate::quant::GgmlType;
 
 /// Tokens per pass over a weight row.
 const TOKENS: usize = 4;
@@ -383,10 +383,10 @@ unsafe fn q6_k_tiled<const T: usize>(w: &[BlockQ6K], xs: [&[BlockQ8K]; T]) -> [f
 
 #[cfg(test)]
 mod tests {
-    use super::super::order::{dot, has};
-    use super::super::quantize_row;
-    use super::super::test_util::{random_row, Rng};
     use super::*;
+    use crate::quant::quantize_row;
+    use crate::quant::reference::order::{dot, has};
+    use crate::quant::test_util::{random_row, Rng};
 
     /// Every (type, order) kernel, through the GEMM's token groups and the GEMV tail, gives
     /// `order::dot`'s bits.

@@ -3,7 +3,7 @@
 //!
 //! ggml picks a kernel per (weight type, matrix height, batch size):
 //! - `vec_dot` (and llamafile's `tinyBLAS` for Q8_0/Q4_0/Q5_0 prompts, which accumulates the
-//!   same way): eight float lanes per pair, summed at the end. `simd_x86`/`dot_ref` are these.
+//!   same way): eight float lanes per pair, summed at the end. `x86::dot`/`reference::dot` are these.
 //! - repacked weights (its default `CPU_REPACK` buffer: Q4_0 and Q4_K matrices whose height is
 //!   a multiple of 8): one float chain per (row, token), one fused multiply-add per block of
 //!   the block's exact integer dot (its Q4_K GEMM, which takes the batch's tokens four at a
@@ -16,17 +16,17 @@
 //! apart as its q8_0 KV cache from its f16 one), so edgelm follows the peer's choice. The
 //! integer parts are exact and shared; only the float epilogues differ.
 //!
-//! The dots here are the scalar reference (and the fallback). `order_x86` computes the same
+//! The dots here are the scalar reference (and the fallback). `x86::order` computes the same
 //! integer parts with AVX2 and runs them through the same step functions ([`chain_step`],
 //! [`tiled_step`]), so its results are these bit for bit.
 
-use super::blocks::*;
-use super::GgmlType;
+use crate::quant::formats::blocks::*;
+use crate::quant::GgmlType;
 
 /// How one matrix product accumulates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {
-    /// Eight lanes per pair (`vec_dot`): the kernels in `simd_x86`/`dot_ref`.
+    /// Eight lanes per pair (`vec_dot`): the kernels in `x86::dot`/`reference::dot`.
     Lanes,
     /// ggml's repacked layout: one fused chain per pair over the blocks' integer dots.
     Repacked,
@@ -44,7 +44,7 @@ pub enum Order {
 /// [`Order::Chain`] where there are kernels for it (`quant::packs`), else the peer's order for
 /// a batch of `tokens`.
 pub fn decode_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
-    if super::packs() && has(ty, Order::Chain) {
+    if crate::quant::packs() && has(ty, Order::Chain) {
         Order::Chain
     } else {
         order(ty, rows, tokens)
@@ -170,9 +170,9 @@ fn chain(blocks: impl Iterator<Item = (i32, f32, f32)>) -> f32 {
 }
 
 /// One step of the repacked kernels' chains: `acc + int·(dw·dx)`, fused. Shared with
-/// `order_x86`, whose integers come from SIMD, so both round alike by construction.
+/// `x86::order`, whose integers come from SIMD, so both round alike by construction.
 #[inline(always)]
-pub(super) fn chain_step(acc: f32, s: i32, dw: f32, dx: f32) -> f32 {
+pub(in crate::quant) fn chain_step(acc: f32, s: i32, dw: f32, dx: f32) -> f32 {
     (s as f32).mul_add(dw * dx, acc)
 }
 
@@ -184,9 +184,15 @@ fn tiled(blocks: impl Iterator<Item = ((i32, i32), f32, f32, f32)>) -> f32 {
 }
 
 /// The tiled kernel's epilogue for one block: `r = s·d − dmin·m` (one fused step), then
-/// `acc += r·dx` (another), as its AVX2 micro-kernel computes them. Shared with `order_x86`.
+/// `acc += r·dx` (another), as its AVX2 micro-kernel computes them. Shared with `x86::order`.
 #[inline(always)]
-pub(super) fn tiled_step(acc: f32, (s, m): (i32, i32), d: f32, dmin: f32, dx: f32) -> f32 {
+pub(in crate::quant) fn tiled_step(
+    acc: f32,
+    (s, m): (i32, i32),
+    d: f32,
+    dmin: f32,
+    dx: f32,
+) -> f32 {
     (-dmin).mul_add(m as f32, d * s as f32).mul_add(dx, acc)
 }
 
@@ -294,9 +300,9 @@ fn q6_k_ints(a: &BlockQ6K, b: &BlockQ8K) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{random_row, Rng};
-    use super::super::{dequantize_row, quantize_row};
     use super::*;
+    use crate::quant::test_util::{random_row, Rng};
+    use crate::quant::{dequantize_row, quantize_row};
 
     /// Every order computes the same dot product up to rounding.
     #[test]
@@ -322,7 +328,7 @@ mod tests {
                 .zip(&xd)
                 .map(|(a, b)| (*a as f64) * (*b as f64))
                 .sum();
-            let lanes = super::super::vec_dot(ty, n, &w, &x) as f64;
+            let lanes = crate::quant::vec_dot(ty, n, &w, &x) as f64;
             for order in [Order::Repacked, Order::Tiled] {
                 if has(ty, order) {
                     let got = dot(ty, order, 0, 1, &w, &x) as f64;

@@ -10,7 +10,7 @@
 
 use std::mem::{align_of, size_of};
 
-use super::GgmlType;
+use crate::quant::GgmlType;
 
 /// Values per block of the "legacy" quants (Q4_0 … Q8_1).
 pub const QK: usize = 32;

@@ -2,7 +2,7 @@
 //! ggml-cpu's arch/x86/quants.c. They compute the same integer block sums
 //! as the scalar reference and differ only in the order the f32 per-block
 //! terms are accumulated (8 lanes + horizontal sum, FMA), so they agree with
-//! `dot_ref` to a few ulp of Σ|w·x|.
+//! `reference::dot` to a few ulp of Σ|w·x|.
 //!
 //! Every kernel is an `unsafe fn` with `#[target_feature]`; the only way
 //! they are called is through the `AVX2` table, which `quant::detect` hands
@@ -12,10 +12,10 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::*;
-use super::Kernels;
+use crate::quant::formats::blocks::*;
+use crate::quant::Kernels;
 
-pub(super) const AVX2: Kernels = Kernels {
+pub(in crate::quant) const AVX2: Kernels = Kernels {
     name: "avx2",
     q4_0: q4_0_q8_0,
     q4_1: q4_1_q8_1,
@@ -139,7 +139,7 @@ pub(crate) unsafe fn q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
 }
 
 /// Q4_1 × Q8_1 — the reference model's main weight type — in ggml's x86 order (see
-/// `dot_ref::q4_1_q8_1`): one FMA chain over blocks, `m·s` summed in a scalar fused chain.
+/// `reference::dot::q4_1_q8_1`): one FMA chain over blocks, `m·s` summed in a scalar fused chain.
 /// Bit-identical to the reference; batching rows or tokens is how matmul hides the latency.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
@@ -201,7 +201,7 @@ pub(crate) unsafe fn q5_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
 }
 
 /// Q8_0 × Q8_0 in ggml's x86 order: one FMA chain over the blocks (bit-identical to the
-/// tiled panels in `gemm_x86`, which hide the chain's latency by running several pairs).
+/// tiled panels in `x86::panel`, which hide the chain's latency by running several pairs).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q8_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x) = (cast::<BlockQ8_0>(w), cast::<BlockQ8_0>(x));

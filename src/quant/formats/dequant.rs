@@ -5,9 +5,9 @@
 //! Not on the hot path (the engine dots quantized rows directly); used for
 //! embeddings lookup, debugging and as part of the test oracle.
 
-use super::blocks::*;
-use super::GgmlType;
 use crate::cpu_features::fma_dispatch;
+use crate::quant::formats::blocks::*;
+use crate::quant::GgmlType;
 
 /// Dequantizes `dst.len()` values. Lengths were checked by the caller
 /// (`quant::dequantize_row`); returns false for types we cannot decode.
@@ -224,9 +224,9 @@ fn q8_k(x: &[BlockQ8K], y: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{from_hex, hex_f32s};
-    use super::super::testdata::vectors::DEQUANT;
-    use super::super::{dequantize_row, GgmlType, QuantError};
+    use crate::quant::test_util::{from_hex, hex_f32s};
+    use crate::quant::testdata::vectors::DEQUANT;
+    use crate::quant::{dequantize_row, GgmlType, QuantError};
 
     /// Every oracle row (gguf-py's numpy dequantizers) must be reproduced
     /// bit for bit: both sides do the same f32 operations in the same order.
@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn q8_k_and_q8_1_decode() {
-        use super::super::blocks::{cast_mut, BlockQ8K};
+        use crate::quant::formats::blocks::{cast_mut, BlockQ8K};
         let mut raw = vec![0u8; 292];
         {
             let b = &mut cast_mut::<BlockQ8K>(&mut raw)[0];

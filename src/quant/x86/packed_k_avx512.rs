@@ -9,10 +9,10 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::*;
-use super::packed::{group_block_bytes, offsets, GROUP};
-use super::packed_avx512::{halves_at, Out};
-use super::GgmlType;
+use crate::quant::formats::blocks::*;
+use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
+use crate::quant::x86::packed_avx512::{halves_at, Out};
+use crate::quant::GgmlType;
 
 /// Sixteen bytes at `p` (one per row) as i32 lanes, zero- or sign-extended.
 #[inline]

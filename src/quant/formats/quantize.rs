@@ -11,9 +11,9 @@
 //! (`nearest_int`, half to even) and F16/BF16 are plain conversions; those
 //! match the oracle vectors byte for byte.
 
-use super::blocks::*;
-use super::GgmlType;
 use crate::cpu_features::fma_dispatch;
+use crate::quant::formats::blocks::*;
+use crate::quant::GgmlType;
 
 /// Quantizes `src` into `dst` (lengths checked by the caller). Returns false
 /// for a type that is not a vec-dot type.
@@ -216,10 +216,10 @@ fn q8_k(x: &[f32], y: &mut [BlockQ8K]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{from_hex, hex_f32s, Rng};
-    use super::super::testdata::vectors::QUANT;
-    use super::super::{quantize_row, GgmlType};
     use super::*;
+    use crate::quant::test_util::{from_hex, hex_f32s, Rng};
+    use crate::quant::testdata::vectors::QUANT;
+    use crate::quant::{quantize_row, GgmlType};
 
     /// gguf-py implements Q8_0 (bit-exact with the C reference, its comment
     /// says), F16 and BF16; the Q8_1 and Q8_K vectors come from a numpy
@@ -328,7 +328,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn q8_block_avx2_matches_scalar() {
-        use super::super::blocks::QK;
+        use crate::quant::formats::blocks::QK;
         assert!(
             crate::cpu_features::hardware().avx2,
             "this x86-64 CPU lacks AVX2, FMA or F16C: q8_block_avx2 cannot be compared here"
