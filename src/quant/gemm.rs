@@ -427,17 +427,30 @@ mod tests {
     }
 
     #[test]
-    fn panels_match_per_pair_dots_bit_for_bit() {
+    fn per_pair_panels_match_per_pair_dots_bit_for_bit() {
         check_panels(&NONE);
-        #[cfg(target_arch = "x86_64")]
-        if crate::cpu_features::hardware().avx2 {
-            check_panels(&AVX2);
-            if crate::cpu_features::hardware().avx512_vnni {
-                check_panels(&VNNI_256);
-                check_panels(&VNNI);
-            } else {
-                eprintln!("no AVX-512 VNNI on this CPU: its panels are not exercised");
-            }
-        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[cfg_attr(not(host_avx2), ignore = "this CPU lacks AVX2, FMA or F16C")]
+    fn avx2_panels_match_per_pair_dots_bit_for_bit() {
+        assert!(
+            crate::cpu_features::hardware().avx2,
+            "this x86-64 CPU lacks AVX2, FMA or F16C: the AVX2 panels cannot be compared here"
+        );
+        check_panels(&AVX2);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "this CPU lacks AVX-512 VNNI")]
+    fn avx512_vnni_panels_match_per_pair_dots_bit_for_bit() {
+        assert!(
+            crate::cpu_features::hardware().avx512_vnni,
+            "this x86-64 CPU lacks AVX-512 VNNI: its panels cannot be compared here"
+        );
+        check_panels(&VNNI_256);
+        check_panels(&VNNI);
     }
 }

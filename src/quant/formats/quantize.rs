@@ -327,6 +327,7 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
+    #[cfg_attr(not(host_avx2), ignore = "this CPU lacks AVX2, FMA or F16C")]
     fn q8_block_avx2_matches_scalar() {
         use crate::quant::formats::blocks::QK;
         assert!(

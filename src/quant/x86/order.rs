@@ -391,6 +391,7 @@ mod tests {
     /// Every (type, order) kernel, through the GEMM's token groups and the GEMV tail, gives
     /// `order::dot`'s bits.
     #[test]
+    #[cfg_attr(not(host_avx2), ignore = "this CPU lacks AVX2, FMA or F16C")]
     fn avx2_order_kernels_match_the_scalar_dots_bit_for_bit() {
         assert!(
             crate::cpu_features::hardware().avx2,
