@@ -390,6 +390,22 @@ impl Out {
     }
 }
 
+/// The activation blocks of a call, checked against the matrix: `toks` tokens of `nb` blocks,
+/// `groups` groups of packed `ty`. Every entry starts here, so the kernels may index the
+/// blocks unchecked.
+pub(in crate::quant) fn checked<'a, B: Block>(
+    ty: GgmlType,
+    nb: usize,
+    w: &[u8],
+    groups: usize,
+    x: &'a [u8],
+    toks: usize,
+) -> &'a [B] {
+    let x = cast::<B>(x);
+    assert!(w.len() >= groups * (nb * group_block_bytes(ty)) && x.len() >= toks * nb);
+    x
+}
+
 /// A packed kernel: row `i` of group `g` (padding rows included) against token `t`, for a
 /// packed matrix of `groups` groups of `nb` blocks.
 ///
@@ -422,8 +438,7 @@ macro_rules! packed_kernel {
             out: Out,
         ) {
             let gb = nb * group_block_bytes($ty);
-            let x = cast::<$xb>(x);
-            assert!(w.len() >= groups * gb && x.len() >= toks * nb);
+            let x = checked::<$xb>($ty, nb, w, groups, x, toks);
             let xs: Vec<&[$xb]> = (0..toks).map(|t| &x[t * nb..(t + 1) * nb]).collect();
             SCRATCH.with_borrow_mut(|(tbs, _unpacked)| {
                 prepare(nb, &xs, $offset, tbs);

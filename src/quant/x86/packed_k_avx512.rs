@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use crate::quant::formats::blocks::*;
 use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
-use crate::quant::x86::packed_avx512::{halves_at, Out};
+use crate::quant::x86::packed_avx512::{checked, halves_at, Out};
 use crate::quant::GgmlType;
 
 /// Sixteen bytes at `p` (one per row) as i32 lanes, zero- or sign-extended.
@@ -294,19 +294,22 @@ thread_local! {
 
 // --------------------------------------------------------------------------- entries
 
-/// The activation super-blocks of a call, checked against the matrix: `toks` tokens of `nb`
-/// super-blocks, `groups` groups of packed `ty`.
-fn checked<'a>(
-    ty: GgmlType,
-    nb: usize,
-    w: &[u8],
-    groups: usize,
-    x: &'a [u8],
-    toks: usize,
-) -> &'a [BlockQ8K] {
-    let x = cast::<BlockQ8K>(x);
-    assert!(w.len() >= groups * nb * group_block_bytes(ty) && x.len() >= toks * nb);
-    x
+/// Runs `$pair` for tokens `t0` and `t0 + 1` while two are left, then `$single` for a last
+/// odd token `t0`: the K-quant kernels carry two tokens a pass (their accumulators and the
+/// unpacked quants fill the registers), so every entry walks the batch this way.
+macro_rules! in_pairs {
+    ($toks:expr, $t0:ident, $pair:block, $single:block) => {{
+        let mut $t0 = 0;
+        while $t0 < $toks {
+            if $toks - $t0 >= 2 {
+                $pair
+                $t0 += 2;
+            } else {
+                $single
+                $t0 += 1;
+            }
+        }
+    }};
 }
 
 /// Q4_K in the repacked order (see `packed_avx512::PackedFn`).
@@ -346,26 +349,26 @@ unsafe fn q4_k(
     out: Out,
     gemm_toks: usize,
 ) {
-    let x = checked(GgmlType::Q4_K, nb, w, groups, x, toks);
+    let x = checked::<BlockQ8K>(GgmlType::Q4_K, nb, w, groups, x, toks);
     let xs = |t: usize| &x[t * nb..(t + 1) * nb];
     let gb = nb * group_block_bytes(GgmlType::Q4_K);
     // Q4_K's nibbles are two instructions a register: unpacking ahead does not pay.
     for g in 0..groups {
         let gp = w.as_ptr().add(g * gb);
-        let mut t0 = 0;
-        while t0 < toks {
-            if toks - t0 >= 2 {
+        in_pairs!(
+            toks,
+            t0,
+            {
                 let per64 = [t0 < gemm_toks, t0 + 1 < gemm_toks];
                 let r = q4_k_group::<2>(nb, gp, [xs(t0), xs(t0 + 1)], per64);
                 out.put(t0, g, r[0]);
                 out.put(t0 + 1, g, r[1]);
-                t0 += 2;
-            } else {
+            },
+            {
                 let r = q4_k_group::<1>(nb, gp, [xs(t0)], [t0 < gemm_toks]);
                 out.put(t0, g, r[0]);
-                t0 += 1;
             }
-        }
+        );
     }
 }
 
@@ -379,7 +382,7 @@ pub(crate) unsafe fn q6_k_lanes(
     toks: usize,
     out: Out,
 ) {
-    let x = checked(GgmlType::Q6_K, nb, w, groups, x, toks);
+    let x = checked::<BlockQ8K>(GgmlType::Q6_K, nb, w, groups, x, toks);
     let gb = nb * group_block_bytes(GgmlType::Q6_K);
     for g in 0..groups {
         let gp = w.as_ptr().add(g * gb);
@@ -399,24 +402,24 @@ pub(crate) unsafe fn q6_k_tiled(
     toks: usize,
     out: Out,
 ) {
-    let x = checked(GgmlType::Q6_K, nb, w, groups, x, toks);
+    let x = checked::<BlockQ8K>(GgmlType::Q6_K, nb, w, groups, x, toks);
     let xs = |t: usize| &x[t * nb..(t + 1) * nb];
     let gb = nb * group_block_bytes(GgmlType::Q6_K);
     macro_rules! passes {
         ($g:expr, $gp:expr, $u:literal) => {{
             let (g, gp) = ($g, $gp);
-            let mut t0 = 0;
-            while t0 < toks {
-                if toks - t0 >= 2 {
+            in_pairs!(
+                toks,
+                t0,
+                {
                     let r = q6_k_tiled_group::<2, $u>(nb, gp, [xs(t0), xs(t0 + 1)]);
                     out.put(t0, g, r[0]);
                     out.put(t0 + 1, g, r[1]);
-                    t0 += 2;
-                } else {
+                },
+                {
                     out.put(t0, g, q6_k_tiled_group::<1, $u>(nb, gp, [xs(t0)])[0]);
-                    t0 += 1;
                 }
-            }
+            );
         }};
     }
     UNPACKED.with_borrow_mut(|u| {
