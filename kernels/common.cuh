@@ -4,7 +4,7 @@
 // PTX; everything else is a compiler built-in.
 //
 // Memory layouts follow the CPU backend byte for byte:
-// - weights: ggml blocks as in src/quant/blocks.rs, read in place from the GGUF tensor data
+// - weights: ggml blocks as in src/quant/formats/blocks.rs, read in place from the GGUF tensor data
 //   (blocks are only 2-byte aligned for Q4_0, Q8_0 and Q6_K: 32-bit values are assembled from
 //   16-bit loads there);
 // - activations for the integer dot products: q8_1 blocks (`BlockQ8_1`, 36 bytes: f16 d, f16
@@ -21,7 +21,7 @@ typedef unsigned long long u64;
 #define QK 32
 #define QK_K 256
 
-// ggml type ids (src/quant/types.rs).
+// ggml type ids (src/quant/formats/types.rs).
 #define GGML_F32 0
 #define GGML_F16 1
 #define GGML_Q4_0 2

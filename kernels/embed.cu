@@ -1,5 +1,5 @@
 // embed.cu: token embedding gather, dequantizing rows of token_embd in place (the reference
-// model's and Gemma 3's are Q8_0). Each value as src/quant/dequant.rs computes it.
+// model's and Gemma 3's are Q8_0). Each value as src/quant/formats/dequant.rs computes it.
 
 __device__ __forceinline__ float dequant_one(const u8 *row, int ty, int c) {
     switch (ty) {

@@ -174,7 +174,7 @@ __device__ __forceinline__ void load_w(WFrag &f, int i, const u8 *wr, int kb, in
         const u8 *b = wr + (long long)(kb >> 3) * BYTES_Q4_K;
         const u8 *sc = b + 4;
         int scale, min;
-        if (s < 4) { // get_scale_min_k4 (src/quant/blocks.rs unpack_scale_min_k4)
+        if (s < 4) { // get_scale_min_k4 (src/quant/formats/blocks.rs unpack_scale_min_k4)
             scale = sc[s] & 63;
             min = sc[s + 4] & 63;
         } else {

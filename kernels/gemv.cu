@@ -175,7 +175,7 @@ __device__ __forceinline__ UnitQ4_K load_q4_k(const u8 *row, int unit) {
     const float d = f16_to_f32(ld_u16(b));
     const float dmin = f16_to_f32(ld_u16(b + 2));
     const u8 *sc = b + 4;
-    // get_scale_min_k4 for sub-blocks 2j and 2j+1 (src/quant/blocks.rs unpack_scale_min_k4).
+    // get_scale_min_k4 for sub-blocks 2j and 2j+1 (src/quant/formats/blocks.rs unpack_scale_min_k4).
     int s[2], m[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {

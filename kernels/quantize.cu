@@ -1,4 +1,4 @@
-// quantize.cu: f32 activations -> q8_1 blocks for the dp4a dot products (src/quant/quantize.rs
+// quantize.cu: f32 activations -> q8_1 blocks for the dp4a dot products (src/quant/formats/quantize.rs
 // `q8_1`, the x86 rounding the CPU backend follows): d = amax/127, q = round_ties_even(x *
 // 127/amax), d stored as f16, s = f16(d * sum(q)).
 
