@@ -44,8 +44,9 @@
 //! | f16 row → f32 | AVX2 | `x86/dot.rs` (`f16_row`) | `blocks::f16_to_f32`, bits | `tests::f16_rows_convert_exactly` |
 //!
 //! A new kernel goes in its ISA's folder, in the file of its operation: a Q6_K dot for Arm is
-//! a `q6_k_q8_k` in `arm/dot.rs`, named in its `table!` (which today takes the scalar one),
-//! and `tests::fast_paths_match_reference` covers it with no new test. Another level of an ISA
+//! a `q6_k_q8_k` in `arm/dot.rs`'s `kernels!` (once per variant, NEON and `sdot`), named in
+//! its `table!` (which today takes the scalar one); `tests::fast_paths_match_reference` then
+//! holds it to `reference/dot.rs` on every Arm CPU model, with no new test. Another level of an ISA
 //! is a file beside its siblings (an SVE dot: `arm/dot_sve.rs`); another architecture is a new
 //! folder, gated on its `target_arch` here.
 //!
