@@ -157,3 +157,89 @@ fn strict_loading_names_what_does_not_fit() {
     let e = load_err(unknown);
     assert!(e.contains("unsupported architecture 'mamba'"), "{e}");
 }
+
+/// A mixture of experts whose counts or expert tensors do not agree is refused with one line
+/// naming what is wrong, and a truncated one never loads: never a panic, never a model that
+/// routes to experts it does not have.
+#[test]
+fn hostile_expert_models_are_refused_with_a_clear_error() {
+    use edgelm::gguf::Value;
+    let moe = common::test_model("qwen3moe");
+    let refused = |name: &str, key: &str, value: Option<Value>, tensor: Option<(&str, u64)>| {
+        let path = common::edited_copy(&moe, name, |kvs, tensors| {
+            if let Some(v) = value {
+                kvs.iter_mut().find(|(k, _)| k == key).unwrap().1 = v;
+            }
+            if let Some((t, experts)) = tensor {
+                let t = tensors.iter_mut().find(|x| x.0 == t).unwrap();
+                let per_expert = t.3.len() / t.1[2] as usize;
+                t.1[2] = experts;
+                t.3.truncate(per_expert * experts as usize);
+            }
+        });
+        match Model::load(&path) {
+            Ok(_) => panic!("{name} loaded"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let e = refused(
+        "moe-no-experts.gguf",
+        "qwen3moe.expert_count",
+        Some(Value::U32(0)),
+        None,
+    );
+    assert!(e.contains("qwen3moe.expert_count is 0"), "{e}");
+    let e = refused(
+        "moe-none-used.gguf",
+        "qwen3moe.expert_used_count",
+        Some(Value::U32(0)),
+        None,
+    );
+    assert!(e.contains("qwen3moe.expert_used_count is 0"), "{e}");
+    let e = refused(
+        "moe-too-many-used.gguf",
+        "qwen3moe.expert_used_count",
+        Some(Value::U32(9)),
+        None,
+    );
+    assert!(e.contains("9 is more than the 8 experts"), "{e}");
+    let e = refused(
+        "moe-huge.gguf",
+        "qwen3moe.expert_count",
+        Some(Value::U32(1 << 30)),
+        None,
+    );
+    assert!(e.contains("implausible"), "{e}");
+    let e = refused(
+        "moe-short-down.gguf",
+        "",
+        None,
+        Some(("blk.5.ffn_down_exps.weight", 7)),
+    );
+    assert!(
+        e.contains("blk.5.ffn_down_exps.weight") && e.contains("one matrix per expert"),
+        "{e}"
+    );
+    let e = refused(
+        "moe-count-disagrees.gguf",
+        "qwen3moe.expert_count",
+        Some(Value::U32(6)),
+        None,
+    );
+    assert!(
+        e.contains("ffn_gate_inp.weight") || e.contains("_exps.weight"),
+        "{e}"
+    );
+
+    // Truncated anywhere in the expert data: refused by the file layer, never read past.
+    let bytes = std::fs::read(&moe).unwrap();
+    for cut in [bytes.len() - 1, bytes.len() * 3 / 4, bytes.len() / 2] {
+        let mut short = bytes.clone();
+        short.truncate(cut);
+        match catch_unwind(AssertUnwindSafe(|| load(short))) {
+            Ok(Ok(())) => panic!("a model cut at {cut} of {} loaded", bytes.len()),
+            Ok(Err(e)) => assert!(!e.is_empty()),
+            Err(_) => panic!("a model cut at {cut} panicked"),
+        }
+    }
+}

@@ -248,3 +248,11 @@ fn smollm3_match_the_peer() {
 fn granite_match_the_peer() {
     check("granite", &test_model("granite"), TEST_MODEL_CHUNKS);
 }
+
+/// A mixture of experts: qwen3's attention, and every FFN cut into `TEST_EXPERTS` experts of
+/// which the router picks `TEST_EXPERTS_USED` per token (softmax, top k, renormalised).
+#[test]
+fn qwen3moe_match_the_peer() {
+    let name = format!("qwen3moe ({TEST_EXPERTS_USED} of {TEST_EXPERTS} experts)");
+    check(&name, &test_model("qwen3moe"), TEST_MODEL_CHUNKS);
+}

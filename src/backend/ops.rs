@@ -122,6 +122,51 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// How a mixture-of-experts layer turns its router's logits into the weights of the experts
+/// it picks (llama.cpp's `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over every expert's logit, then the top k of those probabilities (qwen3moe).
+    SoftmaxThenTopK,
+}
+
+/// What a mixture-of-experts layer does with its router's logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Routing {
+    /// Experts each token uses (k).
+    pub used: usize,
+    pub gating: Gating,
+    /// Divide the chosen weights by their sum (qwen3moe).
+    pub normalize: bool,
+    /// Multiplies the chosen weights (`expert_weights_scale`; 1 when absent).
+    pub scale: f32,
+}
+
+/// A mixture-of-experts FFN's weights: the router (one row per expert) and each expert's
+/// gated FFN, as bands of the file's 3-D expert tensors (one band of rows per expert).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Experts {
+    /// [n_expert × n_embd].
+    pub router: Mat,
+    /// Per expert: [n_ff_exp × n_embd].
+    pub gate: Vec<Mat>,
+    pub up: Vec<Mat>,
+    /// Per expert: [n_embd × n_ff_exp].
+    pub down: Vec<Mat>,
+}
+
+impl Experts {
+    pub fn count(&self) -> usize {
+        self.gate.len()
+    }
+
+    /// Every matrix: the router, then each expert's gate, up and down.
+    pub fn matrices(&self) -> impl Iterator<Item = &Mat> {
+        std::iter::once(&self.router)
+            .chain((0..self.count()).flat_map(|e| [&self.gate[e], &self.up[e], &self.down[e]]))
+    }
+}
+
 /// One layer's attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Attention {
@@ -154,6 +199,9 @@ pub trait Ops {
     fn attention(&mut self, a: Attention) -> Result<()>;
     /// Gate = act(Gate) · Up.
     fn glu(&mut self, act: Activation) -> Result<()>;
+    /// Proj = the mixture of `experts` applied to H: the router's logits, the experts each
+    /// token picks (`routing`), and their gated FFNs (activation `act`) weighted and summed.
+    fn moe(&mut self, experts: &Experts, routing: Routing, act: Activation) -> Result<()>;
     /// `dst` += `src` · `scale`.
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()>;
     /// `buf` ·= `s`.
@@ -188,6 +236,8 @@ pub struct Shape {
     pub rope_layout: RopeLayout,
     /// The RoPE tables the layers use (Gemma 3: one for global layers, one for local ones).
     pub ropes: Vec<RopeTable>,
+    /// Experts per FFN (0: dense FFNs).
+    pub n_expert: usize,
 }
 
 /// A model as a backend runs it: what to size buffers and kernels by, where the weights are,

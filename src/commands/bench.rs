@@ -33,6 +33,12 @@ struct Report {
     /// Bytes one-sequence decode read per second (every weight once per token, plus the K/V
     /// rows attention reads).
     decode_gbs: f64,
+    /// Weight bytes a decoded token reads: measured on the CPU's matmuls (0 on another
+    /// backend), and what the model's active matrices add up to (of a mixture of experts, the
+    /// router and the experts a token picks; of the whole file's matrices, `all`).
+    decode_weight_bytes_measured: f64,
+    decode_weight_bytes_active: usize,
+    weight_bytes_all: usize,
     /// This machine's ceilings, measured by this command on the same threads.
     peak_gflops: f64,
     peak_gbs: f64,
@@ -214,6 +220,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let peaks = Peaks::measure();
     let prefill_flops = prefill_flops(&model, args.n_prompt);
     let decode_bytes = decode_bytes(&model, &args);
+    let weight_bytes = (model.weight_bytes(), model.all_weight_bytes());
     let constraint = load_constraint(&args, &model)?;
     let eog = lookup_task
         .as_ref()
@@ -227,6 +234,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     run_requests(&engine, vec![prompts.next(args.n_prompt)], 2)?;
     let prefill = time_prefill(&engine, &mut prompts, &args)?;
     let decode = time_decode(&engine, &mut prompts, &args)?;
+    let decode_weight_bytes = measure_decode_weight_bytes(&engine, &mut prompts, &args)?;
     let concurrency = time_concurrency(&engine, &mut prompts, &args)?;
     let constrained = match &constraint {
         Some(c) => time_constrained(&engine, &mut prompts, &args, c)?,
@@ -262,6 +270,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         decode_tok_s,
         prefill_gflops: prefill_flops * prefill_tok_s / args.n_prompt as f64 / 1e9,
         decode_gbs: decode_bytes * decode_tok_s / 1e9,
+        decode_weight_bytes_measured: decode_weight_bytes,
+        decode_weight_bytes_active: weight_bytes.0,
+        weight_bytes_all: weight_bytes.1,
         peak_gflops: peaks.gflops,
         peak_gbs: peaks.copy_gbs,
         peak_read_gbs: peaks.read_gbs,
@@ -450,6 +461,24 @@ fn time_decode(
     Ok(decode)
 }
 
+/// Weight bytes the CPU's matmuls read per decoded token, measured: a request's bytes less
+/// those of the same-sized request that stops at its first token, over the tokens between.
+/// 0 on a backend that is not the CPU.
+fn measure_decode_weight_bytes(
+    engine: &EngineHandle,
+    prompts: &mut RandomPrompts,
+    args: &BenchArgs,
+) -> Result<f64> {
+    let bytes_of = |prompts: &mut RandomPrompts, n: usize| -> Result<u64> {
+        let before = edgelm::backend::cpu::matmul::weight_bytes_read();
+        run_requests(engine, vec![prompts.next(8)], n)?;
+        Ok(edgelm::backend::cpu::matmul::weight_bytes_read() - before)
+    };
+    let first = bytes_of(prompts, 1)?;
+    let all = bytes_of(prompts, args.n_gen)?;
+    Ok(all.saturating_sub(first) as f64 / (args.n_gen - 1) as f64)
+}
+
 /// Aggregate decode at each `--concurrency` (see [`decode_rate`]), medians over the repeats.
 fn time_concurrency(
     engine: &EngineHandle,
@@ -572,6 +601,16 @@ impl Report {
             100.0 * self.decode_gbs / self.peak_read_gbs,
             self.peak_read_gbs
         );
+        if self.decode_weight_bytes_measured > 0.0 {
+            let mib = |b: f64| b / (1 << 20) as f64;
+            println!(
+                "decode   weights read per token: {:.1} MiB measured, {:.1} MiB active ({:.2}x), of {:.1} MiB in all",
+                mib(self.decode_weight_bytes_measured),
+                mib(self.decode_weight_bytes_active as f64),
+                self.decode_weight_bytes_measured / self.decode_weight_bytes_active as f64,
+                mib(self.weight_bytes_all as f64),
+            );
+        }
         let single = self
             .concurrency
             .iter()

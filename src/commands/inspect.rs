@@ -40,5 +40,27 @@ fn support(file: &Arc<GgufFile>) -> String {
     if no_rope > 0 {
         notes.push(format!("{no_rope} layers without RoPE"));
     }
+    if let Some(moe) = c.moe {
+        notes.push(format!(
+            "{} experts per layer, {} used per token",
+            moe.n_expert, moe.routing.used
+        ));
+        notes.push(active_parameters(file, &model));
+    }
     format!("supported:    yes ({})", notes.join(", "))
+}
+
+/// The parameters a token computes with (the file's, less the experts it does not pick) and
+/// the weight bytes it reads.
+fn active_parameters(file: &GgufFile, model: &Model) -> String {
+    let (all, active) = model.parameters();
+    let in_file: usize = file.tensors().iter().map(|t| t.n_elements() as usize).sum();
+    let active = in_file - (all - active);
+    format!(
+        "{:.1}M of {:.1}M parameters active per token ({:.1} of {:.1} MiB of weights read)",
+        active as f64 / 1e6,
+        in_file as f64 / 1e6,
+        model.weight_bytes() as f64 / (1 << 20) as f64,
+        model.all_weight_bytes() as f64 / (1 << 20) as f64,
+    )
 }

@@ -4,13 +4,15 @@ use crate::cli::KvPlanArgs;
 use anyhow::{bail, Context, Result};
 use edgelm::gguf::GgufFile;
 use edgelm::kv::plan::KvPlan;
-use edgelm::model::ModelConfig;
+use edgelm::model::Model;
+use std::sync::Arc;
 
 pub fn run(args: KvPlanArgs) -> Result<()> {
     let path = &args.model.model;
     super::require_model(path)?;
     let file = GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let cfg = ModelConfig::from_gguf(&file)?;
+    let model = Model::from_file(Arc::new(file))?;
+    let cfg = &model.config;
     if args.block_size == 0 || args.ctx == 0 || args.avg_tokens == 0 {
         bail!("--block-size, --ctx and --avg-tokens must be at least 1");
     }
@@ -43,6 +45,19 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         "model                 {} ({} layers, {} KV heads of {} query heads, head_dim {})",
         cfg.arch, cfg.n_layers, cfg.n_head_kv, cfg.n_head, cfg.head_dim
     );
+    if let Some(moe) = cfg.moe {
+        let (all, active) = model.parameters();
+        println!(
+            "experts               {} per layer, {} used per token: {:.1}M of {:.1}M matrix \
+             parameters active, {:.1} of {:.1} MiB of weights read per token",
+            moe.n_expert,
+            moe.routing.used,
+            active as f64 / 1e6,
+            all as f64 / 1e6,
+            model.weight_bytes() as f64 / (1 << 20) as f64,
+            model.all_weight_bytes() as f64 / (1 << 20) as f64,
+        );
+    }
     println!("KV format             {}", plan.kv_type);
     println!(
         "KV bytes per token    {} (2 x {} layers x {} KV heads x {} B per head row)",

@@ -2,7 +2,7 @@
 //! Everything here is data: the one forward pass reads it (see `forward.rs`); what each family
 //! must compute is its llama.cpp graph builder (`src/models/<arch>.cpp`), the reference.
 
-use crate::backend::ops::{Activation, RopeLayout};
+use crate::backend::ops::{Activation, Gating, RopeLayout};
 
 /// A family of GGUF architectures sharing one description.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +14,9 @@ pub enum Family {
     Qwen2,
     /// `qwen3`: per-head RMSNorm of Q and K before RoPE.
     Qwen3,
+    /// `qwen3moe` (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): qwen3's attention, a mixture of
+    /// experts for every FFN (softmax gating, the top k renormalised).
+    Qwen3Moe,
     /// `gemma3`: √n_embd embedding scale, four norms per block, GeGLU, Q/K norms, sliding
     /// windows on five layers of six with their own RoPE base.
     Gemma3,
@@ -27,7 +30,7 @@ pub enum Family {
 
 /// Architectures edgelm implements in full (the names `general.architecture` carries).
 pub const SUPPORTED: &[&str] = &[
-    "llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite",
+    "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "smollm3", "granite",
 ];
 
 impl Family {
@@ -36,6 +39,7 @@ impl Family {
             "llama" | "mistral" => Family::Llama,
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
+            "qwen3moe" => Family::Qwen3Moe,
             "gemma3" => Family::Gemma3,
             "phi3" => Family::Phi3,
             "smollm3" => Family::Smollm3,
@@ -47,7 +51,9 @@ impl Family {
     pub fn rope_layout(self) -> RopeLayout {
         match self {
             Family::Llama | Family::Smollm3 | Family::Granite => RopeLayout::Normal,
-            Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Phi3 => RopeLayout::Neox,
+            Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Phi3 => {
+                RopeLayout::Neox
+            }
         }
     }
 
@@ -60,7 +66,16 @@ impl Family {
 
     /// Per-head RMSNorm of Q and K (`attn_q_norm`, `attn_k_norm`) before RoPE.
     pub fn qk_norm(self) -> bool {
-        matches!(self, Family::Qwen3 | Family::Gemma3)
+        matches!(self, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3)
+    }
+
+    /// How the family's mixture-of-experts FFNs weigh their experts (gating, and whether the
+    /// chosen weights are renormalised); `None` for a dense family.
+    pub fn experts(self) -> Option<(Gating, bool)> {
+        match self {
+            Family::Qwen3Moe => Some((Gating::SoftmaxThenTopK, true)),
+            _ => None,
+        }
     }
 
     /// RMSNorm of the attention and FFN outputs before each residual add
@@ -93,7 +108,7 @@ impl Family {
                 rope_factors: true,
                 ..Optional::NONE
             },
-            Family::Qwen3 | Family::Gemma3 | Family::Smollm3 => Optional::NONE,
+            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Smollm3 => Optional::NONE,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! applies, resolved per layer: which RoPE table (if any) and which attention window.
 
 use super::arch::{Family, SUPPORTED};
-use crate::backend::ops::{Activation, RopeLayout};
+use crate::backend::ops::{Activation, RopeLayout, Routing};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvType, PageGeometry};
 use anyhow::{bail, Context, Result};
@@ -31,6 +31,62 @@ pub struct LayerConfig {
     pub rope: Option<usize>,
     /// Positions a query sees, itself included (`None`: all before it).
     pub window: Option<usize>,
+}
+
+/// A mixture-of-experts FFN's shape and routing (the same in every layer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Each expert's FFN width (`expert_feed_forward_length`).
+    pub n_ff_exp: usize,
+    pub routing: Routing,
+}
+
+/// More experts than any released model has: a header asking for more is refused before
+/// anything is sized by it.
+const MAX_EXPERTS: usize = 1024;
+
+impl MoeConfig {
+    /// The experts of a `family` that has them, checked against each other.
+    fn read(family: Family, k: &Keys<'_>, n_ff: usize) -> Result<Option<MoeConfig>> {
+        let Some((gating, normalize)) = family.experts() else {
+            return Ok(None);
+        };
+        let n_expert = k.req("expert_count")?;
+        let used = k.req("expert_used_count")?;
+        if n_expert > MAX_EXPERTS {
+            bail!("{} = {n_expert} is implausible", k.name("expert_count"));
+        }
+        if used > n_expert {
+            bail!(
+                "{} = {used} is more than the {n_expert} experts there are",
+                k.name("expert_used_count")
+            );
+        }
+        // llama.cpp's default when the key is absent: the dense width split over the picks.
+        let n_ff_exp = match k.u32("expert_feed_forward_length")? {
+            Some(0) | None => n_ff / used,
+            Some(v) => v,
+        };
+        if n_ff_exp == 0 || n_ff_exp > 1 << 20 {
+            bail!(
+                "{} = {n_ff_exp} is implausible",
+                k.name("expert_feed_forward_length")
+            );
+        }
+        let scale = k.f32("expert_weights_scale")?.unwrap_or(0.0);
+        Ok(Some(MoeConfig {
+            n_expert,
+            n_ff_exp,
+            routing: Routing {
+                used,
+                gating,
+                normalize,
+                scale: if scale == 0.0 { 1.0 } else { scale },
+            },
+        }))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -68,6 +124,8 @@ pub struct ModelConfig {
     pub logit_scale: f32,
     /// `cap · tanh(logits / cap)` (Gemma's optional `final_logit_softcapping`).
     pub final_softcap: Option<f32>,
+    /// The experts of every FFN, in a mixture-of-experts family.
+    pub moe: Option<MoeConfig>,
     pub context_length: usize,
     pub vocab_size: usize,
 }
@@ -268,7 +326,7 @@ impl HyperParams {
             Family::Smollm3 => hp.smollm3(),
             Family::Granite => hp.granite(k)?,
             Family::Phi3 => hp.scale_queries(hp.attn_scale),
-            Family::Llama | Family::Qwen2 | Family::Qwen3 => {}
+            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {}
         }
         Ok(hp)
     }
@@ -393,6 +451,7 @@ impl ModelConfig {
         let rms_eps = k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
         let rope = GlobalRope::read(&k, context_length)?;
         let hp = HyperParams::read(family, &k, &shape, rope.params)?;
+        let moe = MoeConfig::read(family, &k, shape.n_ff)?;
         Ok(ModelConfig {
             family,
             n_layers: shape.n_layers,
@@ -415,6 +474,7 @@ impl ModelConfig {
             residual_scale: hp.residual_scale,
             logit_scale: hp.logit_scale,
             final_softcap: hp.final_softcap,
+            moe,
             context_length,
             vocab_size,
             arch,

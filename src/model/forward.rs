@@ -4,6 +4,7 @@
 //! `Weights`), read here as switches: which norms exist, Q/K norms, biases, RoPE per layer,
 //! windows, the activation, the scales.
 
+use super::weights::Ffn;
 use super::{BatchMeta, Model};
 use crate::backend::cpu::step::{CpuBuffers, CpuStep, CpuWeights};
 use crate::backend::ops::{Attention, Buf, Mat, Network, Ops, Shape, VecRef};
@@ -137,14 +138,21 @@ impl Network for Model {
             norm(ops, Buf::Proj, lw.post_attn_norm)?;
             ops.add_scaled(Buf::X, Buf::Proj, c.residual_scale)?;
 
-            // FFN: norm, gated activation, down (+ biases), post-norm.
+            // FFN: norm, gated activation, down (+ biases), post-norm; or the experts the
+            // router picks.
             ops.rmsnorm(Buf::X, lw.ffn_norm, eps, Buf::H)?;
-            ops.matmul(Buf::H, &[(&lw.w_gate, Buf::Gate), (&lw.w_up, Buf::Up)])?;
-            bias(ops, Buf::Gate, lw.b_gate)?;
-            bias(ops, Buf::Up, lw.b_up)?;
-            ops.glu(c.activation)?;
-            ops.matmul(Buf::Gate, &[(&lw.w_down, Buf::Proj)])?;
-            bias(ops, Buf::Proj, lw.b_down)?;
+            match (&lw.ffn, &c.moe) {
+                (Ffn::Dense(d), _) => {
+                    ops.matmul(Buf::H, &[(&d.gate, Buf::Gate), (&d.up, Buf::Up)])?;
+                    bias(ops, Buf::Gate, d.b_gate)?;
+                    bias(ops, Buf::Up, d.b_up)?;
+                    ops.glu(c.activation)?;
+                    ops.matmul(Buf::Gate, &[(&d.down, Buf::Proj)])?;
+                    bias(ops, Buf::Proj, d.b_down)?;
+                }
+                (Ffn::Experts(x), Some(moe)) => ops.moe(x, moe.routing, c.activation)?,
+                (Ffn::Experts(_), None) => bail!("layer {li} has experts but no routing"),
+            }
             norm(ops, Buf::Proj, lw.post_ffn_norm)?;
             ops.add_scaled(Buf::X, Buf::Proj, c.residual_scale)?;
         }

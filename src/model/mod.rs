@@ -10,8 +10,8 @@ mod weights;
 pub use crate::backend::batch::{BatchMeta, Logits};
 pub use crate::backend::ops::{Mat, Network, RopeLayout, RopeTable, Shape, VecRef, Widths};
 pub use arch::{Family, SUPPORTED};
-pub use config::{LayerConfig, ModelConfig, RopeScaling};
-pub use weights::{LayerWeights, Weights};
+pub use config::{LayerConfig, ModelConfig, MoeConfig, RopeScaling};
+pub use weights::{DenseFfn, Ffn, LayerWeights, Weights};
 
 use crate::backend::cpu::packed_weights::PackedWeights;
 use crate::gguf::GgufFile;
@@ -59,6 +59,7 @@ impl Model {
             n_rot: config.n_rot,
             rope_layout: config.rope_layout,
             ropes: weights.rope_tables(&config, config.context_length),
+            n_expert: config.moe.map_or(0, |m| m.n_expert),
         };
         Ok(Model {
             file,
@@ -87,25 +88,38 @@ impl Model {
         self.file.file_size() as usize
     }
 
-    /// Bytes of weight data a decode step reads (every matrix once).
+    /// Bytes of weight data one decoding token reads: every matrix once, but of a mixture of
+    /// experts only the router and the experts it picks.
     pub fn weight_bytes(&self) -> usize {
-        self.weights
-            .matrices()
-            .iter()
-            .map(|m| m.rows * m.row_bytes())
-            .sum()
+        let used = self.config.moe.map(|m| m.routing.used);
+        Self::bytes_of(&self.weights.active_matrices(used))
     }
 
-    /// Multiply-add FLOPs (2 per weight) of one token through the transformer blocks.
+    /// Bytes of every matrix (of a mixture of experts, every expert's).
+    pub fn all_weight_bytes(&self) -> usize {
+        Self::bytes_of(&self.weights.matrices())
+    }
+
+    fn bytes_of(mats: &[&Mat]) -> usize {
+        mats.iter().map(|m| m.rows * m.row_bytes()).sum()
+    }
+
+    /// Parameters of the matrices: (all of them, those one token uses).
+    pub fn parameters(&self) -> (usize, usize) {
+        let count = |mats: Vec<&Mat>| mats.iter().map(|m| m.rows * m.cols).sum::<usize>();
+        let used = self.config.moe.map(|m| m.routing.used);
+        (
+            count(self.weights.matrices()),
+            count(self.weights.active_matrices(used)),
+        )
+    }
+
+    /// Multiply-add FLOPs (2 per weight) of one token through the transformer blocks (of a
+    /// mixture of experts, through the experts it picks).
     pub fn block_flops_per_token(&self) -> f64 {
         let out = &self.weights.output;
-        let all: usize = self
-            .weights
-            .matrices()
-            .iter()
-            .map(|m| m.rows * m.cols)
-            .sum();
-        2.0 * (all - out.rows * out.cols) as f64
+        let (_, active) = self.parameters();
+        2.0 * (active - out.rows * out.cols) as f64
     }
 
     /// FLOPs of one row of logits (the output projection).

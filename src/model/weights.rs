@@ -6,7 +6,7 @@
 
 use super::arch::Optional;
 use super::config::{ModelConfig, RopeScaling};
-use crate::backend::ops::{Mat, RopeTable, VecRef};
+use crate::backend::ops::{Experts, Mat, RopeTable, VecRef};
 use crate::gguf::GgufFile;
 use crate::quant;
 use anyhow::{bail, Context, Result};
@@ -28,13 +28,46 @@ pub struct LayerWeights {
     pub bo: Option<VecRef>,             // [n_embd]
     pub post_attn_norm: Option<VecRef>, // [n_embd] (gemma3)
     pub ffn_norm: VecRef,               // [n_embd]
-    pub w_gate: Mat,                    // [n_ff × n_embd]
-    pub w_up: Mat,                      // [n_ff × n_embd]
+    pub ffn: Ffn,
+    pub post_ffn_norm: Option<VecRef>, // [n_embd] (gemma3)
+}
+
+/// A block's feed-forward network.
+#[derive(Clone, Debug)]
+pub enum Ffn {
+    /// One gated FFN.
+    Dense(DenseFfn),
+    /// A mixture of experts (`model::config::MoeConfig` says how they are routed).
+    Experts(Experts),
+}
+
+#[derive(Clone, Debug)]
+pub struct DenseFfn {
+    pub gate: Mat, // [n_ff × n_embd]
+    pub up: Mat,   // [n_ff × n_embd]
+    pub down: Mat, // [n_embd × n_ff]
     pub b_gate: Option<VecRef>,
     pub b_up: Option<VecRef>,
-    pub w_down: Mat, // [n_embd × n_ff]
     pub b_down: Option<VecRef>,
-    pub post_ffn_norm: Option<VecRef>, // [n_embd] (gemma3)
+}
+
+impl Ffn {
+    /// Every matrix of the FFN.
+    pub fn matrices(&self) -> Vec<&Mat> {
+        match self {
+            Ffn::Dense(d) => vec![&d.gate, &d.up, &d.down],
+            Ffn::Experts(x) => x.matrices().collect(),
+        }
+    }
+
+    /// The matrices one token reads: the router and `used` experts' (of equal size, so the
+    /// first `used`).
+    pub fn active_matrices(&self, used: usize) -> Vec<&Mat> {
+        match self {
+            Ffn::Dense(_) => self.matrices(),
+            Ffn::Experts(x) => x.matrices().take(1 + 3 * used).collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -97,6 +130,37 @@ impl Binder<'_> {
             tensor: idx,
             first_row: 0,
         }))
+    }
+
+    /// A 3-D tensor of `n` experts' matrices, each `rows` rows of `cols` values, as one
+    /// matrix per expert.
+    fn experts(&mut self, name: &str, cols: usize, rows: usize, n: usize) -> Result<Vec<Mat>> {
+        let idx = self
+            .index(name)
+            .with_context(|| format!("model has no tensor '{name}'"))?;
+        let info = &self.file.tensors()[idx];
+        let dims = &info.dims;
+        let three_d = dims.len() >= 3 && dims[3..].iter().all(|&d| d == 1);
+        if !three_d || dims[..3] != [cols as u64, rows as u64, n as u64] {
+            bail!("tensor '{name}' has dims {dims:?}, expected [{cols}, {rows}, {n}] (one matrix per expert)");
+        }
+        if !quant::is_supported(info.ty) {
+            bail!(
+                "tensor '{name}' has type {} which edgelm cannot compute with",
+                info.ty
+            );
+        }
+        self.used[idx] = true;
+        Ok((0..n)
+            .map(|e| Mat {
+                name: format!("{name}[{e}]"),
+                ty: info.ty,
+                cols,
+                rows,
+                tensor: idx,
+                first_row: e * rows,
+            })
+            .collect())
     }
 
     /// A small 1-D tensor, dequantized into the arena.
@@ -231,7 +295,7 @@ impl Binder<'_> {
     /// Block `i`'s weights, bound in a fixed order (the arena's layout follows it).
     fn layer(&mut self, cfg: &ModelConfig, opt: &Optional, i: usize) -> Result<LayerWeights> {
         let fam = cfg.family;
-        let (e, qd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.n_ff);
+        let (e, qd) = (cfg.n_embd, cfg.q_dim());
         let n = |s: &str| format!("blk.{i}.{s}");
         let attn_norm = self.vector(&n("attn_norm.weight"), e)?;
         let qkv = self.qkv(cfg, i)?;
@@ -251,19 +315,15 @@ impl Binder<'_> {
             None
         };
         let ffn_norm = self.vector(&n("ffn_norm.weight"), e)?;
-        let (w_gate, w_up) = if fam.fused_gate_up() {
-            let up = self.mat(&n("ffn_up.weight"), e, 2 * ff)?;
-            (band(&up, 0, ff, "gate"), band(&up, ff, ff, "up"))
-        } else {
-            (
-                self.mat(&n("ffn_gate.weight"), e, ff)?,
-                self.mat(&n("ffn_up.weight"), e, ff)?,
-            )
+        let ffn = match cfg.moe {
+            Some(moe) => Ffn::Experts(Experts {
+                router: self.mat(&n("ffn_gate_inp.weight"), e, moe.n_expert)?,
+                gate: self.experts(&n("ffn_gate_exps.weight"), e, moe.n_ff_exp, moe.n_expert)?,
+                up: self.experts(&n("ffn_up_exps.weight"), e, moe.n_ff_exp, moe.n_expert)?,
+                down: self.experts(&n("ffn_down_exps.weight"), moe.n_ff_exp, e, moe.n_expert)?,
+            }),
+            None => Ffn::Dense(self.dense_ffn(cfg, opt, i)?),
         };
-        let w_down = self.mat(&n("ffn_down.weight"), ff, e)?;
-        let b_gate = self.allowed_vector(&n("ffn_gate.bias"), opt.ffn_biases, ff)?;
-        let b_up = self.allowed_vector(&n("ffn_up.bias"), opt.ffn_biases, ff)?;
-        let b_down = self.allowed_vector(&n("ffn_down.bias"), opt.ffn_biases, e)?;
         let post_ffn_norm = if fam.post_norms() {
             Some(self.vector(&n("post_ffw_norm.weight"), e)?)
         } else {
@@ -283,13 +343,31 @@ impl Binder<'_> {
             bo,
             post_attn_norm,
             ffn_norm,
-            w_gate,
-            w_up,
-            b_gate,
-            b_up,
-            w_down,
-            b_down,
+            ffn,
             post_ffn_norm,
+        })
+    }
+
+    /// Block `i`'s gated FFN: gate and up fused in one tensor or apart, with their biases.
+    fn dense_ffn(&mut self, cfg: &ModelConfig, opt: &Optional, i: usize) -> Result<DenseFfn> {
+        let (e, ff) = (cfg.n_embd, cfg.n_ff);
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let (gate, up) = if cfg.family.fused_gate_up() {
+            let up = self.mat(&n("ffn_up.weight"), e, 2 * ff)?;
+            (band(&up, 0, ff, "gate"), band(&up, ff, ff, "up"))
+        } else {
+            (
+                self.mat(&n("ffn_gate.weight"), e, ff)?,
+                self.mat(&n("ffn_up.weight"), e, ff)?,
+            )
+        };
+        Ok(DenseFfn {
+            gate,
+            up,
+            down: self.mat(&n("ffn_down.weight"), ff, e)?,
+            b_gate: self.allowed_vector(&n("ffn_gate.bias"), opt.ffn_biases, ff)?,
+            b_up: self.allowed_vector(&n("ffn_up.bias"), opt.ffn_biases, ff)?,
+            b_down: self.allowed_vector(&n("ffn_down.bias"), opt.ffn_biases, e)?,
         })
     }
 
@@ -388,7 +466,22 @@ impl Weights {
     pub fn matrices(&self) -> Vec<&Mat> {
         let mut all = vec![&self.output];
         for l in &self.layers {
-            all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            all.extend(l.ffn.matrices());
+        }
+        all
+    }
+
+    /// The matrices one token reads: all of a dense model's; of a mixture of experts, the
+    /// router and `used` experts per layer (`None`: every expert).
+    pub fn active_matrices(&self, used: Option<usize>) -> Vec<&Mat> {
+        let Some(used) = used else {
+            return self.matrices();
+        };
+        let mut all = vec![&self.output];
+        for l in &self.layers {
+            all.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            all.extend(l.ffn.active_matrices(used));
         }
         all
     }

@@ -5,9 +5,11 @@ mod test_models;
 
 // Each test crate uses a part of these.
 #[allow(unused_imports)]
-pub use test_models::{test_model, GEMMA3_TEST_WINDOW, TEST_ARCHS};
+pub use test_models::{
+    test_model, GEMMA3_TEST_WINDOW, TEST_ARCHS, TEST_EXPERTS, TEST_EXPERTS_USED,
+};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub fn repo_root() -> PathBuf {
@@ -118,7 +120,20 @@ pub fn edited_model(
         &mut Vec<(String, Vec<u64>, edgelm::quant::GgmlType, Vec<u8>)>,
     ),
 ) -> PathBuf {
-    let file = edgelm::gguf::GgufFile::open(model_path()).unwrap();
+    edited_copy(&model_path(), name, edit)
+}
+
+/// A copy of `source` with its metadata and tensors edited by `edit`, written as
+/// target/test-artifacts/`name`.
+pub fn edited_copy(
+    source: &Path,
+    name: &str,
+    edit: impl FnOnce(
+        &mut Vec<(String, edgelm::gguf::Value)>,
+        &mut Vec<(String, Vec<u64>, edgelm::quant::GgmlType, Vec<u8>)>,
+    ),
+) -> PathBuf {
+    let file = edgelm::gguf::GgufFile::open(source).unwrap();
     let mut kvs: Vec<(String, edgelm::gguf::Value)> = file.metadata().to_vec();
     let mut tensors: Vec<_> = file
         .tensors()

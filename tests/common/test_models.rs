@@ -12,12 +12,22 @@ use std::path::{Path, PathBuf};
 
 /// The architectures [`test_model`] makes (the reference model itself is `llama` with tied
 /// output; its `llama` test model adds what Llama 3.x adds).
-pub const TEST_ARCHS: [&str; 7] = [
-    "llama", "qwen2", "qwen3", "phi3", "smollm3", "granite", "gemma3",
+pub const TEST_ARCHS: [&str; 8] = [
+    "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "granite", "gemma3",
 ];
 
 /// Bumped when a recipe changes, so files made by an older one are not reused.
 const RECIPE: u32 = 1;
+
+/// The `qwen3moe` test model's experts. Each dense FFN is cut in `TEST_SLICES` slices of its
+/// width, and every slice is two experts (e and e + `TEST_SLICES`) that differ in strength.
+/// The router's row for expert e + `TEST_SLICES` is the negated row of expert e, so of each
+/// pair exactly one has a positive logit and the top `TEST_EXPERTS_USED` picks one expert of
+/// each pair: together they compute about the dense FFN (a model as good as the reference
+/// one), and which one of a pair a token picks, and with what weight, changes the output.
+const TEST_SLICES: usize = 4;
+pub const TEST_EXPERTS: usize = 2 * TEST_SLICES;
+pub const TEST_EXPERTS_USED: usize = TEST_SLICES;
 
 /// The sliding window of the `gemma3` test model: short enough that a 512-token chunk crosses
 /// it many times (the real Gemma 3's 512 never matters at `-c 512`).
@@ -121,6 +131,12 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
                 _ => {}
             }
         }
+        if let (Some(l), "qwen3moe") = (layer, arch) {
+            if let Some(experts) = experts_of(&tensor, kind, l, n_embd) {
+                out.extend(experts);
+                continue;
+            }
+        }
         let rows = tensor.1.get(1).copied().unwrap_or(1) as usize;
         out.push(tensor);
         let Some(l) = layer else { continue };
@@ -129,7 +145,7 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
             ("qwen2", "attn_q" | "attn_k" | "attn_v") => {
                 out.push(vector(&format!("blk.{l}.{kind}.bias"), rows, 0.0, 0.05))
             }
-            ("qwen3" | "gemma3", "attn_q") => {
+            ("qwen3" | "qwen3moe" | "gemma3", "attn_q") => {
                 out.push(vector(&name("attn_q_norm"), head_dim, 1.0, 0.1));
                 out.push(vector(&name("attn_k_norm"), head_dim, 1.0, 0.1));
             }
@@ -162,6 +178,15 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
             key("attention.scale", Value::F32(0.11));
             key("logit_scale", Value::F32(1.5));
         }
+        "qwen3moe" => {
+            let ff = u32_key("feed_forward_length") as usize;
+            key("expert_count", Value::U32(TEST_EXPERTS as u32));
+            key("expert_used_count", Value::U32(TEST_EXPERTS_USED as u32));
+            key(
+                "expert_feed_forward_length",
+                Value::U32((ff / TEST_SLICES) as u32),
+            );
+        }
         "gemma3" => {
             key("attention.sliding_window", Value::U32(GEMMA3_TEST_WINDOW));
             key("attention.key_length", Value::U32(head_dim as u32));
@@ -177,6 +202,71 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
         w = w.tensor(name, &dims, ty, bytes);
     }
     w.to_bytes()
+}
+
+/// The expert tensors that stand for dense FFN tensor `t` of layer `l` (see
+/// [`TEST_SLICES`]): slice s of the FFN's width is the gate and up rows of band s (the same
+/// bytes) and a band of the down matrix's columns, scaled by `TEST_SLICES` in expert s and by
+/// three quarters of that in expert s + `TEST_SLICES`. The router is written beside the gate.
+fn experts_of(t: &Tensor, kind: &str, l: usize, n_embd: usize) -> Option<Vec<Tensor>> {
+    let (name, dims, ty, bytes) = t;
+    let exps = |k: &str| format!("blk.{l}.{k}_exps.weight");
+    let n = TEST_EXPERTS as u64;
+    match kind {
+        "ffn_gate" | "ffn_up" => {
+            let both = [bytes.as_slice(), bytes.as_slice()].concat();
+            let (cols, slice_rows) = (dims[0], dims[1] / TEST_SLICES as u64);
+            let mut out = vec![(exps(kind), vec![cols, slice_rows, n], *ty, both)];
+            if kind == "ffn_gate" {
+                let half = vector(
+                    &format!("blk.{l}.ffn_gate_inp.weight"),
+                    n_embd * TEST_SLICES,
+                    0.0,
+                    0.02,
+                );
+                let negated: Vec<u8> = half
+                    .3
+                    .chunks_exact(4)
+                    .flat_map(|v| (-f32::from_le_bytes(v.try_into().unwrap())).to_le_bytes())
+                    .collect();
+                let router = [half.3, negated].concat();
+                out.push((half.0, vec![n_embd as u64, n], half.2, router));
+            }
+            Some(out)
+        }
+        "ffn_down" => {
+            assert_eq!(*ty, GgmlType::Q4_1, "{name}: the recipe scales Q4_1 blocks");
+            let (cols, rows) = (dims[0] as usize, dims[1] as usize);
+            let row_bytes = bytes.len() / rows;
+            let slice = row_bytes / TEST_SLICES;
+            let mut out = Vec::with_capacity(2 * bytes.len());
+            for strength in [1.0, 0.75] {
+                for s in 0..TEST_SLICES {
+                    for r in 0..rows {
+                        let at = r * row_bytes + s * slice;
+                        let factor = strength * TEST_SLICES as f32;
+                        out.extend(scaled_q4_1(&bytes[at..at + slice], factor));
+                    }
+                }
+            }
+            let ff = (cols / TEST_SLICES) as u64;
+            Some(vec![(exps("ffn_down"), vec![ff, rows as u64, n], *ty, out)])
+        }
+        _ => None,
+    }
+}
+
+/// Q4_1 blocks (f16 scale d, f16 minimum m, 16 bytes of nibbles) with every value times
+/// `factor`: d and m scaled.
+fn scaled_q4_1(blocks: &[u8], factor: f32) -> Vec<u8> {
+    let mut out = blocks.to_vec();
+    for b in out.chunks_exact_mut(20) {
+        for at in [0, 2] {
+            let v = half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32() * factor;
+            b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+    }
+    out
 }
 
 /// Tensors of the same type and row length, their rows stacked in order.

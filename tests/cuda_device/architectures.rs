@@ -123,6 +123,14 @@ fn check(arch: &str) {
 #[ignore = "needs a CUDA device: packaging/gpu-check.sh runs it"]
 fn cuda_every_architecture_matches_the_cpu() {
     for arch in TEST_ARCHS {
+        let model = Model::load(&test_model(arch)).unwrap();
+        if model.config.moe.is_some() {
+            // No expert kernels on the device yet: refused before anything is uploaded.
+            let why = edgelm::backend::cuda::check_supported(&model).unwrap_err();
+            assert!(why.contains("mixture-of-experts"), "{arch}: {why}");
+            eprintln!("{arch}: refused on the device ({why})");
+            continue;
+        }
         check(arch);
     }
 }

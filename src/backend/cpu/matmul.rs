@@ -8,6 +8,7 @@ use super::parallel::SharedSlice;
 use super::pool;
 use crate::quant::packed::GROUP;
 use crate::quant::{self, GgmlType};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Quantizes `n_tok` rows of `cols` activations into `ty`'s dot format.
 pub fn quantize_activations(ty: GgmlType, x: &[f32], cols: usize, buf: &mut Vec<u8>) -> usize {
@@ -56,6 +57,15 @@ impl WeightRef<'_> {
     }
 }
 
+/// Weight bytes the matmuls have streamed since the process started (each matrix once per
+/// call, however many tokens the call has): what `edgelm bench` divides by the tokens decoded
+/// to show that a mixture of experts reads only the experts its tokens pick.
+static WEIGHT_BYTES_READ: AtomicU64 = AtomicU64::new(0);
+
+pub fn weight_bytes_read() -> u64 {
+    WEIGHT_BYTES_READ.load(Ordering::Relaxed)
+}
+
 /// `w` is `rows` rows of type `ty`, each `cols` wide; `x` is n_tok × cols; `out` n_tok × rows.
 pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: &mut [f32]) {
     let m = WeightRef {
@@ -97,6 +107,7 @@ pub fn matmul_fused(
             m.rows * m.ty.row_bytes(cols as u64).expect("checked at load") as usize
         };
         assert!(m.w.len() >= bytes, "weight buffer too short");
+        WEIGHT_BYTES_READ.fetch_add(bytes as u64, Ordering::Relaxed);
     }
     XQ.with_borrow_mut(|xq| {
         // One quantized copy of the input per distinct dot format (usually just one).

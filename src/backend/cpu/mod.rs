@@ -5,6 +5,7 @@ pub mod attention;
 mod attention_avx512;
 mod f16_round;
 pub mod matmul;
+pub mod moe;
 pub mod ops;
 pub mod packed_weights;
 mod parallel;

@@ -2,6 +2,7 @@
 
 use super::attention::{paged_attention, AttnShape, AttnToken, TILE};
 use super::matmul::{embed, embed_packed, matmul_fused, WeightRef};
+use super::moe::{moe_ffn, ExpertWeights, MoeScratch};
 use super::ops::{
     add_bias, add_in_place, gelu_mul, hadamard_64, rmsnorm, rmsnorm_in_place, rope_apply,
     rope_cos_sin, silu_mul,
@@ -9,7 +10,7 @@ use super::ops::{
 use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
 use crate::backend::batch::BatchMeta;
-use crate::backend::ops::{Activation, Attention, Buf, Mat, Ops, Shape, VecRef};
+use crate::backend::ops::{Activation, Attention, Buf, Experts, Mat, Ops, Routing, Shape, VecRef};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvPages, Part};
 use anyhow::Result;
@@ -37,6 +38,7 @@ fn index(b: Buf) -> usize {
 #[derive(Default)]
 pub struct CpuBuffers {
     bufs: [Vec<f32>; BUFS],
+    moe: MoeScratch,
 }
 
 impl CpuBuffers {
@@ -172,6 +174,20 @@ impl<'a> CpuStep<'a> {
     fn put(&mut self, b: Buf, v: Vec<f32>) {
         *self.buf(b) = v;
     }
+
+    /// `m` as the matmul reads it: its packed groups where it was packed, else the file's rows.
+    fn weight(&self, m: &Mat) -> WeightRef<'a> {
+        let file = self.w.file;
+        let packed = self.w.packed.get(m);
+        WeightRef {
+            w: packed.unwrap_or_else(|| m.data(file)),
+            ty: m.ty,
+            rows: m.rows,
+            cols: m.cols,
+            height: file.tensors()[m.tensor].dims[1] as usize,
+            packed: packed.is_some(),
+        }
+    }
 }
 
 impl Ops for CpuStep<'_> {
@@ -205,21 +221,7 @@ impl Ops for CpuStep<'_> {
     }
 
     fn matmul(&mut self, x: Buf, outs: &[(&Mat, Buf)]) -> Result<()> {
-        let file = self.w.file;
-        let mats: Vec<WeightRef<'_>> = outs
-            .iter()
-            .map(|(m, _)| {
-                let packed = self.w.packed.get(m);
-                WeightRef {
-                    w: packed.unwrap_or_else(|| m.data(file)),
-                    ty: m.ty,
-                    rows: m.rows,
-                    cols: m.cols,
-                    height: file.tensors()[m.tensor].dims[1] as usize,
-                    packed: packed.is_some(),
-                }
-            })
-            .collect();
+        let mats: Vec<WeightRef<'_>> = outs.iter().map(|(m, _)| self.weight(m)).collect();
         let rows = self.buf(x).len() / outs[0].0.cols;
         let mut taken: Vec<Vec<f32>> = outs
             .iter()
@@ -333,6 +335,29 @@ impl Ops for CpuStep<'_> {
             }
         });
         self.put(Buf::Gate, gate);
+        Ok(())
+    }
+
+    fn moe(&mut self, experts: &Experts, routing: Routing, act: Activation) -> Result<()> {
+        let all = |ms: &[Mat]| ms.iter().map(|m| self.weight(m)).collect();
+        let w = ExpertWeights {
+            router: self.weight(&experts.router),
+            gate: all(&experts.gate),
+            up: all(&experts.up),
+            down: all(&experts.down),
+        };
+        let mut out = self.take(Buf::Proj);
+        let bufs = &mut *self.bufs;
+        moe_ffn(
+            &w,
+            routing,
+            act,
+            &bufs.bufs[index(Buf::H)],
+            &self.batch.generated,
+            &mut bufs.moe,
+            &mut out,
+        );
+        self.put(Buf::Proj, out);
         Ok(())
     }
 

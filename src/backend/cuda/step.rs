@@ -7,7 +7,9 @@ use super::kv_pool::KvPool;
 use super::ops::Kernels;
 use super::weights::DeviceWeights;
 use super::workspace::Workspace;
-use crate::backend::ops::{Activation, Attention, Buf, Mat, Ops, RopeLayout, Shape, VecRef};
+use crate::backend::ops::{
+    Activation, Attention, Buf, Experts, Mat, Ops, RopeLayout, Routing, Shape, VecRef,
+};
 use crate::kv::{KvLayout, KvType};
 use anyhow::{anyhow, Result};
 use cudarc::driver::CudaStream;
@@ -195,6 +197,11 @@ impl Ops for CudaStep<'_> {
                 self.values(Buf::Gate),
             )
             .map_err(dev)
+    }
+
+    fn moe(&mut self, _: &Experts, _: Routing, _: Activation) -> Result<()> {
+        // `check_supported` refuses such a model before a step runs.
+        anyhow::bail!("the CUDA backend has no mixture-of-experts kernels")
     }
 
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()> {

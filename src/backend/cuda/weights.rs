@@ -35,6 +35,12 @@ pub fn max_query_heads_per_kv_head(head_dim: usize) -> usize {
 /// Why `net` cannot run on the CUDA kernels, or `Ok` when it can.
 pub fn check_supported(net: &impl Network) -> Result<(), String> {
     let s = net.shape();
+    if s.n_expert > 0 {
+        return Err(format!(
+            "mixture-of-experts FFNs ({} experts; the CUDA backend has no expert kernels yet)",
+            s.n_expert
+        ));
+    }
     if !HEAD_DIMS.contains(&s.head_dim) {
         return Err(format!(
             "head_dim {} (the attention kernels take {HEAD_DIMS:?})",
