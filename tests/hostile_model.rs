@@ -243,3 +243,49 @@ fn hostile_expert_models_are_refused_with_a_clear_error() {
         }
     }
 }
+
+/// gpt-oss: a file without its attention sinks, with expert biases of the wrong size, or with
+/// its MXFP4 expert data cut short is refused with an error naming what is wrong.
+#[test]
+fn hostile_gpt_oss_models_are_refused_with_a_clear_error() {
+    let oss = common::test_model("gpt-oss");
+    let refused = |name: &str, edit: &dyn Fn(&mut Vec<common::TensorEntry>)| {
+        let path = common::edited_copy(&oss, name, |_, tensors| edit(tensors));
+        match Model::load(&path) {
+            Ok(_) => panic!("{name} loaded"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let e = refused("oss-no-sinks.gguf", &|t| {
+        t.retain(|x| x.0 != "blk.3.attn_sinks.weight")
+    });
+    assert!(e.contains("blk.3.attn_sinks.weight"), "{e}");
+    let e = refused("oss-short-bias.gguf", &|t| {
+        let b = t
+            .iter_mut()
+            .find(|x| x.0 == "blk.1.ffn_up_exps.bias")
+            .unwrap();
+        b.1 = vec![b.1[0], 7];
+        b.3.truncate(b.3.len() / 8 * 7);
+    });
+    assert!(e.contains("blk.1.ffn_up_exps.bias"), "{e}");
+    let e = refused("oss-not-mxfp4-sized.gguf", &|t| {
+        let x = t
+            .iter_mut()
+            .find(|x| x.0 == "blk.2.ffn_gate_exps.weight")
+            .unwrap();
+        x.1[0] = 560; // not whole blocks of 32
+    });
+    assert!(e.contains("blk.2.ffn_gate_exps.weight"), "{e}");
+
+    let bytes = std::fs::read(&oss).unwrap();
+    for cut in [bytes.len() - 17, bytes.len() * 2 / 3] {
+        let mut short = bytes.clone();
+        short.truncate(cut);
+        match catch_unwind(AssertUnwindSafe(|| load(short))) {
+            Ok(Ok(())) => panic!("a gpt-oss file cut at {cut} loaded"),
+            Ok(Err(e)) => assert!(!e.is_empty()),
+            Err(_) => panic!("a gpt-oss file cut at {cut} panicked"),
+        }
+    }
+}

@@ -256,3 +256,12 @@ fn qwen3moe_match_the_peer() {
     let name = format!("qwen3moe ({TEST_EXPERTS_USED} of {TEST_EXPERTS} experts)");
     check(&name, &test_model("qwen3moe"), TEST_MODEL_CHUNKS);
 }
+
+/// gpt-oss: attention sinks, biases on Q/K/V/O, a window of `GEMMA3_TEST_WINDOW` positions on
+/// every other layer, YaRN (factor 2 over an original context of 4,096), and MXFP4 experts with
+/// biases, picked by the top `TEST_EXPERTS_USED` router logits and weighted by a softmax over
+/// them, through the clamped SwiGLU.
+#[test]
+fn gpt_oss_match_the_peer() {
+    check("gpt-oss", &test_model("gpt-oss"), TEST_MODEL_CHUNKS);
+}

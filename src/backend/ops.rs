@@ -120,6 +120,8 @@ pub enum Activation {
     Silu,
     /// GELU, tanh approximation (GeGLU): gemma.
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `min(g, 7) · σ(1.702 · min(g, 7)) · (clamp(u, ±7) + 1)`.
+    SwigluOai,
 }
 
 /// How a mixture-of-experts layer turns its router's logits into the weights of the experts
@@ -128,6 +130,8 @@ pub enum Activation {
 pub enum Gating {
     /// Softmax over every expert's logit, then the top k of those probabilities (qwen3moe).
     SoftmaxThenTopK,
+    /// The top k logits, then a softmax over those alone (gpt-oss).
+    TopKThenSoftmax,
 }
 
 /// What a mixture-of-experts layer does with its router's logits.
@@ -148,11 +152,23 @@ pub struct Routing {
 pub struct Experts {
     /// [n_expert × n_embd].
     pub router: Mat,
+    /// Added to the router's logits (gpt-oss).
+    pub router_bias: Option<VecRef>,
+    /// Per expert, the biases of its gate, up and down outputs (gpt-oss).
+    pub biases: Option<Vec<ExpertBiases>>,
     /// Per expert: [n_ff_exp × n_embd].
     pub gate: Vec<Mat>,
     pub up: Vec<Mat>,
     /// Per expert: [n_embd × n_ff_exp].
     pub down: Vec<Mat>,
+}
+
+/// One expert's output biases.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpertBiases {
+    pub gate: VecRef,
+    pub up: VecRef,
+    pub down: VecRef,
 }
 
 impl Experts {
@@ -175,6 +191,9 @@ pub struct Attention {
     pub window: Option<usize>,
     /// Multiplies Q·K before the softmax.
     pub scale: f32,
+    /// Per query head, a logit that joins every softmax's denominator and nothing else
+    /// (gpt-oss's attention sinks).
+    pub sinks: Option<VecRef>,
 }
 
 /// The op set. Row counts come from the step: every buffer but `Head` and `Logits` has one row

@@ -22,6 +22,10 @@ pub enum Family {
     Gemma3,
     /// `phi3` (Phi-3/3.5/4-mini): fused QKV and gate/up, LongRoPE factors.
     Phi3,
+    /// `gpt-oss` (gpt-oss-20b/120b): attention sinks, biases everywhere, a sliding window on
+    /// every other layer, YaRN, and a mixture of experts (the top k of the router's logits,
+    /// softmax over those) with the clamped SwiGLU; its FFN norm is `post_attention_norm`.
+    GptOss,
     /// `smollm3`: no RoPE on every fourth layer.
     Smollm3,
     /// `granite` (Granite 3.x dense): embedding, residual, attention and logit scales.
@@ -31,6 +35,7 @@ pub enum Family {
 /// Architectures edgelm implements in full (the names `general.architecture` carries).
 pub const SUPPORTED: &[&str] = &[
     "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "smollm3", "granite",
+    "gpt-oss",
 ];
 
 impl Family {
@@ -44,6 +49,7 @@ impl Family {
             "phi3" => Family::Phi3,
             "smollm3" => Family::Smollm3,
             "granite" => Family::Granite,
+            "gpt-oss" => Family::GptOss,
             _ => return None,
         })
     }
@@ -51,15 +57,19 @@ impl Family {
     pub fn rope_layout(self) -> RopeLayout {
         match self {
             Family::Llama | Family::Smollm3 | Family::Granite => RopeLayout::Normal,
-            Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Phi3 => {
-                RopeLayout::Neox
-            }
+            Family::Qwen2
+            | Family::Qwen3
+            | Family::Qwen3Moe
+            | Family::Gemma3
+            | Family::Phi3
+            | Family::GptOss => RopeLayout::Neox,
         }
     }
 
     pub fn activation(self) -> Activation {
         match self {
             Family::Gemma3 => Activation::GeluTanh,
+            Family::GptOss => Activation::SwigluOai,
             _ => Activation::Silu,
         }
     }
@@ -74,7 +84,26 @@ impl Family {
     pub fn experts(self) -> Option<(Gating, bool)> {
         match self {
             Family::Qwen3Moe => Some((Gating::SoftmaxThenTopK, true)),
+            Family::GptOss => Some((Gating::TopKThenSoftmax, false)),
             _ => None,
+        }
+    }
+
+    /// A learned logit per query head in every softmax's denominator (`attn_sinks`).
+    pub fn attention_sinks(self) -> bool {
+        self == Family::GptOss
+    }
+
+    /// Biases on the router and on every expert's matrices.
+    pub fn expert_biases(self) -> bool {
+        self == Family::GptOss
+    }
+
+    /// The name of the norm before the FFN (gpt-oss calls it the post-attention norm).
+    pub fn ffn_norm_name(self) -> &'static str {
+        match self {
+            Family::GptOss => "post_attention_norm",
+            _ => "ffn_norm",
         }
     }
 
@@ -109,6 +138,11 @@ impl Family {
                 ..Optional::NONE
             },
             Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Smollm3 => Optional::NONE,
+            // Its output bias is required (bound with the sinks), the rest it does not have.
+            Family::GptOss => Optional {
+                attn_out_bias: true,
+                ..Optional::NONE
+            },
         }
     }
 }

@@ -15,6 +15,9 @@ pub enum RopeScaling {
     Linear,
     /// Phi-3's per-pair factors, long or short by the context (`rope_factors_long/short`).
     LongRope,
+    /// YaRN: low-frequency pairs interpolated by `freq_scale`, high-frequency ones kept, a
+    /// ramp between, and the magnitude scaled.
+    Yarn,
 }
 
 /// The parameters of one RoPE table before its factors (which are weights) are attached.
@@ -23,6 +26,38 @@ pub struct RopeParams {
     pub base: f32,
     pub freq_scale: f32,
     pub mscale: f32,
+    /// With YaRN scaling: the context the model was trained with before it (the ramp's
+    /// corner dimensions follow from it).
+    pub yarn_original_context: Option<usize>,
+}
+
+/// ggml's YaRN ramp edges (llama.cpp's defaults: `yarn_beta_fast`, `yarn_beta_slow`).
+const YARN_BETA_FAST: f32 = 32.0;
+const YARN_BETA_SLOW: f32 = 1.0;
+
+impl RopeParams {
+    /// Per-pair divisors of the angle that turn YaRN into a plain table with `freq_scale` 1:
+    /// ggml's `rope_yarn` mixes the interpolated angle (`freq_scale · θ`) and the extrapolated
+    /// one (θ) by a ramp over the pairs, which is θ times `freq_scale · (1 − r) + r`.
+    /// `None` without YaRN.
+    pub fn yarn_divisors(&self, n_rot: usize) -> Option<Vec<f32>> {
+        let original = self.yarn_original_context? as f32;
+        let corr_dim = |beta: f32| {
+            n_rot as f32 * (original / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * self.base.ln())
+        };
+        let low = corr_dim(YARN_BETA_FAST).floor().max(0.0);
+        let high = corr_dim(YARN_BETA_SLOW).ceil().min(n_rot as f32 - 1.0);
+        Some(
+            (0..n_rot / 2)
+                .map(|i| {
+                    let y = (i as f32 - low) / (high - low).max(0.001);
+                    let ramp = 1.0 - y.clamp(0.0, 1.0);
+                    1.0 / (self.freq_scale * (1.0 - ramp) + ramp)
+                })
+                .collect(),
+        )
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -275,8 +310,9 @@ impl GlobalRope {
             "none" => RopeScaling::None,
             "linear" => RopeScaling::Linear,
             "longrope" => RopeScaling::LongRope,
+            "yarn" => RopeScaling::Yarn,
             other => bail!(
-                "{} = '{other}' is not implemented (edgelm does none, linear and longrope)",
+                "{} = '{other}' is not implemented (edgelm does none, linear, longrope and yarn)",
                 k.name("rope.scaling.type")
             ),
         };
@@ -288,20 +324,44 @@ impl GlobalRope {
             (RopeScaling::None, _) | (_, None) | (_, Some(0.0)) => 1.0,
             (_, Some(f)) => 1.0 / f,
         };
-        let params = RopeParams {
-            base: k.f32("rope.freq_base")?.unwrap_or(10_000.0),
-            freq_scale,
-            mscale: k.f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
-        };
         let original_context = k
             .u32("rope.scaling.original_context_length")?
             .unwrap_or(context_length);
+        let attn_factor = k.f32("rope.scaling.attn_factor")?.unwrap_or(1.0);
+        let yarn = scaling == RopeScaling::Yarn;
+        let params = RopeParams {
+            base: k.f32("rope.freq_base")?.unwrap_or(10_000.0),
+            freq_scale,
+            mscale: if yarn {
+                attn_factor * yarn_mscale(k, 1.0 / freq_scale)?
+            } else {
+                attn_factor
+            },
+            yarn_original_context: yarn.then_some(original_context),
+        };
         Ok(GlobalRope {
             scaling,
             params,
             original_context,
         })
     }
+}
+
+/// The magnitude YaRN scales cos and sin by at scaling `factor`, as llama.cpp sets its
+/// `yarn_attn_factor` and ggml's `rope_yarn` multiplies it: `0.1 · ln(factor) + 1`, divided by
+/// the same with `rope.scaling.yarn_log_multiplier` where the file gives one.
+fn yarn_mscale(k: &Keys<'_>, factor: f32) -> Result<f32> {
+    let mscale = |m: f32| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        }
+    };
+    Ok(match k.f32("rope.scaling.yarn_log_multiplier")? {
+        Some(log_mul) if log_mul != 0.0 => mscale(1.0) / mscale(log_mul),
+        _ => mscale(1.0),
+    })
 }
 
 /// What a family changes on top of the plain llama model: further RoPE tables, per-layer RoPE
@@ -326,6 +386,7 @@ impl HyperParams {
             Family::Smollm3 => hp.smollm3(),
             Family::Granite => hp.granite(k)?,
             Family::Phi3 => hp.scale_queries(hp.attn_scale),
+            Family::GptOss => hp.gpt_oss(k, shape, global)?,
             Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {}
         }
         Ok(hp)
@@ -379,11 +440,41 @@ impl HyperParams {
             base: k.f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
             freq_scale: 1.0,
             mscale: global.mscale,
+            yarn_original_context: None,
         });
-        for (l, local) in sliding_pattern(k, shape.n_layers)?.into_iter().enumerate() {
+        for (l, local) in sliding_pattern(k, shape.n_layers, 6)?
+            .into_iter()
+            .enumerate()
+        {
             if local {
                 self.layers[l] = LayerConfig {
                     rope: Some(1),
+                    window: Some(window),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// gpt-oss: a sliding window (`attention.sliding_window`, required) on every other layer
+    /// (the even ones, by default), with the global RoPE table unless `rope.freq_base_swa`
+    /// gives the local layers a base of their own.
+    fn gpt_oss(&mut self, k: &Keys<'_>, shape: &Shape, global: RopeParams) -> Result<()> {
+        let window = k.req("attention.sliding_window")?;
+        let local_rope = match k.f32("rope.freq_base_swa")? {
+            Some(base) if base != global.base => {
+                self.ropes.push(RopeParams { base, ..global });
+                1
+            }
+            _ => 0,
+        };
+        for (l, local) in sliding_pattern(k, shape.n_layers, 2)?
+            .into_iter()
+            .enumerate()
+        {
+            if local {
+                self.layers[l] = LayerConfig {
+                    rope: Some(local_rope),
                     window: Some(window),
                 };
             }
@@ -508,9 +599,9 @@ impl ModelConfig {
 }
 
 /// Which layers are local (sliding-window): `attention.sliding_window_pattern` as an array of
-/// booleans, or as a period N (the last layer of every N is global), default 6, as llama.cpp's
-/// `load_swa_pattern`.
-fn sliding_pattern(k: &Keys<'_>, n_layers: usize) -> Result<Vec<bool>> {
+/// booleans, or as a period N (the last layer of every N is global), default the family's
+/// `period`, as llama.cpp's `load_swa_pattern`.
+fn sliding_pattern(k: &Keys<'_>, n_layers: usize, period: usize) -> Result<Vec<bool>> {
     let key = k.name("attention.sliding_window_pattern");
     if let Some(v) = k.file.get(&key) {
         if let Some(arr) = v.as_array() {
@@ -524,7 +615,7 @@ fn sliding_pattern(k: &Keys<'_>, n_layers: usize) -> Result<Vec<bool>> {
             return Ok(flags);
         }
     }
-    let period = k.u32("attention.sliding_window_pattern")?.unwrap_or(6);
+    let period = k.u32("attention.sliding_window_pattern")?.unwrap_or(period);
     Ok((0..n_layers)
         .map(|l| period == 0 || l % period < period - 1)
         .collect())
@@ -548,6 +639,41 @@ mod tests {
             )
             .to_bytes();
         GgufFile::from_bytes(bytes).unwrap()
+    }
+
+    /// YaRN as ggml's `rope_yarn` computes it, pair by pair: the extrapolated angle θ, the
+    /// interpolated one `freq_scale · θ`, mixed by the ramp between the corner dimensions;
+    /// the divisors must give the same angle.
+    #[test]
+    fn yarn_divisors_give_ggmls_mixed_angle() {
+        let (n_rot, base, original, factor) = (64usize, 10_000f32, 4096usize, 8.0f32);
+        let p = RopeParams {
+            base,
+            freq_scale: 1.0 / factor,
+            mscale: 1.0,
+            yarn_original_context: Some(original),
+        };
+        let div = p.yarn_divisors(n_rot).unwrap();
+        let corr = |beta: f32| {
+            n_rot as f32 * (original as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let (low, high) = (corr(32.0).floor().max(0.0), corr(1.0).ceil().min(63.0));
+        for (i, d) in div.iter().enumerate() {
+            let theta = 1000.0 * base.powf(-2.0 * i as f32 / n_rot as f32);
+            let ramp = 1.0 - ((i as f32 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+            let want = theta / factor * (1.0 - ramp) + theta * ramp;
+            assert!((theta / d - want).abs() <= 1e-4 * want, "pair {i}");
+        }
+        // High-frequency pairs keep their angle; the lowest are interpolated in full.
+        assert_eq!(div[0], 1.0);
+        assert!((div[n_rot / 2 - 1] - factor).abs() < 1e-5);
+        // Without YaRN, no divisors.
+        let plain = RopeParams {
+            yarn_original_context: None,
+            ..p
+        };
+        assert!(plain.yarn_divisors(n_rot).is_none());
     }
 
     #[test]

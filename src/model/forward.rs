@@ -129,6 +129,7 @@ impl Network for Model {
                 layer: li,
                 window: lc.window,
                 scale: c.attn_scale,
+                sinks: lw.sinks,
             })?;
             if rotated {
                 ops.hadamard(Buf::Attn)?;

@@ -5,8 +5,8 @@
 //! is refused (naming it), never run with a part of the model ignored.
 
 use super::arch::Optional;
-use super::config::{ModelConfig, RopeScaling};
-use crate::backend::ops::{Experts, Mat, RopeTable, VecRef};
+use super::config::{ModelConfig, MoeConfig, RopeScaling};
+use crate::backend::ops::{ExpertBiases, Experts, Mat, RopeTable, VecRef};
 use crate::gguf::GgufFile;
 use crate::quant;
 use anyhow::{bail, Context, Result};
@@ -26,6 +26,7 @@ pub struct LayerWeights {
     pub k_norm: Option<VecRef>,         // [head_dim]
     pub wo: Mat,                        // [n_embd × n_head·head_dim]
     pub bo: Option<VecRef>,             // [n_embd]
+    pub sinks: Option<VecRef>,          // [n_head] (gpt-oss)
     pub post_attn_norm: Option<VecRef>, // [n_embd] (gemma3)
     pub ffn_norm: VecRef,               // [n_embd]
     pub ffn: Ffn,
@@ -309,19 +310,19 @@ impl Binder<'_> {
         };
         let wo = self.mat(&n("attn_output.weight"), qd, e)?;
         let bo = self.allowed_vector(&n("attn_output.bias"), opt.attn_out_bias, e)?;
+        let sinks = if fam.attention_sinks() {
+            Some(self.vector(&n("attn_sinks.weight"), cfg.n_head)?)
+        } else {
+            None
+        };
         let post_attn_norm = if fam.post_norms() {
             Some(self.vector(&n("post_attention_norm.weight"), e)?)
         } else {
             None
         };
-        let ffn_norm = self.vector(&n("ffn_norm.weight"), e)?;
+        let ffn_norm = self.vector(&n(&format!("{}.weight", fam.ffn_norm_name())), e)?;
         let ffn = match cfg.moe {
-            Some(moe) => Ffn::Experts(Experts {
-                router: self.mat(&n("ffn_gate_inp.weight"), e, moe.n_expert)?,
-                gate: self.experts(&n("ffn_gate_exps.weight"), e, moe.n_ff_exp, moe.n_expert)?,
-                up: self.experts(&n("ffn_up_exps.weight"), e, moe.n_ff_exp, moe.n_expert)?,
-                down: self.experts(&n("ffn_down_exps.weight"), moe.n_ff_exp, e, moe.n_expert)?,
-            }),
+            Some(moe) => Ffn::Experts(self.moe_ffn(cfg, moe, i)?),
             None => Ffn::Dense(self.dense_ffn(cfg, opt, i)?),
         };
         let post_ffn_norm = if fam.post_norms() {
@@ -341,10 +342,59 @@ impl Binder<'_> {
             k_norm,
             wo,
             bo,
+            sinks,
             post_attn_norm,
             ffn_norm,
             ffn,
             post_ffn_norm,
+        })
+    }
+
+    /// Block `i`'s mixture of experts: the router, the experts' 3-D tensors and, where the
+    /// family has them, the router's and the experts' biases (one row per expert).
+    fn moe_ffn(&mut self, cfg: &ModelConfig, moe: MoeConfig, i: usize) -> Result<Experts> {
+        let (e, ff, n_exp) = (cfg.n_embd, moe.n_ff_exp, moe.n_expert);
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let router = self.mat(&n("ffn_gate_inp.weight"), e, n_exp)?;
+        let biases = cfg.family.expert_biases();
+        let router_bias = self.allowed_vector(&n("ffn_gate_inp.bias"), biases, n_exp)?;
+        let gate = self.experts(&n("ffn_gate_exps.weight"), e, ff, n_exp)?;
+        let up = self.experts(&n("ffn_up_exps.weight"), e, ff, n_exp)?;
+        let down = self.experts(&n("ffn_down_exps.weight"), ff, e, n_exp)?;
+        let biases = if biases {
+            let rows = |b: &mut Self, name: &str, len: usize| -> Result<Vec<VecRef>> {
+                let all = b.vector(&n(name), len * n_exp)?;
+                Ok((0..n_exp).map(|x| slice(all, x * len, len)).collect())
+            };
+            let g = rows(self, "ffn_gate_exps.bias", ff)?;
+            let u = rows(self, "ffn_up_exps.bias", ff)?;
+            let d = rows(self, "ffn_down_exps.bias", e)?;
+            Some(
+                (0..n_exp)
+                    .map(|x| ExpertBiases {
+                        gate: g[x],
+                        up: u[x],
+                        down: d[x],
+                    })
+                    .collect(),
+            )
+        } else {
+            for b in [
+                "ffn_gate_exps.bias",
+                "ffn_up_exps.bias",
+                "ffn_down_exps.bias",
+            ] {
+                self.allowed(&n(b), false)?;
+            }
+            None
+        };
+        Ok(Experts {
+            router,
+            router_bias,
+            biases,
+            gate,
+            up,
+            down,
         })
     }
 
@@ -450,14 +500,30 @@ impl Weights {
         cfg.ropes
             .iter()
             .enumerate()
-            .map(|(i, p)| RopeTable {
-                base: p.base,
-                freq_scale: p.freq_scale,
-                mscale: p.mscale,
-                // Only the global table takes the factors (Gemma's local one has none).
-                factors: (i == 0)
+            .map(|(i, p)| {
+                // Only the global table takes the file's factors (Gemma's local one has none).
+                let file = (i == 0)
                     .then(|| factors.map(|f| f.of(&self.arena).to_vec()))
-                    .flatten(),
+                    .flatten();
+                match p.yarn_divisors(cfg.n_rot) {
+                    // YaRN's interpolation is per pair: folded into the divisors, on top of
+                    // the file's factors (which divide the extrapolated angle, as in ggml).
+                    Some(yarn) => RopeTable {
+                        base: p.base,
+                        freq_scale: 1.0,
+                        mscale: p.mscale,
+                        factors: Some(match file {
+                            Some(f) => f.iter().zip(&yarn).map(|(f, y)| f * y).collect(),
+                            None => yarn,
+                        }),
+                    },
+                    None => RopeTable {
+                        base: p.base,
+                        freq_scale: p.freq_scale,
+                        mscale: p.mscale,
+                        factors: file,
+                    },
+                }
             })
             .collect()
     }

@@ -92,7 +92,7 @@ impl GgmlType {
     pub fn vec_dot_type(self) -> GgmlType {
         use GgmlType::*;
         match self {
-            Q4_0 | Q5_0 | Q8_0 => Q8_0,
+            Q4_0 | Q5_0 | Q8_0 | MXFP4 => Q8_0,
             Q4_1 | Q5_1 | Q8_1 => Q8_1,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => Q8_K,
             F16 => F16,
@@ -142,7 +142,7 @@ pub fn is_supported(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K | MXFP4
     )
 }
 
@@ -216,6 +216,7 @@ struct Kernels {
     q4_k: DotFn,
     q5_k: DotFn,
     q6_k: DotFn,
+    mxfp4: DotFn,
     f16: DotFn,
     bf16: DotFn,
     f32: DotFn,
@@ -231,6 +232,7 @@ const SCALAR: Kernels = Kernels {
     q4_k: reference::dot::q4_k_q8_k,
     q5_k: reference::dot::q5_k_q8_k,
     q6_k: reference::dot::q6_k_q8_k,
+    mxfp4: reference::dot::mxfp4_q8_0,
     f16: reference::dot::f16_f16,
     bf16: reference::dot::bf16_bf16,
     f32: reference::dot::f32_f32,
@@ -282,6 +284,7 @@ fn dot_with(k: &Kernels, ty: GgmlType, n: usize, w_row: &[u8], x_q: &[u8]) -> f3
         Q4_K => k.q4_k,
         Q5_K => k.q5_k,
         Q6_K => k.q6_k,
+        MXFP4 => k.mxfp4,
         F16 => k.f16,
         BF16 => k.bf16,
         F32 => k.f32,
@@ -347,10 +350,10 @@ mod tests {
     use super::test_util::{random_row, Rng};
     use super::*;
 
-    const WEIGHT_TYPES: [GgmlType; 11] = {
+    const WEIGHT_TYPES: [GgmlType; 12] = {
         use GgmlType::*;
         [
-            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4,
         ]
     };
 

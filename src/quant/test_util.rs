@@ -93,6 +93,10 @@ pub fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
         Q6_K => cast_mut::<BlockQ6K>(&mut out)
             .iter_mut()
             .for_each(|b| b.d = d(rng)),
+        // Scales of 2^-10 to 2^-2 (the exponent of the halved table).
+        MXFP4 => cast_mut::<BlockMxfp4>(&mut out)
+            .iter_mut()
+            .for_each(|b| b.e = 118 + (rng.u64() % 9) as u8),
         _ => panic!("random_row: {ty} not handled"),
     }
     out

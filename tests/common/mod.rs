@@ -123,6 +123,9 @@ pub fn edited_model(
     edited_copy(&model_path(), name, edit)
 }
 
+/// A tensor as the edit functions see it: name, ggml dims, type, bytes.
+pub type TensorEntry = (String, Vec<u64>, edgelm::quant::GgmlType, Vec<u8>);
+
 /// A copy of `source` with its metadata and tensors edited by `edit`, written as
 /// target/test-artifacts/`name`.
 pub fn edited_copy(

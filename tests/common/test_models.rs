@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 /// The architectures [`test_model`] makes (the reference model itself is `llama` with tied
 /// output; its `llama` test model adds what Llama 3.x adds).
-pub const TEST_ARCHS: [&str; 8] = [
-    "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "granite", "gemma3",
+pub const TEST_ARCHS: [&str; 9] = [
+    "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "granite", "gemma3", "gpt-oss",
 ];
 
 /// Bumped when a recipe changes, so files made by an older one are not reused.
@@ -131,19 +131,37 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
                 _ => {}
             }
         }
-        if let (Some(l), "qwen3moe") = (layer, arch) {
-            if let Some(experts) = experts_of(&tensor, kind, l, n_embd) {
+        if let (Some(l), "qwen3moe" | "gpt-oss") = (layer, arch) {
+            let gpt_oss = arch == "gpt-oss";
+            if let Some(experts) = experts_of(&tensor, kind, l, n_embd, gpt_oss) {
                 out.extend(experts);
                 continue;
             }
+        }
+        if let (Some(l), "gpt-oss", "ffn_norm") = (layer, arch, kind) {
+            // gpt-oss names the FFN's norm after the attention it follows.
+            let mut norm = tensor;
+            norm.0 = format!("blk.{l}.post_attention_norm.weight");
+            out.push(norm);
+            continue;
         }
         let rows = tensor.1.get(1).copied().unwrap_or(1) as usize;
         out.push(tensor);
         let Some(l) = layer else { continue };
         let name = |k: &str| format!("blk.{l}.{k}.weight");
         match (arch, kind) {
-            ("qwen2", "attn_q" | "attn_k" | "attn_v") => {
+            ("qwen2" | "gpt-oss", "attn_q" | "attn_k" | "attn_v") => {
                 out.push(vector(&format!("blk.{l}.{kind}.bias"), rows, 0.0, 0.05))
+            }
+            ("gpt-oss", "attn_output") => {
+                out.push(vector(
+                    &format!("blk.{l}.attn_output.bias"),
+                    rows,
+                    0.0,
+                    0.02,
+                ));
+                let n_head = u32_key("attention.head_count") as usize;
+                out.push(vector(&name("attn_sinks"), n_head, 0.5, 1.0));
             }
             ("qwen3" | "qwen3moe" | "gemma3", "attn_q") => {
                 out.push(vector(&name("attn_q_norm"), head_dim, 1.0, 0.1));
@@ -187,6 +205,22 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
                 Value::U32((ff / TEST_SLICES) as u32),
             );
         }
+        "gpt-oss" => {
+            let ff = u32_key("feed_forward_length") as usize;
+            key("expert_count", Value::U32(TEST_EXPERTS as u32));
+            key("expert_used_count", Value::U32(TEST_EXPERTS_USED as u32));
+            key(
+                "expert_feed_forward_length",
+                Value::U32((ff / TEST_SLICES) as u32),
+            );
+            key("attention.sliding_window", Value::U32(GEMMA3_TEST_WINDOW));
+            key("rope.scaling.type", Value::String("yarn".into()));
+            key("rope.scaling.factor", Value::F32(2.0));
+            key("rope.scaling.original_context_length", Value::U32(4096));
+            let mut output = raw("token_embd.weight");
+            output.0 = "output.weight".into();
+            out.push(output);
+        }
         "gemma3" => {
             key("attention.sliding_window", Value::U32(GEMMA3_TEST_WINDOW));
             key("attention.key_length", Value::U32(head_dim as u32));
@@ -208,15 +242,51 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
 /// [`TEST_SLICES`]): slice s of the FFN's width is the gate and up rows of band s (the same
 /// bytes) and a band of the down matrix's columns, scaled by `TEST_SLICES` in expert s and by
 /// three quarters of that in expert s + `TEST_SLICES`. The router is written beside the gate.
-fn experts_of(t: &Tensor, kind: &str, l: usize, n_embd: usize) -> Option<Vec<Tensor>> {
+///
+/// `gpt_oss`: the experts in MXFP4 (the Q4_1 rows decoded, scaled, and re-encoded), with the
+/// biases gpt-oss has (see [`router_bias`]; small ones on the gate and down outputs, and -1 on
+/// the up outputs). gpt-oss's SwiGLU is `x·σ(1.702·x)·(u + 1)`: with the gate rows divided by
+/// 1.702, the up rows multiplied by it and the up bias taking the 1 back, it is the reference
+/// model's `silu(g)·u` (but where its clamps bind), so the experts still compute about the
+/// reference model's FFN.
+fn experts_of(
+    t: &Tensor,
+    kind: &str,
+    l: usize,
+    n_embd: usize,
+    gpt_oss: bool,
+) -> Option<Vec<Tensor>> {
     let (name, dims, ty, bytes) = t;
     let exps = |k: &str| format!("blk.{l}.{k}_exps.weight");
     let n = TEST_EXPERTS as u64;
+    let expert_bias = |k: &str, len: usize, center: f32| {
+        let b = vector(
+            &format!("blk.{l}.{k}_exps.bias"),
+            len * TEST_EXPERTS,
+            center,
+            0.02,
+        );
+        (b.0, vec![len as u64, n], b.2, b.3)
+    };
     match kind {
         "ffn_gate" | "ffn_up" => {
-            let both = [bytes.as_slice(), bytes.as_slice()].concat();
             let (cols, slice_rows) = (dims[0], dims[1] / TEST_SLICES as u64);
-            let mut out = vec![(exps(kind), vec![cols, slice_rows, n], *ty, both)];
+            let (ty, bytes) = if gpt_oss {
+                let factor = if kind == "ffn_gate" {
+                    1.0 / 1.702
+                } else {
+                    1.702
+                };
+                (GgmlType::MXFP4, to_mxfp4(*ty, bytes, factor))
+            } else {
+                (*ty, bytes.clone())
+            };
+            let both = [bytes.as_slice(), bytes.as_slice()].concat();
+            let mut out = vec![(exps(kind), vec![cols, slice_rows, n], ty, both)];
+            if gpt_oss {
+                let center = if kind == "ffn_up" { -1.0 } else { 0.0 };
+                out.push(expert_bias(kind, slice_rows as usize, center));
+            }
             if kind == "ffn_gate" {
                 let half = vector(
                     &format!("blk.{l}.ffn_gate_inp.weight"),
@@ -231,6 +301,9 @@ fn experts_of(t: &Tensor, kind: &str, l: usize, n_embd: usize) -> Option<Vec<Ten
                     .collect();
                 let router = [half.3, negated].concat();
                 out.push((half.0, vec![n_embd as u64, n], half.2, router));
+                if gpt_oss {
+                    out.push(router_bias(l));
+                }
             }
             Some(out)
         }
@@ -245,15 +318,94 @@ fn experts_of(t: &Tensor, kind: &str, l: usize, n_embd: usize) -> Option<Vec<Ten
                     for r in 0..rows {
                         let at = r * row_bytes + s * slice;
                         let factor = strength * TEST_SLICES as f32;
-                        out.extend(scaled_q4_1(&bytes[at..at + slice], factor));
+                        let band = &bytes[at..at + slice];
+                        if gpt_oss {
+                            out.extend(to_mxfp4(*ty, band, factor));
+                        } else {
+                            out.extend(scaled_q4_1(band, factor));
+                        }
                     }
                 }
             }
             let ff = (cols / TEST_SLICES) as u64;
+            if gpt_oss {
+                let down = (
+                    exps("ffn_down"),
+                    vec![ff, rows as u64, n],
+                    GgmlType::MXFP4,
+                    out,
+                );
+                return Some(vec![down, expert_bias("ffn_down", rows, 0.0)]);
+            }
             Some(vec![(exps("ffn_down"), vec![ff, rows as u64, n], *ty, out)])
         }
         _ => None,
     }
+}
+
+/// gpt-oss's router bias: +1 on experts 0..`TEST_SLICES` and -1 on their pair members (with
+/// a little noise, the same for both of a pair). A token still picks one expert of each pair,
+/// the strong one unless its router logit is below -1. Without the shift, the pick between the
+/// two is decided by a logit near 0, and rounding differences flip picks often enough to make
+/// the model chaotic (llama.cpp's own q8_0-cache KLD 0.1 to 0.5 on it), which would make the
+/// comparison meaningless.
+fn router_bias(l: usize) -> Tensor {
+    let noise = vector(
+        &format!("blk.{l}.ffn_gate_inp.bias"),
+        TEST_SLICES,
+        0.0,
+        0.01,
+    );
+    let shifted = |by: f32| -> Vec<u8> {
+        noise
+            .3
+            .chunks_exact(4)
+            .flat_map(|v| (f32::from_le_bytes(v.try_into().unwrap()) + by).to_le_bytes())
+            .collect()
+    };
+    let bytes = [shifted(1.0), shifted(-1.0)].concat();
+    (noise.0.clone(), vec![TEST_EXPERTS as u64], noise.2, bytes)
+}
+
+/// Rows of `ty` decoded, times `factor`, and encoded as MXFP4 with ggml's reference quantizer
+/// (`quantize_row_mxfp4_ref`): per 32 values, the exponent of the largest magnitude less 2,
+/// and each value's nearest entry of the doubled E2M1 table.
+fn to_mxfp4(ty: GgmlType, bytes: &[u8], factor: f32) -> Vec<u8> {
+    const KVALUES: [f32; 16] = [
+        0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0,
+    ];
+    let n = bytes.len() / ty.block_bytes() * ty.block_elems();
+    let mut values = vec![0f32; n];
+    edgelm::quant::dequantize_row(ty, bytes, &mut values).unwrap();
+    let mut out = Vec::with_capacity(n / 32 * 17);
+    for block in values.chunks_exact(32) {
+        let block: Vec<f32> = block.iter().map(|v| v * factor).collect();
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let e = if amax > 0.0 {
+            (amax.log2().floor() - 2.0 + 127.0) as u8
+        } else {
+            0
+        };
+        // 2^(e − 128), as ggml's GGML_E8M0_TO_FP32_HALF.
+        let d = if e < 2 {
+            f32::from_bits(0x0020_0000 << e)
+        } else {
+            f32::from_bits((e as u32 - 1) << 23)
+        };
+        let nearest = |x: f32| {
+            let mut best = (0, (KVALUES[0] * d - x).abs());
+            for (i, k) in KVALUES.iter().enumerate().skip(1) {
+                let err = (k * d - x).abs();
+                if err < best.1 {
+                    best = (i, err);
+                }
+            }
+            best.0 as u8
+        };
+        out.push(e);
+        out.extend((0..16).map(|j| nearest(block[j]) | (nearest(block[j + 16]) << 4)));
+    }
+    out
 }
 
 /// Q4_1 blocks (f16 scale d, f16 minimum m, 16 bytes of nibbles) with every value times

@@ -49,13 +49,15 @@ pub struct AttnShape {
     pub scale: f32,
 }
 
-/// `q` is n_tok × (n_head·head_dim), already rotated; `out` the same shape.
+/// `q` is n_tok × (n_head·head_dim), already rotated; `out` the same shape. `sinks`: per
+/// query head, a logit in the softmax's denominator only (see [`with_sink`]).
 pub fn paged_attention(
     kv: &KvPages,
     layer: usize,
     shape: &AttnShape,
     tokens: &[AttnToken<'_>],
     q: &[f32],
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let hd = shape.head_dim;
@@ -78,13 +80,26 @@ pub fn paged_attention(
                 .map(|t| unsafe { shared.slice_mut(head_range(t).start, heads.len() * hd) })
                 .collect();
             let (t0, t1) = (seg.tokens.start, seg.tokens.end);
+            let first_head = seg.kv_head * rep + heads.start;
+            let sinks_g = sinks.map(|s| &s[first_head..first_head + heads.len()]);
+            let (toks, m) = (&tokens[t0..t1], heads.len());
+            let scale = shape.scale;
             if tokens[t0].tiled {
-                let (toks, m) = (&tokens[t0..t1], heads.len());
-                let scale = shape.scale;
-                attend_chunk_tiled(kv, layer, seg.kv_head, toks, &q_g, m, hd, scale, &mut out_g);
+                let out = &mut out_g;
+                attend_chunk_tiled(
+                    kv,
+                    layer,
+                    seg.kv_head,
+                    toks,
+                    &q_g,
+                    m,
+                    hd,
+                    scale,
+                    sinks_g,
+                    out,
+                );
             } else {
-                let (toks, m) = (&tokens[t0..t1], heads.len());
-                let scale = shape.scale;
+                let out = &mut out_g;
                 attend_rows(
                     kv,
                     layer,
@@ -94,7 +109,8 @@ pub fn paged_attention(
                     m,
                     hd,
                     scale,
-                    &mut out_g,
+                    sinks_g,
+                    out,
                     true,
                 );
             }
@@ -213,6 +229,7 @@ fn attend_rows(
     rep: usize,
     hd: usize,
     scale: f32,
+    sinks: Option<&[f32]>,
     outs: &mut [&mut [f32]],
     fast_rows: bool,
 ) {
@@ -286,13 +303,30 @@ fn attend_rows(
     for (j, out) in outs.iter_mut().enumerate() {
         for r in 0..rep {
             let h = &heads[j * rep + r];
-            let inv = if h.sum == 0.0 { 0.0 } else { 1.0 / h.sum };
+            let (acc_scale, sum) = match sinks {
+                Some(s) => with_sink(h.max, h.sum, s[r]),
+                None => (1.0, h.sum),
+            };
+            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
             for (o, &a) in out[r * hd..(r + 1) * hd].iter_mut().zip(&h.acc) {
-                *o = a * inv;
+                *o = a * acc_scale * inv;
             }
         }
     }
 }
+}
+
+/// A head's softmax with its sink logit `sink` joined to the denominator, as ggml's flash
+/// attention does after the last position: when the sink is above the running maximum, the
+/// output so far is rescaled to it. Returns (the output's rescale, the new sum).
+#[inline(always)]
+fn with_sink(max: f32, sum: f32, sink: f32) -> (f32, f32) {
+    if sink > max {
+        let ms = (max - sink).exp();
+        (ms, sum * ms + 1.0)
+    } else {
+        (1.0, sum + (sink - max).exp())
+    }
 }
 
 /// The per-row path's work for one block and one (token, head): the rows `seen` of the K and
@@ -428,6 +462,7 @@ fn attend_chunk_tiled(
     rep: usize,
     hd: usize,
     scale: f32,
+    sinks: Option<&[f32]>,
     outs: &mut [&mut [f32]],
 ) {
     let head = HeadRows {
@@ -487,6 +522,15 @@ fn attend_chunk_tiled(
                 // heads together (each V value loaded once for all of them).
                 let acc = &mut outs[j][r0 * hd..(r0 + heads) * hd];
                 accumulate_v(rows, seen.start..len, &v_tile, hd, acc);
+            }
+        }
+    }
+    if let Some(sinks) = sinks {
+        for (j, out) in outs.iter_mut().enumerate() {
+            for r in 0..rep {
+                let (acc_scale, s) = with_sink(max[j * rep + r], sum[j * rep + r], sinks[r]);
+                out[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= acc_scale);
+                sum[j * rep + r] = s;
             }
         }
     }
@@ -861,31 +905,39 @@ mod tests {
                 first: 0,
                 tiled,
             };
-            paged_attention(&kv, 0, &shape, &[tok(false)], &q, &mut out);
-            let mut tiled_out = vec![0f32; 4 * 64];
-            paged_attention(&kv, 0, &shape, &[tok(true)], &q, &mut tiled_out);
-            for (a, b) in out.iter().zip(&tiled_out) {
-                assert!((a - b).abs() < tol, "{kv_type}: per-row {a} vs tiled {b}");
-            }
-            for h in 0..4 {
-                let g = h / 2;
-                let s: Vec<f32> = (0..n)
-                    .map(|p| {
-                        (0..64)
-                            .map(|d| q[h * 64 + d] * val(p, g, d, 0))
-                            .sum::<f32>()
-                            / 8.0
-                    })
-                    .collect();
-                let m = s.iter().copied().fold(f32::MIN, f32::max);
-                let z: f32 = s.iter().map(|v| (v - m).exp()).sum();
-                for d in 0..64 {
-                    let want: f32 = (0..n).map(|p| (s[p] - m).exp() / z * val(p, g, d, 1)).sum();
-                    let got = out[h * 64 + d];
-                    assert!(
-                        (got - want).abs() < tol,
-                        "{kv_type} h{h} d{d}: {got} vs {want}"
-                    );
+            // Without sinks, then with a sink per head: below, near and far above the scores
+            // (the last rescales the output accumulated so far).
+            for sinks in [None, Some([-3.0f32, 0.2, 1.5, 12.0])] {
+                let sinks = sinks.as_ref().map(|s| &s[..]);
+                paged_attention(&kv, 0, &shape, &[tok(false)], &q, sinks, &mut out);
+                let mut tiled_out = vec![0f32; 4 * 64];
+                paged_attention(&kv, 0, &shape, &[tok(true)], &q, sinks, &mut tiled_out);
+                for (a, b) in out.iter().zip(&tiled_out) {
+                    assert!((a - b).abs() < tol, "{kv_type}: per-row {a} vs tiled {b}");
+                }
+                for h in 0..4 {
+                    let g = h / 2;
+                    let s: Vec<f32> = (0..n)
+                        .map(|p| {
+                            (0..64)
+                                .map(|d| q[h * 64 + d] * val(p, g, d, 0))
+                                .sum::<f32>()
+                                / 8.0
+                        })
+                        .collect();
+                    let m = s.iter().copied().fold(f32::MIN, f32::max);
+                    let sink = sinks.map_or(f32::NEG_INFINITY, |k| k[h]);
+                    let m = m.max(sink);
+                    let z: f32 = s.iter().map(|v| (v - m).exp()).sum::<f32>() + (sink - m).exp();
+                    for d in 0..64 {
+                        let want: f32 =
+                            (0..n).map(|p| (s[p] - m).exp() / z * val(p, g, d, 1)).sum();
+                        let got = out[h * 64 + d];
+                        assert!(
+                            (got - want).abs() < tol,
+                            "{kv_type} h{h} d{d} sinks {sinks:?}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }
@@ -949,7 +1001,7 @@ mod tests {
                 let [fast, portable] = [true, false].map(|fast_path| {
                     let mut out = vec![0f32; rep * hd];
                     let outs: &mut [&mut [f32]] = &mut [&mut out];
-                    attend_rows(&kv, 0, 0, &toks, &[&q], rep, hd, 0.3, outs, fast_path);
+                    attend_rows(&kv, 0, 0, &toks, &[&q], rep, hd, 0.3, None, outs, fast_path);
                     out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
                 });
                 assert_eq!(fast, portable, "hd {hd}, first {first}");
@@ -995,11 +1047,19 @@ mod tests {
             .map(|i| ((i * 7 % 23) as f32 - 11.0) / 5.0)
             .collect();
         let mut together = vec![0f32; q.len()];
-        paged_attention(&kv, 0, &shape, &toks, &q, &mut together);
+        paged_attention(&kv, 0, &shape, &toks, &q, None, &mut together);
         for (i, tok) in toks.iter().enumerate() {
             let mut alone = vec![0f32; 128];
             let one = [AttnToken { ..*tok }];
-            paged_attention(&kv, 0, &shape, &one, &q[i * 128..(i + 1) * 128], &mut alone);
+            paged_attention(
+                &kv,
+                0,
+                &shape,
+                &one,
+                &q[i * 128..(i + 1) * 128],
+                None,
+                &mut alone,
+            );
             for (a, b) in alone.iter().zip(&together[i * 128..(i + 1) * 128]) {
                 assert_eq!(a.to_bits(), b.to_bits(), "query at position {}", tok.pos);
             }
@@ -1100,7 +1160,7 @@ mod tests {
                 tiled,
             }];
             let mut out = vec![0f32; 64];
-            paged_attention(&kv, 0, &shape, &tok, &q, &mut out);
+            paged_attention(&kv, 0, &shape, &tok, &q, None, &mut out);
             let s: Vec<f32> = (first..n)
                 .map(|p| (0..64).map(|d| q[d] * val(p, 0, d, 0)).sum::<f32>() * 0.125)
                 .collect();

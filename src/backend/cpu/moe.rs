@@ -7,15 +7,18 @@
 //! their order (best first).
 
 use super::matmul::{matmul_fused, WeightRef};
-use super::ops::{gelu_mul, silu_mul};
+use super::ops::{add_bias, gated};
 use crate::backend::ops::{Activation, Gating, Routing};
 
 /// The weights of one mixture-of-experts layer, as the CPU reads them.
 pub struct ExpertWeights<'a> {
     pub router: WeightRef<'a>,
+    pub router_bias: Option<&'a [f32]>,
     pub gate: Vec<WeightRef<'a>>,
     pub up: Vec<WeightRef<'a>>,
     pub down: Vec<WeightRef<'a>>,
+    /// Per expert, the biases of its gate, up and down outputs.
+    pub biases: Option<Vec<[&'a [f32]; 3]>>,
 }
 
 /// Buffers kept between steps (a step allocates nothing once they have grown).
@@ -42,13 +45,18 @@ const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 pub fn route(logits: &[f32], r: Routing, picks: &mut Vec<(usize, f32)>) {
     picks.clear();
     let mut probs = logits.to_vec();
-    match r.gating {
-        Gating::SoftmaxThenTopK => softmax(&mut probs),
+    if r.gating == Gating::SoftmaxThenTopK {
+        softmax(&mut probs);
     }
     let mut order: Vec<usize> = (0..probs.len()).collect();
     // Stable: equal probabilities keep the lower expert first.
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
     picks.extend(order.iter().take(r.used).map(|&e| (e, probs[e])));
+    if r.gating == Gating::TopKThenSoftmax {
+        let mut w: Vec<f32> = picks.iter().map(|p| p.1).collect();
+        softmax(&mut w);
+        picks.iter_mut().zip(w).for_each(|(p, w)| p.1 = w);
+    }
     if r.normalize {
         let sum: f32 = picks.iter().map(|p| p.1).sum::<f32>().max(MIN_WEIGHT_SUM);
         picks.iter_mut().for_each(|p| p.1 /= sum);
@@ -86,6 +94,9 @@ pub fn moe_ffn(
     let (n_expert, k) = (w.router.rows, routing.used);
     s.logits.resize(n_tok * n_expert, 0.0);
     matmul_fused(&[w.router], h, &mut [&mut s.logits[..]], generated);
+    if let Some(b) = w.router_bias {
+        add_bias(&mut s.logits, b);
+    }
 
     let mut picks = std::mem::take(&mut s.picks);
     picks.clear();
@@ -150,16 +161,20 @@ fn expert_ffn(w: &ExpertWeights<'_>, e: usize, act: Activation, s: &mut MoeScrat
         &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]],
         &s.flags,
     );
-    match act {
-        Activation::Silu => silu_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
-        Activation::GeluTanh => gelu_mul(&mut s.gate[..n * ff], &s.up[..n * ff]),
+    if let Some(b) = &w.biases {
+        add_bias(&mut s.gate[..n * ff], b[e][0]);
+        add_bias(&mut s.up[..n * ff], b[e][1]);
     }
+    gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]);
     matmul_fused(
         &[w.down[e]],
         &s.gate[..n * ff],
         &mut [&mut s.down[..n * embd]],
         &s.flags,
     );
+    if let Some(b) = &w.biases {
+        add_bias(&mut s.down[..n * embd], b[e][2]);
+    }
 }
 
 #[cfg(test)]
@@ -192,6 +207,24 @@ mod tests {
         assert!((picks[0].1 / picks[1].1 - 1f32.exp()).abs() < 1e-5);
     }
 
+    /// gpt-oss's gating: the top k logits, weighted by a softmax over those alone (the same
+    /// weights as the softmax over all, renormalised over the picks).
+    #[test]
+    fn top_k_then_softmax_weighs_the_picks_by_their_own_softmax() {
+        let r = Routing {
+            used: 2,
+            gating: Gating::TopKThenSoftmax,
+            normalize: false,
+            scale: 1.0,
+        };
+        let mut picks = Vec::new();
+        route(&[0.5, -1.0, 3.0, 1.0], r, &mut picks);
+        assert_eq!(picks.iter().map(|p| p.0).collect::<Vec<_>>(), [2, 3]);
+        let z = 3f32.exp() + 1f32.exp();
+        assert!((picks[0].1 - 3f32.exp() / z).abs() < 1e-6);
+        assert!((picks[1].1 - 1f32.exp() / z).abs() < 1e-6);
+    }
+
     /// Two experts, each the identity scaled (2 and 3) in an f32 "FFN" whose down matrix
     /// undoes the SiLU: the mixture's output is the picks' weights times their scales.
     #[test]
@@ -217,6 +250,8 @@ mod tests {
         }
         let w = ExpertWeights {
             router: r(&router),
+            router_bias: None,
+            biases: None,
             // SiLU(30·x) ≈ 30·x for x = 1: gate scales by 30, up passes x, down brings it back.
             gate: vec![r(&big), r(&big)],
             up: vec![r(&eye), r(&eye)],

@@ -94,6 +94,28 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 }
 }
 
+/// gpt-oss's clamped SwiGLU, in place, as ggml's `swiglu_oai` (α = 1.702, limit 7): the gate
+/// clamped above, the up projection clamped both ways and shifted by one.
+pub fn swiglu_oai_mul(gate: &mut [f32], up: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        *g = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
+    }
+}
+
+/// `gate = act(gate) · up`, in place.
+pub fn gated(act: crate::backend::ops::Activation, gate: &mut [f32], up: &[f32]) {
+    use crate::backend::ops::Activation::*;
+    match act {
+        Silu => silu_mul(gate, up),
+        GeluTanh => gelu_mul(gate, up),
+        SwigluOai => swiglu_oai_mul(gate, up),
+    }
+}
+
 /// GeGLU: `gate = gelu(gate) * up`, in place, with GELU's tanh approximation looked up the way
 /// ggml-cpu does it (the peer's numerics): the input rounded to f16 and the result read from a
 /// table of f16 values, with the tails outside ±10 taken exactly.
@@ -297,6 +319,30 @@ mod tests {
             );
         }
         assert_eq!(g[4], 0.0);
+    }
+
+    /// gpt-oss's SwiGLU: x·σ(1.702x)·(u + 1), the gate clamped above at 7 and the up value to
+    /// ±7.
+    #[test]
+    fn swiglu_oai_clamps_the_gate_above_and_the_up_value_both_ways() {
+        let want = |g: f32, u: f32| {
+            let x = g.min(7.0);
+            x / (1.0 + (-1.702 * x).exp()) * (u.clamp(-7.0, 7.0) + 1.0)
+        };
+        let gate = [-3.0, 0.0, 1.5, 9.0, 2.0];
+        let up = [0.5, 2.0, -10.0, 1.0, 12.0];
+        let mut got = gate;
+        swiglu_oai_mul(&mut got, &up);
+        for i in 0..gate.len() {
+            assert!(
+                (got[i] - want(gate[i], up[i])).abs() < 1e-6,
+                "{i}: {}",
+                got[i]
+            );
+        }
+        // Past the clamps the output no longer grows.
+        assert_eq!(got[3], 7.0 / (1.0 + (-1.702f32 * 7.0).exp()) * 2.0);
+        assert!((got[2] - 1.5 / (1.0 + (-1.702f32 * 1.5).exp()) * -6.0).abs() < 1e-6);
     }
 
     #[test]

@@ -4,8 +4,7 @@ use super::attention::{paged_attention, AttnShape, AttnToken, TILE};
 use super::matmul::{embed, embed_packed, matmul_fused, WeightRef};
 use super::moe::{moe_ffn, ExpertWeights, MoeScratch};
 use super::ops::{
-    add_bias, add_in_place, gelu_mul, hadamard_64, rmsnorm, rmsnorm_in_place, rope_apply,
-    rope_cos_sin, silu_mul,
+    add_bias, add_in_place, gated, hadamard_64, rmsnorm, rmsnorm_in_place, rope_apply, rope_cos_sin,
 };
 use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
@@ -317,6 +316,7 @@ impl Ops for CpuStep<'_> {
             &shape,
             &self.attn_tokens[group],
             &self.bufs.bufs[index(Buf::Q)],
+            a.sinks.map(|s| s.of(self.w.arena)),
             &mut out,
         );
         self.put(Buf::Attn, out);
@@ -328,11 +328,7 @@ impl Ops for CpuStep<'_> {
         let up = &self.bufs.bufs[index(Buf::Up)];
         let ff = self.shape.widths.of(Buf::Gate);
         for_row_chunks(&mut gate, ff, |r0, g| {
-            let u = &up[r0 * ff..r0 * ff + g.len()];
-            match act {
-                Activation::Silu => silu_mul(g, u),
-                Activation::GeluTanh => gelu_mul(g, u),
-            }
+            gated(act, g, &up[r0 * ff..r0 * ff + g.len()])
         });
         self.put(Buf::Gate, gate);
         Ok(())
@@ -340,11 +336,18 @@ impl Ops for CpuStep<'_> {
 
     fn moe(&mut self, experts: &Experts, routing: Routing, act: Activation) -> Result<()> {
         let all = |ms: &[Mat]| ms.iter().map(|m| self.weight(m)).collect();
+        let arena = self.w.arena;
         let w = ExpertWeights {
             router: self.weight(&experts.router),
+            router_bias: experts.router_bias.map(|b| b.of(arena)),
             gate: all(&experts.gate),
             up: all(&experts.up),
             down: all(&experts.down),
+            biases: experts.biases.as_ref().map(|bs| {
+                bs.iter()
+                    .map(|b| [b.gate.of(arena), b.up.of(arena), b.down.of(arena)])
+                    .collect()
+            }),
         };
         let mut out = self.take(Buf::Proj);
         let bufs = &mut *self.bufs;

@@ -145,6 +145,10 @@ impl Ops for CudaStep<'_> {
     }
 
     fn attention(&mut self, a: Attention) -> Result<()> {
+        if a.sinks.is_some() {
+            // `check_supported` refuses the one family with sinks (a mixture of experts).
+            anyhow::bail!("the CUDA attention kernels have no attention sinks");
+        }
         let s = self.shape;
         let (group, layer) = self.layout.layer_slot[a.layer];
         let meta = self.ws.meta();
@@ -191,7 +195,14 @@ impl Ops for CudaStep<'_> {
         self.kernels
             .glu(
                 self.stream,
-                act == Activation::GeluTanh,
+                match act {
+                    Activation::Silu => false,
+                    Activation::GeluTanh => true,
+                    // Only a mixture of experts uses it, which `check_supported` refuses.
+                    Activation::SwigluOai => {
+                        anyhow::bail!("the CUDA kernels have no clamped SwiGLU")
+                    }
+                },
                 self.ptr(Buf::Gate),
                 self.ptr(Buf::Up),
                 self.values(Buf::Gate),

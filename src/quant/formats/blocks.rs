@@ -31,6 +31,21 @@ pub fn f32_to_f16(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_bits().to_le_bytes()
 }
 
+/// The doubled E2M1 values an MXFP4 nibble stands for (ggml's `kvalues_mxfp4`).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of the E8M0 scale `e` (2^(e − 128)), as ggml's `GGML_E8M0_TO_FP32_HALF`: the two
+/// smallest exponents are subnormal.
+#[inline(always)]
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
 /// bf16 is the top half of an f32 (`GGML_BF16_TO_FP32`).
 #[inline(always)]
 pub fn bf16_to_f32(b: [u8; 2]) -> f32 {
@@ -120,6 +135,11 @@ block!(
 block!(
     /// `block_q5_1`.
     BlockQ5_1, Q5_1, 24, { d: [u8; 2], m: [u8; 2], qh: [u8; 4], qs: [u8; QK / 2] }
+);
+block!(
+    /// `block_mxfp4`: x = kvalues_mxfp4[nibble] · 2^(e − 128) (the table holds doubled E2M1
+    /// values, so the scale is halved).
+    BlockMxfp4, MXFP4, 17, { e: u8, qs: [u8; QK / 2] }
 );
 block!(
     /// `block_q8_0`.

@@ -48,6 +48,7 @@ pub(crate) fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> bool {
         Q5_K => q5_k(cast(src), dst),
         Q6_K => q6_k(cast(src), dst),
         Q8_K => q8_k(cast(src), dst),
+        MXFP4 => mxfp4(cast(src), dst),
         Q2_K | Q3_K | I8 | I16 | I32 | I64 | F64 => return false,
     }
     true
@@ -218,6 +219,17 @@ fn q8_k(x: &[BlockQ8K], y: &mut [f32]) {
         let d = b.d();
         for (y, &q) in y.iter_mut().zip(b.qs.iter()) {
             *y = d * q as f32;
+        }
+    }
+}
+
+/// `dequantize_row_mxfp4`: the table value of each nibble times half the block's scale.
+fn mxfp4(x: &[BlockMxfp4], y: &mut [f32]) {
+    for (b, y) in x.iter().zip(y.chunks_exact_mut(QK)) {
+        let d = e8m0_to_f32_half(b.e);
+        for (j, &q) in b.qs.iter().enumerate() {
+            y[j] = KVALUES_MXFP4[(q & 0x0F) as usize] as f32 * d;
+            y[j + QK / 2] = KVALUES_MXFP4[(q >> 4) as usize] as f32 * d;
         }
     }
 }

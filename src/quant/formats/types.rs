@@ -28,6 +28,8 @@ pub enum GgmlType {
     I64,
     F64,
     BF16,
+    /// OCP microscaling FP4: 32 E2M1 values with one shared E8M0 scale (gpt-oss's experts).
+    MXFP4,
 }
 
 impl GgmlType {
@@ -55,6 +57,7 @@ impl GgmlType {
             27 => I64,
             28 => F64,
             30 => BF16,
+            39 => MXFP4,
             _ => return None,
         })
     }
@@ -82,6 +85,7 @@ impl GgmlType {
             I64 => 27,
             F64 => 28,
             BF16 => 30,
+            MXFP4 => 39,
         }
     }
 
@@ -108,6 +112,7 @@ impl GgmlType {
             I64 => "I64",
             F64 => "F64",
             BF16 => "BF16",
+            MXFP4 => "MXFP4",
         }
     }
 
@@ -115,7 +120,7 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         use GgmlType::*;
         match self {
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | MXFP4 => 32,
             Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => 256,
             _ => 1,
         }
@@ -129,6 +134,7 @@ impl GgmlType {
             F16 | BF16 | I16 => 2,
             I8 => 1,
             I64 | F64 => 8,
+            MXFP4 => 17,
             Q4_0 => 18,
             Q4_1 => 20,
             Q5_0 => 22,

@@ -65,6 +65,22 @@ pub(crate) fn hsum8(v: &[f32; 8]) -> f32 {
     (r[0] + r[2]) + (r[1] + r[3])
 }
 
+/// MXFP4 × Q8_0 (ggml's generic kernel).
+pub(crate) fn mxfp4_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let (w, x) = (cast::<BlockMxfp4>(w), cast::<BlockQ8_0>(x));
+    let mut sumf = 0f32;
+    for (a, b) in w.iter().zip(x) {
+        let d = f16_to_f32(b.d) * e8m0_to_f32_half(a.e);
+        let (mut sumi1, mut sumi2) = (0i32, 0i32);
+        for j in 0..QK / 2 {
+            sumi1 += b.qs[j] as i32 * KVALUES_MXFP4[(a.qs[j] & 0x0F) as usize] as i32;
+            sumi2 += b.qs[j + QK / 2] as i32 * KVALUES_MXFP4[(a.qs[j] >> 4) as usize] as i32;
+        }
+        sumf += d * (sumi1 + sumi2) as f32;
+    }
+    sumf
+}
+
 /// Q5_0 × Q8_0.
 pub(crate) fn q5_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x) = (cast::<BlockQ5_0>(w), cast::<BlockQ8_0>(x));
@@ -306,6 +322,25 @@ mod tests {
             .sum()
     }
 
+    /// An MXFP4 block decodes to its E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+    /// negatives) times 2^(e − 127): 8 for e = 130; the low nibbles are the block's first half.
+    #[test]
+    fn mxfp4_blocks_decode_to_e2m1_values_times_their_scale() {
+        let mut block = vec![130u8];
+        block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let mut y = vec![0f32; 32];
+        dequantize_row(GgmlType::MXFP4, &block, &mut y).unwrap();
+        let e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        for j in 0..16 {
+            let want = |i: usize| e2m1[i % 8] * if i >= 8 { -8.0 } else { 8.0 };
+            assert_eq!(y[j], want(j), "low nibble {j}");
+            assert_eq!(y[j + 16], want(15 - j), "high nibble {j}");
+        }
+        assert_eq!(e8m0_to_f32_half(0), 2f32.powi(-128));
+        assert_eq!(e8m0_to_f32_half(1), 2f32.powi(-127));
+        assert_eq!(e8m0_to_f32_half(255), 2f32.powi(127));
+    }
+
     /// The reference dot must agree with the plain f64 dot of the two
     /// dequantized rows: this checks the kernels' decoding and scale
     /// bookkeeping independently of the transcription from C.
@@ -314,7 +349,7 @@ mod tests {
         use GgmlType::*;
         let mut rng = Rng::new(0xd07);
         for ty in [
-            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4,
         ] {
             let vt = ty.vec_dot_type();
             for blocks in [1usize, 3, 7] {

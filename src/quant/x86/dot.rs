@@ -25,6 +25,7 @@ pub(in crate::quant) const AVX2: Kernels = Kernels {
     q4_k: q4_k_q8_k,
     q5_k: q5_k_q8_k,
     q6_k: q6_k_q8_k,
+    mxfp4: mxfp4_q8_0,
     f16: f16_f16,
     bf16: bf16_bf16,
     f32: f32_f32,
@@ -132,6 +133,23 @@ pub(crate) unsafe fn q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     for (a, b) in w.iter().zip(x) {
         let d = _mm256_set1_ps(h2f(a.d) * h2f(b.d));
         let qx = _mm256_sub_epi8(bytes_from_nibbles_32(&a.qs), off);
+        let q = mul_sum_i8_pairs_float(qx, load32(&b.qs));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_f32x8(acc)
+}
+
+/// MXFP4 × Q8_0 (ggml's AVX2 order): each nibble looked up in the doubled E2M1 table with one
+/// byte shuffle, then the Q4_0 block step with the block's E8M0 scale.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let (w, x) = (cast::<BlockMxfp4>(w), cast::<BlockQ8_0>(x));
+    let table = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
+    let table = _mm256_broadcastsi128_si256(table);
+    let mut acc = _mm256_setzero_ps();
+    for (a, b) in w.iter().zip(x) {
+        let d = _mm256_set1_ps(h2f(b.d) * e8m0_to_f32_half(a.e));
+        let qx = _mm256_shuffle_epi8(table, bytes_from_nibbles_32(&a.qs));
         let q = mul_sum_i8_pairs_float(qx, load32(&b.qs));
         acc = _mm256_fmadd_ps(d, q, acc);
     }
