@@ -28,6 +28,8 @@ struct Panels {
     q8_0: Option<PanelFn>,
     #[cfg(target_arch = "x86_64")]
     q5_0: Option<PanelFn>,
+    #[cfg(target_arch = "x86_64")]
+    mxfp4: Option<PanelFn>,
     /// The peer-order kernels (`order`'s repacked and tiled dots), all types in one.
     #[cfg(target_arch = "x86_64")]
     order: Option<OrderFn>,
@@ -46,6 +48,8 @@ const NONE: Panels = Panels {
     #[cfg(target_arch = "x86_64")]
     q5_0: None,
     #[cfg(target_arch = "x86_64")]
+    mxfp4: None,
+    #[cfg(target_arch = "x86_64")]
     order: None,
 };
 
@@ -55,6 +59,7 @@ const AVX2: Panels = Panels {
     q4_1: Some(x86::panel::avx2::q4_1),
     q8_0: Some(x86::panel::avx2::q8_0),
     q5_0: Some(x86::panel::avx2::q5_0),
+    mxfp4: Some(x86::panel::avx2::mxfp4),
     order: Some(x86::order::panel),
 };
 
@@ -66,6 +71,7 @@ const VNNI_256: Panels = Panels {
     q4_1: Some(x86::panel::vnni::q4_1),
     q8_0: Some(x86::panel::vnni::q8_0),
     q5_0: Some(x86::panel::vnni::q5_0),
+    mxfp4: Some(x86::panel::vnni::mxfp4),
     order: Some(x86::order::panel),
 };
 
@@ -75,6 +81,7 @@ const VNNI: Panels = Panels {
     q4_1: Some(x86::panel_avx512::q4_1),
     q8_0: Some(x86::panel_avx512::q8_0),
     q5_0: Some(x86::panel_avx512::q5_0),
+    mxfp4: Some(x86::panel_avx512::mxfp4),
     order: Some(x86::order::panel),
 };
 
@@ -279,6 +286,7 @@ fn gemm_with(
             GgmlType::Q4_1 => p.q4_1,
             GgmlType::Q8_0 => p.q8_0,
             GgmlType::Q5_0 => p.q5_0,
+            GgmlType::MXFP4 => p.mxfp4,
             _ => None,
         };
         if let Some(f) = panel {
@@ -315,6 +323,7 @@ mod tests {
             GgmlType::Q4_1,
             GgmlType::Q8_0,
             GgmlType::Q5_0,
+            GgmlType::MXFP4,
             GgmlType::Q4_0,
             GgmlType::Q6_K,
         ] {

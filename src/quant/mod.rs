@@ -31,6 +31,7 @@
 //! | row dot, all weight types | scalar | `reference/dot.rs` | dequantized f64 dot | `reference::dot::tests::reference_equals_dequantized_dot` |
 //! | row dot, all weight types | AVX2 | `x86/dot.rs` (`AVX2` table) | `reference/dot.rs`, ulp | `tests::fast_paths_match_reference` |
 //! | row dot, Q4_0 Q4_1 Q8_0 | NEON, NEON `sdot` | `arm/dot.rs` (`NEON`, `NEON_DOTPROD`) | `reference/dot.rs`, ulp | `tests::fast_paths_match_reference` |
+//! | row dot, MXFP4 | AVX2, NEON, NEON `sdot` | `x86/dot.rs`, `arm/dot.rs` (a byte shuffle or `tbl` looks the nibbles up) | `reference/dot.rs`, ulp | `tests::fast_paths_match_reference`; the format: `reference::dot::tests::mxfp4_blocks_decode_…` |
 //! | row dot, Q5_0 Q5_1 K-quants F16 BF16 F32 | NEON | not written: the Arm tables take `reference/dot.rs`'s | — | — |
 //! | panel, Q4_1 Q8_0 Q5_0 (lane order) | AVX2, VNNI-256 | `x86/panel.rs` | `vec_dot`, bits | `gemm::tests::avx2_panels_…`, `avx512_vnni_panels_…` |
 //! | panel, Q4_1 Q8_0 Q5_0 (lane order) | AVX-512 VNNI | `x86/panel_avx512.rs` | `vec_dot`, bits | `gemm::tests::avx512_vnni_panels_…` |

@@ -155,6 +155,72 @@ pub fn matmul_fused(
     })
 }
 
+/// Matrices that each have an input of their own (a mixture's experts, each over the tokens
+/// routed to it), in one parallel loop: the threads meet once for all of them, not once per
+/// matrix, which is most of the cost of a decoding token's small expert matrices.
+/// `xs[i]` is n_i × `mats[i].cols`, `outs[i]` n_i × `mats[i].rows`, and `generated[i]` the
+/// kinds of those n_i tokens (as [`matmul_fused`]'s). Inputs given twice (the same slice) are
+/// quantized once.
+pub fn matmul_each(
+    mats: &[WeightRef<'_>],
+    xs: &[&[f32]],
+    outs: &mut [&mut [f32]],
+    generated: &[&[bool]],
+) {
+    assert!(mats.len() == xs.len() && mats.len() == outs.len() && mats.len() == generated.len());
+    let n_of = |i: usize| xs[i].len() / mats[i].cols;
+    // Each input quantized once per dot format, on this thread: the inputs are a few rows.
+    let mut keys: Vec<(*const f32, usize, GgmlType)> = Vec::new();
+    let mut quantized: Vec<Vec<u8>> = Vec::new();
+    let mut which = Vec::with_capacity(mats.len());
+    for (i, m) in mats.iter().enumerate() {
+        debug_assert_eq!(outs[i].len(), n_of(i) * m.rows);
+        let bytes = m.rows * m.ty.row_bytes(m.cols as u64).expect("checked at load") as usize;
+        let bytes = if m.packed {
+            quant::packed::packed_bytes(m.ty, m.rows, m.cols)
+        } else {
+            bytes
+        };
+        assert!(m.w.len() >= bytes, "weight buffer too short");
+        WEIGHT_BYTES_READ.fetch_add(bytes as u64, Ordering::Relaxed);
+        let key = (xs[i].as_ptr(), xs[i].len(), m.ty.vec_dot_type());
+        match keys.iter().position(|k| *k == key) {
+            Some(at) => which.push(at),
+            None => {
+                let dot_ty = m.ty.vec_dot_type();
+                let row = dot_ty.row_bytes(m.cols as u64).expect("cols fit") as usize;
+                let mut buf = vec![0u8; row * n_of(i)];
+                for (x, dst) in xs[i].chunks_exact(m.cols).zip(buf.chunks_exact_mut(row)) {
+                    quant::quantize_row(dot_ty, x, dst);
+                }
+                which.push(quantized.len());
+                keys.push(key);
+                quantized.push(buf);
+            }
+        }
+    }
+    let threads = pool::threads();
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, m) in mats.iter().enumerate() {
+        let step = panel_rows(std::slice::from_ref(m), n_of(i), threads)[0];
+        tasks.extend((0..m.rows).step_by(step).map(|r0| (i, r0, step)));
+    }
+    let runs: Vec<TokenRuns> = (0..mats.len())
+        .map(|i| TokenRuns::of(generated[i], n_of(i)))
+        .collect();
+    let shared: Vec<SharedSlice<f32>> = outs.iter_mut().map(|o| SharedSlice::new(o)).collect();
+    pool::parallel_for(tasks.len(), |task| {
+        let (i, r0, step) = tasks[task];
+        let (m, xq) = (&mats[i], &quantized[which[i]][..]);
+        let r1 = (r0 + step).min(m.rows);
+        if m.packed {
+            run_packed_panel(m, xq, &runs[i], r0..r1, shared[i]);
+        } else {
+            run_panel(m, xq, n_of(i), r0..r1, shared[i]);
+        }
+    });
+}
+
 /// Rows per task for each matrix of a fused matmul over `n_tok` tokens on `threads` threads.
 ///
 /// A prompt's panel is much work whatever its height: up to 64 rows, enough panels for a fine

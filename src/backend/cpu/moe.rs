@@ -6,7 +6,7 @@
 //! renormalisation and scale, then each expert's gated FFN, weighted, summed over the picks in
 //! their order (best first).
 
-use super::matmul::{matmul_fused, WeightRef};
+use super::matmul::{matmul_each, matmul_fused, WeightRef};
 use super::ops::{add_bias, gated};
 use crate::backend::ops::{Activation, Gating, Routing};
 
@@ -27,15 +27,23 @@ pub struct MoeScratch {
     logits: Vec<f32>,
     /// Per token, its `used` picks (expert, weight), best first.
     picks: Vec<(usize, f32)>,
-    /// One expert's tokens: their step rows, their pick slots, their kinds.
-    rows: Vec<usize>,
-    flags: Vec<bool>,
+    /// The experts some token picked, each with its first row in the gathered buffers and
+    /// its pick slots (token · used + slot) in order.
+    groups: Vec<Group>,
+    /// The picked experts' rows, expert by expert: inputs, kinds, gate, up and down outputs.
     xs: Vec<f32>,
+    flags: Vec<bool>,
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
-    /// Per token and pick, the expert's output (tokens × used × embd).
-    ys: Vec<f32>,
+}
+
+/// One picked expert's share of the gathered rows.
+#[derive(Default)]
+struct Group {
+    expert: usize,
+    first: usize,
+    slots: Vec<usize>,
 }
 
 /// The smallest sum of chosen weights divided by (llama.cpp clamps it to the least normal f16).
@@ -110,26 +118,13 @@ pub fn moe_ffn(
         picks.extend_from_slice(&one);
     }
 
-    s.ys.clear();
-    s.ys.resize(n_tok * k * embd, 0.0);
-    for e in 0..n_expert {
-        s.rows.clear();
-        s.flags.clear();
-        s.xs.clear();
-        for (i, &(pe, _)) in picks.iter().enumerate() {
-            if pe == e {
-                let t = i / k;
-                s.rows.push(i);
-                s.flags.push(generated.get(t).copied().unwrap_or(false));
-                s.xs.extend_from_slice(&h[t * embd..(t + 1) * embd]);
-            }
-        }
-        if s.rows.is_empty() {
-            continue;
-        }
-        expert_ffn(w, e, act, s);
-        for (j, &i) in s.rows.iter().enumerate() {
-            s.ys[i * embd..(i + 1) * embd].copy_from_slice(&s.down[j * embd..(j + 1) * embd]);
+    gather(&picks, n_expert, k, h, embd, generated, s);
+    experts_ffn(w, act, s);
+    // Where each pick's output row is: slot → row of `s.down`.
+    let mut row_of = vec![0usize; picks.len()];
+    for g in &s.groups {
+        for (j, &slot) in g.slots.iter().enumerate() {
+            row_of[slot] = g.first + j;
         }
     }
 
@@ -137,7 +132,8 @@ pub fn moe_ffn(
     for t in 0..n_tok {
         let o = &mut out[t * embd..(t + 1) * embd];
         for (slot, &(_, weight)) in picks[t * k..(t + 1) * k].iter().enumerate() {
-            let y = &s.ys[(t * k + slot) * embd..(t * k + slot + 1) * embd];
+            let r = row_of[t * k + slot];
+            let y = &s.down[r * embd..(r + 1) * embd];
             if slot == 0 {
                 o.iter_mut().zip(y).for_each(|(o, &y)| *o = y * weight);
             } else {
@@ -148,32 +144,95 @@ pub fn moe_ffn(
     s.picks = picks;
 }
 
-/// Expert `e`'s gated FFN over the rows gathered in `s.xs`, into `s.down`.
-fn expert_ffn(w: &ExpertWeights<'_>, e: usize, act: Activation, s: &mut MoeScratch) {
-    let n = s.rows.len();
-    let (ff, embd) = (w.gate[e].rows, w.down[e].rows);
-    s.gate.resize(n * ff, 0.0);
-    s.up.resize(n * ff, 0.0);
-    s.down.resize(n * embd, 0.0);
-    matmul_fused(
-        &[w.gate[e], w.up[e]],
-        &s.xs,
-        &mut [&mut s.gate[..n * ff], &mut s.up[..n * ff]],
-        &s.flags,
-    );
-    if let Some(b) = &w.biases {
-        add_bias(&mut s.gate[..n * ff], b[e][0]);
-        add_bias(&mut s.up[..n * ff], b[e][1]);
+/// Groups the picks by expert: each picked expert's tokens' rows of `h`, in `s.xs`, one
+/// expert after another (`s.groups` says where).
+fn gather(
+    picks: &[(usize, f32)],
+    n_expert: usize,
+    k: usize,
+    h: &[f32],
+    embd: usize,
+    generated: &[bool],
+    s: &mut MoeScratch,
+) {
+    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); n_expert];
+    for (slot, &(e, _)) in picks.iter().enumerate() {
+        slots[e].push(slot);
     }
-    gated(act, &mut s.gate[..n * ff], &s.up[..n * ff]);
-    matmul_fused(
-        &[w.down[e]],
-        &s.gate[..n * ff],
-        &mut [&mut s.down[..n * embd]],
-        &s.flags,
-    );
+    s.groups.clear();
+    s.xs.clear();
+    s.flags.clear();
+    let mut first = 0;
+    for (expert, slots) in slots.into_iter().enumerate() {
+        if slots.is_empty() {
+            continue;
+        }
+        for &slot in &slots {
+            let t = slot / k;
+            s.xs.extend_from_slice(&h[t * embd..(t + 1) * embd]);
+            s.flags.push(generated.get(t).copied().unwrap_or(false));
+        }
+        let n = slots.len();
+        s.groups.push(Group {
+            expert,
+            first,
+            slots,
+        });
+        first += n;
+    }
+}
+
+/// Every picked expert's gated FFN over its gathered rows, into `s.down`: all the gate and up
+/// matrices in one parallel loop, then all the down matrices in another.
+fn experts_ffn(w: &ExpertWeights<'_>, act: Activation, s: &mut MoeScratch) {
+    let rows = s.xs.len() / w.router.cols;
+    let (ff, embd) = (w.gate[0].rows, w.down[0].rows);
+    s.gate.resize(rows * ff, 0.0);
+    s.up.resize(rows * ff, 0.0);
+    s.down.resize(rows * embd, 0.0);
+    let span = |g: &Group, width: usize| g.first * width..(g.first + g.slots.len()) * width;
+    {
+        let (mut mats, mut xs, mut kinds) = (Vec::new(), Vec::new(), Vec::new());
+        for g in &s.groups {
+            let (x, f) = (&s.xs[span(g, embd)], &s.flags[span(g, 1)]);
+            mats.extend([w.gate[g.expert], w.up[g.expert]]);
+            xs.extend([x, x]);
+            kinds.extend([f, f]);
+        }
+        let mut outs: Vec<&mut [f32]> = Vec::new();
+        let (mut gate, mut up) = (&mut s.gate[..], &mut s.up[..]);
+        for g in &s.groups {
+            let n = g.slots.len() * ff;
+            let (gh, gt) = std::mem::take(&mut gate).split_at_mut(n);
+            let (uh, ut) = std::mem::take(&mut up).split_at_mut(n);
+            outs.extend([gh, uh]);
+            (gate, up) = (gt, ut);
+        }
+        matmul_each(&mats, &xs, &mut outs, &kinds);
+    }
+    for g in &s.groups {
+        let (gate, up) = (&mut s.gate[span(g, ff)], &mut s.up[span(g, ff)]);
+        if let Some(b) = &w.biases {
+            add_bias(gate, b[g.expert][0]);
+            add_bias(up, b[g.expert][1]);
+        }
+        gated(act, gate, up);
+    }
+    let mats: Vec<WeightRef<'_>> = s.groups.iter().map(|g| w.down[g.expert]).collect();
+    let xs: Vec<&[f32]> = s.groups.iter().map(|g| &s.gate[span(g, ff)]).collect();
+    let kinds: Vec<&[bool]> = s.groups.iter().map(|g| &s.flags[span(g, 1)]).collect();
+    let mut outs: Vec<&mut [f32]> = Vec::new();
+    let mut down = &mut s.down[..];
+    for g in &s.groups {
+        let (head, tail) = std::mem::take(&mut down).split_at_mut(g.slots.len() * embd);
+        outs.push(head);
+        down = tail;
+    }
+    matmul_each(&mats, &xs, &mut outs, &kinds);
     if let Some(b) = &w.biases {
-        add_bias(&mut s.down[..n * embd], b[e][2]);
+        for g in &s.groups {
+            add_bias(&mut s.down[span(g, embd)], b[g.expert][2]);
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! NEON dot kernels for aarch64 (Q4_0, Q4_1, Q8_0; everything else uses the
-//! scalar reference). Modelled on ggml-cpu's arch/arm/quants.c, in two
+//! NEON dot kernels for aarch64 (Q4_0, Q4_1, Q8_0, MXFP4; everything else uses
+//! the scalar reference). Modelled on ggml-cpu's arch/arm/quants.c, in two
 //! variants chosen at run time: baseline NEON (`vmull_s8` + pairwise adds)
 //! and, where the CPU has it (`dotprod`, Armv8.2+: Cortex-A78AE in Jetson
 //! Orin, Neoverse, Apple), the `sdot` instruction. Its intrinsic is not
@@ -25,6 +25,7 @@ macro_rules! table {
             q4_0: $module::q4_0_q8_0,
             q4_1: $module::q4_1_q8_1,
             q8_0: $module::q8_0_q8_0,
+            mxfp4: $module::mxfp4_q8_0,
             ..crate::quant::SCALAR
         }
     };
@@ -113,6 +114,25 @@ macro_rules! kernels {
                     acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
                 }
                 vaddvq_f32(acc) + summs
+            }
+
+            /// Each nibble looked up in the doubled E2M1 table with one `tbl`.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn mxfp4_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
+                let (w, x) = (cast::<BlockMxfp4>(w), cast::<BlockQ8_0>(x));
+                let table = vld1q_s8(KVALUES_MXFP4.as_ptr());
+                let mut acc = vdupq_n_f32(0.0);
+                for (a, b) in w.iter().zip(x) {
+                    let (lo, hi) = nibbles(&a.qs);
+                    let xl = vqtbl1q_s8(table, lo);
+                    let xh = vqtbl1q_s8(table, hi);
+                    let yl = vld1q_s8(b.qs.as_ptr());
+                    let yh = vld1q_s8(b.qs.as_ptr().add(16));
+                    let p = vaddq_s32($dot(xl, yl), $dot(xh, yh));
+                    let d = f16_to_f32(b.d) * e8m0_to_f32_half(a.e);
+                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                }
+                vaddvq_f32(acc)
             }
 
             #[target_feature(enable = $features)]

@@ -144,13 +144,10 @@ pub(crate) unsafe fn q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn mxfp4_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
     let (w, x) = (cast::<BlockMxfp4>(w), cast::<BlockQ8_0>(x));
-    let table = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
-    let table = _mm256_broadcastsi128_si256(table);
     let mut acc = _mm256_setzero_ps();
     for (a, b) in w.iter().zip(x) {
         let d = _mm256_set1_ps(h2f(b.d) * e8m0_to_f32_half(a.e));
-        let qx = _mm256_shuffle_epi8(table, bytes_from_nibbles_32(&a.qs));
-        let q = mul_sum_i8_pairs_float(qx, load32(&b.qs));
+        let q = mul_sum_i8_pairs_float(mxfp4_values(a), load32(&b.qs));
         acc = _mm256_fmadd_ps(d, q, acc);
     }
     hsum_f32x8(acc)
@@ -180,6 +177,18 @@ pub(crate) unsafe fn q4_1_q8_1(_n: usize, w: &[u8], x: &[u8]) -> f32 {
 pub(crate) unsafe fn q5_0_values(a: &BlockQ5_0) -> __m256i {
     let bxhi = _mm256_andnot_si256(bytes_from_bits_32(a.qh), _mm256_set1_epi8(0xF0u8 as i8));
     _mm256_or_si256(bytes_from_nibbles_32(&a.qs), bxhi)
+}
+
+/// The 32 weights of an MXFP4 block as signed bytes (the doubled E2M1 table looked up by a
+/// byte shuffle), to be scaled by `e8m0_to_f32_half(a.e)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn mxfp4_values(a: &BlockMxfp4) -> __m256i {
+    let table = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
+    _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(table),
+        bytes_from_nibbles_32(&a.qs),
+    )
 }
 
 /// Unsigned 5-bit values of a Q5_1 block.

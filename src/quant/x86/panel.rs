@@ -93,7 +93,7 @@ macro_rules! panels {
             // The block helpers are the per-pair kernels' own (their AVX2 feature set is a
             // subset of every variant's, so they inline here).
             use crate::quant::x86::dot::{
-                bytes_from_nibbles_32 as nibbles, h2f, hsum_f32x8 as hsum8, load32, q5_0_values,
+                bytes_from_nibbles_32 as nibbles, h2f, hsum_f32x8 as hsum8, load32, mxfp4_values, q5_0_values,
             };
 
             /// The 4 lanes of `v` in memory, to be broadcast by the load unit (a broadcast
@@ -203,7 +203,7 @@ macro_rules! panels {
             /// One R×T tile of a signed-byte weight type (Q8_0, Q5_0) × Q8_0: ggml's single
             /// FMA chain per pair. `$values` gives a block's 32 weights as signed bytes.
             macro_rules! signed_tile {
-                ($tile_name:ident, $wblock:ty, $blk:ident => $values:expr) => {
+                ($tile_name:ident, $wblock:ty, $blk:ident => $values:expr, $scale:expr) => {
                     #[inline]
                     #[target_feature(enable = $features)]
                     unsafe fn $tile_name<const R: usize, const T: usize>(
@@ -237,7 +237,10 @@ macro_rules! panels {
                                     $values
                                 };
                                 let wabs = _mm256_sign_epi8(wsig, wsig);
-                                let wd = _mm_set1_ps(h2f(blk.d));
+                                let wd = _mm_set1_ps({
+                                    let $blk = blk;
+                                    $scale
+                                });
                                 let dd = _mm_mul_ps(wd, xd);
                                 let dd_lanes = spill_for::<T>(dd, &mut dd_mem);
                                 for t in 0..T {
@@ -260,12 +263,14 @@ macro_rules! panels {
                     }
                 };
             }
-            signed_tile!(q8_0_tile, BlockQ8_0, blk => load32(&blk.qs));
-            signed_tile!(q5_0_tile, BlockQ5_0, blk => q5_0_values(blk));
+            signed_tile!(q8_0_tile, BlockQ8_0, blk => load32(&blk.qs), h2f(blk.d));
+            signed_tile!(q5_0_tile, BlockQ5_0, blk => q5_0_values(blk), h2f(blk.d));
+            signed_tile!(mxfp4_tile, BlockMxfp4, blk => mxfp4_values(blk), e8m0_to_f32_half(blk.e));
 
             panel!(q4_1, q4_1_tile, BlockQ4_1, BlockQ8_1, $features, $rt, $tt);
             panel!(q8_0, q8_0_tile, BlockQ8_0, BlockQ8_0, $features, $rt, $tt);
             panel!(q5_0, q5_0_tile, BlockQ5_0, BlockQ8_0, $features, $rt, $tt);
+            panel!(mxfp4, mxfp4_tile, BlockMxfp4, BlockQ8_0, $features, $rt, $tt);
 
             /// Each token's block scales as f32, converted once per panel rather than
             /// once per tile row: per block, up to 4 tokens' `d` and `s` in one F16C

@@ -23,7 +23,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::formats::blocks::*;
-use crate::quant::x86::dot::{h2f, hsum_f32x8 as hsum8, load32, q5_0_values};
+use crate::quant::x86::dot::{h2f, hsum_f32x8 as hsum8, load32, mxfp4_values, q5_0_values};
 use crate::quant::x86::panel::{rows_from, vnni, ActScales};
 
 /// Tokens per group: four registers of two tokens each.
@@ -184,7 +184,7 @@ unsafe fn q4_1_tile<const R: usize>(
 /// One R×8 tile of a signed-byte weight type (Q8_0, Q5_0) × Q8_0: ggml's single FMA chain
 /// per pair, weights offset by 128. `$values` gives a block's 32 weights as signed bytes.
 macro_rules! signed_tile {
-    ($tile_name:ident, $wblock:ty, $blk:ident => $values:expr) => {
+    ($tile_name:ident, $wblock:ty, $blk:ident => $values:expr, $scale:expr) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
         unsafe fn $tile_name<const R: usize>(
@@ -204,7 +204,10 @@ macro_rules! signed_tile {
                     };
                     // w + 128 as unsigned bytes (xor flips the sign bit), in both halves.
                     let wu = _mm512_xor_si512(_mm512_broadcast_i64x4(wsig), offset);
-                    let wd = _mm512_set1_ps(h2f(blk.d));
+                    let wd = _mm512_set1_ps({
+                        let $blk = blk;
+                        $scale
+                    });
                     for (p, a) in acc[r].iter_mut().enumerate() {
                         let dd = _mm512_mul_ps(wd, _mm512_load_ps(gb.d[p].as_ptr()));
                         let xq = _mm512_load_si512(gb.q[p].as_ptr().cast());
@@ -218,8 +221,9 @@ macro_rules! signed_tile {
         }
     };
 }
-signed_tile!(q8_0_tile, BlockQ8_0, blk => load32(&blk.qs));
-signed_tile!(q5_0_tile, BlockQ5_0, blk => q5_0_values(blk));
+signed_tile!(q8_0_tile, BlockQ8_0, blk => load32(&blk.qs), h2f(blk.d));
+signed_tile!(q5_0_tile, BlockQ5_0, blk => q5_0_values(blk), h2f(blk.d));
+signed_tile!(mxfp4_tile, BlockMxfp4, blk => mxfp4_values(blk), e8m0_to_f32_half(blk.e));
 
 thread_local! {
     /// Per-thread scratch for the laid-out activations (reused, never shrunk).
@@ -288,3 +292,4 @@ macro_rules! panel {
 panel!(q4_1, q4_1_tile, BlockQ4_1, BlockQ8_1, false);
 panel!(q8_0, q8_0_tile, BlockQ8_0, BlockQ8_0, true);
 panel!(q5_0, q5_0_tile, BlockQ5_0, BlockQ8_0, true);
+panel!(mxfp4, mxfp4_tile, BlockMxfp4, BlockQ8_0, true);
