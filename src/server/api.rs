@@ -93,6 +93,7 @@ pub const CHAT_KEYS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "reasoning_effort",
 ];
 
 /// Rejects keys neither list names (serde cannot deny unknown fields next to `flatten`).
@@ -152,8 +153,8 @@ pub struct Message {
     /// Sent back by some clients with an assistant turn; not part of the prompt.
     #[allow(dead_code)]
     pub refusal: Option<serde_json::Value>,
-    /// Qwen3/R1 clients may send the reasoning back; templates drop it.
-    #[allow(dead_code)]
+    /// Clients may send the reasoning back: templates see it as `thinking` (gpt-oss keeps the
+    /// reasoning behind a call), others drop it.
     pub reasoning_content: Option<String>,
 }
 
@@ -171,6 +172,8 @@ pub struct ChatRequest {
     pub tools: Option<Vec<super::tools::Tool>>,
     pub tool_choice: Option<serde_json::Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// `low`, `medium` or `high`: for templates that set a reasoning budget (gpt-oss).
+    pub reasoning_effort: Option<serde_json::Value>,
     #[serde(flatten)]
     pub sampling: Sampling,
 }
@@ -187,6 +190,8 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<Message>>,
     pub add_special_tokens: Option<bool>,
     pub add_generation_prompt: Option<bool>,
+    /// As in a chat request, so that the prompt counted is the one a chat request renders.
+    pub reasoning_effort: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Debug)]

@@ -1,7 +1,9 @@
 //! A chat answer as it streams in, split three ways: reasoning (`<think>…</think>` of Qwen3
 //! and the DeepSeek-R1 distills, reported as `reasoning_content`), content, and tool calls.
-//! Text that may still turn out to be a call is held back until it is known.
+//! Text that may still turn out to be a call is held back until it is known. Harmony answers
+//! (gpt-oss) have their own parser (`harmony`); this type keeps the totals for both.
 
+use super::harmony::HarmonyOutput;
 use super::tools::{self, Call, Syntax, Tool};
 
 /// A piece of the answer, ready to send.
@@ -28,6 +30,8 @@ const CLOSE: &str = "</think>";
 pub struct ChatOutput {
     tools: Option<(Syntax, Vec<Tool>)>,
     think: Think,
+    /// Set for a harmony answer, which it splits instead of the rest of this type.
+    harmony: Option<HarmonyOutput>,
     /// Text not yet classified.
     buf: String,
     /// Content text held back because it may be a call (JSON syntaxes: the whole answer).
@@ -49,6 +53,7 @@ impl ChatOutput {
         ChatOutput {
             tools,
             think,
+            harmony: None,
             buf: String::new(),
             held: String::new(),
             content: String::new(),
@@ -57,7 +62,19 @@ impl ChatOutput {
         }
     }
 
+    /// A harmony answer; calls of `tools` (none: calls stay content) are found.
+    pub fn harmony(tools: Vec<Tool>) -> ChatOutput {
+        let mut o = ChatOutput::new(None, false, false);
+        o.harmony = Some(HarmonyOutput::new(tools));
+        o
+    }
+
     pub fn push(&mut self, text: &str) -> Vec<Delta> {
+        if let Some(h) = &mut self.harmony {
+            let d = h.push(text);
+            self.record(&d);
+            return d;
+        }
         self.buf.push_str(text);
         let mut out = Vec::new();
         self.advance(false, &mut out);
@@ -66,6 +83,11 @@ impl ChatOutput {
 
     /// The answer is complete: everything held back is classified and released.
     pub fn finish(&mut self) -> Vec<Delta> {
+        if let Some(h) = &mut self.harmony {
+            let d = h.finish();
+            self.record(&d);
+            return d;
+        }
         let mut out = Vec::new();
         self.advance(true, &mut out);
         let held = std::mem::take(&mut self.held);
@@ -156,6 +178,17 @@ impl ChatOutput {
         }
     }
 
+    /// Adds what another parser released to the totals.
+    fn record(&mut self, deltas: &[Delta]) {
+        for d in deltas {
+            match d {
+                Delta::Content(t) => self.content.push_str(t),
+                Delta::Reasoning(t) => self.reasoning.push_str(t),
+                Delta::Call(_, c) => self.calls.push(c.clone()),
+            }
+        }
+    }
+
     fn emit_content(&mut self, text: String, out: &mut Vec<Delta>) {
         if !text.is_empty() {
             self.content.push_str(&text);
@@ -172,7 +205,7 @@ impl ChatOutput {
 }
 
 /// The length of the longest end of `s` that begins `tag` (on a char boundary).
-fn partial_suffix(s: &str, tag: &str) -> usize {
+pub(super) fn partial_suffix(s: &str, tag: &str) -> usize {
     (1..tag.len().min(s.len() + 1))
         .rev()
         .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))

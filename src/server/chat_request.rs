@@ -6,9 +6,11 @@
 use super::api::{ChatRequest, Message};
 use super::chat_output::ChatOutput;
 use super::error::ApiError;
+use super::harmony;
+use super::harmony_grammar::{self, Markers};
 use super::tools::{self, Choice, Syntax, Tool};
 use crate::grammar::ConstraintSpec;
-use crate::tokenizer::{ChatMessage, ChatTemplate};
+use crate::tokenizer::{ChatMessage, ChatTemplate, TemplateInputs, Tokenizer};
 use serde_json::{json, Value};
 
 /// How each choice's text is split into reasoning, content and calls.
@@ -17,11 +19,24 @@ pub struct OutputRules {
     tools: Option<(Syntax, Vec<Tool>)>,
     reasoning: bool,
     opened: bool,
+    /// A harmony answer (gpt-oss), split by its own parser.
+    harmony: bool,
+    /// Control tokens the parser reads as text (harmony's markers where they are tokens).
+    shown: Vec<u32>,
 }
 
 impl OutputRules {
     pub fn output(&self) -> ChatOutput {
+        if self.harmony {
+            let tools = self.tools.as_ref().map(|(_, t)| t.clone());
+            return ChatOutput::harmony(tools.unwrap_or_default());
+        }
         ChatOutput::new(self.tools.clone(), self.reasoning, self.opened)
+    }
+
+    /// Is control token `id` part of the answer's text (otherwise it decodes to nothing)?
+    pub fn shows(&self, id: u32) -> bool {
+        self.shown.contains(&id)
     }
 }
 
@@ -29,10 +44,14 @@ pub struct ChatSetup {
     pub prompt: String,
     pub constraint: Option<ConstraintSpec>,
     pub rules: OutputRules,
+    /// Stop strings and tokens the format adds to the request's own (harmony's end markers).
+    pub stop: Vec<String>,
+    pub stop_tokens: Vec<u32>,
 }
 
 pub fn prepare(
     tmpl: &ChatTemplate,
+    tokenizer: &Tokenizer,
     req: &ChatRequest,
     response_format: Option<ConstraintSpec>,
 ) -> Result<ChatSetup, ApiError> {
@@ -48,30 +67,36 @@ pub fn prepare(
     let calling = choice != Choice::None;
     let mut msgs = chat_messages(&req.messages, syntax)?;
     if calling && !Syntax::template_shows_tools(source) {
-        let text = tools::generic_instructions(&tools, parallel);
-        match msgs.first_mut() {
-            Some(m) if m.role == "system" => m.content = format!("{}\n\n{text}", m.content),
-            _ => msgs.insert(
-                0,
-                ChatMessage {
-                    role: "system".into(),
-                    content: text,
-                    ..Default::default()
-                },
-            ),
-        }
+        add_generic_instructions(&mut msgs, &tools, parallel);
     }
     let tools_json = calling.then(|| tools::template_tools(&tools));
+    let inputs = TemplateInputs {
+        tools: tools_json.as_ref(),
+        reasoning_effort: reasoning_effort(req.reasoning_effort.as_ref())?,
+    };
     let prompt = tmpl
-        .render_with_tools(&msgs, tools_json.as_ref(), true)
+        .render_with(&msgs, &inputs, true)
         .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
-    let forced = tools::forcing_grammar(syntax, &tools, &choice, parallel);
+    let harmony = syntax == Syntax::Harmony;
+    let markers = if harmony {
+        Markers::of(tokenizer)
+    } else {
+        Markers::default()
+    };
+    let forced = tools::forcing_grammar(syntax, &tools, &choice, parallel, &markers);
     if forced.is_some() && response_format.is_some() {
         return Err(ApiError::bad_request(
             "a required tool call cannot be combined with a response format",
         )
         .param("tool_choice"));
     }
+    let response_format = response_format.map(|spec| {
+        if harmony {
+            harmony_grammar::final_message(spec, &markers)
+        } else {
+            spec
+        }
+    });
     let reasoning = source.contains("<think>");
     let opened = prompt.trim_end().ends_with("<think>");
     let constraint = forced.or(response_format).map(|spec| {
@@ -81,6 +106,11 @@ pub fn prepare(
             spec
         }
     });
+    let ends = if harmony {
+        vec![harmony::RETURN.to_string(), harmony::CALL.to_string()]
+    } else {
+        Vec::new()
+    };
     Ok(ChatSetup {
         prompt,
         constraint,
@@ -88,8 +118,42 @@ pub fn prepare(
             tools: calling.then_some((syntax, tools)),
             reasoning,
             opened,
+            harmony,
+            shown: markers.ids(),
         },
+        stop: ends,
+        stop_tokens: markers.stop_tokens(),
     })
+}
+
+/// Teaches a model whose template shows no tools the generic call syntax, in the system
+/// message (one is added when the conversation has none).
+fn add_generic_instructions(msgs: &mut Vec<ChatMessage>, tools: &[Tool], parallel: bool) {
+    let text = tools::generic_instructions(tools, parallel);
+    match msgs.first_mut() {
+        Some(m) if m.role == "system" => m.content = format!("{}\n\n{text}", m.content),
+        _ => msgs.insert(
+            0,
+            ChatMessage {
+                role: "system".into(),
+                content: text,
+                ..Default::default()
+            },
+        ),
+    }
+}
+
+/// The request's `reasoning_effort`: one of OpenAI's three levels. Every template receives it;
+/// only those that set a reasoning budget (gpt-oss) read it.
+pub fn reasoning_effort(v: Option<&Value>) -> Result<Option<&str>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if matches!(s.as_str(), "low" | "medium" | "high") => Ok(Some(s)),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "reasoning_effort must be 'low', 'medium' or 'high', got {other}"
+        ))
+        .param("reasoning_effort")),
+    }
 }
 
 /// The request's messages as the template reads them. Assistant calls carry their arguments
@@ -108,6 +172,13 @@ pub fn chat_messages(messages: &[Message], syntax: Syntax) -> Result<Vec<ChatMes
                 );
             }
             let mut content = m.text()?;
+            // gpt-oss's template refuses a call turn with both content and reasoning (it shows
+            // the content as the reasoning then), so the reasoning is left out there.
+            let thinking = m
+                .reasoning_content
+                .clone()
+                .filter(|r| m.role == "assistant" && !r.is_empty())
+                .filter(|_| m.tool_calls.is_none() || content.is_empty());
             let tool_calls = match &m.tool_calls {
                 Some(calls) if m.role == "assistant" => {
                     let calls: Vec<Value> = calls.iter().map(template_call).collect::<Result<_, _>>()?;
@@ -131,6 +202,7 @@ pub fn chat_messages(messages: &[Message], syntax: Syntax) -> Result<Vec<ChatMes
                 content,
                 tool_calls,
                 tool_call_id: m.tool_call_id.clone(),
+                thinking,
                 name: m.name.clone(),
             })
         })
@@ -157,4 +229,140 @@ fn template_call(c: &Value) -> Result<Value, ApiError> {
         "name": name,
         "arguments": args,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt_oss() -> (ChatTemplate, Tokenizer) {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/gpt-oss-chat-template.jinja"
+        );
+        let src = std::fs::read_to_string(path).unwrap();
+        let tmpl = ChatTemplate::new(&src, "<|startoftext|>".into(), "<|return|>".into()).unwrap();
+        let file = crate::gguf::GgufFile::open(crate::gguf::test_model_path()).unwrap();
+        (tmpl, Tokenizer::from_gguf(&file).unwrap())
+    }
+
+    fn request(extra: Value) -> ChatRequest {
+        let mut body = json!({
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": null, "reasoning_content": "Need the weather tool.",
+                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 21 C"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}}],
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn the_gpt_oss_template_renders_tools_calls_results_and_effort() {
+        let (tmpl, tok) = gpt_oss();
+        let setup = prepare(
+            &tmpl,
+            &tok,
+            &request(json!({"reasoning_effort": "high"})),
+            None,
+        )
+        .unwrap();
+        let p = &setup.prompt;
+        assert!(p.starts_with("<|start|>system<|message|>"), "{p}");
+        assert!(p.contains("Reasoning: high\n"), "{p}");
+        assert!(
+            p.contains("<|start|>developer<|message|># Instructions\n\nBe brief."),
+            "{p}"
+        );
+        assert!(p.contains("namespace functions {\n\n// Current weather\ntype get_weather = (_: {\n// City name\ncity: string,\n}) => any;"), "{p}");
+        assert!(
+            p.contains(
+                "<|start|>assistant<|channel|>analysis<|message|>Need the weather tool.<|end|>"
+            ),
+            "{p}"
+        );
+        assert!(p.contains("<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":"), "{p}");
+        assert!(p.contains("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"Sunny, 21 C\"<|end|>"), "{p}");
+        assert!(p.ends_with("<|start|>assistant"), "{p}");
+        // Left out, the template's own default applies.
+        let setup = prepare(&tmpl, &tok, &request(json!({})), None).unwrap();
+        assert!(setup.prompt.contains("Reasoning: medium\n"));
+        // The answer's end markers stop it; calls are parsed by the harmony parser.
+        assert_eq!(setup.stop, ["<|return|>", "<|call|>"]);
+        let mut out = setup.rules.output();
+        out.push("<|channel|>final<|message|>It is sunny.<|return|>");
+        out.finish();
+        assert_eq!(out.content, "It is sunny.");
+    }
+
+    #[test]
+    fn reasoning_effort_is_checked() {
+        let (tmpl, tok) = gpt_oss();
+        for bad in [json!("extreme"), json!(3)] {
+            let e = prepare(
+                &tmpl,
+                &tok,
+                &request(json!({"reasoning_effort": bad})),
+                None,
+            )
+            .err()
+            .unwrap();
+            assert_eq!(e.status, 400);
+            assert_eq!(e.param.as_deref(), Some("reasoning_effort"));
+        }
+    }
+
+    #[test]
+    fn a_required_call_on_gpt_oss_is_forced_in_the_harmony_syntax() {
+        let (tmpl, tok) = gpt_oss();
+        let setup = prepare(
+            &tmpl,
+            &tok,
+            &request(json!({"tool_choice": "required"})),
+            None,
+        )
+        .unwrap();
+        let Some(ConstraintSpec::Lark(g)) = &setup.constraint else {
+            panic!("{:?}", setup.constraint)
+        };
+        assert!(
+            g.contains("\"commentary to=functions.get_weather \""),
+            "{g}"
+        );
+        let fmt = Some(ConstraintSpec::JsonObject);
+        let setup = prepare(&tmpl, &tok, &request(json!({})), fmt).unwrap();
+        let Some(ConstraintSpec::Lark(g)) = &setup.constraint else {
+            panic!("{:?}", setup.constraint)
+        };
+        assert!(g.contains("\"final\""), "{g}");
+    }
+
+    #[test]
+    fn a_vocabulary_with_the_markers_shows_them_and_stops_on_the_end_tokens() {
+        let (tmpl, _) = gpt_oss();
+        let tok = super::super::harmony_grammar::tests::gpt_oss_like();
+        let id = |m: &str| tok.encode(m, false).unwrap()[0];
+        let setup = prepare(
+            &tmpl,
+            &tok,
+            &request(json!({"tool_choice": "required"})),
+            None,
+        )
+        .unwrap();
+        assert!(setup.rules.shows(id(harmony::CHANNEL)));
+        assert!(setup.rules.shows(id(harmony::MESSAGE)));
+        assert!(!setup.rules.shows(id("Hello")));
+        assert_eq!(setup.stop_tokens, [id(harmony::RETURN), id(harmony::CALL)]);
+        let Some(ConstraintSpec::Lark(g)) = &setup.constraint else {
+            panic!("{:?}", setup.constraint)
+        };
+        assert!(g.contains(" <|message|> "), "markers named as tokens: {g}");
+    }
 }

@@ -108,9 +108,10 @@ impl Choices {
                 if c.finish.is_some() {
                     return Ok(None);
                 }
+                let shown = matches!(&job.flavor, Flavor::Chat(rules) if rules.shows(token));
                 let piece = c
                     .text
-                    .push(ready.tokenizer.token_bytes(token, false), &job.stop);
+                    .push(ready.tokenizer.token_bytes(token, shown), &job.stop);
                 c.tokens.push(token);
                 if let Some(lp) = &logprob {
                     c.logprobs.push(lp.clone());

@@ -17,6 +17,8 @@ mod fd_limit;
 mod front;
 mod generate;
 mod handlers;
+mod harmony;
+mod harmony_grammar;
 mod http;
 mod listener;
 mod metrics;

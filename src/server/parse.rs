@@ -154,8 +154,10 @@ fn parse_chat(
         // bounds every sequence by the context).
         v.params.max_tokens = crate::engine::UNTIL_CONTEXT_END;
     }
-    let setup = chat_request::prepare(tmpl, &req, api::constraint_spec(&req.sampling)?)?;
+    let setup = chat_request::prepare(tmpl, tokenizer, &req, api::constraint_spec(&req.sampling)?)?;
     v.params.constraint = compile(grammars, setup.constraint)?;
+    v.stop.extend(setup.stop);
+    v.params.stop_tokens.extend(setup.stop_tokens);
     let prompt = encode(tokenizer, &setup.prompt)?;
     let logprobs = chat_logprobs(&req, limits)?;
     v.params.logprobs = logprobs;

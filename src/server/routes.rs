@@ -7,6 +7,7 @@ use super::error::ApiError;
 use super::http::RawResponse;
 use super::{api, chat_request, front, generate, metrics, tools, triage};
 use super::{unix_now, Ready, Request, Server};
+use crate::tokenizer::TemplateInputs;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -214,9 +215,13 @@ fn tokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
                 .ok_or_else(|| ApiError::bad_request("this model has no chat template"))?;
             let syntax = tools::Syntax::of_template(tmpl.source());
             let tools_json = req.tools.as_deref().map(tools::template_tools);
-            tmpl.render_with_tools(
+            let inputs = TemplateInputs {
+                tools: tools_json.as_ref(),
+                reasoning_effort: chat_request::reasoning_effort(req.reasoning_effort.as_ref())?,
+            };
+            tmpl.render_with(
                 &chat_request::chat_messages(msgs, syntax)?,
-                tools_json.as_ref(),
+                &inputs,
                 req.add_generation_prompt.unwrap_or(true),
             )
             .map_err(|e| ApiError::bad_request(e.to_string()))?

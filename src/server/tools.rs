@@ -2,13 +2,16 @@
 //! template speaks, the grammar that forces a call when one is required, and the parser that
 //! finds calls in the generated text.
 //!
-//! Three syntaxes, chosen from the template:
+//! Four syntaxes, chosen from the template:
 //! - Hermes/Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call;
 //! - Llama 3.x: a bare `{"name": ..., "parameters": {...}}` object;
+//! - harmony (gpt-oss): a message `<|channel|>commentary to=functions.NAME <|constrain|>json
+//!   <|message|>{...}<|call|>`, split with the rest of the answer by `harmony`;
 //! - generic, for templates with no syntax of their own: `{"tool_calls": [{"name": ...,
 //!   "arguments": {...}}]}`, taught to the model by a system message edgelm adds.
 
 use super::error::ApiError;
+use super::harmony_grammar::{self, Markers};
 use crate::grammar::ConstraintSpec;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -33,7 +36,7 @@ pub struct Function {
 
 impl Function {
     /// The arguments' schema (an object with any fields when the tool declares none).
-    fn parameters(&self) -> Value {
+    pub fn parameters(&self) -> Value {
         self.parameters
             .clone()
             .unwrap_or_else(|| json!({"type": "object"}))
@@ -44,13 +47,16 @@ impl Function {
 pub enum Syntax {
     Hermes,
     Llama3,
+    Harmony,
     Generic,
 }
 
 impl Syntax {
     /// The syntax a chat template teaches its model.
     pub fn of_template(source: &str) -> Syntax {
-        if source.contains("<tool_call>") {
+        if source.contains("<|channel|>") && source.contains("<|call|>") {
+            Syntax::Harmony
+        } else if source.contains("<tool_call>") {
             Syntax::Hermes
         } else if source.contains("<|python_tag|>") || source.contains("\"parameters\"") {
             Syntax::Llama3
@@ -194,12 +200,14 @@ fn call_schema(syntax: Syntax, t: &Tool) -> Value {
 }
 
 /// The grammar that makes the output a call (of the named tool, or of any tool), so that the
-/// arguments always validate. `None` when nothing is forced.
+/// arguments always validate. `None` when nothing is forced. `markers`: how the vocabulary
+/// holds harmony's markers (harmony only).
 pub fn forcing_grammar(
     syntax: Syntax,
     tools: &[Tool],
     choice: &Choice,
     parallel: bool,
+    markers: &Markers,
 ) -> Option<ConstraintSpec> {
     let allowed: Vec<&Tool> = match choice {
         Choice::None | Choice::Auto => return None,
@@ -215,6 +223,8 @@ pub fn forcing_grammar(
         1
     };
     Some(match syntax {
+        // One call per answer: `<|call|>` ends it.
+        Syntax::Harmony => harmony_grammar::forced_call(&allowed, markers),
         Syntax::Hermes => {
             let rep = " (\"\\n\" call)?".repeat(most - 1);
             ConstraintSpec::Lark(format!(
@@ -256,6 +266,21 @@ pub fn parse_calls(syntax: Syntax, text: &str, tools: &[Tool]) -> (String, Vec<C
         })
     };
     match syntax {
+        Syntax::Harmony => {
+            let mut h = super::harmony::HarmonyOutput::new(tools.to_vec());
+            let mut deltas = h.push(text);
+            deltas.extend(h.finish());
+            let mut rest = String::new();
+            let mut calls = Vec::new();
+            for d in deltas {
+                match d {
+                    super::chat_output::Delta::Content(t) => rest.push_str(&t),
+                    super::chat_output::Delta::Call(_, c) => calls.push(c),
+                    super::chat_output::Delta::Reasoning(_) => {}
+                }
+            }
+            (rest, calls)
+        }
         Syntax::Hermes => {
             let mut rest = String::new();
             let mut calls = Vec::new();
@@ -318,6 +343,8 @@ pub fn may_be_call(syntax: Syntax, text: &str) -> bool {
         Syntax::Llama3 | Syntax::Generic => {
             t.is_empty() || t.starts_with('{') || t.starts_with('<')
         }
+        // Harmony answers are split by their own parser, which holds back only markers.
+        Syntax::Harmony => false,
     }
 }
 
@@ -390,7 +417,16 @@ mod tests {
         assert_eq!(Syntax::of_template("{{ '<tool_call>' }}"), Syntax::Hermes);
         assert_eq!(Syntax::of_template("<|python_tag|>"), Syntax::Llama3);
         assert_eq!(Syntax::of_template("<|im_start|>"), Syntax::Generic);
-        assert!(forcing_grammar(Syntax::Generic, &tools(), &Choice::Auto, true).is_none());
+        let gpt_oss = include_str!("../../tests/data/gpt-oss-chat-template.jinja");
+        assert_eq!(Syntax::of_template(gpt_oss), Syntax::Harmony);
+        assert!(forcing_grammar(
+            Syntax::Generic,
+            &tools(),
+            &Choice::Auto,
+            true,
+            &Markers::default()
+        )
+        .is_none());
         assert!(may_be_call(Syntax::Hermes, "ok <tool_"));
         assert!(!may_be_call(Syntax::Generic, "Sure"));
     }
@@ -421,8 +457,14 @@ mod grammar_tests {
                 Syntax::Generic,
                 "{\"tool_calls\": [{\"name\": \"lamp\", \"arguments\": {\"on\": true}}]}",
             ),
+            (
+                Syntax::Harmony,
+                "<|channel|>commentary to=functions.lamp <|constrain|>json<|message|>{\"on\": true}<|call|>",
+            ),
         ] {
-            let spec = forcing_grammar(syntax, &tools, &Choice::Required, true).unwrap();
+            let spec =
+                forcing_grammar(syntax, &tools, &Choice::Required, true, &Markers::of(&tok))
+                    .unwrap();
             let mut c = g
                 .compile(&spec)
                 .unwrap_or_else(|e| panic!("{syntax:?}: {e}"));

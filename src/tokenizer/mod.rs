@@ -12,7 +12,7 @@ mod special;
 mod spm;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, TemplateInputs};
 pub use detok::StreamDecoder;
 pub use pretok::PreTokenizerKind;
 pub use vocab::{VocabKind, VocabSpec};
