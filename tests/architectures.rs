@@ -161,3 +161,33 @@ fn every_architecture_serves_a_completion() {
         assert!(usage > 0, "{name}: {body}");
     }
 }
+
+/// gpt-oss speaks harmony: its test model carries gpt-oss's chat template, so a forced call
+/// is generated in the channel syntax and comes back as `tool_calls`, and `reasoning_effort`
+/// reaches the template.
+#[test]
+fn gpt_oss_answers_a_forced_call_through_harmony() {
+    let server = Server::start(&test_model("gpt-oss"));
+    let tools = r#"[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string","maxLength":12}},"required":["city"],"additionalProperties":false}}}]"#;
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"Weather in Paris?"}}],"tools":{tools},"tool_choice":{{"type":"function","function":{{"name":"get_weather"}}}},"reasoning_effort":"high","max_tokens":120,"temperature":0}}"#
+    );
+    let (status, body) = server.request("POST", "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{body}");
+    let args: serde_json::Value = serde_json::from_str(call["arguments"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("arguments are not JSON ({e}): {body}"));
+    assert!(args["city"].is_string(), "{body}");
+    assert!(choice["message"]["content"].is_null() || choice["message"]["content"] == "");
+    let (status, body) = server.request(
+        "POST",
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"Hi"}],"reasoning_effort":"extreme","max_tokens":4}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("reasoning_effort"), "{body}");
+}

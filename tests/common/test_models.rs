@@ -17,7 +17,7 @@ pub const TEST_ARCHS: [&str; 9] = [
 ];
 
 /// Bumped when a recipe changes, so files made by an older one are not reused.
-const RECIPE: u32 = 1;
+const RECIPE: u32 = 2;
 
 /// The `qwen3moe` test model's experts. Each dense FFN is cut in `TEST_SLICES` slices of its
 /// width, and every slice is two experts (e and e + `TEST_SLICES`) that differ in strength.
@@ -92,6 +92,7 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
         0,
         ("general.architecture".into(), Value::String(arch.into())),
     );
+    let mut kvs_template: Option<String> = None;
     let mut key = |k: &str, v: Value| kvs.push((format!("{arch}.{k}"), v));
 
     let raw = |name: &str| -> Tensor {
@@ -174,6 +175,15 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
             _ => {}
         }
     }
+    if matches!(arch, "qwen3moe" | "gpt-oss") {
+        let ff = u32_key("feed_forward_length") as usize;
+        key("expert_count", Value::U32(TEST_EXPERTS as u32));
+        key("expert_used_count", Value::U32(TEST_EXPERTS_USED as u32));
+        key(
+            "expert_feed_forward_length",
+            Value::U32((ff / TEST_SLICES) as u32),
+        );
+    }
     match arch {
         "llama" => {
             // Llama 3.1's per-pair RoPE frequency factors and an untied output matrix.
@@ -196,23 +206,12 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
             key("attention.scale", Value::F32(0.11));
             key("logit_scale", Value::F32(1.5));
         }
-        "qwen3moe" => {
-            let ff = u32_key("feed_forward_length") as usize;
-            key("expert_count", Value::U32(TEST_EXPERTS as u32));
-            key("expert_used_count", Value::U32(TEST_EXPERTS_USED as u32));
-            key(
-                "expert_feed_forward_length",
-                Value::U32((ff / TEST_SLICES) as u32),
-            );
-        }
         "gpt-oss" => {
-            let ff = u32_key("feed_forward_length") as usize;
-            key("expert_count", Value::U32(TEST_EXPERTS as u32));
-            key("expert_used_count", Value::U32(TEST_EXPERTS_USED as u32));
-            key(
-                "expert_feed_forward_length",
-                Value::U32((ff / TEST_SLICES) as u32),
-            );
+            // gpt-oss's own chat template, so that chat speaks harmony as with a real gpt-oss
+            // file (the reference vocabulary spells the markers out as text).
+            let template = repo_root().join("tests/data/gpt-oss-chat-template.jinja");
+            let template = std::fs::read_to_string(template).unwrap();
+            kvs_template = Some(template);
             key("attention.sliding_window", Value::U32(GEMMA3_TEST_WINDOW));
             key("rope.scaling.type", Value::String("yarn".into()));
             key("rope.scaling.factor", Value::F32(2.0));
@@ -227,6 +226,10 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
             key("attention.value_length", Value::U32(head_dim as u32));
         }
         _ => {}
+    }
+    if let Some(t) = kvs_template {
+        let slot = kvs.iter_mut().find(|(k, _)| k == "tokenizer.chat_template");
+        slot.expect("the reference model has a chat template").1 = Value::String(t);
     }
     let mut w = GgufWriter::new();
     for (k, v) in kvs {
