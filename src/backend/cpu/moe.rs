@@ -21,7 +21,8 @@ pub struct ExpertWeights<'a> {
     pub biases: Option<Vec<[&'a [f32]; 3]>>,
 }
 
-/// Buffers kept between steps (a step allocates nothing once they have grown).
+/// Buffers kept between steps: the rows of activations, which are most of a step's memory,
+/// are not allocated again once they have grown (the per-token bookkeeping is).
 #[derive(Default)]
 pub struct MoeScratch {
     logits: Vec<f32>,
