@@ -1,6 +1,7 @@
 //! Every supported architecture end to end through the real binary: `run`, `perplexity` and
 //! `serve` (a completion over HTTP) on each test model (tests/common/test_models.rs), on
-//! Gemma 3 270M, and on a `mistral`-labelled copy of the reference model. Whether the numbers
+//! Gemma 3 270M, and on a `mistral`-labelled copy of the reference model; `bench` on the
+//! mixtures of experts, and a gpt-oss call through its harmony template. Whether the numbers
 //! are right is tests/kld.rs's question; this one asks that every entry point takes every
 //! family.
 
@@ -190,4 +191,29 @@ fn gpt_oss_answers_a_forced_call_through_harmony() {
     );
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("reasoning_effort"), "{body}");
+}
+
+/// A mixture of experts reads only the experts its tokens pick: `bench` measures the weight
+/// bytes the matmuls read per decoded token, which must be within 10% of the active matrices'
+/// bytes (router and the picked experts), well under the bytes of every expert.
+#[test]
+fn mixtures_of_experts_read_only_their_active_experts() {
+    for arch in ["qwen3moe", "gpt-oss"] {
+        let out = run_ok(
+            edgelm()
+                .args(["bench", "-t", "2", "-p", "16", "-n", "16", "-r", "1"])
+                .args(["--concurrency", "1", "--shared-prefix", "0", "--json", "-m"])
+                .arg(test_model(arch)),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let measured = v["decode_weight_bytes_measured"].as_f64().unwrap();
+        let active = v["decode_weight_bytes_active"].as_f64().unwrap();
+        let all = v["weight_bytes_all"].as_f64().unwrap();
+        eprintln!("{arch}: {measured} bytes read per token, {active} active, {all} in all");
+        assert!(
+            (measured / active - 1.0).abs() < 0.1,
+            "{arch}: {measured} vs {active}"
+        );
+        assert!(active < 0.8 * all, "{arch}: {active} of {all} active");
+    }
 }
