@@ -85,21 +85,7 @@ impl Tokenizer {
             .zip(&spec.token_types)
             .map(|(t, &ty)| token_text_bytes(spec.kind, t, ty))
             .collect();
-        let mut eog: Vec<u32> = [spec.eos, spec.eot].into_iter().flatten().collect();
-        // Chat vocabularies end turns with tokens the metadata does not always name as EOS.
-        for name in [
-            "<|im_end|>",
-            "<|eot_id|>",
-            "<|end_of_text|>",
-            "<|endoftext|>",
-            "<end_of_turn>",
-        ] {
-            if let Some(id) = spec.tokens.iter().position(|t| t == name) {
-                if spec.token_types[id] == TOKEN_TYPE_CONTROL && !eog.contains(&(id as u32)) {
-                    eog.push(id as u32);
-                }
-            }
-        }
+        let eog = end_of_generation(spec);
         Ok(Tokenizer {
             segmenter,
             specials,
@@ -272,6 +258,39 @@ fn build_bpe(spec: &VocabSpec) -> Result<tokenizers::Tokenizer> {
     Ok(tok)
 }
 
+/// The tokens that end an answer: the metadata's EOS and EOT, and the control tokens chat
+/// vocabularies end turns with that the metadata does not always name. In gpt-oss's harmony
+/// vocabulary `<|return|>` and `<|call|>` end an answer, and `<|end|>` only ends one message
+/// of it (the reasoning before the final answer): it is not an end when those two are there,
+/// as llama.cpp decides.
+fn end_of_generation(spec: &VocabSpec) -> Vec<u32> {
+    let mut eog: Vec<u32> = [spec.eos, spec.eot].into_iter().flatten().collect();
+    let control = |name: &str| {
+        let id = spec.tokens.iter().position(|t| t == name)?;
+        (spec.token_types[id] == TOKEN_TYPE_CONTROL).then_some(id as u32)
+    };
+    for name in [
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
+        "<|endoftext|>",
+        "<end_of_turn>",
+        "<|return|>",
+        "<|call|>",
+    ] {
+        if let Some(id) = control(name) {
+            if !eog.contains(&id) {
+                eog.push(id);
+            }
+        }
+    }
+    let end = spec.tokens.iter().position(|t| t == "<|end|>");
+    if let (Some(_), Some(_), Some(end)) = (control("<|return|>"), control("<|call|>"), end) {
+        eog.retain(|&id| id as usize != end);
+    }
+    eog
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,5 +381,22 @@ mod tests {
         assert!(tok.is_eog(id("<|end|>")));
         assert_eq!(tok.decode(&ids, false), "hello w12");
         assert_eq!(tok.decode(&ids, true), "hello w12<|end|>");
+    }
+
+    /// A harmony vocabulary (gpt-oss): `<|return|>` and `<|call|>` end the answer, `<|end|>`
+    /// (which only ends the reasoning message) does not, even where the metadata names it.
+    #[test]
+    fn harmony_answers_end_at_return_or_call_not_at_end() {
+        let mut spec = tiny_bpe();
+        for t in ["<|return|>", "<|call|>"] {
+            spec.tokens.push(t.into());
+            spec.token_types.push(TOKEN_TYPE_CONTROL);
+            spec.scores.push(0.0);
+        }
+        let id = |s: &str| spec.tokens.iter().position(|t| t == s).unwrap() as u32;
+        spec.eot = Some(id("<|end|>"));
+        let tok = Tokenizer::from_spec(&spec).unwrap();
+        assert!(tok.is_eog(id("<|return|>")) && tok.is_eog(id("<|call|>")));
+        assert!(!tok.is_eog(id("<|end|>")));
     }
 }
