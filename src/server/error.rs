@@ -52,6 +52,18 @@ impl ApiError {
         }
     }
 
+    /// A model id this server does not serve (OpenAI's `model_not_found`).
+    pub fn model_not_found(id: &str) -> ApiError {
+        ApiError {
+            status: 404,
+            message: format!("The model '{id}' does not exist"),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            retry_after: None,
+        }
+    }
+
     pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
         ApiError {
             status: 405,

@@ -205,7 +205,7 @@ pub(super) mod tests {
         let tok = gpt_oss_like();
         let m = Markers::of(&tok);
         assert_eq!(m.special.len(), 7);
-        assert_eq!(m.eog, vec![RETURN]);
+        assert_eq!(m.eog, vec![RETURN, CALL]);
         assert_eq!(m.stop_tokens().len(), 2);
         let file = crate::gguf::GgufFile::open(crate::gguf::test_model_path()).unwrap();
         let m = Markers::of(&Tokenizer::from_gguf(&file).unwrap());

@@ -74,6 +74,8 @@ pub struct Ready {
     /// Compiles response formats, grammars and tool-call grammars over the vocabulary.
     pub grammars: Grammars,
     pub model_name: String,
+    /// The model file's modification time (seconds since the epoch): `created` in the API.
+    pub model_created: u64,
     pub limits: Limits,
 }
 
@@ -163,6 +165,11 @@ impl Server {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
+        let model_created = std::fs::metadata(&self.config.model)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
         let grammars = Grammars::new(&tokenizer)?;
         let (engine, thread) = Engine::start(
             model,
@@ -176,6 +183,7 @@ impl Server {
             chat,
             grammars,
             model_name,
+            model_created,
             limits,
         });
         Ok(thread)

@@ -65,10 +65,15 @@ impl Server {
                 return Ok(());
             }
             "/api/status" => Ok(self.status_json(ready)),
-            "/v1/models" => Ok(json!({"object": "list", "data": [{
-                "id": ready.model_name, "object": "model", "created": 0, "owned_by": "edgelm",
-                "max_model_len": ready.engine.limits.context,
-            }]})),
+            "/v1/models" => Ok(json!({"object": "list", "data": [model_object(ready)]})),
+            p if p.starts_with(super::triage::MODEL_PREFIX) => {
+                let id = percent_decoded(&p[super::triage::MODEL_PREFIX.len()..]);
+                if id == ready.model_name {
+                    Ok(model_object(ready))
+                } else {
+                    Err(ApiError::model_not_found(&id))
+                }
+            }
             "/tokenize" => tokenize(ready, body),
             "/detokenize" => detokenize(ready, body),
             "/v1/completions" | "/v1/chat/completions" => {
@@ -244,4 +249,51 @@ fn detokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError>
         .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
     let ids = api::token_ids(&req.tokens, ready.tokenizer.vocab_size())?;
     Ok(json!({"prompt": ready.tokenizer.decode(&ids, true)}))
+}
+
+/// The served model as OpenAI describes one: `created` is the model file's modification time.
+fn model_object(ready: &Ready) -> serde_json::Value {
+    json!({
+        "id": ready.model_name, "object": "model", "created": ready.model_created,
+        "owned_by": "edgelm", "max_model_len": ready.engine.limits.context,
+    })
+}
+
+/// A path segment with its `%XX` escapes decoded (a model id with spaces or `/` in it arrives
+/// escaped); an invalid escape is kept as written.
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).and_then(|&c| hex(c)),
+            b.get(i + 2).and_then(|&c| hex(c)),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod model_id_tests {
+    use super::percent_decoded;
+
+    #[test]
+    fn model_ids_are_percent_decoded_and_bad_escapes_kept() {
+        assert_eq!(percent_decoded("a%20b%2Fc.gguf"), "a b/c.gguf");
+        assert_eq!(percent_decoded("plain.gguf"), "plain.gguf");
+        assert_eq!(percent_decoded("50%"), "50%");
+        assert_eq!(percent_decoded("%zz%4"), "%zz%4");
+    }
 }

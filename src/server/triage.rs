@@ -23,6 +23,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("/detokenize", "POST"),
 ];
 
+/// One model by id: `/v1/models/{id}`.
+pub const MODEL_PREFIX: &str = "/v1/models/";
+
 /// Which handler pool a request goes to once its body is in.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Lane {
@@ -88,7 +91,8 @@ impl Server {
     /// The route of a request from its head, or the error to answer it with.
     pub(super) fn route_check(&self, head: &Head) -> Result<Route, ApiError> {
         let path = head.path.as_str();
-        let Some(&(_, allowed)) = ROUTES.iter().find(|(p, _)| *p == path) else {
+        let found = ROUTES.iter().find(|(p, _)| *p == path).map(|r| r.1);
+        let Some(allowed) = found.or(path.starts_with(MODEL_PREFIX).then_some("GET")) else {
             return Err(ApiError::not_found(path));
         };
         let method = head.method.as_str();

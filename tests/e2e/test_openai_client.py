@@ -18,6 +18,18 @@ def test_models_lists_the_model(client):
     assert len(models.data) == 1 and models.data[0].id.endswith(".gguf")
 
 
+def test_a_model_is_retrieved_by_id_with_its_file_time(client):
+    from conftest import MODEL
+
+    listed = client.models.list().data[0]
+    one = client.models.retrieve(listed.id)
+    assert one.id == listed.id and one.object == "model"
+    assert one.created == listed.created == int(MODEL.stat().st_mtime)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found" and "no-such-model" in e.value.body["message"]
+
+
 def test_completion_greedy_matches_the_peer(client, confident_case):
     case = confident_case
     r = client.completions.create(model="m", prompt=case["prompt"], max_tokens=48, temperature=0)
