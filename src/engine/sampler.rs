@@ -44,12 +44,21 @@ impl Sampler {
         let p = &self.params;
         let penalize =
             p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
-        if !penalize && p.temperature <= 0.0 {
+        if !penalize && p.logit_bias.is_empty() && p.temperature <= 0.0 {
             return argmax(logits);
         }
         self.cand.clear();
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        for &(t, b) in &p.logit_bias {
+            if let Some(c) = self.cand.get_mut(t as usize) {
+                c.1 = if b <= -100.0 {
+                    f32::NEG_INFINITY
+                } else {
+                    c.1 + b
+                };
+            }
+        }
         if penalize {
             penalize_repeats(&mut self.cand, history, p);
         }
@@ -291,6 +300,34 @@ mod tests {
         };
         let mut s = Sampler::new(params);
         assert_eq!(s.sample(&[1.0, 1.5], &[1]), 0);
+    }
+
+    /// A logit bias moves the greedy choice; -100 bans a token even when sampling.
+    #[test]
+    fn logit_bias_shifts_and_bans() {
+        let greedy = |bias: Vec<(u32, f32)>| {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 0.0,
+                logit_bias: bias,
+                ..Default::default()
+            });
+            s.sample(&[1.0, 1.5, 0.5], &[])
+        };
+        assert_eq!(greedy(vec![]), 1);
+        assert_eq!(greedy(vec![(2, 2.0)]), 2);
+        assert_eq!(greedy(vec![(1, -100.0)]), 0);
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(7),
+            logit_bias: vec![(1, -100.0)],
+            ..Default::default()
+        });
+        for _ in 0..200 {
+            assert_ne!(s.sample(&[1.0, 9.0, 0.5], &[]), 1);
+        }
     }
 
     #[test]

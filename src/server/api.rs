@@ -58,6 +58,8 @@ pub struct Sampling {
     pub grammar: Option<String>,
     /// A regular expression the whole output must match.
     pub regex: Option<String>,
+    /// Token id (as a string) → a bias in [-100, 100] added to its logit.
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Keys the sampling block accepts, on both endpoints.
@@ -81,6 +83,21 @@ pub const SAMPLING_KEYS: &[&str] = &[
     "json_schema",
     "grammar",
     "regex",
+    "logit_bias",
+];
+
+/// Fields OpenAI's API takes for its own bookkeeping (storage, billing, caching, routing,
+/// safety reporting, output modality): accepted so that clients which always send them work,
+/// and ignored, since none changes what one model on one box generates.
+pub const BOOKKEEPING_KEYS: &[&str] = &[
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "verbosity",
+    "modalities",
+    "prediction",
 ];
 pub const COMPLETION_KEYS: &[&str] = &["model", "prompt", "logprobs", "echo", "user"];
 pub const CHAT_KEYS: &[&str] = &[
@@ -96,13 +113,40 @@ pub const CHAT_KEYS: &[&str] = &[
     "reasoning_effort",
 ];
 
+/// `logit_bias` as (token, bias) pairs: ids below `vocab`, biases in [-100, 100].
+pub fn logit_bias(s: &Sampling, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(m).param("logit_bias");
+    let Some(map) = &s.logit_bias else {
+        return Ok(Vec::new());
+    };
+    map.iter()
+        .map(|(k, v)| {
+            let id: u32 = k
+                .parse()
+                .map_err(|_| bad(format!("logit_bias key {k:?} is not a token id")))?;
+            if id as usize >= vocab {
+                return Err(bad(format!(
+                    "logit_bias token {id} is not in the vocabulary ({vocab} tokens)"
+                )));
+            }
+            match v.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                _ => Err(bad(format!(
+                    "logit_bias values must be numbers between -100 and 100, got {v} for {id}"
+                ))),
+            }
+        })
+        .collect()
+}
+
 /// Rejects keys neither list names (serde cannot deny unknown fields next to `flatten`).
 pub fn check_keys(body: &serde_json::Value, own: &[&str]) -> Result<(), ApiError> {
     let obj = body
         .as_object()
         .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
     for k in obj.keys() {
-        if !own.contains(&k.as_str()) && !SAMPLING_KEYS.contains(&k.as_str()) {
+        let k = k.as_str();
+        if !own.contains(&k) && !SAMPLING_KEYS.contains(&k) && !BOOKKEEPING_KEYS.contains(&k) {
             return Err(
                 ApiError::bad_request(format!("unrecognized request argument: {k}")).param(k),
             );
@@ -315,6 +359,8 @@ pub fn validate_sampling(
         frequency_penalty: in_range(s.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?,
         repetition_penalty: in_range(s.repetition_penalty, "repetition_penalty", 0.01, 10.0, 1.0)?,
         seed,
+        // Checked against the vocabulary where it is known (`logit_bias`).
+        logit_bias: Vec::new(),
     };
     if sampling.top_p == 0.0 {
         return Err(ApiError::bad_request("top_p must be greater than 0").param("top_p"));

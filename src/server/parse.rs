@@ -64,6 +64,7 @@ fn parse_completion(
     let req: CompletionRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
     let mut v = api::validate_sampling(&req.sampling, None, limits)?;
+    v.params.sampling.logit_bias = api::logit_bias(&req.sampling, tokenizer.vocab_size())?;
     v.params.constraint = compile(grammars, api::constraint_spec(&req.sampling)?)?;
     let logprobs = api::check_logprobs(req.logprobs, limits, "logprobs")?;
     let prompts = completion_prompts(tokenizer, &req.prompt)?;
@@ -144,6 +145,7 @@ fn parse_chat(
         return Err(ApiError::bad_request("messages must not be empty").param("messages"));
     }
     let mut v = api::validate_sampling(&req.sampling, req.max_completion_tokens, limits)?;
+    v.params.sampling.logit_bias = api::logit_bias(&req.sampling, tokenizer.vocab_size())?;
     if req
         .sampling
         .max_tokens

@@ -137,3 +137,32 @@ def test_curl_sees_sse_framing(server):
     assert all(e.startswith("data: ") for e in events), out
     assert events[-1] == "data: [DONE]"
     assert len(events) >= 3
+
+
+def test_logit_bias_bans_a_token_and_is_checked(client, server):
+    prompt = "The capital of France is"
+    first = client.completions.create(model="m", prompt=prompt, max_tokens=1, temperature=0).choices[0].text
+    ids = httpx.post(server.base + "/tokenize", json={"prompt": first, "add_special_tokens": False}).json()["tokens"]
+    assert len(ids) == 1, ids
+    banned = client.completions.create(model="m", prompt=prompt, max_tokens=1, temperature=0,
+                                       logit_bias={str(ids[0]): -100}).choices[0].text
+    assert banned != first
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say hello"}],
+                                          max_tokens=4, temperature=0, logit_bias={ids[0]: -100})
+    assert chat.choices[0].message.content is not None
+    for bad in ({"999999999": 5}, {str(ids[0]): 300}, {"abc": 1}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="m", prompt=prompt, max_tokens=1, logit_bias=bad)
+        assert e.value.body["param"] == "logit_bias"
+
+
+def test_openai_bookkeeping_fields_are_accepted_and_typos_are_not(client):
+    r = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, store=False,
+        metadata={"run": "7"}, service_tier="auto", prompt_cache_key="k", safety_identifier="u1",
+        user="someone")
+    assert r.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                       extra_body={"temprature": 0.5})
+    assert "temprature" in e.value.body["message"]

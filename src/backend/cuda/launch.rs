@@ -109,9 +109,13 @@ impl SampleRow {
     pub const BYTES: usize = 32;
 
     /// The device's parameters for a request, or `None` when it asks for repetition, presence
-    /// or frequency penalties, which `sample_rows` does not apply.
+    /// or frequency penalties or a logit bias, which `sample_rows` does not apply.
     pub fn new(p: &SamplingParams, seed: u64, step: u64) -> Option<SampleRow> {
-        if p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        if p.repetition_penalty != 1.0
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
+            || !p.logit_bias.is_empty()
+        {
             return None;
         }
         Some(SampleRow {

@@ -70,6 +70,7 @@ pub(super) fn is_plain(rec: &SeqRecord, params: &GenParams, seq: &Sequence) -> b
         && p.repetition_penalty == 1.0
         && p.presence_penalty == 0.0
         && p.frequency_penalty == 0.0
+        && p.logit_bias.is_empty()
 }
 
 /// A plain row whose draw is its argmax: such a row needs no sampler at all, and a draft
