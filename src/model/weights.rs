@@ -53,20 +53,15 @@ pub struct DenseFfn {
 }
 
 impl Ffn {
-    /// Every matrix of the FFN.
-    pub fn matrices(&self) -> Vec<&Mat> {
+    /// The FFN's matrices a token reads: all of a dense FFN; of a mixture, the router and
+    /// `used` experts' (of equal size, so the first `used`), or every expert's when `None`.
+    pub fn matrices(&self, used: Option<usize>) -> Vec<&Mat> {
         match self {
             Ffn::Dense(d) => vec![&d.gate, &d.up, &d.down],
-            Ffn::Experts(x) => x.matrices().collect(),
-        }
-    }
-
-    /// The matrices one token reads: the router and `used` experts' (of equal size, so the
-    /// first `used`).
-    pub fn active_matrices(&self, used: usize) -> Vec<&Mat> {
-        match self {
-            Ffn::Dense(_) => self.matrices(),
-            Ffn::Experts(x) => x.matrices().take(1 + 3 * used).collect(),
+            Ffn::Experts(x) => x
+                .matrices()
+                .take(used.map_or(usize::MAX, |k| 1 + 3 * k))
+                .collect(),
         }
     }
 }
@@ -530,24 +525,16 @@ impl Weights {
 
     /// Every matrix a step multiplies by (the output projection included).
     pub fn matrices(&self) -> Vec<&Mat> {
-        let mut all = vec![&self.output];
-        for l in &self.layers {
-            all.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
-            all.extend(l.ffn.matrices());
-        }
-        all
+        self.active_matrices(None)
     }
 
     /// The matrices one token reads: all of a dense model's; of a mixture of experts, the
     /// router and `used` experts per layer (`None`: every expert).
     pub fn active_matrices(&self, used: Option<usize>) -> Vec<&Mat> {
-        let Some(used) = used else {
-            return self.matrices();
-        };
         let mut all = vec![&self.output];
         for l in &self.layers {
             all.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
-            all.extend(l.ffn.active_matrices(used));
+            all.extend(l.ffn.matrices(used));
         }
         all
     }

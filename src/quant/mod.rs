@@ -77,6 +77,7 @@ mod testdata {
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use formats::blocks::{e8m0_to_f32_half, KVALUES_MXFP4};
 use formats::{blocks, dequant, quantize};
 pub use formats::{packed, types};
 pub use reference::order;

@@ -374,9 +374,7 @@ fn router_bias(l: usize) -> Tensor {
 /// (`quantize_row_mxfp4_ref`): per 32 values, the exponent of the largest magnitude less 2,
 /// and each value's nearest entry of the doubled E2M1 table.
 fn to_mxfp4(ty: GgmlType, bytes: &[u8], factor: f32) -> Vec<u8> {
-    const KVALUES: [f32; 16] = [
-        0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0,
-    ];
+    use edgelm::quant::{e8m0_to_f32_half, KVALUES_MXFP4};
     let n = bytes.len() / ty.block_bytes() * ty.block_elems();
     let mut values = vec![0f32; n];
     edgelm::quant::dequantize_row(ty, bytes, &mut values).unwrap();
@@ -389,21 +387,17 @@ fn to_mxfp4(ty: GgmlType, bytes: &[u8], factor: f32) -> Vec<u8> {
         } else {
             0
         };
-        // 2^(e − 128), as ggml's GGML_E8M0_TO_FP32_HALF.
-        let d = if e < 2 {
-            f32::from_bits(0x0020_0000 << e)
-        } else {
-            f32::from_bits((e as u32 - 1) << 23)
-        };
+        let d = e8m0_to_f32_half(e);
         let nearest = |x: f32| {
-            let mut best = (0, (KVALUES[0] * d - x).abs());
-            for (i, k) in KVALUES.iter().enumerate().skip(1) {
-                let err = (k * d - x).abs();
-                if err < best.1 {
-                    best = (i, err);
+            let err = |k: i8| (k as f32 * d - x).abs();
+            // The first of equally near entries, as ggml's `best_index_mxfp4`.
+            (1..16).fold(0, |best, i| {
+                if err(KVALUES_MXFP4[i]) < err(KVALUES_MXFP4[best]) {
+                    i
+                } else {
+                    best
                 }
-            }
-            best.0 as u8
+            }) as u8
         };
         out.push(e);
         out.extend((0..16).map(|j| nearest(block[j]) | (nearest(block[j + 16]) << 4)));

@@ -47,6 +47,22 @@ pub struct WeightRef<'a> {
 }
 
 impl WeightRef<'_> {
+    /// Checks that the buffer holds the whole matrix (the kernels index it unchecked past
+    /// that), and counts its bytes as read ([`weight_bytes_read`]).
+    fn count_read(&self) {
+        let bytes = if self.packed {
+            quant::packed::packed_bytes(self.ty, self.rows, self.cols)
+        } else {
+            self.rows
+                * self
+                    .ty
+                    .row_bytes(self.cols as u64)
+                    .expect("checked at load") as usize
+        };
+        assert!(self.w.len() >= bytes, "weight buffer too short");
+        WEIGHT_BYTES_READ.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     /// Rows per unit of work: a packed matrix is computed a group at a time.
     fn granule(&self) -> usize {
         if self.packed {
@@ -101,13 +117,7 @@ pub fn matmul_fused(
     let n_tok = x.len() / cols;
     for (m, out) in mats.iter().zip(outs.iter()) {
         debug_assert_eq!(out.len(), n_tok * m.rows);
-        let bytes = if m.packed {
-            quant::packed::packed_bytes(m.ty, m.rows, cols)
-        } else {
-            m.rows * m.ty.row_bytes(cols as u64).expect("checked at load") as usize
-        };
-        assert!(m.w.len() >= bytes, "weight buffer too short");
-        WEIGHT_BYTES_READ.fetch_add(bytes as u64, Ordering::Relaxed);
+        m.count_read();
     }
     XQ.with_borrow_mut(|xq| {
         // One quantized copy of the input per distinct dot format (usually just one).
@@ -175,14 +185,7 @@ pub fn matmul_each(
     let mut which = Vec::with_capacity(mats.len());
     for (i, m) in mats.iter().enumerate() {
         debug_assert_eq!(outs[i].len(), n_of(i) * m.rows);
-        let bytes = m.rows * m.ty.row_bytes(m.cols as u64).expect("checked at load") as usize;
-        let bytes = if m.packed {
-            quant::packed::packed_bytes(m.ty, m.rows, m.cols)
-        } else {
-            bytes
-        };
-        assert!(m.w.len() >= bytes, "weight buffer too short");
-        WEIGHT_BYTES_READ.fetch_add(bytes as u64, Ordering::Relaxed);
+        m.count_read();
         let key = (xs[i].as_ptr(), xs[i].len(), m.ty.vec_dot_type());
         match keys.iter().position(|k| *k == key) {
             Some(at) => which.push(at),

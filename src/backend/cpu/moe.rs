@@ -200,15 +200,13 @@ fn experts_ffn(w: &ExpertWeights<'_>, act: Activation, s: &mut MoeScratch) {
             xs.extend([x, x]);
             kinds.extend([f, f]);
         }
-        let mut outs: Vec<&mut [f32]> = Vec::new();
-        let (mut gate, mut up) = (&mut s.gate[..], &mut s.up[..]);
-        for g in &s.groups {
-            let n = g.slots.len() * ff;
-            let (gh, gt) = std::mem::take(&mut gate).split_at_mut(n);
-            let (uh, ut) = std::mem::take(&mut up).split_at_mut(n);
-            outs.extend([gh, uh]);
-            (gate, up) = (gt, ut);
-        }
+        let gates = per_group(&mut s.gate, &s.groups, ff);
+        let ups = per_group(&mut s.up, &s.groups, ff);
+        let mut outs: Vec<&mut [f32]> = gates
+            .into_iter()
+            .zip(ups)
+            .flat_map(<[_; 2]>::from)
+            .collect();
         matmul_each(&mats, &xs, &mut outs, &kinds);
     }
     for g in &s.groups {
@@ -222,19 +220,26 @@ fn experts_ffn(w: &ExpertWeights<'_>, act: Activation, s: &mut MoeScratch) {
     let mats: Vec<WeightRef<'_>> = s.groups.iter().map(|g| w.down[g.expert]).collect();
     let xs: Vec<&[f32]> = s.groups.iter().map(|g| &s.gate[span(g, ff)]).collect();
     let kinds: Vec<&[bool]> = s.groups.iter().map(|g| &s.flags[span(g, 1)]).collect();
-    let mut outs: Vec<&mut [f32]> = Vec::new();
-    let mut down = &mut s.down[..];
-    for g in &s.groups {
-        let (head, tail) = std::mem::take(&mut down).split_at_mut(g.slots.len() * embd);
-        outs.push(head);
-        down = tail;
-    }
+    let mut outs = per_group(&mut s.down, &s.groups, embd);
     matmul_each(&mats, &xs, &mut outs, &kinds);
     if let Some(b) = &w.biases {
         for g in &s.groups {
             add_bias(&mut s.down[span(g, embd)], b[g.expert][2]);
         }
     }
+}
+
+/// `buf`'s rows (`width` values each) cut into each group's share, in the groups' order.
+fn per_group<'b>(buf: &'b mut [f32], groups: &[Group], width: usize) -> Vec<&'b mut [f32]> {
+    let mut rest = buf;
+    groups
+        .iter()
+        .map(|g| {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(g.slots.len() * width);
+            rest = tail;
+            head
+        })
+        .collect()
 }
 
 #[cfg(test)]
