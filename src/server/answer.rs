@@ -262,8 +262,9 @@ fn first_stream_chunk(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Option
     }
 }
 
-/// The SSE chunks for one event of choice `ci`: its text (content or reasoning), each call as
-/// two `delta.tool_calls` fragments (id and name, then arguments), then the finish reason.
+/// The SSE chunks for one event of choice `ci`: its text (content or reasoning), a call's id
+/// and name when it starts, its arguments as they come (`delta.tool_calls`), then the finish
+/// reason.
 fn stream_chunks(
     ready: &Ready,
     job: &Job,
@@ -291,7 +292,9 @@ fn stream_chunks(
         match d {
             Delta::Content(t) => content.push_str(t),
             Delta::Reasoning(t) => reasoning.push_str(t),
-            Delta::Call(i, call) => calls.push((*i, call)),
+            Delta::CallStart(i, name) => calls.push(json!({"index": i, "id": call_id(job, ci, *i), "type": "function", "function": {"name": name, "arguments": ""}})),
+            Delta::CallArgs(i, args) => calls.push(json!({"index": i, "function": {"arguments": args}})),
+            Delta::Call(..) => {}
         }
     }
     let mut out = Vec::new();
@@ -306,17 +309,8 @@ fn stream_chunks(
         }
         out.push(chunk(delta, lp.take(), None));
     }
-    for (i, call) in calls {
-        out.push(chunk(
-            json!({"tool_calls": [{"index": i, "id": call_id(job, ci, i), "type": "function", "function": {"name": call.name, "arguments": ""}}]}),
-            None,
-            None,
-        ));
-        out.push(chunk(
-            json!({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}),
-            None,
-            None,
-        ));
+    for call in calls {
+        out.push(chunk(json!({"tool_calls": [call]}), None, None));
     }
     if finish.is_some() {
         out.push(chunk(json!({}), None, finish));
@@ -325,6 +319,6 @@ fn stream_chunks(
 }
 
 /// A call's id: unique per request, choice and call.
-fn call_id(job: &Job, ci: usize, i: usize) -> String {
+pub fn call_id(job: &Job, ci: usize, i: usize) -> String {
     format!("call_{}_{ci}_{i}", job.id)
 }

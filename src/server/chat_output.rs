@@ -11,8 +11,21 @@ use super::tools::{self, Call, Syntax, Tool};
 pub enum Delta {
     Content(String),
     Reasoning(String),
-    /// The `index`-th call of this answer.
+    /// Call `index` begins: its name is fixed (a stream sends the call's id and name now).
+    CallStart(usize, String),
+    /// More of call `index`'s arguments, as JSON text.
+    CallArgs(usize, String),
+    /// Call `index` is complete; its `arguments` are the concatenation of its `CallArgs`.
     Call(usize, Call),
+}
+
+/// The deltas of a call found whole: its start, all its arguments, its end.
+pub fn whole_call(index: usize, call: Call) -> [Delta; 3] {
+    [
+        Delta::CallStart(index, call.name.clone()),
+        Delta::CallArgs(index, call.arguments.clone()),
+        Delta::Call(index, call),
+    ]
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,7 +108,7 @@ impl ChatOutput {
             let (text, calls) = tools::parse_calls(*syntax, &held, tools);
             self.emit_content(text, &mut out);
             for c in calls {
-                out.push(Delta::Call(self.calls.len(), c.clone()));
+                out.extend(whole_call(self.calls.len(), c.clone()));
                 self.calls.push(c);
             }
         } else {
@@ -159,7 +172,7 @@ impl ChatOutput {
                 let (t, calls) = tools::parse_calls(syntax, &block, &tools);
                 self.emit_content(t, out);
                 for c in calls {
-                    out.push(Delta::Call(self.calls.len(), c.clone()));
+                    out.extend(whole_call(self.calls.len(), c.clone()));
                     self.calls.push(c);
                 }
             }
@@ -185,6 +198,7 @@ impl ChatOutput {
                 Delta::Content(t) => self.content.push_str(t),
                 Delta::Reasoning(t) => self.reasoning.push_str(t),
                 Delta::Call(_, c) => self.calls.push(c.clone()),
+                Delta::CallStart(..) | Delta::CallArgs(..) => {}
             }
         }
     }
@@ -257,7 +271,8 @@ mod tests {
             ],
         );
         assert_eq!(d[0], Delta::Content("Sure. ".into()));
-        assert!(matches!(&d[1], Delta::Call(0, c) if c.name == "f"));
+        assert_eq!(d[1], Delta::CallStart(0, "f".into()));
+        assert!(matches!(&d[3], Delta::Call(0, c) if c.name == "f"));
         let mut o = ChatOutput::new(Some((Syntax::Generic, tools.clone())), false, false);
         let d = all(
             &mut o,
@@ -266,7 +281,7 @@ mod tests {
                 "\"arguments\": {}}]}",
             ],
         );
-        assert_eq!(d.len(), 1);
+        assert_eq!(d.len(), 3);
         assert_eq!(o.content, "");
         let mut o = ChatOutput::new(Some((Syntax::Generic, tools)), false, false);
         let d = all(&mut o, &["Plain ", "answer."]);

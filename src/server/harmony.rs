@@ -180,7 +180,7 @@ impl HarmonyOutput {
                     name: name.clone(),
                     arguments: v.to_string(),
                 };
-                out.push(Delta::Call(self.calls, call));
+                out.extend(super::chat_output::whole_call(self.calls, call));
                 self.calls += 1;
             }
             _ => self.emit(&Kind::Content, &args, out),
@@ -274,6 +274,7 @@ mod tests {
                     assert_eq!(i, calls.len(), "calls are numbered in order");
                     calls.push(call);
                 }
+                Delta::CallStart(..) | Delta::CallArgs(..) => {}
             }
         }
         (r, c, calls)

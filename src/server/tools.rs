@@ -276,7 +276,7 @@ pub fn parse_calls(syntax: Syntax, text: &str, tools: &[Tool]) -> (String, Vec<C
                 match d {
                     super::chat_output::Delta::Content(t) => rest.push_str(&t),
                     super::chat_output::Delta::Call(_, c) => calls.push(c),
-                    super::chat_output::Delta::Reasoning(_) => {}
+                    _ => {}
                 }
             }
             (rest, calls)
