@@ -52,6 +52,11 @@ pub struct ServerSection {
     /// Refusals (429, 401, 404, ...) the server answers a second at most; the rest wait their
     /// turn, so that a flood of them takes a bounded share of the CPU; 0: no bound.
     pub max_rejections_per_s: f64,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}` (in memory,
+    /// least recently used first out); 0: none are kept.
+    pub response_store_count: usize,
+    /// The most memory those kept responses take, in MiB.
+    pub response_store_mib: usize,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -129,6 +134,8 @@ impl Default for ServerSection {
             client_rate_per_s: 0.0,
             client_burst: 20.0,
             max_rejections_per_s: 150.0,
+            response_store_count: 1024,
+            response_store_mib: 64,
         }
     }
 }
@@ -242,6 +249,18 @@ impl ServerSection {
             return bad(
                 "server.max_rejections_per_s",
                 "must be 0 (no bound) to 10000000",
+            );
+        }
+        if self.response_store_count > MAX_STORED_RESPONSES {
+            return bad(
+                "server.response_store_count",
+                format!("must be 0 (keep none) to {MAX_STORED_RESPONSES}"),
+            );
+        }
+        if !(1..=MAX_RESPONSE_STORE_MIB).contains(&self.response_store_mib) {
+            return bad(
+                "server.response_store_mib",
+                format!("must be 1 to {MAX_RESPONSE_STORE_MIB}"),
             );
         }
         Ok(())
@@ -381,6 +400,8 @@ const MAX_QUEUE: usize = 100_000;
 const MAX_BODY_KIB: usize = 1 << 20;
 const MAX_DRAIN_SECONDS: u64 = 600;
 const MAX_CONNECTIONS: usize = 1_000_000;
+const MAX_STORED_RESPONSES: usize = 1_000_000;
+const MAX_RESPONSE_STORE_MIB: usize = 1 << 16;
 
 fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();

@@ -56,6 +56,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_limit: p.server.body_limit_kib * 1024,
         profile: profile_name,
         front: front_config(&p),
+        response_store: (
+            p.server.response_store_count,
+            p.server.response_store_mib << 20,
+        ),
         model: p.model.path,
     };
     serve(config, stop, drain)

@@ -8,6 +8,7 @@ use super::choices::{Choice, Choices, Released};
 use super::error::ApiError;
 use super::generate::{Flavor, Job};
 use super::http::ChunkedBody;
+use super::responses;
 use super::Ready;
 use crate::engine::TokenLogprob;
 use serde_json::{json, Value};
@@ -20,11 +21,15 @@ pub enum Writer {
     Stream { first_chunk_sent: Vec<bool> },
     /// One JSON object when every choice is done.
     Whole,
+    /// A Responses answer: its object or its typed events.
+    Response(Box<responses::Writer>),
 }
 
 impl Writer {
     pub fn new(job: &Job, choices: &Choices) -> Writer {
-        if job.stream {
+        if let Flavor::Response(_, meta) = &job.flavor {
+            Writer::Response(Box::new(responses::Writer::new(job, meta)))
+        } else if job.stream {
             Writer::Stream {
                 first_chunk_sent: vec![false; choices.list.len()],
             }
@@ -34,9 +39,18 @@ impl Writer {
     }
 
     pub fn content_type(&self) -> &'static str {
+        if self.streams() {
+            "text/event-stream"
+        } else {
+            "application/json"
+        }
+    }
+
+    fn streams(&self) -> bool {
         match self {
-            Writer::Stream { .. } => "text/event-stream",
-            Writer::Whole => "application/json",
+            Writer::Stream { .. } => true,
+            Writer::Whole => false,
+            Writer::Response(w) => w.streams(),
         }
     }
 
@@ -49,24 +63,29 @@ impl Writer {
     /// A write that changes nothing for the client: an SSE comment line, or whitespace (valid
     /// before JSON).
     pub fn beat(&self, body: &mut ChunkedBody) -> io::Result<()> {
-        body.chunk(match self {
-            Writer::Stream { .. } => b": keep-alive\n\n",
-            Writer::Whole => b" ",
+        body.chunk(if self.streams() {
+            b": keep-alive\n\n"
+        } else {
+            b" "
         })
     }
 
-    /// Sends what an event released (a stream only); whether anything was written.
+    /// Takes what an event released, and sends it if the answer streams (`body`: the answer
+    /// has its head out); whether anything was written.
     pub fn released(
         &mut self,
-        body: &mut ChunkedBody,
+        body: Option<&mut ChunkedBody>,
         ready: &Ready,
         job: &Job,
         choices: &Choices,
         r: Released,
     ) -> io::Result<bool> {
-        let Writer::Stream { first_chunk_sent } = self else {
-            return Ok(false);
+        let first_chunk_sent = match self {
+            Writer::Response(w) => return w.released(body, ready, job, choices, &r.deltas),
+            Writer::Stream { first_chunk_sent } => first_chunk_sent,
+            Writer::Whole => return Ok(false),
         };
+        let Some(body) = body else { return Ok(false) };
         let mut events = Vec::new();
         if !first_chunk_sent[r.ci] {
             first_chunk_sent[r.ci] = true;
@@ -89,8 +108,16 @@ impl Writer {
     /// The answer fails after its head went out (the engine failed, or the server stops):
     /// the error in the answer's own form (a stream's error event and `[DONE]`, or a whole
     /// error object), then the end.
-    pub fn error(&self, mut body: ChunkedBody, err: &ApiError) {
+    pub fn error(
+        &mut self,
+        mut body: ChunkedBody,
+        ready: &Ready,
+        job: &Job,
+        choices: &Choices,
+        err: &ApiError,
+    ) {
         let _ = match self {
+            Writer::Response(w) => return w.error(body, ready, job, choices, err),
             Writer::Stream { .. } => body.sse(&err.body()).and_then(|_| body.sse("[DONE]")),
             Writer::Whole => body.chunk(err.body().as_bytes()),
         };
@@ -100,18 +127,19 @@ impl Writer {
     /// Every choice is done: a stream's usage chunk (when asked for) and `[DONE]`, or the
     /// whole answer; then the end of the body.
     pub fn finish(
-        &self,
+        &mut self,
         mut body: ChunkedBody,
         ready: &Ready,
         job: &Job,
         choices: &Choices,
     ) -> io::Result<()> {
         match self {
+            Writer::Response(w) => return w.finish(body, ready, job, choices),
             Writer::Stream { .. } => {
                 if job.include_usage {
                     let obj = match job.flavor {
-                        Flavor::Chat(_) => "chat.completion.chunk",
                         Flavor::Completion { .. } => "text_completion",
+                        _ => "chat.completion.chunk",
                     };
                     let u = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": [], "usage": usage(choices)});
                     body.sse(&u.to_string())?;
@@ -124,7 +152,10 @@ impl Writer {
     }
 
     /// The whole answer's JSON object.
-    pub fn whole(&self, ready: &Ready, job: &Job, choices: &Choices) -> Value {
+    pub fn whole(&mut self, ready: &Ready, job: &Job, choices: &Choices) -> Value {
+        if let Writer::Response(w) = self {
+            return w.whole(ready, job, choices);
+        }
         let list: Vec<Value> = choices
             .list
             .iter()
@@ -132,8 +163,8 @@ impl Writer {
             .map(|(ci, c)| final_choice(ready, job, ci, c))
             .collect();
         let obj = match job.flavor {
-            Flavor::Chat(_) => "chat.completion",
             Flavor::Completion { .. } => "text_completion",
+            _ => "chat.completion",
         };
         json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": list, "usage": usage(choices)})
     }
@@ -194,7 +225,7 @@ fn completion_logprobs(
 
 fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
     match &job.flavor {
-        Flavor::Chat(_) => {
+        Flavor::Chat(_) | Flavor::Response(..) => {
             let logprobs = job.logprobs.map(|_| json!({"content": c.logprobs.iter().map(|l| chat_logprob_entry(ready, l)).collect::<Vec<_>>()}));
             let out = c.chat.as_ref().expect("chat choices have an output");
             let mut message = json!({"role": "assistant", "content": out.content});
@@ -240,7 +271,7 @@ fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
 /// Chat streams open with the assistant role; echoed completion streams with the prompt.
 fn first_stream_chunk(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Option<Value> {
     match &job.flavor {
-        Flavor::Chat(_) => Some(json!({
+        Flavor::Chat(_) | Flavor::Response(..) => Some(json!({
             "id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name,
             "choices": [{"index": ci, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}],
         })),
@@ -274,7 +305,7 @@ fn stream_chunks(
     finish: Option<&str>,
 ) -> Vec<Value> {
     let chunk = |delta: Value, lp: Option<&TokenLogprob>, finish: Option<&str>| match job.flavor {
-        Flavor::Chat(_) => {
+        Flavor::Chat(_) | Flavor::Response(..) => {
             let logprobs = lp.map(|l| json!({"content": [chat_logprob_entry(ready, l)]}));
             json!({"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name,
                 "choices": [{"index": ci, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})

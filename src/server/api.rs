@@ -228,8 +228,11 @@ pub struct TokenizeRequest {
     /// Accepted for compatibility: one model is served, whatever the name.
     #[allow(dead_code)]
     pub model: Option<String>,
-    /// Tools the chat template is to show (with `messages`).
+    /// Tools the chat template is to show (with `messages`), offered as a chat request's
+    /// `tools`, `tool_choice` and `parallel_tool_calls` offer them.
     pub tools: Option<Vec<super::tools::Tool>>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
     pub prompt: Option<String>,
     pub messages: Option<Vec<Message>>,
     pub add_special_tokens: Option<bool>,

@@ -65,18 +65,9 @@ pub fn prepare(
     let parallel = req.parallel_tool_calls.unwrap_or(true);
     let syntax = Syntax::of_template(source);
     let calling = choice != Choice::None;
-    let mut msgs = chat_messages(&req.messages, syntax)?;
-    if calling && !Syntax::template_shows_tools(source) {
-        add_generic_instructions(&mut msgs, &tools, parallel);
-    }
-    let tools_json = calling.then(|| tools::template_tools(&tools));
-    let inputs = TemplateInputs {
-        tools: tools_json.as_ref(),
-        reasoning_effort: reasoning_effort(req.reasoning_effort.as_ref())?,
-    };
-    let prompt = tmpl
-        .render_with(&msgs, &inputs, true)
-        .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
+    let offered = if calling { tools.as_slice() } else { &[] };
+    let effort = req.reasoning_effort.as_ref();
+    let prompt = render_prompt(tmpl, &req.messages, offered, parallel, effort, true)?;
     let harmony = syntax == Syntax::Harmony;
     let markers = if harmony {
         Markers::of(tokenizer)
@@ -124,6 +115,31 @@ pub fn prepare(
         stop: ends,
         stop_tokens: markers.stop_tokens(),
     })
+}
+
+/// The prompt of a chat: its messages through the template with the `tools` it may call
+/// (shown by the template, or taught in the system message where the template shows none)
+/// and its reasoning effort. `/tokenize` counts the same prompt.
+pub fn render_prompt(
+    tmpl: &ChatTemplate,
+    messages: &[Message],
+    tools: &[Tool],
+    parallel: bool,
+    effort: Option<&Value>,
+    add_generation_prompt: bool,
+) -> Result<String, ApiError> {
+    let source = tmpl.source();
+    let mut msgs = chat_messages(messages, Syntax::of_template(source))?;
+    if !tools.is_empty() && !Syntax::template_shows_tools(source) {
+        add_generic_instructions(&mut msgs, tools, parallel);
+    }
+    let tools_json = (!tools.is_empty()).then(|| tools::template_tools(tools));
+    let inputs = TemplateInputs {
+        tools: tools_json.as_ref(),
+        reasoning_effort: reasoning_effort(effort)?,
+    };
+    tmpl.render_with(&msgs, &inputs, add_generation_prompt)
+        .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))
 }
 
 /// Teaches a model whose template shows no tools the generic call syntax, in the system

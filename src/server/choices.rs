@@ -4,7 +4,8 @@
 //! back for a stream to send.
 
 use super::chat_output::{ChatOutput, Delta};
-use super::generate::{Flavor, Job, Outcome};
+use super::chat_request::OutputRules;
+use super::generate::{Job, Outcome};
 use super::text::ChoiceText;
 use super::Ready;
 use crate::engine::{Event, FinishReason, TokenLogprob};
@@ -50,10 +51,7 @@ impl Choices {
         let n = job.params.n;
         let list = (0..job.prompts.len() * n)
             .map(|_| Choice {
-                chat: match &job.flavor {
-                    Flavor::Chat(rules) => Some(rules.output()),
-                    Flavor::Completion { .. } => None,
-                },
+                chat: job.flavor.rules().map(OutputRules::output),
                 ..Default::default()
             })
             .collect();
@@ -108,7 +106,7 @@ impl Choices {
                 if c.finish.is_some() {
                     return Ok(None);
                 }
-                let shown = matches!(&job.flavor, Flavor::Chat(rules) if rules.shows(token));
+                let shown = job.flavor.rules().is_some_and(|r| r.shows(token));
                 let piece = c
                     .text
                     .push(ready.tokenizer.token_bytes(token, shown), &job.stop);

@@ -64,6 +64,19 @@ impl ApiError {
         }
     }
 
+    /// A response id this server does not keep (never made, deleted, forgotten, or from
+    /// before a restart).
+    pub fn response_not_found(id: &str) -> ApiError {
+        ApiError {
+            status: 404,
+            message: format!("Response with id '{id}' not found."),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("response_not_found"),
+            retry_after: None,
+        }
+    }
+
     pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
         ApiError {
             status: 405,

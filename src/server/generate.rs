@@ -8,6 +8,7 @@ use super::chat_request::OutputRules;
 use super::choices::Choices;
 use super::error::ApiError;
 use super::http::{ChunkedBody, RawResponse};
+use super::responses::ResponseMeta;
 use super::Ready;
 use crate::engine::{Event, GenParams, RequestId};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +21,18 @@ pub enum Flavor {
     },
     /// A chat answer, split into reasoning, content and tool calls by these rules.
     Chat(OutputRules),
+    /// A chat answer written as a Responses object (or its events).
+    Response(OutputRules, Box<ResponseMeta>),
+}
+
+impl Flavor {
+    /// The rules that split a chat answer (both chat shapes).
+    pub fn rules(&self) -> Option<&OutputRules> {
+        match self {
+            Flavor::Chat(rules) | Flavor::Response(rules, _) => Some(rules),
+            Flavor::Completion { .. } => None,
+        }
+    }
 }
 
 pub struct Job {
@@ -93,7 +106,8 @@ pub fn run(
         if cut.load(Ordering::Relaxed) {
             cancel_all();
             let stopping = ApiError::unavailable("the server is shutting down");
-            return end_with_error(out, &writer, &stopping, &choices, "cut short (shutdown)");
+            let cut = "cut short (shutdown)";
+            return end_with_error(out, &mut writer, (ready, &job, &choices), &stopping, cut);
         }
         out = match out {
             Out::Waiting(resp) => {
@@ -127,8 +141,9 @@ pub fn run(
         match choices.apply(ready, &job, pi, ev, on_first_token) {
             Ok(None) => {}
             Ok(Some(released)) => {
-                let Out::Open(ref mut body) = out else {
-                    continue; // a whole answer is written at its end
+                let body = match out {
+                    Out::Open(ref mut body) => Some(body),
+                    Out::Waiting(_) => None,
                 };
                 match writer.released(body, ready, &job, &choices, released) {
                     Ok(wrote) => last_write = if wrote { Instant::now() } else { last_write },
@@ -141,7 +156,8 @@ pub fn run(
             Err(e) => {
                 cancel_all();
                 let failed = format!("failed ({e})");
-                return end_with_error(out, &writer, &ApiError::internal(e), &choices, &failed);
+                let e = ApiError::internal(e);
+                return end_with_error(out, &mut writer, (ready, &job, &choices), &e, &failed);
             }
         }
     }
@@ -204,15 +220,15 @@ fn hold(
 /// otherwise in the answer's own form.
 fn end_with_error(
     out: Out,
-    writer: &Writer,
+    writer: &mut Writer,
+    (ready, job, choices): (&Ready, &Job, &Choices),
     e: &ApiError,
-    choices: &Choices,
     result: &str,
 ) -> Result<Outcome, (ApiError, RawResponse)> {
     match out {
         Out::Waiting(resp) => Err((e.clone(), resp)),
         Out::Open(body) => {
-            writer.error(body, e);
+            writer.error(body, ready, job, choices, e);
             Ok(choices.outcome(result))
         }
     }

@@ -24,6 +24,7 @@ mod listener;
 mod metrics;
 mod parse;
 mod priority;
+mod responses;
 mod routes;
 mod text;
 mod tools;
@@ -64,6 +65,9 @@ pub struct ServeConfig {
     pub profile: String,
     /// Timeouts, the connection cap, the per-client buckets and the refusal pacing.
     pub front: FrontConfig,
+    /// Responses kept for `previous_response_id`: at most this many, in at most this many
+    /// bytes.
+    pub response_store: (usize, usize),
 }
 
 /// Everything that exists once the model is loaded.
@@ -97,16 +101,28 @@ pub struct Server {
     /// Overload refusals of the last second (`triage`): a flood shows as a high rate.
     refusals: Mutex<triage::RefusalRate>,
     front_stats: front::stats::FrontStats,
+    /// Finished Responses answers, for `previous_response_id` and `/v1/responses/{id}`.
+    responses: Arc<responses::Store>,
+    /// Starts every response id, so that an id from before a restart names nothing.
+    boot_tag: String,
 }
 
 /// A complete request, as the front hands it to a handler.
 pub struct Request {
+    pub method: String,
     pub path: String,
     pub body: Vec<u8>,
     /// Where the answer goes (the front writes it on the connection).
     pub response: http::RawResponse,
     /// Set for generation requests: counted until admission has decided.
     pending: Option<triage::Pending>,
+}
+
+fn unix_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
 }
 
 fn unix_now() -> u64 {
@@ -126,6 +142,11 @@ impl Server {
                 // Prompts the scheduler serves in its long lane, beside the others.
                 crate::engine::scheduler::LONG_PROMPT_STEPS * config.engine.max_batched_tokens,
             ),
+            responses: Arc::new(responses::Store::new(
+                config.response_store.0,
+                config.response_store.1,
+            )),
+            boot_tag: format!("{:x}", unix_nanos() & 0xffff_ffff_ffff),
             config,
             ready: OnceLock::new(),
             load_error: OnceLock::new(),

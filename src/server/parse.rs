@@ -5,10 +5,25 @@
 use super::api::{self, ChatRequest, CompletionRequest, Limits, PromptInput};
 use super::error::ApiError;
 use super::generate::{Flavor, Job};
+use super::responses::{self, ResponseMeta, Store};
 use super::{chat_request, unix_now, Ready, Server};
 use crate::grammar::{Constraint, ConstraintSpec, Grammars};
 use crate::tokenizer::{ChatTemplate, Tokenizer};
+use serde_json::Value;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// What parsing a request reads: the vocabulary, the chat template, the grammar compiler and
+/// the server's limits; and the kept responses a Responses request may continue.
+struct Parsing<'a> {
+    tokenizer: &'a Tokenizer,
+    chat: Option<&'a ChatTemplate>,
+    grammars: &'a Grammars,
+    limits: &'a Limits,
+    responses: Option<&'a Arc<Store>>,
+    /// Starts response ids (`Server::boot_tag`).
+    id_tag: &'a str,
+}
 
 impl Server {
     pub(super) fn parse_job(
@@ -18,48 +33,36 @@ impl Server {
         body: &[u8],
     ) -> Result<Job, ApiError> {
         let id_num = self.next_id.fetch_add(1, Ordering::Relaxed);
-        parse_request(
-            &ready.tokenizer,
-            ready.chat.as_ref(),
-            &ready.grammars,
-            &ready.limits,
-            path,
-            body,
-            id_num,
-        )
+        let p = Parsing {
+            tokenizer: &ready.tokenizer,
+            chat: ready.chat.as_ref(),
+            grammars: &ready.grammars,
+            limits: &ready.limits,
+            responses: Some(&self.responses),
+            id_tag: &self.boot_tag,
+        };
+        parse_request(&p, path, body, id_num)
     }
 }
 
-/// Parses and validates a /v1/completions (`path`) or /v1/chat/completions body into a job:
-/// everything a generation request goes through before it reaches the engine.
-fn parse_request(
-    tokenizer: &Tokenizer,
-    chat: Option<&ChatTemplate>,
-    grammars: &Grammars,
-    limits: &Limits,
-    path: &str,
-    body: &[u8],
-    id_num: u64,
-) -> Result<Job, ApiError> {
+/// Parses and validates a /v1/completions, /v1/chat/completions or /v1/responses (`path`)
+/// body into a job: everything a generation request goes through before it reaches the
+/// engine.
+fn parse_request(p: &Parsing, path: &str, body: &[u8], id_num: u64) -> Result<Job, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("the request body is not valid UTF-8"))?;
     let value: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}")))?;
-    if path == "/v1/completions" {
-        parse_completion(tokenizer, grammars, limits, value, id_num)
-    } else {
-        parse_chat(tokenizer, chat, grammars, limits, value, id_num)
+    match path {
+        "/v1/completions" => parse_completion(p, value, id_num),
+        "/v1/responses" => parse_response(p, value, id_num),
+        _ => parse_chat(p, value, id_num),
     }
 }
 
 /// A /v1/completions body: one prompt or a batch of them, as text or token ids.
-fn parse_completion(
-    tokenizer: &Tokenizer,
-    grammars: &Grammars,
-    limits: &Limits,
-    value: serde_json::Value,
-    id_num: u64,
-) -> Result<Job, ApiError> {
+fn parse_completion(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiError> {
+    let (tokenizer, grammars, limits) = (p.tokenizer, p.grammars, p.limits);
     api::check_keys(&value, api::COMPLETION_KEYS)?;
     let req: CompletionRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
@@ -125,14 +128,8 @@ fn completion_prompts(
 
 /// A /v1/chat/completions body: the messages rendered through the model's chat template, with
 /// the output rules of its tools and reasoning.
-fn parse_chat(
-    tokenizer: &Tokenizer,
-    chat: Option<&ChatTemplate>,
-    grammars: &Grammars,
-    limits: &Limits,
-    value: serde_json::Value,
-    id_num: u64,
-) -> Result<Job, ApiError> {
+fn parse_chat(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiError> {
+    let (tokenizer, chat, grammars, limits) = (p.tokenizer, p.chat, p.grammars, p.limits);
     api::check_keys(&value, api::CHAT_KEYS)?;
     let req: ChatRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
@@ -176,6 +173,36 @@ fn parse_chat(
     })
 }
 
+/// A /v1/responses body: translated into the chat request it means, after the conversation
+/// its `previous_response_id` names, and run as that chat request.
+fn parse_response(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiError> {
+    let previous = match value.get("previous_response_id") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(id)) => p
+            .responses
+            .and_then(|s| s.get(id))
+            .ok_or_else(|| ApiError::response_not_found(id).param("previous_response_id"))?
+            .conversation(),
+        Some(_) => {
+            return Err(ApiError::bad_request("previous_response_id must be a string")
+                .param("previous_response_id"))
+        }
+    };
+    let t = responses::translate(&value, previous)?;
+    let mut job = parse_chat(p, t.chat, id_num)?;
+    let Flavor::Chat(rules) = std::mem::replace(&mut job.flavor, Flavor::Completion { echo: Vec::new() }) else {
+        unreachable!("a chat request has chat rules");
+    };
+    job.id = format!("resp_{}{id_num:06}", p.id_tag);
+    let meta = ResponseMeta {
+        echo: t.echo,
+        input: responses::with_ids(t.items, &job.id),
+        store: p.responses.filter(|_| t.store).cloned(),
+    };
+    job.flavor = Flavor::Response(rules, Box::new(meta));
+    Ok(job)
+}
+
 /// The alternatives per token a chat request asks for: `top_logprobs` (0 when absent) with
 /// `logprobs: true`, none without (and `top_logprobs` alone is an error).
 fn chat_logprobs(req: &ChatRequest, limits: &Limits) -> Result<Option<usize>, ApiError> {
@@ -214,7 +241,15 @@ pub fn fuzz_parse_request(
     body: &[u8],
 ) -> Result<(), u16> {
     let limits = Limits::for_engine(16);
-    parse_request(tokenizer, chat, grammars, &limits, path, body, 0)
+    let p = Parsing {
+        tokenizer,
+        chat,
+        grammars,
+        limits: &limits,
+        responses: None,
+        id_tag: "fuzz",
+    };
+    parse_request(&p, path, body, 0)
         .map(|_| ())
         .map_err(|e| e.status)
 }

@@ -5,9 +5,8 @@
 use super::api::{DetokenizeRequest, TokenizeRequest};
 use super::error::ApiError;
 use super::http::RawResponse;
-use super::{api, chat_request, front, generate, metrics, tools, triage};
+use super::{api, chat_request, front, generate, metrics, responses, tools, triage};
 use super::{unix_now, Ready, Request, Server};
-use crate::tokenizer::TemplateInputs;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,13 +16,15 @@ impl Server {
     /// Handles one complete request to the end of its response (on a handler thread).
     pub fn handle(self: &Arc<Self>, req: Request) {
         let Request {
+            method,
             path,
             body,
             response,
             pending,
         } = req;
-        if let Err((e, resp)) = self.route(&path, &body, response, pending) {
+        if let Err((e, resp)) = self.route(&method, &path, &body, response, pending) {
             self.count_error(&e);
+            triage::log_refusal(&format!("{method} {path}"), &e);
             let retry = match e.retry_after {
                 Some(s) => vec![("Retry-After", s.to_string())],
                 None => Vec::new(),
@@ -35,6 +36,7 @@ impl Server {
     /// The response to a request the front has already checked (route, method, key, size).
     fn route(
         self: &Arc<Self>,
+        method: &str,
         path: &str,
         body: &[u8],
         resp: RawResponse,
@@ -76,8 +78,11 @@ impl Server {
             }
             "/tokenize" => tokenize(ready, body),
             "/detokenize" => detokenize(ready, body),
-            "/v1/completions" | "/v1/chat/completions" => {
+            "/v1/completions" | "/v1/chat/completions" | "/v1/responses" => {
                 return self.generate(ready, path, body, resp, pending);
+            }
+            p if p.starts_with(responses::PREFIX) => {
+                self.kept_response(method, &percent_decoded(&p[responses::PREFIX.len()..]))
             }
             _ => Err(ApiError::not_found(path)),
         };
@@ -140,14 +145,7 @@ impl Server {
             }
             shed
         };
-        let out = generate::run(ready, job, resp, &mut on_first_token, &shed, &self.cut)
-            .inspect_err(|(e, _)| {
-                log::info!(
-                    "{id}: rejected ({} {}), prompt_tokens={n_prompt}",
-                    e.status,
-                    e.reason()
-                );
-            })?;
+        let out = generate::run(ready, job, resp, &mut on_first_token, &shed, &self.cut)?;
         let ttft = out
             .first_token
             .map(|t| format!("{:.3}s", t.duration_since(started).as_secs_f64()))
@@ -163,6 +161,36 @@ impl Server {
             started.elapsed().as_secs_f64()
         );
         Ok(())
+    }
+
+    /// `GET` (the response), `GET …/input_items` (its conversation's items) or `DELETE` of a
+    /// kept response.
+    fn kept_response(&self, method: &str, rest: &str) -> Result<serde_json::Value, ApiError> {
+        let (id, items) = match rest.strip_suffix("/input_items") {
+            Some(id) => (id, true),
+            None => (rest, false),
+        };
+        if method == "DELETE" && !items {
+            return match self.responses.delete(id) {
+                true => Ok(json!({"id": id, "object": "response", "deleted": true})),
+                false => Err(ApiError::response_not_found(id)),
+            };
+        }
+        let kept = self
+            .responses
+            .get(id)
+            .filter(|_| method != "DELETE")
+            .ok_or_else(|| ApiError::response_not_found(id))?;
+        if !items {
+            return Ok(kept.response);
+        }
+        // Newest first, as OpenAI lists them.
+        let data: Vec<serde_json::Value> = kept.input.into_iter().rev().collect();
+        Ok(json!({
+            "object": "list", "data": data, "has_more": false,
+            "first_id": data.first().and_then(|i| i.get("id")).cloned(),
+            "last_id": data.last().and_then(|i| i.get("id")).cloned(),
+        }))
     }
 
     fn status_json(&self, ready: &Ready) -> serde_json::Value {
@@ -218,18 +246,19 @@ fn tokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
                 .chat
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("this model has no chat template"))?;
-            let syntax = tools::Syntax::of_template(tmpl.source());
-            let tools_json = req.tools.as_deref().map(tools::template_tools);
-            let inputs = TemplateInputs {
-                tools: tools_json.as_ref(),
-                reasoning_effort: chat_request::reasoning_effort(req.reasoning_effort.as_ref())?,
-            };
-            tmpl.render_with(
-                &chat_request::chat_messages(msgs, syntax)?,
-                &inputs,
+            // The tools as a chat request with the same fields would offer them.
+            let tools = req.tools.clone().unwrap_or_default();
+            tools::check_tools(&tools)?;
+            let choice = tools::parse_choice(req.tool_choice.as_ref(), &tools)?;
+            let offered = if choice == tools::Choice::None { &[] } else { tools.as_slice() };
+            chat_request::render_prompt(
+                tmpl,
+                msgs,
+                offered,
+                req.parallel_tool_calls.unwrap_or(true),
+                req.reasoning_effort.as_ref(),
                 req.add_generation_prompt.unwrap_or(true),
-            )
-            .map_err(|e| ApiError::bad_request(e.to_string()))?
+            )?
         }
         _ => {
             return Err(ApiError::bad_request(

@@ -19,12 +19,27 @@ const ROUTES: &[(&str, &str)] = &[
     ("/v1/models", "GET"),
     ("/v1/completions", "POST"),
     ("/v1/chat/completions", "POST"),
+    ("/v1/responses", "POST"),
     ("/tokenize", "POST"),
     ("/detokenize", "POST"),
 ];
 
 /// One model by id: `/v1/models/{id}`.
 pub const MODEL_PREFIX: &str = "/v1/models/";
+
+/// The methods `path` takes, if it is an endpoint.
+fn methods(path: &str) -> Option<&'static [&'static str]> {
+    if let Some((_, m)) = ROUTES.iter().find(|(p, _)| *p == path) {
+        return Some(std::slice::from_ref(m));
+    }
+    if path.starts_with(MODEL_PREFIX) {
+        Some(&["GET"])
+    } else if path.starts_with(super::responses::PREFIX) {
+        Some(&["GET", "DELETE"])
+    } else {
+        None
+    }
+}
 
 /// Which handler pool a request goes to once its body is in.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -91,12 +106,12 @@ impl Server {
     /// The route of a request from its head, or the error to answer it with.
     pub(super) fn route_check(&self, head: &Head) -> Result<Route, ApiError> {
         let path = head.path.as_str();
-        let found = ROUTES.iter().find(|(p, _)| *p == path).map(|r| r.1);
-        let Some(allowed) = found.or(path.starts_with(MODEL_PREFIX).then_some("GET")) else {
+        let Some(allowed) = methods(path) else {
             return Err(ApiError::not_found(path));
         };
         let method = head.method.as_str();
-        if method != allowed && !(method == "HEAD" && allowed == "GET") {
+        let takes = |m: &str| allowed.contains(&m) || (m == "HEAD" && allowed.contains(&"GET"));
+        if !takes(method) {
             return Err(ApiError::method_not_allowed(method, path));
         }
         // Health and the status page stay open; everything else needs the key if one is set.
@@ -114,7 +129,9 @@ impl Server {
                 let (status, state) = self.health();
                 Route::Health(status, json!({ "status": state }).to_string())
             }
-            "/v1/completions" | "/v1/chat/completions" => Route::Dispatch(Lane::Generate),
+            "/v1/completions" | "/v1/chat/completions" | "/v1/responses" => {
+                Route::Dispatch(Lane::Generate)
+            }
             _ => Route::Dispatch(Lane::Other),
         })
     }
@@ -188,10 +205,22 @@ impl Server {
         }
     }
 
-    /// Counts an error the front answered, as the handlers count theirs.
+    /// Counts an error the front answered, as the handlers count theirs, and logs it.
     pub(super) fn count_front_error(&self, e: &ApiError) {
         self.count_error(e);
+        log_refusal("refused at the front", e);
     }
+}
+
+/// One line per refused request, without its body or key. Overload refusals (429, 503) come
+/// in floods and have their own metrics, so they are logged at debug only.
+pub fn log_refusal(what: &str, e: &ApiError) {
+    let level = if matches!(e.status, 429 | 503) {
+        log::Level::Debug
+    } else {
+        log::Level::Info
+    };
+    log::log!(level, "{what}: {} {}", e.status, e.message);
 }
 
 /// A generation request handed to a handler and not yet through admission: counted as in

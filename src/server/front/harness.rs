@@ -48,6 +48,7 @@ impl Harness {
                 // Unpaced: an exchange must not wait for its refusals' turn.
                 max_rejections_per_s: 0.0,
             },
+            response_store: (16, 1 << 20),
         };
         let server = Server::new(config);
         let (generate, other) = pools(&server).expect("handler threads");

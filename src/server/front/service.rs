@@ -126,6 +126,7 @@ impl Front {
         };
         let (response, handed) = RawResponse::new();
         let request = Request {
+            method: head.method,
             path: head.path,
             body: body.to_vec(),
             response,
