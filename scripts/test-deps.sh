@@ -69,7 +69,7 @@ problems=()
 for what in "${!debs[@]}"; do
     present "$what" || problems+=("$what: apt-get install ${debs[$what]}")
 done
-python3 -c "import openai, httpx, pytest, jsonschema, yaml" 2>/dev/null \
+python3 -c "import openai, httpx, pytest, jsonschema, yaml, agents, langchain_openai, litellm, llm" 2>/dev/null \
     || problems+=("the Python test clients: python3 -m pip install -r tests/e2e/requirements.txt")
 [ -x target/node/node_modules/.bin/autocannon ] \
     || problems+=("autocannon: npm install --prefix target/node autocannon@9")
