@@ -7,7 +7,7 @@ import socket
 import httpx
 import pytest
 
-C, CH = "/v1/completions", "/v1/chat/completions"
+C, CH, R = "/v1/completions", "/v1/chat/completions", "/v1/responses"
 HUGE = 10**30
 
 CASES = [
@@ -54,6 +54,20 @@ CASES = [
     ("chat image part", "POST", CH, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, 400),
     ("chat top_logprobs without logprobs", "POST", CH, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400),
     ("chat unknown field", "POST", CH, {"messages": [{"role": "user", "content": "hi"}], "bogus_field": 1}, 400),
+    ("responses input missing", "POST", R, {"instructions": "x"}, 400),
+    ("responses input wrong type", "POST", R, {"input": 5}, 400),
+    ("responses item without type", "POST", R, {"input": [{"content": "x"}]}, 400),
+    ("responses unknown item", "POST", R, {"input": [{"type": "computer_call", "id": "x"}]}, 400),
+    ("responses call without name", "POST", R, {"input": [{"type": "function_call", "call_id": "c", "arguments": "{}"}]}, 400),
+    ("responses built-in tool", "POST", R, {"input": "x", "tools": [{"type": "code_interpreter"}]}, 400),
+    ("responses bad format", "POST", R, {"input": "x", "text": {"format": {"type": "xml"}}}, 400),
+    ("responses bad effort", "POST", R, {"input": "x", "reasoning": {"effort": 3}}, 400),
+    ("responses unknown previous id", "POST", R, {"input": "x", "previous_response_id": "resp_none"}, 404),
+    ("responses previous id wrong type", "POST", R, {"input": "x", "previous_response_id": 7}, 400),
+    ("responses unknown field", "POST", R, {"input": "x", "max_tokens": 5}, 400),
+    ("kept response unknown", "GET", R + "/resp_none", None, 404),
+    ("kept response delete unknown", "DELETE", R + "/resp_none", None, 404),
+    ("kept response wrong method", "PUT", R + "/resp_none", {}, 405),
     ("tokenize nothing", "POST", "/tokenize", {}, 400),
     ("detokenize bad ids", "POST", "/detokenize", {"tokens": [-1]}, 400),
     ("wrong method on completions", "GET", C, None, 405),

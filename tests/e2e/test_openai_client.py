@@ -129,6 +129,20 @@ def test_tokenize_and_detokenize(server, reference):
     assert back["prompt"] == case["text"]
 
 
+def test_tokenize_with_tools_counts_the_prompt_chat_renders(client, server):
+    """A template that shows no tools gets them as instructions in its system message: the
+    count /tokenize gives is the prompt chat runs, tool text included."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    count = httpx.post(server.base + "/tokenize", json={"messages": msgs, "tools": tools}).json()["count"]
+    plain = httpx.post(server.base + "/tokenize", json={"messages": msgs}).json()["count"]
+    r = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=1)
+    assert count == r.usage.prompt_tokens and count > plain + 20
+    none = httpx.post(server.base + "/tokenize", json={"messages": msgs, "tools": tools, "tool_choice": "none"})
+    assert none.json()["count"] == plain
+
+
 def test_curl_sees_sse_framing(server):
     out = subprocess.run(["curl", "-sN", server.base + "/v1/completions", "-H", "Content-Type: application/json",
                           "-d", '{"prompt":"Hello","max_tokens":4,"temperature":0,"stream":true}'],
