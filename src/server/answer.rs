@@ -232,6 +232,12 @@ fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
             if !out.reasoning.is_empty() {
                 message["reasoning_content"] = json!(out.reasoning);
             }
+            if let (true, Some(call)) = (job.legacy_functions, out.calls.first()) {
+                message["content"] = Value::Null;
+                message["function_call"] = json!({"name": call.name, "arguments": call.arguments});
+                let finish = legacy_finish(c.finish);
+                return json!({"index": ci, "message": message, "logprobs": logprobs, "finish_reason": finish});
+            }
             if !out.calls.is_empty() {
                 if out.content.is_empty() {
                     message["content"] = Value::Null;
@@ -323,8 +329,14 @@ fn stream_chunks(
         match d {
             Delta::Content(t) => content.push_str(t),
             Delta::Reasoning(t) => reasoning.push_str(t),
-            Delta::CallStart(i, name) => calls.push(json!({"index": i, "id": call_id(job, ci, *i), "type": "function", "function": {"name": name, "arguments": ""}})),
-            Delta::CallArgs(i, args) => calls.push(json!({"index": i, "function": {"arguments": args}})),
+            Delta::CallStart(_, name) if job.legacy_functions => {
+                calls.push(json!({"function_call": {"name": name, "arguments": ""}}))
+            }
+            Delta::CallArgs(_, args) if job.legacy_functions => {
+                calls.push(json!({"function_call": {"arguments": args}}))
+            }
+            Delta::CallStart(i, name) => calls.push(json!({"tool_calls": [{"index": i, "id": call_id(job, ci, *i), "type": "function", "function": {"name": name, "arguments": ""}}]})),
+            Delta::CallArgs(i, args) => calls.push(json!({"tool_calls": [{"index": i, "function": {"arguments": args}}]})),
             Delta::Call(..) => {}
         }
     }
@@ -341,12 +353,21 @@ fn stream_chunks(
         out.push(chunk(delta, lp.take(), None));
     }
     for call in calls {
-        out.push(chunk(json!({"tool_calls": [call]}), None, None));
+        out.push(chunk(call, None, None));
     }
     if finish.is_some() {
+        let finish = if job.legacy_functions { legacy_finish(finish) } else { finish };
         out.push(chunk(json!({}), None, finish));
     }
     out
+}
+
+/// The legacy form's finish reason: a call ends with `function_call`.
+fn legacy_finish(finish: Option<&str>) -> Option<&str> {
+    match finish {
+        Some("tool_calls") => Some("function_call"),
+        other => other,
+    }
 }
 
 /// A call's id: unique per request, choice and call.

@@ -194,6 +194,9 @@ pub struct Message {
     pub tool_calls: Option<Vec<serde_json::Value>>,
     /// A tool result's call.
     pub tool_call_id: Option<String>,
+    /// The legacy form of an assistant's one call (`{"name", "arguments"}`), answered by a
+    /// `role: function` message with the same `name`.
+    pub function_call: Option<serde_json::Value>,
     /// Sent back by some clients with an assistant turn; not part of the prompt.
     #[allow(dead_code)]
     pub refusal: Option<serde_json::Value>,

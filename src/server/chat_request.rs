@@ -178,25 +178,25 @@ pub fn chat_messages(messages: &[Message], syntax: Syntax) -> Result<Vec<ChatMes
     messages
         .iter()
         .map(|m| {
-            if !matches!(
-                m.role.as_str(),
-                "system" | "user" | "assistant" | "tool" | "developer"
-            ) {
+            // The legacy `function` role is a tool result, named by its function.
+            let role = if m.role == "function" { "tool" } else { m.role.as_str() };
+            if !matches!(role, "system" | "user" | "assistant" | "tool" | "developer") {
                 return Err(
                     ApiError::bad_request(format!("unknown message role '{}'", m.role))
                         .param("messages"),
                 );
             }
             let mut content = m.text()?;
+            let calls = assistant_calls(m)?;
             // gpt-oss's template refuses a call turn with both content and reasoning (it shows
             // the content as the reasoning then), so the reasoning is left out there.
             let thinking = m
                 .reasoning_content
                 .clone()
                 .filter(|r| m.role == "assistant" && !r.is_empty())
-                .filter(|_| m.tool_calls.is_none() || content.is_empty());
-            let tool_calls = match &m.tool_calls {
-                Some(calls) if m.role == "assistant" => {
+                .filter(|_| calls.is_none() || content.is_empty());
+            let tool_calls = match calls {
+                Some(calls) => {
                     let calls: Vec<Value> = calls.iter().map(template_call).collect::<Result<_, _>>()?;
                     if syntax == Syntax::Generic && content.is_empty() {
                         let generic: Vec<Value> = calls
@@ -207,22 +207,42 @@ pub fn chat_messages(messages: &[Message], syntax: Syntax) -> Result<Vec<ChatMes
                     }
                     Some(Value::Array(calls))
                 }
-                Some(_) => {
-                    return Err(ApiError::bad_request("only assistant messages carry tool_calls")
-                        .param("messages"))
-                }
                 None => None,
             };
+            let legacy_result = (m.role == "function").then(|| legacy_call_id(m.name.as_deref()));
             Ok(ChatMessage {
-                role: m.role.clone(),
+                role: role.to_string(),
                 content,
                 tool_calls,
-                tool_call_id: m.tool_call_id.clone(),
+                tool_call_id: m.tool_call_id.clone().or(legacy_result),
                 thinking,
                 name: m.name.clone(),
             })
         })
         .collect()
+}
+
+/// An assistant message's calls in OpenAI's shape: its `tool_calls`, or its legacy
+/// `function_call` as one call. Other roles carry none.
+fn assistant_calls(m: &Message) -> Result<Option<Vec<Value>>, ApiError> {
+    let only_assistants = || {
+        ApiError::bad_request("only assistant messages carry tool_calls or function_call")
+            .param("messages")
+    };
+    match (&m.tool_calls, &m.function_call) {
+        (None, None) => Ok(None),
+        _ if m.role != "assistant" => Err(only_assistants()),
+        (Some(calls), _) => Ok(Some(calls.clone())),
+        (None, Some(f)) => {
+            let id = legacy_call_id(f.get("name").and_then(Value::as_str));
+            Ok(Some(vec![json!({"id": id, "type": "function", "function": f})]))
+        }
+    }
+}
+
+/// The id a legacy call and its `function` result share: they are matched by name.
+fn legacy_call_id(name: Option<&str>) -> String {
+    format!("call_{}", name.unwrap_or("function"))
 }
 
 /// One OpenAI call (`arguments` a JSON string) as templates read it (`arguments` an object).

@@ -46,6 +46,9 @@ pub struct Job {
     /// Top-N alternatives per generated token (Some(0): only the token's own logprob).
     pub logprobs: Option<usize>,
     pub flavor: Flavor,
+    /// A chat request in the legacy `functions` form: its call comes back as
+    /// `message.function_call` with `finish_reason: "function_call"`.
+    pub legacy_functions: bool,
 }
 
 /// How a request ended, for its log line.

@@ -96,6 +96,7 @@ fn parse_completion(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiEr
         include_usage: v.include_usage,
         logprobs,
         flavor: Flavor::Completion { echo: echo_text },
+        legacy_functions: false,
     })
 }
 
@@ -128,8 +129,9 @@ fn completion_prompts(
 
 /// A /v1/chat/completions body: the messages rendered through the model's chat template, with
 /// the output rules of its tools and reasoning.
-fn parse_chat(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiError> {
+fn parse_chat(p: &Parsing, mut value: Value, id_num: u64) -> Result<Job, ApiError> {
     let (tokenizer, chat, grammars, limits) = (p.tokenizer, p.chat, p.grammars, p.limits);
+    let legacy_functions = legacy_functions(&mut value)?;
     api::check_keys(&value, api::CHAT_KEYS)?;
     let req: ChatRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
@@ -170,7 +172,50 @@ fn parse_chat(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiError> {
         include_usage: v.include_usage,
         logprobs,
         flavor: Flavor::Chat(setup.rules),
+        legacy_functions,
     })
+}
+
+/// The legacy `functions` and `function_call` fields as the `tools` and `tool_choice` they
+/// mean (one call at most); whether the request used them.
+fn legacy_functions(value: &mut Value) -> Result<bool, ApiError> {
+    let Some(obj) = value.as_object_mut() else {
+        return Ok(false);
+    };
+    let functions = obj.remove("functions");
+    let choice = obj.remove("function_call");
+    let Some(functions) = functions else {
+        return match choice {
+            Some(_) => Err(ApiError::bad_request("function_call needs functions").param("function_call")),
+            None => Ok(false),
+        };
+    };
+    if obj.contains_key("tools") || obj.contains_key("tool_choice") {
+        return Err(ApiError::bad_request("give tools or functions, not both").param("functions"));
+    }
+    let Value::Array(list) = functions else {
+        return Err(ApiError::bad_request("functions must be a list").param("functions"));
+    };
+    let tools: Vec<Value> = list
+        .into_iter()
+        .map(|f| serde_json::json!({"type": "function", "function": f}))
+        .collect();
+    obj.insert("tools".into(), Value::Array(tools));
+    match choice {
+        None => {}
+        Some(Value::Object(named)) => {
+            let name = named.get("name").cloned().unwrap_or(Value::Null);
+            obj.insert(
+                "tool_choice".into(),
+                serde_json::json!({"type": "function", "function": {"name": name}}),
+            );
+        }
+        Some(mode) => {
+            obj.insert("tool_choice".into(), mode);
+        }
+    }
+    obj.insert("parallel_tool_calls".into(), Value::Bool(false));
+    Ok(true)
 }
 
 /// A /v1/responses body: translated into the chat request it means, after the conversation
