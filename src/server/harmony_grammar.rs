@@ -5,7 +5,7 @@
 
 use super::harmony::{CALL, CHANNEL, CONSTRAIN, END, MARKERS, MESSAGE, RETURN, START};
 use super::tools::Tool;
-use crate::grammar::{schema_as_generated, ConstraintSpec};
+use crate::grammar::{json_object_schema, schema_as_generated, ConstraintSpec};
 use crate::tokenizer::Tokenizer;
 use serde_json::json;
 
@@ -101,9 +101,7 @@ pub fn forced_call(allowed: &[&Tool], markers: &Markers) -> ConstraintSpec {
 /// format. A Lark grammar keeps its own start rule, so it is left as given.
 pub fn final_message(spec: ConstraintSpec, markers: &Markers) -> ConstraintSpec {
     let body = match &spec {
-        ConstraintSpec::JsonObject => {
-            format!("%json {}", schema_as_generated(&json!({"type": "object"})))
-        }
+        ConstraintSpec::JsonObject => format!("%json {}", json_object_schema()),
         ConstraintSpec::JsonSchema(s) => format!("%json {}", schema_as_generated(s)),
         ConstraintSpec::Regex(r) => format!("/{}/", r.replace('/', "\\/")),
         ConstraintSpec::Lark(_) => return spec,
