@@ -11,5 +11,5 @@ mod spec;
 mod vocab;
 
 pub use constraint::{Constraint, Mask};
-pub use spec::{schema_as_generated, ConstraintSpec};
+pub use spec::{json_object_schema, schema_as_generated, ConstraintSpec};
 pub use vocab::Grammars;

@@ -19,9 +19,7 @@ pub enum ConstraintSpec {
 impl ConstraintSpec {
     pub fn grammar(&self) -> TopLevelGrammar {
         match self {
-            ConstraintSpec::JsonObject => {
-                TopLevelGrammar::from_json_schema(schema_as_generated(&json!({"type": "object"})))
-            }
+            ConstraintSpec::JsonObject => TopLevelGrammar::from_json_schema(json_object_schema()),
             ConstraintSpec::JsonSchema(s) => {
                 TopLevelGrammar::from_json_schema(schema_as_generated(s))
             }
@@ -47,9 +45,7 @@ impl ConstraintSpec {
     /// own start rule, so it is left as given.
     pub fn after_reasoning(self, opened: bool) -> ConstraintSpec {
         let body = match &self {
-            ConstraintSpec::JsonObject => {
-                format!("%json {}", schema_as_generated(&json!({"type": "object"})))
-            }
+            ConstraintSpec::JsonObject => format!("%json {}", json_object_schema()),
             ConstraintSpec::JsonSchema(s) => format!("%json {}", schema_as_generated(s)),
             ConstraintSpec::Regex(r) => format!("/{}/", r.replace('/', "\\/")),
             ConstraintSpec::Lark(_) => return self,
@@ -82,6 +78,27 @@ pub fn schema_as_generated(schema: &Value) -> Value {
         );
     }
     s
+}
+
+/// Any JSON object, as `response_format: {"type": "json_object"}` asks, generated like a
+/// schema's: `{"type": "object"}` alone leaves its values to llguidance's own JSON, whose
+/// numbers have no bound (a small model once wrote 60 digits until its tokens ran out), so
+/// every value is spelled out here (recursively) with numbers that `schema_as_generated`
+/// bounds as it bounds any schema's.
+pub fn json_object_schema() -> Value {
+    let value = json!({"$ref": "#/$defs/value"});
+    schema_as_generated(&json!({
+        "type": "object",
+        "additionalProperties": value,
+        "$defs": {"value": {"anyOf": [
+            {"type": "null"},
+            {"type": "boolean"},
+            {"type": "number"},
+            {"type": "string"},
+            {"type": "array", "items": value},
+            {"type": "object", "additionalProperties": value},
+        ]}},
+    }))
 }
 
 /// Depth bound: request bodies are small, but a schema is still user input.

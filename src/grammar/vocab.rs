@@ -156,6 +156,27 @@ mod tests {
     }
 
     #[test]
+    fn a_json_object_bounds_its_numbers_as_a_schema_does() {
+        let (tok, g) = reference();
+        let ok = |text: &str| {
+            let mut c = g.compile(&ConstraintSpec::JsonObject).unwrap();
+            follows(&mut c, &tok, text)
+        };
+        assert!(ok(r#"{"a": [1, -2.5, {"b": null}], "c": "x", "d": true}"#));
+        assert!(ok(r#"{"n": 9007199254740991}"#));
+        assert!(!ok(r#"{"n": 90071992547409920}"#), "beyond 2^53 - 1");
+        assert!(!ok(r#"{"a": [{"n": 3.14159265358}]}"#), "nested, 11 digits");
+        assert!(!ok("[1]"), "an object only");
+        let after = ConstraintSpec::JsonObject.after_reasoning(true);
+        let mut c = g.compile(&after).unwrap();
+        assert!(!follows(
+            &mut c,
+            &tok,
+            &format!("hm</think>{{\"n\": {}", "1".repeat(60))
+        ));
+    }
+
+    #[test]
     fn lark_regex_and_forced_tokens() {
         let (tok, g) = reference();
         let mut c = g

@@ -3,8 +3,9 @@
 //! Text that may still turn out to be a call is held back until it is known. Harmony answers
 //! (gpt-oss) have their own parser (`harmony`); this type keeps the totals for both.
 
+use super::call_stream::CallStream;
 use super::harmony::HarmonyOutput;
-use super::tools::{self, Call, Syntax, Tool};
+use super::tools::{Call, Syntax, Tool};
 
 /// A piece of the answer, ready to send.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,14 +42,13 @@ const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
 pub struct ChatOutput {
-    tools: Option<(Syntax, Vec<Tool>)>,
+    /// Where calls are possible: the answer's content, split into content and calls.
+    calls_in: Option<CallStream>,
     think: Think,
     /// Set for a harmony answer, which it splits instead of the rest of this type.
     harmony: Option<HarmonyOutput>,
     /// Text not yet classified.
     buf: String,
-    /// Content text held back because it may be a call (JSON syntaxes: the whole answer).
-    held: String,
     pub content: String,
     pub reasoning: String,
     pub calls: Vec<Call>,
@@ -58,17 +58,27 @@ impl ChatOutput {
     /// `tools`: the syntax and the offered tools when calls are possible. `reasoning`: the
     /// model thinks first; `opened`: the prompt already opened its `<think>` block.
     pub fn new(tools: Option<(Syntax, Vec<Tool>)>, reasoning: bool, opened: bool) -> ChatOutput {
+        ChatOutput::with_calls(tools, false, reasoning, opened)
+    }
+
+    /// As `new`; `forced`: the request forces a call (of one of `tools`), so the whole answer
+    /// after any reasoning is a call and never content.
+    pub fn with_calls(
+        tools: Option<(Syntax, Vec<Tool>)>,
+        forced: bool,
+        reasoning: bool,
+        opened: bool,
+    ) -> ChatOutput {
         let think = match (reasoning, opened) {
             (false, _) => Think::Off,
             (true, true) => Think::Inside,
             (true, false) => Think::MayOpen,
         };
         ChatOutput {
-            tools,
+            calls_in: tools.map(|(syntax, tools)| CallStream::new(syntax, tools, forced)),
             think,
             harmony: None,
             buf: String::new(),
-            held: String::new(),
             content: String::new(),
             reasoning: String::new(),
             calls: Vec::new(),
@@ -103,18 +113,21 @@ impl ChatOutput {
         }
         let mut out = Vec::new();
         self.advance(true, &mut out);
-        let held = std::mem::take(&mut self.held);
-        if let Some((syntax, tools)) = &self.tools {
-            let (text, calls) = tools::parse_calls(*syntax, &held, tools);
-            self.emit_content(text, &mut out);
-            for c in calls {
-                out.extend(whole_call(self.calls.len(), c.clone()));
-                self.calls.push(c);
-            }
-        } else {
-            self.emit_content(held, &mut out);
+        if let Some(c) = &mut self.calls_in {
+            let d = c.finish();
+            self.record(&d);
+            out.extend(d);
         }
         out
+    }
+
+    /// The answer ended inside a call (a token limit, a stop string): its calls are partial.
+    pub fn cut(&self) -> bool {
+        match (&self.harmony, &self.calls_in) {
+            (Some(h), _) => h.cut,
+            (None, Some(c)) => c.cut,
+            (None, None) => false,
+        }
     }
 
     fn advance(&mut self, end: bool, out: &mut Vec<Delta>) {
@@ -150,45 +163,22 @@ impl ChatOutput {
                 }
                 Think::Off => {
                     let text = std::mem::take(&mut self.buf);
-                    self.content_text(text, end, out);
+                    self.content_text(text, out);
                     return;
                 }
             }
         }
     }
 
-    /// Content text: straight out without tools; with tools, held while it may be a call
-    /// (Hermes blocks are parsed as each closes).
-    fn content_text(&mut self, text: String, end: bool, out: &mut Vec<Delta>) {
-        let Some((syntax, tools)) = &self.tools else {
+    /// Content text: straight out without tools; with tools, split into content and calls.
+    fn content_text(&mut self, text: String, out: &mut Vec<Delta>) {
+        let Some(c) = &mut self.calls_in else {
             self.emit_content(text, out);
             return;
         };
-        let (syntax, tools) = (*syntax, tools.clone());
-        self.held.push_str(&text);
-        if syntax == Syntax::Hermes {
-            while let Some(close) = self.held.find("</tool_call>") {
-                let block: String = self.held.drain(..close + "</tool_call>".len()).collect();
-                let (t, calls) = tools::parse_calls(syntax, &block, &tools);
-                self.emit_content(t, out);
-                for c in calls {
-                    out.extend(whole_call(self.calls.len(), c.clone()));
-                    self.calls.push(c);
-                }
-            }
-            if !end {
-                // Release what cannot be part of a block.
-                let start = self
-                    .held
-                    .find("<tool_call>")
-                    .unwrap_or(self.held.len() - partial_suffix(&self.held, "<tool_call>"));
-                let free: String = self.held.drain(..start).collect();
-                self.emit_content(free, out);
-            }
-        } else if !end && !tools::may_be_call(syntax, &(self.content.clone() + &self.held)) {
-            let free = std::mem::take(&mut self.held);
-            self.emit_content(free, out);
-        }
+        let d = c.push(&text);
+        self.record(&d);
+        out.extend(d);
     }
 
     /// Adds what another parser released to the totals.
@@ -283,9 +273,24 @@ mod tests {
         );
         assert_eq!(d.len(), 3);
         assert_eq!(o.content, "");
-        let mut o = ChatOutput::new(Some((Syntax::Generic, tools)), false, false);
+        let mut o = ChatOutput::new(Some((Syntax::Generic, tools.clone())), false, false);
         let d = all(&mut o, &["Plain ", "answer."]);
         assert_eq!(d[0], Delta::Content("Plain ".into()));
         assert_eq!(o.content, "Plain answer.");
+        // A forced call cut short: its name and partial arguments, no content, `cut`.
+        let mut o = ChatOutput::with_calls(Some((Syntax::Generic, tools)), true, true, false);
+        let d = all(
+            &mut o,
+            &[
+                "<think>hm</think>",
+                "{\"tool_calls\": [{\"name",
+                "\": \"f\", \"arguments\": {\"a\": ",
+            ],
+        );
+        assert_eq!(d[0], Delta::Reasoning("hm".into()));
+        assert_eq!(d[1], Delta::CallStart(0, "f".into()));
+        assert_eq!(o.content, "");
+        assert_eq!(o.calls[0].arguments, "{\"a\": ");
+        assert!(o.cut());
     }
 }

@@ -16,12 +16,16 @@ use serde_json::{json, Value};
 /// How each choice's text is split into reasoning, content and calls.
 #[derive(Clone)]
 pub struct OutputRules {
+    /// The syntax and the tools a call may name, when calls are possible.
     tools: Option<(Syntax, Vec<Tool>)>,
+    /// The request forces a call (`tool_choice` `required` or named).
+    forced: bool,
     reasoning: bool,
     opened: bool,
     /// A harmony answer (gpt-oss), split by its own parser.
     harmony: bool,
-    /// Control tokens the parser reads as text (harmony's markers where they are tokens).
+    /// Control tokens the parser reads as text (harmony's and Mistral's markers where they
+    /// are tokens).
     shown: Vec<u32>,
 }
 
@@ -31,7 +35,7 @@ impl OutputRules {
             let tools = self.tools.as_ref().map(|(_, t)| t.clone());
             return ChatOutput::harmony(tools.unwrap_or_default());
         }
-        ChatOutput::new(self.tools.clone(), self.reasoning, self.opened)
+        ChatOutput::with_calls(self.tools.clone(), self.forced, self.reasoning, self.opened)
     }
 
     /// Is control token `id` part of the answer's text (otherwise it decodes to nothing)?
@@ -69,12 +73,13 @@ pub fn prepare(
     let effort = req.reasoning_effort.as_ref();
     let prompt = render_prompt(tmpl, &req.messages, offered, parallel, effort, true)?;
     let harmony = syntax == Syntax::Harmony;
-    let markers = if harmony {
-        Markers::of(tokenizer)
-    } else {
-        Markers::default()
+    let markers = match syntax {
+        Syntax::Harmony => Markers::of(tokenizer),
+        Syntax::Mistral => Markers::of_list(tokenizer, &tools::MISTRAL_MARKERS),
+        _ => Markers::default(),
     };
     let forced = tools::forcing_grammar(syntax, &tools, &choice, parallel, &markers);
+    let forced_call = forced.is_some();
     if forced.is_some() && response_format.is_some() {
         return Err(ApiError::bad_request(
             "a required tool call cannot be combined with a response format",
@@ -106,7 +111,8 @@ pub fn prepare(
         prompt,
         constraint,
         rules: OutputRules {
-            tools: calling.then_some((syntax, tools)),
+            forced: forced_call,
+            tools: calling.then(|| (syntax, tools::allowed(&tools, &choice))),
             reasoning,
             opened,
             harmony,

@@ -200,10 +200,11 @@ impl Choice {
         self.chat.as_mut().map(|o| o.finish()).unwrap_or_default()
     }
 
-    /// "tool_calls" when the answer called tools, else `reason`.
+    /// "tool_calls" when the answer called tools, else `reason`; an answer that ended inside
+    /// a call keeps `reason` ("length" for a token limit), as OpenAI's does.
     fn finish_reason(&self, reason: &'static str) -> &'static str {
         match &self.chat {
-            Some(o) if !o.calls.is_empty() => "tool_calls",
+            Some(o) if !o.calls.is_empty() && !o.cut() => "tool_calls",
             _ => reason,
         }
     }

@@ -9,9 +9,9 @@
 //! In a gpt-oss vocabulary the markers are special tokens, but the parser reads text only (the
 //! chat output renders them), so a vocabulary that spells them out works the same.
 
+use super::call_scan::{lex_value, Lexed};
 use super::chat_output::Delta;
 use super::tools::{Call, Tool};
-use serde_json::Value;
 
 pub const START: &str = "<|start|>";
 pub const CHANNEL: &str = "<|channel|>";
@@ -53,7 +53,11 @@ pub struct HarmonyOutput {
     buf: String,
     /// The arguments of the call message being read.
     args: String,
+    /// How much of `args` went out (from its first `{`); `None` until the call starts.
+    sent: Option<usize>,
     calls: usize,
+    /// The answer ended inside a call.
+    pub cut: bool,
 }
 
 impl HarmonyOutput {
@@ -63,7 +67,9 @@ impl HarmonyOutput {
             state: State::Header,
             buf: String::new(),
             args: String::new(),
+            sent: None,
             calls: 0,
+            cut: false,
         }
     }
 
@@ -129,7 +135,7 @@ impl HarmonyOutput {
             let text: String = self.buf.drain(..self.buf.len() - keep).collect();
             self.emit(&kind, &text, out);
             if end {
-                self.close(&kind, out);
+                self.close(&kind, true, out);
             }
             return false;
         };
@@ -142,16 +148,16 @@ impl HarmonyOutput {
             }
             // A new header without `<|end|>`: the body ends here; the header keeps its marker.
             START | CHANNEL => {
-                self.close(&kind, out);
+                self.close(&kind, false, out);
                 self.state = State::Header;
             }
             END => {
                 self.buf.drain(..marker.len());
-                self.close(&kind, out);
+                self.close(&kind, false, out);
                 self.state = State::Header;
             }
             _ => {
-                self.close(&kind, out);
+                self.close(&kind, false, out);
                 self.state = State::Done;
             }
         }
@@ -165,26 +171,63 @@ impl HarmonyOutput {
         match kind {
             Kind::Reasoning => out.push(Delta::Reasoning(text.to_string())),
             Kind::Content => out.push(Delta::Content(text.to_string())),
-            Kind::Call(_) => self.args.push_str(text),
+            Kind::Call(name) => {
+                self.args.push_str(text);
+                self.stream_call(name, out);
+            }
         }
     }
 
-    /// A message ends: a call's arguments become its call, or content when they are not a
-    /// JSON object.
-    fn close(&mut self, kind: &Kind, out: &mut Vec<Delta>) {
+    /// A call message's body as it grows: the call starts with its arguments' `{` (a body
+    /// that is not an object is content), then its arguments go out as they are written.
+    fn stream_call(&mut self, name: &str, out: &mut Vec<Delta>) {
+        let body = self.args.trim_start();
+        let sent = match self.sent {
+            Some(n) => n,
+            None if body.starts_with('{') => {
+                out.push(Delta::CallStart(self.calls, name.to_string()));
+                0
+            }
+            None => return,
+        };
+        let upto = match lex_value(body) {
+            Lexed::Done(n) | Lexed::Broken(n) => n,
+            Lexed::Open { .. } => body.len(),
+        };
+        if upto > sent {
+            out.push(Delta::CallArgs(self.calls, body[sent..upto].to_string()));
+        }
+        self.sent = Some(upto.max(sent));
+    }
+
+    /// A message ends (`cut`: with the answer): a call ends with the arguments that went out
+    /// — completed to valid JSON where the message closed early, as far as they went where
+    /// the answer was cut — and a body that never started a call is content.
+    fn close(&mut self, kind: &Kind, cut: bool, out: &mut Vec<Delta>) {
         let Kind::Call(name) = kind else { return };
         let args = std::mem::take(&mut self.args);
-        match serde_json::from_str::<Value>(args.trim()) {
-            Ok(v @ Value::Object(_)) => {
-                let call = Call {
-                    name: name.clone(),
-                    arguments: v.to_string(),
-                };
-                out.extend(super::chat_output::whole_call(self.calls, call));
-                self.calls += 1;
+        let Some(sent) = self.sent.take() else {
+            self.emit(&Kind::Content, &args, out);
+            return;
+        };
+        let body = args.trim_start();
+        // Cut inside arguments that were still valid: they stay as far as they went.
+        let cut = cut && !matches!(lex_value(body), Lexed::Broken(_));
+        let mut arguments = body[..sent].to_string();
+        match lex_value(&arguments) {
+            Lexed::Open { .. } if cut => self.cut = true,
+            Lexed::Open { heal } => {
+                out.push(Delta::CallArgs(self.calls, heal.clone()));
+                arguments.push_str(&heal);
             }
-            _ => self.emit(&Kind::Content, &args, out),
+            Lexed::Done(_) | Lexed::Broken(_) => {}
         }
+        let call = Call {
+            name: name.clone(),
+            arguments,
+        };
+        out.push(Delta::Call(self.calls, call));
+        self.calls += 1;
     }
 
     /// Where a message with `header` goes: a call of an offered function, reasoning on the
@@ -254,7 +297,7 @@ fn strip_markers(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn tools() -> Vec<Tool> {
         serde_json::from_value(json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])).unwrap()

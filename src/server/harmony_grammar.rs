@@ -5,9 +5,8 @@
 
 use super::harmony::{CALL, CHANNEL, CONSTRAIN, END, MARKERS, MESSAGE, RETURN, START};
 use super::tools::Tool;
-use crate::grammar::{schema_as_generated, ConstraintSpec};
+use crate::grammar::{json_object_schema, schema_as_generated, ConstraintSpec};
 use crate::tokenizer::Tokenizer;
-use serde_json::json;
 
 /// How one vocabulary holds the harmony markers.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -21,8 +20,13 @@ pub struct Markers {
 
 impl Markers {
     pub fn of(tok: &Tokenizer) -> Markers {
+        Markers::of_list(tok, &MARKERS)
+    }
+
+    /// How the vocabulary holds `markers` (another format's, e.g. Mistral's `[TOOL_CALLS]`).
+    pub fn of_list(tok: &Tokenizer, markers: &[&'static str]) -> Markers {
         let mut m = Markers::default();
-        for marker in MARKERS {
+        for &marker in markers {
             let Ok(ids) = tok.encode(marker, false) else {
                 continue;
             };
@@ -57,12 +61,13 @@ impl Markers {
         self.special.iter().any(|(m, _)| *m == marker)
     }
 
-    /// `marker` as a Lark item: a special token by name, or its text.
-    fn lit(&self, marker: &str) -> String {
-        if self.is_special(marker) {
-            marker.to_string()
-        } else {
-            format!("\"{marker}\"")
+    /// `marker` as a Lark item: a special token (by name where Lark can spell it, `<|…|>`,
+    /// else by id), or its text.
+    pub(super) fn lit(&self, marker: &str) -> String {
+        match self.special.iter().find(|(m, _)| *m == marker) {
+            Some(_) if marker.starts_with("<|") => marker.to_string(),
+            Some((_, id)) => format!("<[{id}]>"),
+            None => format!("\"{marker}\""),
         }
     }
 }
@@ -101,9 +106,7 @@ pub fn forced_call(allowed: &[&Tool], markers: &Markers) -> ConstraintSpec {
 /// format. A Lark grammar keeps its own start rule, so it is left as given.
 pub fn final_message(spec: ConstraintSpec, markers: &Markers) -> ConstraintSpec {
     let body = match &spec {
-        ConstraintSpec::JsonObject => {
-            format!("%json {}", schema_as_generated(&json!({"type": "object"})))
-        }
+        ConstraintSpec::JsonObject => format!("%json {}", json_object_schema()),
         ConstraintSpec::JsonSchema(s) => format!("%json {}", schema_as_generated(s)),
         ConstraintSpec::Regex(r) => format!("/{}/", r.replace('/', "\\/")),
         ConstraintSpec::Lark(_) => return spec,
@@ -132,6 +135,7 @@ pub(super) mod tests {
     use super::*;
     use crate::grammar::Grammars;
     use crate::tokenizer::VocabSpec;
+    use serde_json::json;
 
     /// GGUF's token type of control tokens.
     const CONTROL: i32 = 3;
@@ -144,13 +148,21 @@ pub(super) mod tests {
     /// The reference vocabulary with the harmony markers added as control tokens, as gpt-oss
     /// has them (`<|return|>` its end of generation, `<|call|>` not).
     pub(in crate::server) fn gpt_oss_like() -> Tokenizer {
+        with_markers(&MARKERS)
+    }
+
+    /// The reference vocabulary with `markers` added as control tokens (and `<|return|>` its
+    /// end of generation where it is one of them).
+    pub(in crate::server) fn with_markers(markers: &[&str]) -> Tokenizer {
         let mut spec = reference_spec();
-        for m in MARKERS {
+        for m in markers {
             spec.tokens.push(m.to_string());
             spec.token_types.push(CONTROL);
             spec.scores.push(0.0);
         }
-        spec.eos = Some(spec.tokens.iter().position(|t| t == RETURN).unwrap() as u32);
+        if let Some(end) = spec.tokens.iter().position(|t| t == RETURN) {
+            spec.eos = Some(end as u32);
+        }
         Tokenizer::from_spec(&spec).unwrap()
     }
 

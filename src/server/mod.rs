@@ -9,6 +9,8 @@
 mod admission;
 mod answer;
 mod api;
+mod call_scan;
+mod call_stream;
 mod chat_output;
 mod chat_request;
 mod choices;

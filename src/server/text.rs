@@ -23,12 +23,13 @@ impl ChoiceText {
     }
 
     /// The stream ended: release what was held (minus a stop string, if it completes one).
+    /// A character whose bytes the end split (a token limit in the middle of it) is dropped
+    /// rather than shown as U+FFFD.
     pub fn finish(&mut self, stops: &[String]) -> String {
         if self.stopped {
             return String::new();
         }
-        let tail = self.decoder.finish();
-        self.held.push_str(&tail);
+        self.decoder.finish_cut();
         self.release(stops, true)
     }
 
@@ -100,5 +101,16 @@ mod tests {
         out += &c.push(&b[4..], &stops);
         out += &c.finish(&stops);
         assert_eq!(out, "café");
+    }
+
+    #[test]
+    fn a_character_split_by_the_end_is_dropped() {
+        let mut c = ChoiceText::default();
+        let b = "ok 🚀".as_bytes();
+        let mut out = c.push(&b[..5], &[]);
+        out += &c.finish(&[]);
+        assert_eq!(out, "ok ");
+        assert_eq!(c.text, "ok ");
+        assert!(!c.text.contains(char::REPLACEMENT_CHARACTER));
     }
 }

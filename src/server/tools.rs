@@ -2,14 +2,17 @@
 //! template speaks, the grammar that forces a call when one is required, and the parser that
 //! finds calls in the generated text.
 //!
-//! Four syntaxes, chosen from the template:
+//! Five syntaxes, chosen from the template:
 //! - Hermes/Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per call;
 //! - Llama 3.x: a bare `{"name": ..., "parameters": {...}}` object;
 //! - harmony (gpt-oss): a message `<|channel|>commentary to=functions.NAME <|constrain|>json
 //!   <|message|>{...}<|call|>`, split with the rest of the answer by `harmony`;
+//! - Mistral: `[TOOL_CALLS]` and a JSON list of `{"name": ..., "arguments": {...}}` (Nemo,
+//!   Magistral), or `[TOOL_CALLS]NAME[ARGS]{...}` per call (newer templates);
 //! - generic, for templates with no syntax of their own: `{"tool_calls": [{"name": ...,
 //!   "arguments": {...}}]}`, taught to the model by a system message edgelm adds.
 
+use super::call_scan::{Lexed, Region, MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_CALL_ID};
 use super::error::ApiError;
 use super::harmony_grammar::{self, Markers};
 use crate::grammar::ConstraintSpec;
@@ -48,6 +51,7 @@ pub enum Syntax {
     Hermes,
     Llama3,
     Harmony,
+    Mistral,
     Generic,
 }
 
@@ -56,6 +60,8 @@ impl Syntax {
     pub fn of_template(source: &str) -> Syntax {
         if source.contains("<|channel|>") && source.contains("<|call|>") {
             Syntax::Harmony
+        } else if source.contains(MISTRAL_CALLS) {
+            Syntax::Mistral
         } else if source.contains("<tool_call>") {
             Syntax::Hermes
         } else if source.contains("<|python_tag|>") || source.contains("\"parameters\"") {
@@ -184,6 +190,21 @@ pub fn generic_instructions(tools: &[Tool], parallel: bool) -> String {
     )
 }
 
+/// The tools a call may name: the named one, or all.
+pub fn allowed(tools: &[Tool], choice: &Choice) -> Vec<Tool> {
+    match choice {
+        Choice::Named(n) => tools
+            .iter()
+            .filter(|t| &t.function.name == n)
+            .cloned()
+            .collect(),
+        _ => tools.to_vec(),
+    }
+}
+
+/// The markers of Mistral's call syntax (control tokens in Mistral vocabularies).
+pub const MISTRAL_MARKERS: [&str; 3] = [MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID];
+
 /// One call's JSON in `syntax` (the key its arguments go under).
 fn call_schema(syntax: Syntax, t: &Tool) -> Value {
     let args_key = if syntax == Syntax::Llama3 {
@@ -209,11 +230,11 @@ pub fn forcing_grammar(
     parallel: bool,
     markers: &Markers,
 ) -> Option<ConstraintSpec> {
-    let allowed: Vec<&Tool> = match choice {
-        Choice::None | Choice::Auto => return None,
-        Choice::Required => tools.iter().collect(),
-        Choice::Named(n) => tools.iter().filter(|t| &t.function.name == n).collect(),
-    };
+    if matches!(choice, Choice::None | Choice::Auto) {
+        return None;
+    }
+    let allowed = allowed(tools, choice);
+    let allowed: Vec<&Tool> = allowed.iter().collect();
     let one = json!({"anyOf": allowed.iter().map(|t| call_schema(syntax, t)).collect::<Vec<_>>()});
     // Parallel calls only where a call may be of any tool, and at most one per tool offered:
     // a small model left an open-ended list keeps adding calls until its tokens run out.
@@ -233,6 +254,7 @@ pub fn forcing_grammar(
             ))
         }
         Syntax::Llama3 => ConstraintSpec::JsonSchema(one),
+        Syntax::Mistral => mistral_grammar(&allowed, &one, most, markers),
         Syntax::Generic => {
             let calls = json!({"type": "array", "items": one, "minItems": 1, "maxItems": most});
             ConstraintSpec::JsonSchema(json!({
@@ -243,6 +265,35 @@ pub fn forcing_grammar(
             }))
         }
     })
+}
+
+/// Mistral's calls in either of its forms (the model takes the one its template taught it):
+/// `[TOOL_CALLS]` and a JSON list, or `[TOOL_CALLS]NAME[ARGS]{...}` per call.
+fn mistral_grammar(
+    allowed: &[&Tool],
+    one: &Value,
+    most: usize,
+    markers: &Markers,
+) -> ConstraintSpec {
+    let calls = markers.lit(MISTRAL_CALLS);
+    let list = json!({"type": "array", "items": one, "minItems": 1, "maxItems": most});
+    let named: Vec<String> = allowed
+        .iter()
+        .map(|t| {
+            format!(
+                "{calls} \"{}\" {} %json {}",
+                t.function.name,
+                markers.lit(MISTRAL_ARGS),
+                crate::grammar::schema_as_generated(&t.function.parameters())
+            )
+        })
+        .collect();
+    ConstraintSpec::Lark(format!(
+        "start: list | named{}\nlist: {calls} %json {}\nnamed: {}\n",
+        " named?".repeat(most - 1),
+        crate::grammar::schema_as_generated(&list),
+        named.join(" | ")
+    ))
 }
 
 /// A call found in the output.
@@ -309,6 +360,7 @@ pub fn parse_calls(syntax: Syntax, text: &str, tools: &[Tool]) -> (String, Vec<C
                 (rest.trim().to_string(), calls)
             }
         }
+        Syntax::Mistral => parse_mistral(text, tools),
         Syntax::Llama3 | Syntax::Generic => {
             let body = text.trim().trim_start_matches("<|python_tag|>").trim();
             let Ok(v) = serde_json::from_str::<Value>(body) else {
@@ -331,20 +383,51 @@ pub fn parse_calls(syntax: Syntax, text: &str, tools: &[Tool]) -> (String, Vec<C
     }
 }
 
-/// Could `text`, the output so far, still be the start of a call? Streaming holds such text
-/// back until it is known to be a call or not.
-pub fn may_be_call(syntax: Syntax, text: &str) -> bool {
-    let t = text.trim_start();
-    match syntax {
-        Syntax::Hermes => {
-            let tag = "<tool_call>";
-            t.contains(tag) || (0..tag.len()).any(|k| t.ends_with(&tag[..k.max(1)]))
+/// Mistral's calls: each `[TOOL_CALLS]` region whose calls are complete and name offered
+/// tools; the text before the first is the rest (other regions stay text).
+fn parse_mistral(text: &str, tools: &[Tool]) -> (String, Vec<Call>) {
+    let known = |n: &str| tools.iter().any(|t| t.function.name == n);
+    let mut rest = String::new();
+    let mut calls = Vec::new();
+    let mut s = text;
+    while let Some(open) = s.find(MISTRAL_CALLS) {
+        rest.push_str(&s[..open]);
+        s = &s[open..];
+        let r = Region::of(Syntax::Mistral, s);
+        let found: Option<Vec<Call>> = r
+            .calls
+            .iter()
+            .map(|p| {
+                let (name, true) = p.name.clone()? else {
+                    return None;
+                };
+                let (start, Lexed::Done(n)) = p.args.clone()? else {
+                    return None;
+                };
+                let args = &s[start..start + n];
+                let object = serde_json::from_str::<Value>(args).ok()?.is_object();
+                (known(&name) && object).then(|| Call {
+                    name,
+                    arguments: args.to_string(),
+                })
+            })
+            .collect();
+        match (r.end, found) {
+            (Some(end), Some(found)) if !found.is_empty() => {
+                calls.extend(found);
+                s = &s[end..];
+            }
+            _ => {
+                rest.push_str(MISTRAL_CALLS);
+                s = &s[MISTRAL_CALLS.len()..];
+            }
         }
-        Syntax::Llama3 | Syntax::Generic => {
-            t.is_empty() || t.starts_with('{') || t.starts_with('<')
-        }
-        // Harmony answers are split by their own parser, which holds back only markers.
-        Syntax::Harmony => false,
+    }
+    rest.push_str(s);
+    if calls.is_empty() {
+        (text.to_string(), calls)
+    } else {
+        (rest.trim().to_string(), calls)
     }
 }
 
@@ -395,6 +478,19 @@ mod tests {
     }
 
     #[test]
+    fn mistral_forms() {
+        let list = r#"[TOOL_CALLS][{"name": "set_lamp", "arguments": {"on": true}, "id": "abc123def"}, {"name": "get_weather", "arguments": {"city": "Rome"}}]"#;
+        let (text, calls) = parse_calls(Syntax::Mistral, list, &tools());
+        assert_eq!((text.as_str(), calls.len()), ("", 2));
+        assert_eq!(calls[1].arguments, r#"{"city": "Rome"}"#);
+        let named = r#"Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}[TOOL_CALLS]set_lamp[ARGS]{"on": false}"#;
+        let (text, calls) = parse_calls(Syntax::Mistral, named, &tools());
+        assert_eq!((text.as_str(), calls.len()), ("Checking.", 2));
+        let bad = "[TOOL_CALLS]launch[ARGS]{}";
+        assert_eq!(parse_calls(Syntax::Mistral, bad, &tools()).0, bad);
+    }
+
+    #[test]
     fn choice_is_checked_against_the_tools() {
         let t = tools();
         assert_eq!(parse_choice(None, &t).unwrap(), Choice::Auto);
@@ -417,6 +513,8 @@ mod tests {
         assert_eq!(Syntax::of_template("{{ '<tool_call>' }}"), Syntax::Hermes);
         assert_eq!(Syntax::of_template("<|python_tag|>"), Syntax::Llama3);
         assert_eq!(Syntax::of_template("<|im_start|>"), Syntax::Generic);
+        let mistral = "{%- if message.tool_calls %}{{- '[TOOL_CALLS]' }}{%- for t in message.tool_calls %}{{- t.function.name + '[ARGS]' + t.function.arguments|tojson }}{%- endfor %}{%- endif %}";
+        assert_eq!(Syntax::of_template(mistral), Syntax::Mistral);
         let gpt_oss = include_str!("../../tests/data/gpt-oss-chat-template.jinja");
         assert_eq!(Syntax::of_template(gpt_oss), Syntax::Harmony);
         assert!(forcing_grammar(
@@ -427,8 +525,6 @@ mod tests {
             &Markers::default()
         )
         .is_none());
-        assert!(may_be_call(Syntax::Hermes, "ok <tool_"));
-        assert!(!may_be_call(Syntax::Generic, "Sure"));
     }
 }
 
@@ -461,6 +557,11 @@ mod grammar_tests {
                 Syntax::Harmony,
                 "<|channel|>commentary to=functions.lamp <|constrain|>json<|message|>{\"on\": true}<|call|>",
             ),
+            (
+                Syntax::Mistral,
+                "[TOOL_CALLS][{\"name\": \"lamp\", \"arguments\": {\"on\": true}}]",
+            ),
+            (Syntax::Mistral, "[TOOL_CALLS]lamp[ARGS]{\"on\": false}"),
         ] {
             let spec =
                 forcing_grammar(syntax, &tools, &Choice::Required, true, &Markers::of(&tok))
@@ -476,6 +577,28 @@ mod grammar_tests {
             assert!(c.mask().unwrap().allows(eog[0], &eog), "{syntax:?} may end");
             assert_eq!(parse_calls(syntax, text, &tools).1.len(), 1);
         }
+    }
+
+    #[test]
+    fn mistral_markers_that_are_tokens_are_forced_as_tokens() {
+        let tok = super::super::harmony_grammar::tests::with_markers(&MISTRAL_MARKERS);
+        let g = Grammars::new(&tok).unwrap();
+        let markers = Markers::of_list(&tok, &MISTRAL_MARKERS);
+        assert_eq!(markers.ids().len(), 3);
+        let tools: Vec<Tool> = serde_json::from_value(json!([{"type": "function", "function": {"name": "lamp", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}}])).unwrap();
+        let spec =
+            forcing_grammar(Syntax::Mistral, &tools, &Choice::Required, true, &markers).unwrap();
+        let ids = tok
+            .encode("[TOOL_CALLS]lamp[ARGS]{\"on\": true}", false)
+            .unwrap();
+        assert_eq!(ids[0], markers.ids()[0], "the marker is one token");
+        let mut c = g.compile(&spec).unwrap();
+        let eog = c.eog().to_vec();
+        for t in ids {
+            assert!(c.mask().unwrap().allows(t, &eog));
+            c.accept(t).unwrap();
+        }
+        assert!(c.mask().unwrap().allows(eog[0], &eog));
     }
 
     #[test]

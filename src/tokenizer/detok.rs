@@ -59,6 +59,14 @@ impl StreamDecoder {
         self.flush_lossy()
     }
 
+    /// Ends a stream that was cut off (a token limit, a stop): an unfinished character at
+    /// the end is dropped, since its missing bytes were never generated and U+FFFD would put
+    /// a character in the text that the model never wrote. Invalid bytes before it were
+    /// already replaced by `push`, so nothing else is held.
+    pub fn finish_cut(&mut self) {
+        self.pending.clear();
+    }
+
     fn flush_lossy(&mut self) -> String {
         let s = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
@@ -88,6 +96,17 @@ mod tests {
         }
         out += &d.finish();
         assert_eq!(out, text);
+    }
+
+    #[test]
+    fn a_cut_stream_drops_its_unfinished_character() {
+        let mut d = StreamDecoder::new();
+        let rocket = "🚀".as_bytes();
+        assert_eq!(d.push(b"go "), "go ");
+        assert_eq!(d.push(&rocket[..2]), "");
+        d.finish_cut();
+        assert_eq!(d.pending_len(), 0);
+        assert_eq!(d.finish(), "");
     }
 
     #[test]
