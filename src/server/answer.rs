@@ -81,7 +81,9 @@ impl Writer {
         r: Released,
     ) -> io::Result<bool> {
         let first_chunk_sent = match self {
-            Writer::Response(w) => return w.released(body, ready, job, choices, &r.deltas),
+            Writer::Response(w) => {
+                return w.released(body, ready, job, choices, &r.deltas, r.finish)
+            }
             Writer::Stream { first_chunk_sent } => first_chunk_sent,
             Writer::Whole => return Ok(false),
         };
@@ -356,7 +358,11 @@ fn stream_chunks(
         out.push(chunk(call, None, None));
     }
     if finish.is_some() {
-        let finish = if job.legacy_functions { legacy_finish(finish) } else { finish };
+        let finish = if job.legacy_functions {
+            legacy_finish(finish)
+        } else {
+            finish
+        };
         out.push(chunk(json!({}), None, finish));
     }
     out

@@ -241,7 +241,9 @@ fn assistant_calls(m: &Message) -> Result<Option<Vec<Value>>, ApiError> {
         (Some(calls), _) => Ok(Some(calls.clone())),
         (None, Some(f)) => {
             let id = legacy_call_id(f.get("name").and_then(Value::as_str));
-            Ok(Some(vec![json!({"id": id, "type": "function", "function": f})]))
+            Ok(Some(vec![
+                json!({"id": id, "type": "function", "function": f}),
+            ]))
         }
     }
 }

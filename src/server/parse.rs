@@ -186,7 +186,9 @@ fn legacy_functions(value: &mut Value) -> Result<bool, ApiError> {
     let choice = obj.remove("function_call");
     let Some(functions) = functions else {
         return match choice {
-            Some(_) => Err(ApiError::bad_request("function_call needs functions").param("function_call")),
+            Some(_) => {
+                Err(ApiError::bad_request("function_call needs functions").param("function_call"))
+            }
             None => Ok(false),
         };
     };
@@ -229,13 +231,17 @@ fn parse_response(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiErro
             .ok_or_else(|| ApiError::response_not_found(id).param("previous_response_id"))?
             .conversation(),
         Some(_) => {
-            return Err(ApiError::bad_request("previous_response_id must be a string")
-                .param("previous_response_id"))
+            return Err(
+                ApiError::bad_request("previous_response_id must be a string")
+                    .param("previous_response_id"),
+            )
         }
     };
     let t = responses::translate(&value, previous)?;
     let mut job = parse_chat(p, t.chat, id_num)?;
-    let Flavor::Chat(rules) = std::mem::replace(&mut job.flavor, Flavor::Completion { echo: Vec::new() }) else {
+    let Flavor::Chat(rules) =
+        std::mem::replace(&mut job.flavor, Flavor::Completion { echo: Vec::new() })
+    else {
         unreachable!("a chat request has chat rules");
     };
     job.id = format!("resp_{}{id_num:06}", p.id_tag);

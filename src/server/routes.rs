@@ -250,7 +250,11 @@ fn tokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError> {
             let tools = req.tools.clone().unwrap_or_default();
             tools::check_tools(&tools)?;
             let choice = tools::parse_choice(req.tool_choice.as_ref(), &tools)?;
-            let offered = if choice == tools::Choice::None { &[] } else { tools.as_slice() };
+            let offered = if choice == tools::Choice::None {
+                &[]
+            } else {
+                tools.as_slice()
+            };
             chat_request::render_prompt(
                 tmpl,
                 msgs,

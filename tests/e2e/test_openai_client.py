@@ -1,6 +1,7 @@
 """The official OpenAI Python client against edgelm: completions and chat, streaming and not,
 n, stop, logprobs, seed reproducibility, echo scoring."""
 
+import json
 import subprocess
 
 import httpx
@@ -141,6 +142,38 @@ def test_tokenize_with_tools_counts_the_prompt_chat_renders(client, server):
     assert count == r.usage.prompt_tokens and count > plain + 20
     none = httpx.post(server.base + "/tokenize", json={"messages": msgs, "tools": tools, "tool_choice": "none"})
     assert none.json()["count"] == plain
+
+
+def test_legacy_functions_get_a_function_call(client):
+    """The pre-tools form, which older clients still send: `functions` and `function_call`
+    in, `message.function_call` and finish_reason `function_call` out, whole and streamed;
+    the call and its `role: function` result render as a call and its result."""
+    functions = [{"name": "get_weather", "description": "Current weather",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    kw = dict(model="m", messages=msgs, temperature=0, max_tokens=64,
+              extra_body={"functions": functions, "function_call": {"name": "get_weather"}})
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "function_call" and not c.message.tool_calls and c.message.content is None
+    assert c.message.function_call.name == "get_weather"
+    assert json.loads(c.message.function_call.arguments)["city"]
+    name, args, finish = None, "", None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        d = chunk.choices[0].delta
+        if d.function_call:
+            name = d.function_call.name or name
+            args += d.function_call.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, args, finish) == ("get_weather", c.message.function_call.arguments, "function_call")
+    follow = client.chat.completions.create(model="m", temperature=0, max_tokens=16, extra_body={"functions": functions},
+                                            messages=[*msgs, {"role": "assistant", "content": None,
+                                                              "function_call": {"name": "get_weather", "arguments": args}},
+                                                      {"role": "function", "name": "get_weather", "content": "Sunny"}])
+    assert follow.choices[0].finish_reason in ("stop", "length", "function_call")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=msgs, extra_body={"function_call": "auto"})
+    assert e.value.body["param"] == "function_call"
 
 
 def test_curl_sees_sse_framing(server):

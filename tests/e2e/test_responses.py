@@ -102,6 +102,20 @@ def test_a_streamed_call_sends_its_name_then_its_arguments(client):
     assert events[-1].type == "response.completed"
 
 
+def test_a_forced_call_cut_short_is_an_incomplete_call_not_text(client):
+    kw = dict(model="m", input="Weather in Oslo?", tools=[WEATHER], tool_choice="required", temperature=0,
+              max_output_tokens=8)
+    r = client.responses.create(**kw)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [o.type for o in r.output] == ["function_call"], r.output
+    assert r.output[0].name == "get_weather" and r.output[0].status == "incomplete"
+    events = list(client.responses.create(**kw, stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert not [e for e in events if e.type == "response.output_text.delta"]
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert args == r.output[0].arguments
+
+
 class Person(BaseModel):
     name: str
     age: int

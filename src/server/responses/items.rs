@@ -60,6 +60,8 @@ pub struct Items {
     open: Option<usize>,
     /// The item of each call, by the call's index in the answer.
     calls: Vec<usize>,
+    /// The answer was cut by its token limit: a call that ends now is incomplete.
+    cut: bool,
 }
 
 impl Items {
@@ -69,7 +71,14 @@ impl Items {
             list: Vec::new(),
             open: None,
             calls: Vec::new(),
+            cut: false,
         }
+    }
+
+    /// The deltas still to come end an answer cut by its token limit (a call among them is
+    /// the one the limit cut).
+    pub fn cut_short(&mut self) {
+        self.cut = true;
     }
 
     /// Takes one delta of the answer; `call_id` names call `index`. Returns its events.
@@ -101,7 +110,8 @@ impl Items {
             Delta::Call(index, call) => {
                 if let Some(&at) = self.calls.get(*index) {
                     self.list[at].text = call.arguments.clone();
-                    self.close(at, "completed", &mut events);
+                    let status = if self.cut { "incomplete" } else { "completed" };
+                    self.close(at, status, &mut events);
                 }
             }
         }
@@ -131,7 +141,11 @@ impl Items {
 
     /// The answer's reasoning (its tokens are the usage's reasoning tokens).
     pub fn reasoning(&self) -> String {
-        self.list.iter().filter(|i| i.kind == Kind::Reasoning).map(|i| i.text.as_str()).collect()
+        self.list
+            .iter()
+            .filter(|i| i.kind == Kind::Reasoning)
+            .map(|i| i.text.as_str())
+            .collect()
     }
 
     /// Text of `kind`: joins the open item of that kind, or opens a new one.
@@ -242,7 +256,10 @@ mod tests {
     fn a_call_streams_its_arguments_and_a_cut_one_is_incomplete() {
         let mut items = Items::new("resp_1");
         let id = |i: usize| format!("call_{i}");
-        let call = Call { name: "f".into(), arguments: "{\"a\":1}".into() };
+        let call = Call {
+            name: "f".into(),
+            arguments: "{\"a\":1}".into(),
+        };
         let mut ev = items.apply(&Delta::CallStart(0, "f".into()), &id);
         ev.extend(items.apply(&Delta::CallArgs(0, "{\"a\":".into()), &id));
         ev.extend(items.apply(&Delta::CallArgs(0, "1}".into()), &id));
@@ -250,13 +267,38 @@ mod tests {
         ev.extend(items.apply(&Delta::CallStart(1, "f".into()), &id));
         ev.extend(items.apply(&Delta::CallArgs(1, "{\"a\"".into()), &id));
         ev.extend(items.finish("incomplete"));
-        assert_eq!(types(&ev)[..5], ["response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done"]);
+        assert_eq!(
+            types(&ev)[..5],
+            [
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done"
+            ]
+        );
         let out = items.output();
         assert_eq!(out.len(), 2, "no empty message beside calls");
         assert_eq!(out[0]["arguments"], "{\"a\":1}");
         assert_eq!(out[0]["call_id"], "call_0");
         assert_eq!(out[1]["status"], "incomplete");
         assert_eq!(out[1]["arguments"], "{\"a\"");
+    }
+
+    #[test]
+    fn a_call_that_ends_with_a_cut_answer_is_incomplete() {
+        let mut items = Items::new("resp_3");
+        let id = |i: usize| format!("call_{i}");
+        items.apply(&Delta::CallStart(0, "f".into()), &id);
+        items.cut_short();
+        let partial = Call {
+            name: "f".into(),
+            arguments: "{\"a\": ".into(),
+        };
+        let ev = items.apply(&Delta::Call(0, partial), &id);
+        assert_eq!(ev.last().unwrap()["item"]["status"], "incomplete");
+        items.finish("incomplete");
+        assert_eq!(items.output()[0]["arguments"], "{\"a\": ");
     }
 
     #[test]

@@ -86,9 +86,9 @@ pub fn translate(body: &Value, previous: Vec<Value>) -> Result<Translated, ApiEr
     items.extend(input_items(input)?);
     let mut messages = Vec::new();
     if let Some(i) = obj.get("instructions").filter(|v| !v.is_null()) {
-        let text = i
-            .as_str()
-            .ok_or_else(|| ApiError::bad_request("instructions must be a string").param("instructions"))?;
+        let text = i.as_str().ok_or_else(|| {
+            ApiError::bad_request("instructions must be a string").param("instructions")
+        })?;
         messages.push(json!({"role": "system", "content": text}));
     }
     messages.extend(chat_messages(&items)?);
@@ -143,16 +143,32 @@ pub fn translate(body: &Value, previous: Vec<Value>) -> Result<Translated, ApiEr
 fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     let refuse = |k: &str, why: &str| Err(ApiError::bad_request(why.to_string()).param(k));
     if obj.get("background").and_then(Value::as_bool) == Some(true) {
-        return refuse("background", "background responses are not supported: leave background out or false");
+        return refuse(
+            "background",
+            "background responses are not supported: leave background out or false",
+        );
     }
     if obj.get("conversation").is_some_and(|v| !v.is_null()) {
-        return refuse("conversation", "conversations are not stored here: use previous_response_id");
+        return refuse(
+            "conversation",
+            "conversations are not stored here: use previous_response_id",
+        );
     }
     if obj.get("prompt").is_some_and(|v| !v.is_null()) {
-        return refuse("prompt", "prompt templates are not supported: send input (and instructions)");
+        return refuse(
+            "prompt",
+            "prompt templates are not supported: send input (and instructions)",
+        );
     }
-    if obj.get("top_logprobs").and_then(Value::as_u64).is_some_and(|n| n > 0) {
-        return refuse("top_logprobs", "top_logprobs is not supported on /v1/responses (use /v1/chat/completions)");
+    if obj
+        .get("top_logprobs")
+        .and_then(Value::as_u64)
+        .is_some_and(|n| n > 0)
+    {
+        return refuse(
+            "top_logprobs",
+            "top_logprobs is not supported on /v1/responses (use /v1/chat/completions)",
+        );
     }
     if let Some(t) = obj.get("truncation").and_then(Value::as_str) {
         if !matches!(t, "disabled" | "auto") {
@@ -164,18 +180,38 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
 
 /// The request fields a response object repeats, with OpenAI's defaults where absent.
 fn echo_fields(obj: &Map<String, Value>) -> Map<String, Value> {
-    let get = |k: &str, default: Value| obj.get(k).filter(|v| !v.is_null()).cloned().unwrap_or(default);
+    let get = |k: &str, default: Value| {
+        obj.get(k)
+            .filter(|v| !v.is_null())
+            .cloned()
+            .unwrap_or(default)
+    };
     let mut echo = Map::new();
     echo.insert("instructions".into(), get("instructions", Value::Null));
-    echo.insert("max_output_tokens".into(), get("max_output_tokens", Value::Null));
+    echo.insert(
+        "max_output_tokens".into(),
+        get("max_output_tokens", Value::Null),
+    );
     echo.insert("max_tool_calls".into(), get("max_tool_calls", Value::Null));
     echo.insert("metadata".into(), get("metadata", json!({})));
-    echo.insert("parallel_tool_calls".into(), get("parallel_tool_calls", json!(true)));
-    echo.insert("previous_response_id".into(), get("previous_response_id", Value::Null));
-    echo.insert("reasoning".into(), get("reasoning", json!({"effort": null, "summary": null})));
+    echo.insert(
+        "parallel_tool_calls".into(),
+        get("parallel_tool_calls", json!(true)),
+    );
+    echo.insert(
+        "previous_response_id".into(),
+        get("previous_response_id", Value::Null),
+    );
+    echo.insert(
+        "reasoning".into(),
+        get("reasoning", json!({"effort": null, "summary": null})),
+    );
     echo.insert("store".into(), get("store", json!(true)));
     echo.insert("temperature".into(), get("temperature", json!(1.0)));
-    echo.insert("text".into(), get("text", json!({"format": {"type": "text"}})));
+    echo.insert(
+        "text".into(),
+        get("text", json!({"format": {"type": "text"}})),
+    );
     echo.insert("tool_choice".into(), get("tool_choice", json!("auto")));
     echo.insert("tools".into(), get("tools", json!([])));
     echo.insert("top_p".into(), get("top_p", json!(1.0)));
@@ -187,7 +223,9 @@ fn echo_fields(obj: &Map<String, Value>) -> Map<String, Value> {
 /// `input` as a list of items: a string is one user message.
 fn input_items(input: &Value) -> Result<Vec<Value>, ApiError> {
     match input {
-        Value::String(s) => Ok(vec![json!({"type": "message", "role": "user", "content": s})]),
+        Value::String(s) => Ok(vec![
+            json!({"type": "message", "role": "user", "content": s}),
+        ]),
         Value::Array(list) => Ok(list.clone()),
         _ => Err(ApiError::bad_request("input must be a string or a list of items").param("input")),
     }
@@ -206,10 +244,14 @@ fn chat_messages(items: &[Value]) -> Result<Vec<Value>, ApiError> {
     // Whether the last message is an assistant turn a call may still join.
     let mut open_turn = false;
     for item in items {
-        let kind = item
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or(if item.get("role").is_some() { "message" } else { "" });
+        let kind =
+            item.get("type")
+                .and_then(Value::as_str)
+                .unwrap_or(if item.get("role").is_some() {
+                    "message"
+                } else {
+                    ""
+                });
         match kind {
             "message" => {
                 let role = item.get("role").and_then(Value::as_str).ok_or_else(|| bad_input("a message item needs a role"))?;
@@ -280,7 +322,9 @@ fn content_text(content: Option<&Value>) -> Result<String, ApiError> {
             for p in parts {
                 let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
                 let field = match kind {
-                    "input_text" | "output_text" | "text" | "summary_text" | "reasoning_text" => "text",
+                    "input_text" | "output_text" | "text" | "summary_text" | "reasoning_text" => {
+                        "text"
+                    }
                     "refusal" => "refusal",
                     _ => {
                         return Err(bad_input(format!(
@@ -301,7 +345,13 @@ fn reasoning_text(item: &Value) -> String {
     let joined = |k: &str| -> String {
         item.get(k)
             .and_then(Value::as_array)
-            .map(|parts| parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"))
+            .map(|parts| {
+                parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
             .unwrap_or_default()
     };
     let content = joined("content");
@@ -375,11 +425,17 @@ fn response_format(f: &Value) -> Result<Value, ApiError> {
         Some("text") => Ok(json!({"type": "text"})),
         Some("json_object") => Ok(json!({"type": "json_object"})),
         Some("json_schema") => {
-            let schema = f.get("schema").ok_or_else(|| bad("text.format json_schema needs a schema"))?;
+            let schema = f
+                .get("schema")
+                .ok_or_else(|| bad("text.format json_schema needs a schema"))?;
             let name = f.get("name").cloned().unwrap_or(json!("response"));
-            Ok(json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": f.get("strict")}}))
+            Ok(
+                json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": f.get("strict")}}),
+            )
         }
-        _ => Err(bad("text.format type must be text, json_object or json_schema")),
+        _ => Err(bad(
+            "text.format type must be text, json_object or json_schema",
+        )),
     }
 }
 
@@ -392,9 +448,15 @@ fn reasoning_effort(e: &Value) -> Result<Option<&'static str>, ApiError> {
             "none" | "minimal" | "low" => Ok(Some("low")),
             "medium" => Ok(Some("medium")),
             "high" | "xhigh" => Ok(Some("high")),
-            _ => Err(ApiError::bad_request(format!("reasoning.effort must be none, minimal, low, medium, high or xhigh, got '{s}'")).param("reasoning.effort")),
+            _ => Err(ApiError::bad_request(format!(
+                "reasoning.effort must be none, minimal, low, medium, high or xhigh, got '{s}'"
+            ))
+            .param("reasoning.effort")),
         },
-        _ => Err(ApiError::bad_request("reasoning.effort must be a string").param("reasoning.effort")),
+        _ => {
+            Err(ApiError::bad_request("reasoning.effort must be a string")
+                .param("reasoning.effort"))
+        }
     }
 }
 
@@ -418,8 +480,13 @@ mod tests {
 
     #[test]
     fn a_string_input_with_instructions_is_a_system_and_a_user_message() {
-        let chat = chat_of(json!({"model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 5, "store": false}));
-        assert_eq!(chat["messages"], json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]));
+        let chat = chat_of(
+            json!({"model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 5, "store": false}),
+        );
+        assert_eq!(
+            chat["messages"],
+            json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+        );
         assert_eq!(chat["max_completion_tokens"], 5);
         assert_eq!(chat["stream"], false);
     }
@@ -441,13 +508,19 @@ mod tests {
         assert_eq!(m[1]["reasoning_content"], "Use the tool.");
         assert_eq!(m[1]["tool_calls"].as_array().unwrap().len(), 2);
         assert_eq!(m[1]["tool_calls"][1]["function"]["name"], "get_weather");
-        assert_eq!(m[2], json!({"role": "tool", "tool_call_id": "c1", "content": "Sunny"}));
+        assert_eq!(
+            m[2],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "Sunny"})
+        );
         assert_eq!(m[4]["content"], "Sunny and rain.");
     }
 
     #[test]
     fn the_previous_conversation_comes_first_and_is_kept() {
-        let prev = vec![json!({"type": "message", "role": "user", "content": "One"}), json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Two"}]})];
+        let prev = vec![
+            json!({"type": "message", "role": "user", "content": "One"}),
+            json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Two"}]}),
+        ];
         let t = translate(&json!({"input": "Three", "instructions": "Count."}), prev).unwrap();
         let m = t.chat["messages"].as_array().unwrap();
         let texts: Vec<&str> = m.iter().map(|m| m["content"].as_str().unwrap()).collect();
@@ -466,10 +539,19 @@ mod tests {
             "reasoning": {"effort": "minimal", "summary": "auto"},
             "temperature": 0, "top_k": 3, "seed": 1,
         }));
-        assert_eq!(chat["tools"][0], json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": true}}));
-        assert_eq!(chat["tool_choice"], json!({"type": "function", "function": {"name": "f"}}));
+        assert_eq!(
+            chat["tools"][0],
+            json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": true}})
+        );
+        assert_eq!(
+            chat["tool_choice"],
+            json!({"type": "function", "function": {"name": "f"}})
+        );
         assert_eq!(chat["parallel_tool_calls"], false);
-        assert_eq!(chat["response_format"]["json_schema"]["schema"], json!({"type": "object"}));
+        assert_eq!(
+            chat["response_format"]["json_schema"]["schema"],
+            json!({"type": "object"})
+        );
         assert_eq!(chat["reasoning_effort"], "low");
         assert_eq!(chat["top_k"], 3);
     }
@@ -477,15 +559,38 @@ mod tests {
     #[test]
     fn what_this_server_does_not_do_is_refused_by_name() {
         let param = |body: Value| translate(&body, Vec::new()).err().unwrap().param.unwrap();
-        assert_eq!(param(json!({"input": "x", "tools": [{"type": "web_search"}]})), "tools");
-        assert_eq!(param(json!({"input": "x", "background": true})), "background");
-        assert_eq!(param(json!({"input": "x", "conversation": "conv_1"})), "conversation");
+        assert_eq!(
+            param(json!({"input": "x", "tools": [{"type": "web_search"}]})),
+            "tools"
+        );
+        assert_eq!(
+            param(json!({"input": "x", "background": true})),
+            "background"
+        );
+        assert_eq!(
+            param(json!({"input": "x", "conversation": "conv_1"})),
+            "conversation"
+        );
         assert_eq!(param(json!({"input": "x", "temprature": 1})), "temprature");
-        assert_eq!(param(json!({"input": [{"type": "input_image", "image_url": "x"}]})), "input");
-        assert_eq!(param(json!({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})), "input");
+        assert_eq!(
+            param(json!({"input": [{"type": "input_image", "image_url": "x"}]})),
+            "input"
+        );
+        assert_eq!(
+            param(json!({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})),
+            "input"
+        );
         assert_eq!(param(json!({"instructions": "x"})), "input");
-        assert_eq!(param(json!({"input": "x", "reasoning": {"effort": "huge"}})), "reasoning.effort");
-        let e = translate(&json!({"input": "x", "tools": [{"type": "file_search"}]}), Vec::new()).err().unwrap();
+        assert_eq!(
+            param(json!({"input": "x", "reasoning": {"effort": "huge"}})),
+            "reasoning.effort"
+        );
+        let e = translate(
+            &json!({"input": "x", "tools": [{"type": "file_search"}]}),
+            Vec::new(),
+        )
+        .err()
+        .unwrap();
         assert!(e.message.contains("file_search"), "{}", e.message);
     }
 

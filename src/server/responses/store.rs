@@ -59,22 +59,33 @@ impl Store {
     /// larger than the whole store is not kept.
     pub fn keep(&self, id: &str, kept: Kept) {
         let bytes = kept.response.to_string().len()
-            + kept.input.iter().map(|v| v.to_string().len()).sum::<usize>();
+            + kept
+                .input
+                .iter()
+                .map(|v| v.to_string().len())
+                .sum::<usize>();
         if self.max_count == 0 || bytes > self.max_bytes {
-            log::info!("{id}: not kept ({bytes} bytes; the response store holds {} bytes)", self.max_bytes);
+            log::info!(
+                "{id}: not kept ({bytes} bytes; the response store holds {} bytes)",
+                self.max_bytes
+            );
             return;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.remove(id);
         while inner.entries.len() >= self.max_count || inner.bytes + bytes > self.max_bytes {
-            let Some((_, oldest)) = inner.by_use.pop_first() else { break };
+            let Some((_, oldest)) = inner.by_use.pop_first() else {
+                break;
+            };
             inner.remove(&oldest);
         }
         inner.clock += 1;
         let used = inner.clock;
         inner.by_use.insert(used, id.to_string());
         inner.bytes += bytes;
-        inner.entries.insert(id.to_string(), Entry { kept, bytes, used });
+        inner
+            .entries
+            .insert(id.to_string(), Entry { kept, bytes, used });
     }
 
     /// The response kept under `id`, now the most recently used.
@@ -92,7 +103,10 @@ impl Store {
 
     /// Forgets `id`; whether it was kept.
     pub fn delete(&self, id: &str) -> bool {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).remove(id)
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
     }
 }
 

@@ -2,8 +2,8 @@
 //! (`response.created`, the items' events, `response.completed` or `response.incomplete`),
 //! each with its sequence number. The finished response goes to the store.
 
-use super::super::choices::Choices;
 use super::super::chat_output::Delta;
+use super::super::choices::Choices;
 use super::super::error::ApiError;
 use super::super::generate::Job;
 use super::super::http::ChunkedBody;
@@ -43,9 +43,16 @@ impl Writer {
         job: &Job,
         choices: &Choices,
         deltas: &[Delta],
+        finish: Option<&str>,
     ) -> io::Result<bool> {
+        if finish == Some("length") {
+            self.items.cut_short();
+        }
         let call_id = |i: usize| super::super::answer::call_id(job, 0, i);
-        let events: Vec<Value> = deltas.iter().flat_map(|d| self.items.apply(d, &call_id)).collect();
+        let events: Vec<Value> = deltas
+            .iter()
+            .flat_map(|d| self.items.apply(d, &call_id))
+            .collect();
         match body {
             Some(body) if self.stream => {
                 self.start(body, ready, job, choices)?;
@@ -60,7 +67,13 @@ impl Writer {
 
     /// The answer is complete: a stream's closing events and `response.completed` (or
     /// `.incomplete`); the response is kept.
-    pub fn finish(&mut self, mut body: ChunkedBody, ready: &Ready, job: &Job, choices: &Choices) -> io::Result<()> {
+    pub fn finish(
+        &mut self,
+        mut body: ChunkedBody,
+        ready: &Ready,
+        job: &Job,
+        choices: &Choices,
+    ) -> io::Result<()> {
         if !self.stream {
             body.chunk(self.whole(ready, job, choices).to_string().as_bytes())?;
             return body.finish();
@@ -88,13 +101,24 @@ impl Writer {
 
     /// The answer fails after its head went out: an `error` event and `response.failed` (a
     /// stream), or the error object.
-    pub fn error(&mut self, mut body: ChunkedBody, ready: &Ready, job: &Job, choices: &Choices, err: &ApiError) {
+    pub fn error(
+        &mut self,
+        mut body: ChunkedBody,
+        ready: &Ready,
+        job: &Job,
+        choices: &Choices,
+        err: &ApiError,
+    ) {
         if self.stream {
             let _ = self.start(&mut body, ready, job, choices);
             let _ = self.send(&mut body, json!({"type": "error", "code": err.code, "message": err.message, "param": err.param}));
             let mut response = self.object(ready, job, choices, "failed");
-            response["error"] = json!({"code": err.code.unwrap_or("server_error"), "message": err.message});
-            let _ = self.send(&mut body, json!({"type": "response.failed", "response": response}));
+            response["error"] =
+                json!({"code": err.code.unwrap_or("server_error"), "message": err.message});
+            let _ = self.send(
+                &mut body,
+                json!({"type": "response.failed", "response": response}),
+            );
         } else {
             let _ = body.chunk(err.body().as_bytes());
         }
@@ -102,13 +126,25 @@ impl Writer {
     }
 
     /// `response.created` and `response.in_progress`, once, before any other event.
-    fn start(&mut self, body: &mut ChunkedBody, ready: &Ready, job: &Job, choices: &Choices) -> io::Result<()> {
+    fn start(
+        &mut self,
+        body: &mut ChunkedBody,
+        ready: &Ready,
+        job: &Job,
+        choices: &Choices,
+    ) -> io::Result<()> {
         if self.seq > 0 {
             return Ok(());
         }
         let response = self.object(ready, job, choices, "in_progress");
-        self.send(body, json!({"type": "response.created", "response": response}))?;
-        self.send(body, json!({"type": "response.in_progress", "response": response}))
+        self.send(
+            body,
+            json!({"type": "response.created", "response": response}),
+        )?;
+        self.send(
+            body,
+            json!({"type": "response.in_progress", "response": response}),
+        )
     }
 
     fn send(&mut self, body: &mut ChunkedBody, mut event: Value) -> io::Result<()> {
@@ -141,7 +177,13 @@ impl Writer {
 
     fn keep(&self, job: &Job, response: &Value) {
         if let Some(store) = &self.meta.store {
-            store.keep(&job.id, Kept { response: response.clone(), input: self.meta.input.clone() });
+            store.keep(
+                &job.id,
+                Kept {
+                    response: response.clone(),
+                    input: self.meta.input.clone(),
+                },
+            );
         }
     }
 }
@@ -160,7 +202,11 @@ fn usage(ready: &Ready, choices: &Choices, items: &Items) -> Value {
     let reasoning_tokens = if reasoning.is_empty() {
         0
     } else {
-        ready.tokenizer.encode(&reasoning, false).map_or(0, |t| t.len()).min(u.completion)
+        ready
+            .tokenizer
+            .encode(&reasoning, false)
+            .map_or(0, |t| t.len())
+            .min(u.completion)
     };
     json!({
         "input_tokens": u.prompt,
