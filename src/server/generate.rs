@@ -166,16 +166,24 @@ pub fn run(
     }
     // Stop strings can end every choice before the engine does: free its work now.
     cancel_all();
-    let sent = match out {
-        Out::Waiting(resp) => {
-            let whole = writer.whole(ready, &job, &choices).to_string();
-            resp.send(200, writer.content_type(), &[], whole.as_bytes())
-        }
-        Out::Open(body) => writer.finish(body, ready, &job, &choices),
-    };
-    match sent {
+    match send_end(out, &mut writer, (ready, &job, &choices)) {
         Ok(()) => Ok(choices.outcome(cut_short)),
         Err(_) => Ok(choices.outcome(GONE)),
+    }
+}
+
+/// Every choice is done: the whole answer with its head, or the end of the started body.
+fn send_end(
+    out: Out,
+    writer: &mut Writer,
+    (ready, job, choices): (&Ready, &Job, &Choices),
+) -> std::io::Result<()> {
+    match out {
+        Out::Waiting(resp) => {
+            let whole = writer.whole(ready, job, choices).to_string();
+            resp.send(200, writer.content_type(), &[], whole.as_bytes())
+        }
+        Out::Open(body) => writer.finish(body, ready, job, choices),
     }
 }
 
