@@ -15,6 +15,24 @@ use serde_json::{json, Value};
 use std::io;
 use std::time::Duration;
 
+/// What writing an answer reads: the loaded model, the job, and its choices so far.
+#[derive(Clone, Copy)]
+pub struct Answering<'a> {
+    pub ready: &'a Ready,
+    pub job: &'a Job,
+    pub choices: &'a Choices,
+}
+
+impl<'a> Answering<'a> {
+    pub fn new(ready: &'a Ready, job: &'a Job, choices: &'a Choices) -> Self {
+        Answering {
+            ready,
+            job,
+            choices,
+        }
+    }
+}
+
 /// Where the answer goes.
 pub enum Writer {
     /// SSE: each choice's first chunk (role, or the echoed prompt) is sent once.
@@ -75,15 +93,16 @@ impl Writer {
     pub fn released(
         &mut self,
         body: Option<&mut ChunkedBody>,
-        ready: &Ready,
-        job: &Job,
-        choices: &Choices,
+        a: Answering,
         r: Released,
     ) -> io::Result<bool> {
+        let Answering {
+            ready,
+            job,
+            choices,
+        } = a;
         let first_chunk_sent = match self {
-            Writer::Response(w) => {
-                return w.released(body, ready, job, choices, &r.deltas, r.finish)
-            }
+            Writer::Response(w) => return w.released(body, a, &r.deltas, r.finish),
             Writer::Stream { first_chunk_sent } => first_chunk_sent,
             Writer::Whole => return Ok(false),
         };
@@ -110,16 +129,9 @@ impl Writer {
     /// The answer fails after its head went out (the engine failed, or the server stops):
     /// the error in the answer's own form (a stream's error event and `[DONE]`, or a whole
     /// error object), then the end.
-    pub fn error(
-        &mut self,
-        mut body: ChunkedBody,
-        ready: &Ready,
-        job: &Job,
-        choices: &Choices,
-        err: &ApiError,
-    ) {
+    pub fn error(&mut self, mut body: ChunkedBody, a: Answering, err: &ApiError) {
         let _ = match self {
-            Writer::Response(w) => return w.error(body, ready, job, choices, err),
+            Writer::Response(w) => return w.error(body, a, err),
             Writer::Stream { .. } => body.sse(&err.body()).and_then(|_| body.sse("[DONE]")),
             Writer::Whole => body.chunk(err.body().as_bytes()),
         };
@@ -128,15 +140,14 @@ impl Writer {
 
     /// Every choice is done: a stream's usage chunk (when asked for) and `[DONE]`, or the
     /// whole answer; then the end of the body.
-    pub fn finish(
-        &mut self,
-        mut body: ChunkedBody,
-        ready: &Ready,
-        job: &Job,
-        choices: &Choices,
-    ) -> io::Result<()> {
+    pub fn finish(&mut self, mut body: ChunkedBody, a: Answering) -> io::Result<()> {
+        let Answering {
+            ready,
+            job,
+            choices,
+        } = a;
         match self {
-            Writer::Response(w) => return w.finish(body, ready, job, choices),
+            Writer::Response(w) => return w.finish(body, a),
             Writer::Stream { .. } => {
                 if job.include_usage {
                     let obj = match job.flavor {
@@ -148,15 +159,20 @@ impl Writer {
                 }
                 body.sse("[DONE]")?;
             }
-            Writer::Whole => body.chunk(self.whole(ready, job, choices).to_string().as_bytes())?,
+            Writer::Whole => body.chunk(self.whole(a).to_string().as_bytes())?,
         }
         body.finish()
     }
 
     /// The whole answer's JSON object.
-    pub fn whole(&mut self, ready: &Ready, job: &Job, choices: &Choices) -> Value {
+    pub fn whole(&mut self, a: Answering) -> Value {
+        let Answering {
+            ready,
+            job,
+            choices,
+        } = a;
         if let Writer::Response(w) = self {
-            return w.whole(ready, job, choices);
+            return w.whole(a);
         }
         let list: Vec<Value> = choices
             .list

@@ -3,7 +3,7 @@
 //! (`answer`). A failed write, or a response channel its client's connection has dropped,
 //! means the client left: its engine requests are cancelled at once.
 
-use super::answer::Writer;
+use super::answer::{Answering, Writer};
 use super::chat_request::OutputRules;
 use super::choices::Choices;
 use super::error::ApiError;
@@ -110,7 +110,8 @@ pub fn run(
             cancel_all();
             let stopping = ApiError::unavailable("the server is shutting down");
             let cut = "cut short (shutdown)";
-            return end_with_error(out, &mut writer, (ready, &job, &choices), &stopping, cut);
+            let a = Answering::new(ready, &job, &choices);
+            return end_with_error(out, &mut writer, a, &stopping, cut);
         }
         out = match out {
             Out::Waiting(resp) => {
@@ -148,7 +149,8 @@ pub fn run(
                     Out::Open(ref mut body) => Some(body),
                     Out::Waiting(_) => None,
                 };
-                match writer.released(body, ready, &job, &choices, released) {
+                let a = Answering::new(ready, &job, &choices);
+                match writer.released(body, a, released) {
                     Ok(wrote) => last_write = if wrote { Instant::now() } else { last_write },
                     Err(_) => {
                         cancel_all();
@@ -160,30 +162,27 @@ pub fn run(
                 cancel_all();
                 let failed = format!("failed ({e})");
                 let e = ApiError::internal(e);
-                return end_with_error(out, &mut writer, (ready, &job, &choices), &e, &failed);
+                let a = Answering::new(ready, &job, &choices);
+                return end_with_error(out, &mut writer, a, &e, &failed);
             }
         }
     }
     // Stop strings can end every choice before the engine does: free its work now.
     cancel_all();
-    match send_end(out, &mut writer, (ready, &job, &choices)) {
+    match send_end(out, &mut writer, Answering::new(ready, &job, &choices)) {
         Ok(()) => Ok(choices.outcome(cut_short)),
         Err(_) => Ok(choices.outcome(GONE)),
     }
 }
 
 /// Every choice is done: the whole answer with its head, or the end of the started body.
-fn send_end(
-    out: Out,
-    writer: &mut Writer,
-    (ready, job, choices): (&Ready, &Job, &Choices),
-) -> std::io::Result<()> {
+fn send_end(out: Out, writer: &mut Writer, a: Answering) -> std::io::Result<()> {
     match out {
         Out::Waiting(resp) => {
-            let whole = writer.whole(ready, job, choices).to_string();
+            let whole = writer.whole(a).to_string();
             resp.send(200, writer.content_type(), &[], whole.as_bytes())
         }
-        Out::Open(body) => writer.finish(body, ready, job, choices),
+        Out::Open(body) => writer.finish(body, a),
     }
 }
 
@@ -232,15 +231,15 @@ fn hold(
 fn end_with_error(
     out: Out,
     writer: &mut Writer,
-    (ready, job, choices): (&Ready, &Job, &Choices),
+    a: Answering,
     e: &ApiError,
     result: &str,
 ) -> Result<Outcome, (ApiError, RawResponse)> {
     match out {
         Out::Waiting(resp) => Err((e.clone(), resp)),
         Out::Open(body) => {
-            writer.error(body, ready, job, choices, e);
-            Ok(choices.outcome(result))
+            writer.error(body, a, e);
+            Ok(a.choices.outcome(result))
         }
     }
 }

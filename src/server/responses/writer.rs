@@ -2,6 +2,7 @@
 //! (`response.created`, the items' events, `response.completed` or `response.incomplete`),
 //! each with its sequence number. The finished response goes to the store.
 
+use super::super::answer::Answering;
 use super::super::chat_output::Delta;
 use super::super::choices::Choices;
 use super::super::error::ApiError;
@@ -39,23 +40,21 @@ impl Writer {
     pub fn released(
         &mut self,
         body: Option<&mut ChunkedBody>,
-        ready: &Ready,
-        job: &Job,
-        choices: &Choices,
+        a: Answering,
         deltas: &[Delta],
         finish: Option<&str>,
     ) -> io::Result<bool> {
         if finish == Some("length") {
             self.items.cut_short();
         }
-        let call_id = |i: usize| super::super::answer::call_id(job, 0, i);
+        let call_id = |i: usize| super::super::answer::call_id(a.job, 0, i);
         let events: Vec<Value> = deltas
             .iter()
             .flat_map(|d| self.items.apply(d, &call_id))
             .collect();
         match body {
             Some(body) if self.stream => {
-                self.start(body, ready, job, choices)?;
+                self.start(body, a)?;
                 for e in events {
                     self.send(body, e)?;
                 }
@@ -67,52 +66,39 @@ impl Writer {
 
     /// The answer is complete: a stream's closing events and `response.completed` (or
     /// `.incomplete`); the response is kept.
-    pub fn finish(
-        &mut self,
-        mut body: ChunkedBody,
-        ready: &Ready,
-        job: &Job,
-        choices: &Choices,
-    ) -> io::Result<()> {
+    pub fn finish(&mut self, mut body: ChunkedBody, a: Answering) -> io::Result<()> {
         if !self.stream {
-            body.chunk(self.whole(ready, job, choices).to_string().as_bytes())?;
+            body.chunk(self.whole(a).to_string().as_bytes())?;
             return body.finish();
         }
-        self.start(&mut body, ready, job, choices)?;
-        let (status, _) = outcome(choices);
+        self.start(&mut body, a)?;
+        let (status, _) = outcome(a.choices);
         for e in self.items.finish(status) {
             self.send(&mut body, e)?;
         }
-        let response = self.object(ready, job, choices, status);
-        self.keep(job, &response);
+        let response = self.object(a, status);
+        self.keep(a.job, &response);
         let kind = format!("response.{status}");
         self.send(&mut body, json!({"type": kind, "response": response}))?;
         body.finish()
     }
 
     /// The whole response object, once every choice is done; it is kept.
-    pub fn whole(&mut self, ready: &Ready, job: &Job, choices: &Choices) -> Value {
-        let (status, _) = outcome(choices);
+    pub fn whole(&mut self, a: Answering) -> Value {
+        let (status, _) = outcome(a.choices);
         self.items.finish(status);
-        let response = self.object(ready, job, choices, status);
-        self.keep(job, &response);
+        let response = self.object(a, status);
+        self.keep(a.job, &response);
         response
     }
 
     /// The answer fails after its head went out: an `error` event and `response.failed` (a
     /// stream), or the error object.
-    pub fn error(
-        &mut self,
-        mut body: ChunkedBody,
-        ready: &Ready,
-        job: &Job,
-        choices: &Choices,
-        err: &ApiError,
-    ) {
+    pub fn error(&mut self, mut body: ChunkedBody, a: Answering, err: &ApiError) {
         if self.stream {
-            let _ = self.start(&mut body, ready, job, choices);
+            let _ = self.start(&mut body, a);
             let _ = self.send(&mut body, json!({"type": "error", "code": err.code, "message": err.message, "param": err.param}));
-            let mut response = self.object(ready, job, choices, "failed");
+            let mut response = self.object(a, "failed");
             response["error"] =
                 json!({"code": err.code.unwrap_or("server_error"), "message": err.message});
             let _ = self.send(
@@ -126,17 +112,11 @@ impl Writer {
     }
 
     /// `response.created` and `response.in_progress`, once, before any other event.
-    fn start(
-        &mut self,
-        body: &mut ChunkedBody,
-        ready: &Ready,
-        job: &Job,
-        choices: &Choices,
-    ) -> io::Result<()> {
+    fn start(&mut self, body: &mut ChunkedBody, a: Answering) -> io::Result<()> {
         if self.seq > 0 {
             return Ok(());
         }
-        let response = self.object(ready, job, choices, "in_progress");
+        let response = self.object(a, "in_progress");
         self.send(
             body,
             json!({"type": "response.created", "response": response}),
@@ -155,7 +135,12 @@ impl Writer {
     }
 
     /// The response object as it stands, with `status`.
-    fn object(&self, ready: &Ready, job: &Job, choices: &Choices, status: &str) -> Value {
+    fn object(&self, a: Answering, status: &str) -> Value {
+        let Answering {
+            ready,
+            job,
+            choices,
+        } = a;
         let finished = matches!(status, "completed" | "incomplete");
         let mut o = json!({
             "id": job.id,
