@@ -247,6 +247,10 @@ fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
             let logprobs = job.logprobs.map(|_| json!({"content": c.logprobs.iter().map(|l| chat_logprob_entry(ready, l)).collect::<Vec<_>>()}));
             let out = c.chat.as_ref().expect("chat choices have an output");
             let mut message = json!({"role": "assistant", "content": out.content});
+            let forced = job.flavor.rules().is_some_and(|r| r.forced());
+            if forced && out.content.is_empty() {
+                message["content"] = Value::Null; // cut before its call had a name
+            }
             if !out.reasoning.is_empty() {
                 message["reasoning_content"] = json!(out.reasoning);
             }

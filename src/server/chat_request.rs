@@ -42,6 +42,11 @@ impl OutputRules {
     pub fn shows(&self, id: u32) -> bool {
         self.shown.contains(&id)
     }
+
+    /// The request forces a call: its answer has no content.
+    pub fn forced(&self) -> bool {
+        self.forced
+    }
 }
 
 pub struct ChatSetup {
