@@ -38,7 +38,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if ! python3 -c "import openai, httpx, pytest, jsonschema, yaml, agents, langchain_openai, litellm, llm" 2>/dev/null; then
+if ! python3 -c "import openai, httpx, pytest, jsonschema, yaml, agents, langchain_openai, litellm, llm, pydantic_ai" 2>/dev/null; then
     log "pip install -r tests/e2e/requirements.txt"
     python3 -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
 fi
@@ -69,7 +69,7 @@ problems=()
 for what in "${!debs[@]}"; do
     present "$what" || problems+=("$what: apt-get install ${debs[$what]}")
 done
-python3 -c "import openai, httpx, pytest, jsonschema, yaml, agents, langchain_openai, litellm, llm" 2>/dev/null \
+python3 -c "import openai, httpx, pytest, jsonschema, yaml, agents, langchain_openai, litellm, llm, pydantic_ai" 2>/dev/null \
     || problems+=("the Python test clients: python3 -m pip install -r tests/e2e/requirements.txt")
 [ -x target/node/node_modules/.bin/autocannon ] \
     || problems+=("autocannon: npm install --prefix target/node autocannon@9")

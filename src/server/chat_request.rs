@@ -85,12 +85,20 @@ pub fn prepare(
     };
     let forced = tools::forcing_grammar(syntax, &tools, &choice, parallel, &markers);
     let forced_call = forced.is_some();
-    if forced.is_some() && response_format.is_some() {
-        return Err(ApiError::bad_request(
-            "a required tool call cannot be combined with a response format",
-        )
-        .param("tool_choice"));
-    }
+    // A JSON response format shapes the answer's text, and a forced call's answer has none:
+    // the call wins, as on OpenAI's API (clients such as instructor send both). A grammar or a
+    // regex shapes the whole output, so it and a forced call contradict each other.
+    let response_format = match response_format {
+        Some(ConstraintSpec::JsonObject | ConstraintSpec::JsonSchema(_)) if forced_call => None,
+        Some(spec) if forced_call => {
+            return Err(ApiError::bad_request(format!(
+                "a required tool call cannot be combined with a {}",
+                spec.kind()
+            ))
+            .param("tool_choice"))
+        }
+        other => other,
+    };
     let response_format = response_format.map(|spec| {
         if harmony {
             harmony_grammar::final_message(spec, &markers)
@@ -391,6 +399,24 @@ mod tests {
             panic!("{:?}", setup.constraint)
         };
         assert!(g.contains("\"final\""), "{g}");
+    }
+
+    #[test]
+    fn a_forced_call_sets_a_json_format_aside_and_refuses_a_regex() {
+        let (tmpl, tok) = gpt_oss();
+        let forced = request(json!({"tool_choice": "required"}));
+        let fmt = Some(ConstraintSpec::JsonSchema(json!({"type": "object"})));
+        let setup = prepare(&tmpl, &tok, &forced, fmt).unwrap();
+        let Some(ConstraintSpec::Lark(g)) = &setup.constraint else {
+            panic!("{:?}", setup.constraint)
+        };
+        assert!(
+            g.contains("functions.get_weather"),
+            "the call's grammar: {g}"
+        );
+        let regex = Some(ConstraintSpec::Regex("[0-9]+".into()));
+        let e = prepare(&tmpl, &tok, &forced, regex).err().unwrap();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("tool_choice")));
     }
 
     #[test]

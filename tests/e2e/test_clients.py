@@ -1,7 +1,7 @@
 """The clients people point at a local OpenAI-compatible server, as their users run them,
 against the real binary: the OpenAI Agents SDK (its default model speaks the Responses API),
-LangChain's ChatOpenAI on the Responses API, litellm.responses(), and Simon Willison's `llm`
-CLI with a logit bias."""
+LangChain's ChatOpenAI on the Responses API, litellm.responses(), pydantic-ai on both APIs,
+and Simon Willison's `llm` CLI with a logit bias."""
 
 import asyncio
 import json
@@ -110,6 +110,25 @@ def test_litellm_responses_plain_and_streamed(server):
     assert r.status == "completed" and "4" in text
     deltas = [e.delta for e in litellm.responses(**kw, stream=True) if e.type == "response.output_text.delta"]
     assert "".join(deltas) == text
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_pydantic_ai_answers_with_a_tool_offered_on_either_api(server, api):
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    provider = OpenAIProvider(base_url=server.base + "/v1", api_key="unused")
+    model = (OpenAIResponsesModel if api == "responses" else OpenAIChatModel)("m", provider=provider)
+    agent = Agent(model, instructions="Be brief.", model_settings={"temperature": 0, "max_tokens": 64})
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        return "Sunny"
+
+    result = agent.run_sync("What is 2+2?")
+    assert "4" in result.output and result.usage.output_tokens > 0
 
 
 def test_llm_cli_logit_bias_keeps_a_token_out(server, tmp_path):
