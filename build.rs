@@ -1,16 +1,17 @@
-//! Which x86-64 extensions the build host has, as cfgs (`host_avx2`, `host_avx512vnni`), so
+//! Which x86-64 extensions the build host has, as cfgs (`host_avx2`, `host_avx512vnni`,
+//! `host_avxvnni`), so
 //! that a test of a kernel this machine cannot run is marked ignored (and counted as such)
 //! instead of passing without having checked anything. The tests are run where they are built;
 //! each one still checks the CPU at run time before calling a kernel, so a binary carried to
 //! another machine fails with a message rather than an illegal instruction.
 //!
 //! The flags mirror `crate::cpu_features`: `host_avx2` is AVX2 + FMA + F16C, `host_avx512vnni`
-//! is that plus AVX-512 F, VL, BW and VNNI. Nothing is emitted for another target (a cross
+//! is that plus AVX-512 F, VL, BW and VNNI, `host_avxvnni` is `host_avx2` plus AVX-VNNI. Nothing is emitted for another target (a cross
 //! build for aarch64 runs this script on an x86 host), and no code outside tests reads them.
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
-    for cfg in ["host_avx2", "host_avx512vnni"] {
+    for cfg in ["host_avx2", "host_avx512vnni", "host_avxvnni"] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
     }
     if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
@@ -30,6 +31,9 @@ fn x86_host_features() -> Vec<&'static str> {
     let mut cfgs = Vec::new();
     if avx2 {
         cfgs.push("host_avx2");
+    }
+    if avx2 && has!("avxvnni") {
+        cfgs.push("host_avxvnni");
     }
     if avx512vnni {
         cfgs.push("host_avx512vnni");

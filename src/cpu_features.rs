@@ -17,8 +17,11 @@ pub enum SimdOverride {
     Auto,
     /// `scalar`: the portable reference code everywhere.
     Scalar,
-    /// `avx2`: AVX2 even where AVX-512 VNNI is present.
+    /// `avx2`: AVX2 even where AVX-512 VNNI or AVX-VNNI is present.
     Avx2,
+    /// `avx2-vnni`: the packed kernels in 256-bit registers (AVX2 with AVX-VNNI's `vpdpbusd`)
+    /// even where AVX-512 VNNI is present; there, without AVX-VNNI, its 256-bit EVEX form.
+    Avx2Vnni,
     /// `avx512-256`: the AVX-512 VNNI panels in 256-bit registers only.
     Avx512In256,
     /// `neon`: baseline NEON even where `sdot` (dotprod) is present.
@@ -31,6 +34,7 @@ impl SimdOverride {
             "" => SimdOverride::Auto,
             "scalar" => SimdOverride::Scalar,
             "avx2" => SimdOverride::Avx2,
+            "avx2-vnni" => SimdOverride::Avx2Vnni,
             "avx512-256" => SimdOverride::Avx512In256,
             "neon" => SimdOverride::Neon,
             _ => return None,
@@ -46,6 +50,8 @@ pub struct Features {
     pub avx2: bool,
     /// x86-64 AVX-512 F, VL, BW and VNNI (on top of `avx2`).
     pub avx512_vnni: bool,
+    /// x86-64 AVX-VNNI, the VEX-encoded 256-bit `vpdpbusd` (on top of `avx2`).
+    pub avx_vnni: bool,
     /// AArch64 Advanced SIMD.
     pub neon: bool,
     /// AArch64 `sdot` (dotprod, on top of `neon`).
@@ -59,7 +65,7 @@ pub fn simd_override() -> SimdOverride {
     *OVERRIDE.get_or_init(|| {
         let raw = std::env::var("EDGELM_SIMD").unwrap_or_default();
         SimdOverride::parse(&raw).unwrap_or_else(|| {
-            log::warn!("EDGELM_SIMD={raw:?} is not one of scalar, avx2, avx512-256, neon; ignored");
+            log::warn!("EDGELM_SIMD={raw:?} is not one of scalar, avx2, avx2-vnni, avx512-256, neon; ignored");
             SimdOverride::Auto
         })
     })
@@ -81,6 +87,11 @@ pub fn enabled() -> Features {
         match simd_override() {
             SimdOverride::Scalar => Features::default(),
             SimdOverride::Avx2 => Features {
+                avx512_vnni: false,
+                avx_vnni: false,
+                ..hw
+            },
+            SimdOverride::Avx2Vnni => Features {
                 avx512_vnni: false,
                 ..hw
             },
@@ -117,6 +128,8 @@ fn detect_hardware() -> Features {
             && has!("avx512vl")
             && has!("avx512bw")
             && has!("avx512vnni"),
+        // CPUID leaf 7 subleaf 1, EAX bit 4.
+        avx_vnni: avx2 && has!("avxvnni"),
         ..Features::default()
     }
 }
@@ -185,6 +198,10 @@ mod tests {
         assert_eq!(SimdOverride::parse("scalar"), Some(SimdOverride::Scalar));
         assert_eq!(SimdOverride::parse("avx2"), Some(SimdOverride::Avx2));
         assert_eq!(
+            SimdOverride::parse("avx2-vnni"),
+            Some(SimdOverride::Avx2Vnni)
+        );
+        assert_eq!(
             SimdOverride::parse("avx512-256"),
             Some(SimdOverride::Avx512In256)
         );
@@ -197,6 +214,8 @@ mod tests {
         let (hw, on) = (hardware(), enabled());
         assert!(!on.avx2 || hw.avx2);
         assert!(!on.avx512_vnni || hw.avx512_vnni);
+        assert!(!on.avx_vnni || hw.avx_vnni);
+        assert!(!hw.avx_vnni || hw.avx2);
         assert!(!on.neon || hw.neon);
         assert!(!on.neon_dotprod || hw.neon_dotprod);
         assert!(!hw.avx512_vnni || hw.avx2);

@@ -15,7 +15,8 @@ use super::x86::{
     panel::PanelFn,
 };
 
-/// Which panel kernels this CPU runs: "avx512-vnni", "avx2" or "none" (per-pair dots).
+/// Which panel kernels this CPU runs: "avx512-vnni", "avx2-vnni" (its EVEX stand-in
+/// "avx2-vnni-evex"), "avx2", "avx512-vnni-256" or "none" (per-pair dots).
 pub fn gemm_level() -> &'static str {
     panels().name
 }
@@ -33,7 +34,14 @@ struct Panels {
     /// The peer-order kernels (`order`'s repacked and tiled dots), all types in one.
     #[cfg(target_arch = "x86_64")]
     order: Option<OrderFn>,
+    /// The packed kernels by type and order, where this level computes from packed matrices.
+    #[cfg(target_arch = "x86_64")]
+    packed: Option<PackedKernels>,
 }
+
+/// A level's packed kernel for a type in an order, where it has one.
+#[cfg(target_arch = "x86_64")]
+type PackedKernels = fn(GgmlType, Order) -> Option<PackedFn>;
 
 /// `x86::order::panel`'s signature: `gemm`'s, one `order` kernel for every type.
 #[cfg(target_arch = "x86_64")]
@@ -51,6 +59,8 @@ const NONE: Panels = Panels {
     mxfp4: None,
     #[cfg(target_arch = "x86_64")]
     order: None,
+    #[cfg(target_arch = "x86_64")]
+    packed: None,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -61,6 +71,25 @@ const AVX2: Panels = Panels {
     q5_0: Some(x86::panel::avx2::q5_0),
     mxfp4: Some(x86::panel::avx2::mxfp4),
     order: Some(x86::order::panel),
+    packed: None,
+};
+
+/// AVX2 with AVX-VNNI: the packed kernels in 256-bit registers, the AVX2 panels for what is
+/// not packed.
+#[cfg(target_arch = "x86_64")]
+const AVX2_VNNI: Panels = Panels {
+    name: "avx2-vnni",
+    packed: Some(x86::packed_avx2::vex::kernel),
+    ..AVX2
+};
+
+/// [`AVX2_VNNI`] with the EVEX form of its `vpdpbusd`, for `EDGELM_SIMD=avx2-vnni` on CPUs
+/// with AVX-512 VNNI but not AVX-VNNI: the same kernels, runnable there.
+#[cfg(target_arch = "x86_64")]
+const AVX2_VNNI_EVEX: Panels = Panels {
+    name: "avx2-vnni-evex",
+    packed: Some(x86::packed_avx2::evex::kernel),
+    ..AVX2
 };
 
 /// AVX-512 VNNI in 256-bit registers only (the 512-bit panels' fallback for short groups;
@@ -73,6 +102,7 @@ const VNNI_256: Panels = Panels {
     q5_0: Some(x86::panel::vnni::q5_0),
     mxfp4: Some(x86::panel::vnni::mxfp4),
     order: Some(x86::order::panel),
+    packed: None,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -83,6 +113,7 @@ const VNNI: Panels = Panels {
     q5_0: Some(x86::panel_avx512::q5_0),
     mxfp4: Some(x86::panel_avx512::mxfp4),
     order: Some(x86::order::panel),
+    packed: Some(avx512_packed),
 };
 
 /// The fastest panels [`crate::cpu_features::enabled`] allows (the per-pair dot elsewhere).
@@ -98,6 +129,16 @@ fn detect() -> &'static Panels {
                 &VNNI
             };
         }
+        if cpu.avx2 && cpu.avx_vnni {
+            return &AVX2_VNNI;
+        }
+        if cpu.avx2 && simd_override() == SimdOverride::Avx2Vnni {
+            use crate::cpu_features::hardware;
+            // AVX-512 VNNI includes the 256-bit `vpdpbusd` (VL), the EVEX kernels' features.
+            if hardware().avx512_vnni {
+                return &AVX2_VNNI_EVEX;
+            }
+        }
         if cpu.avx2 {
             return &AVX2;
         }
@@ -110,22 +151,31 @@ fn panels() -> &'static Panels {
     P.get_or_init(detect)
 }
 
-/// Whether this CPU computes from packed matrices (`quant::packed`): it has the kernels for
-/// them, the AVX-512 VNNI panels. Elsewhere matrices stay as the file has them.
+/// Whether this CPU computes from packed matrices (`quant::packed`): it has kernels for them
+/// (AVX-512 VNNI, or AVX2 with a 256-bit `vpdpbusd`). Elsewhere matrices stay as the file has
+/// them.
 pub fn packs() -> bool {
     #[cfg(target_arch = "x86_64")]
-    if std::ptr::eq(panels(), &VNNI) {
+    if panels().packed.is_some() {
         return true;
     }
     false
 }
 
-/// The packed kernel for `ty` in `order`, where this CPU has one.
-#[cfg(target_arch = "x86_64")]
-fn packed_kernel(ty: GgmlType, order: Order) -> Option<PackedFn> {
-    if !packs() {
-        return None;
+/// Whether this CPU computes matrices of `ty` from packed copies: [`packs`], with kernels for
+/// `ty` (a level may cover fewer types than the layout does).
+pub fn packs_type(ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(kernels) = panels().packed {
+        return kernels(ty, Order::Chain).is_some();
     }
+    let _ = ty;
+    false
+}
+
+/// The AVX-512 VNNI packed kernels.
+#[cfg(target_arch = "x86_64")]
+fn avx512_packed(ty: GgmlType, order: Order) -> Option<PackedFn> {
     use GgmlType::*;
     Some(match (ty, order) {
         (Q8_0, Order::Lanes) => x86::packed_avx512::q8_0,
@@ -183,11 +233,33 @@ pub unsafe fn gemm_packed_to(
     out: *mut f32,
     stride: usize,
 ) {
+    // SAFETY: the caller's promise.
+    unsafe { gemm_packed_with(panels(), ty, order, n, w, groups, x, toks, out, stride) }
+}
+
+/// [`gemm_packed_to`] with `p`'s packed kernels.
+///
+/// # Safety
+/// As for [`gemm_packed_to`], and the CPU has the features of `p`'s kernels.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_packed_with(
+    p: &Panels,
+    ty: GgmlType,
+    order: Order,
+    n: usize,
+    w: &[u8],
+    groups: usize,
+    x: &[u8],
+    toks: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     assert!(w.len() >= groups * packed::group_bytes(ty, n) && stride >= groups * GROUP);
     #[cfg(target_arch = "x86_64")]
-    if let Some(f) = packed_kernel(ty, order) {
-        // SAFETY: `packed_kernel` hands out kernels only where `detect` found the features
-        // they are compiled for; they check the other lengths; `out` is the caller's promise.
+    if let Some(f) = p.packed.and_then(|kernels| kernels(ty, order)) {
+        // SAFETY: `p` is `detect`'s choice, made where the CPU has the features its kernels
+        // are compiled for, or a test's, which checked; the kernels check the other lengths;
+        // `out` is the caller's promise.
         unsafe {
             f(
                 n / ty.block_elems(),
@@ -200,6 +272,7 @@ pub unsafe fn gemm_packed_to(
         };
         return;
     }
+    let _ = p;
     // No kernel here (matrices are packed only where there are: this serves the tests on
     // other CPUs): the rows back in ggml's layout for the row-major panels.
     let rows = groups * GROUP;
@@ -378,10 +451,10 @@ mod tests {
         }
     }
 
-    /// The packed kernels (and the unpacking fallback) against the per-pair dot of the
-    /// product's order, bit for bit, for every small batch and ragged group.
-    #[test]
-    fn packed_products_match_per_pair_dots_bit_for_bit() {
+    /// `p`'s packed kernels (the unpacking fallback where it has none) against [`gemm`] on the
+    /// unpacked rows, bit for bit, for every small batch and ragged group; `covers` are the
+    /// types `p` must have kernels for in every order the test asks for.
+    fn check_packed(p: &Panels, covers: &[GgmlType]) {
         let mut rng = Rng::new(0x5eed_0002);
         for ty in [
             GgmlType::Q4_1,
@@ -407,17 +480,41 @@ mod tests {
                         let v: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
                         quantize_row(vt, &v, &mut x[t * x_row..(t + 1) * x_row]);
                     }
+                    // Each order with the height of a matrix the peer computes in it.
                     let orders = [
-                        crate::quant::order(ty, rows, toks),
-                        crate::quant::order(ty, 8 * rows, toks),
-                        Order::Chain,
+                        (crate::quant::order(ty, rows, toks), rows),
+                        (crate::quant::order(ty, 8 * rows, toks), 8 * rows),
+                        (Order::Chain, 8 * rows),
                     ];
-                    for order in orders {
+                    for (order, height) in orders {
                         if order == Order::Chain && !crate::quant::order::has(ty, order) {
                             continue;
                         }
+                        let packed_there = packed::packable(ty, height);
+                        #[cfg(target_arch = "x86_64")]
+                        assert!(
+                            !(covers.contains(&ty) && packed_there)
+                                || p.packed.and_then(|k| k(ty, order)).is_some(),
+                            "{}: no packed kernel for {ty} in {order:?}",
+                            p.name
+                        );
                         let mut got = vec![f32::NAN; groups * GROUP * toks];
-                        gemm_packed(ty, order, n, &pw, groups, &x, toks, &mut got);
+                        let stride = groups * GROUP;
+                        // SAFETY: `got` holds every token's rows; the callers checked the CPU.
+                        unsafe {
+                            gemm_packed_with(
+                                p,
+                                ty,
+                                order,
+                                n,
+                                &pw,
+                                groups,
+                                &x,
+                                toks,
+                                got.as_mut_ptr(),
+                                stride,
+                            )
+                        };
                         let mut want = vec![0f32; rows * toks];
                         gemm(ty, order, n, &w, rows, &x, toks, &mut want);
                         for t in 0..toks {
@@ -425,7 +522,8 @@ mod tests {
                                 assert_eq!(
                                     got[t * groups * GROUP + r].to_bits(),
                                     want[t * rows + r].to_bits(),
-                                    "{ty} {order:?} rows={rows} toks={toks} n={n} at ({r},{t})"
+                                    "{} {ty} {order:?} rows={rows} toks={toks} n={n} at ({r},{t})",
+                                    p.name
                                 );
                             }
                         }
@@ -433,6 +531,59 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// What `gemm_packed` computes with this CPU's kernels, and the unpacking fallback.
+    #[test]
+    fn packed_products_match_per_pair_dots_bit_for_bit() {
+        check_packed(panels(), &[]);
+        check_packed(&NONE, &[]);
+    }
+
+    /// Every type with a packed layout.
+    #[cfg(target_arch = "x86_64")]
+    const ALL_PACKED: [GgmlType; 6] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "this CPU lacks AVX-512 VNNI")]
+    fn avx512_vnni_packed_products_match_per_pair_dots_bit_for_bit() {
+        assert!(
+            crate::cpu_features::hardware().avx512_vnni,
+            "this x86-64 CPU lacks AVX-512 VNNI: its packed kernels cannot be compared here"
+        );
+        check_packed(&VNNI, &ALL_PACKED);
+    }
+
+    /// The 256-bit packed kernels in their EVEX build (AVX-512 VNNI + VL), which is their VEX
+    /// build's code with the other encoding of `vpdpbusd`.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[cfg_attr(not(host_avx512vnni), ignore = "this CPU lacks AVX-512 VNNI")]
+    fn avx2_vnni_evex_packed_products_match_per_pair_dots_bit_for_bit() {
+        assert!(
+            crate::cpu_features::hardware().avx512_vnni,
+            "this x86-64 CPU lacks AVX-512 VNNI: the EVEX build cannot be compared here"
+        );
+        check_packed(&AVX2_VNNI_EVEX, &ALL_PACKED);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[cfg_attr(not(host_avxvnni), ignore = "this CPU lacks AVX-VNNI")]
+    fn avx2_vnni_packed_products_match_per_pair_dots_bit_for_bit() {
+        assert!(
+            crate::cpu_features::hardware().avx_vnni,
+            "this x86-64 CPU lacks AVX-VNNI: its packed kernels cannot be compared here"
+        );
+        check_packed(&AVX2_VNNI, &ALL_PACKED);
     }
 
     #[test]

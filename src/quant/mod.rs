@@ -15,7 +15,9 @@
 //! - `x86/` — `dot` (AVX2 + FMA + F16C, ggml-cpu's arch/x86/quants.c), `panel` (tiles of up to
 //!   4 rows × 4 tokens, AVX2 or AVX-512 VNNI's 256-bit integer part), `panel_avx512` (512-bit
 //!   VNNI, two tokens per register), `order` (AVX2 dots in `reference::order`'s orders),
-//!   `packed_avx512` and `packed_k_avx512` (VNNI over packed groups: legacy quants, K-quants);
+//!   `packed_avx512` and `packed_k_avx512` (VNNI over packed groups: legacy quants, K-quants),
+//!   `packed_avx2` and `packed_k_avx2` (the same at 256 bits: AVX2 with AVX-VNNI, or with
+//!   AVX-512 VNNI's 256-bit form);
 //! - `arm/` — `dot` (NEON and NEON `sdot`, ggml-cpu's arch/arm/quants.c);
 //! - `gemm` — matrix-multiply panels (rows × tokens per call), bit-identical to the per-pair dot
 //!   of the product's order; picks the panel kernels for this CPU;
@@ -39,6 +41,8 @@
 //! | peer orders, Q4_0 Q4_K Q5_K Q6_K | AVX2 | `x86/order.rs` | `reference/order.rs`, bits | `x86::order::tests::avx2_order_kernels_…` |
 //! | packed groups, Q4_0 Q4_1 Q5_0 Q8_0 | AVX-512 VNNI | `x86/packed_avx512.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::packed_products_…` |
 //! | packed groups, Q4_K Q6_K | AVX-512 VNNI | `x86/packed_k_avx512.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::packed_products_…` |
+//! | packed groups, Q4_0 Q4_1 Q5_0 Q8_0 | AVX2 + AVX-VNNI (`vex`), AVX-512 VNNI-256 (`evex`) | `x86/packed_avx2.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::avx2_vnni_packed_products_…`, `avx2_vnni_evex_packed_products_…` |
+//! | packed groups, Q4_K Q6_K | AVX2 + AVX-VNNI (`vex`), AVX-512 VNNI-256 (`evex`) | `x86/packed_k_avx2.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::avx2_vnni_packed_products_…`, `avx2_vnni_evex_packed_products_…` |
 //! | dequantize a row | scalar | `formats/dequant.rs` | gguf-py oracle vectors, bits | `formats::dequant::tests::matches_gguf_py_oracle_bitwise` |
 //! | quantize activations | scalar | `formats/quantize.rs` | oracle vectors, bytes | `formats::quantize::tests::matches_oracle_bytes` |
 //! | quantize a Q8 block | AVX2 | `formats/quantize.rs` (`q8_block_avx2`) | its scalar twin, bits | `formats::quantize::tests::q8_block_avx2_matches_scalar` |
@@ -52,7 +56,8 @@
 //! folder, gated on its `target_arch` here.
 //!
 //! Tests of kernels the build host cannot run are marked ignored, with the missing feature as
-//! the reason (`build.rs` sets `host_avx2` and `host_avx512vnni` from the build host's CPU);
+//! the reason (`build.rs` sets `host_avx2`, `host_avx512vnni` and `host_avxvnni` from the build
+//! host's CPU);
 //! each also checks the CPU at run time before calling a kernel. The Arm tests check at run
 //! time only: one aarch64 test binary runs under several emulated CPU models.
 //!
@@ -82,7 +87,7 @@ use formats::{blocks, dequant, quantize};
 pub use formats::{packed, types};
 pub use reference::order;
 
-pub use gemm::{gemm, gemm_level, gemm_packed, gemm_packed_to, packs};
+pub use gemm::{gemm, gemm_level, gemm_packed, gemm_packed_to, packs, packs_type};
 pub use order::{decode_order, order, Order};
 pub use types::GgmlType;
 

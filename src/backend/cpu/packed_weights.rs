@@ -48,8 +48,8 @@ pub struct PackedWeights {
 }
 
 impl PackedWeights {
-    /// Packs every matrix of `mats` whose type has a packed layout, when this CPU computes
-    /// from packed matrices (`quant::packs`); otherwise holds none.
+    /// Packs every matrix of `mats` whose type has a packed layout and kernels on this CPU
+    /// (`quant::packs_type`); otherwise holds none.
     pub fn build(file: &GgufFile, mats: &[&Mat]) -> PackedWeights {
         if !enabled() {
             return PackedWeights::default();
@@ -59,7 +59,8 @@ impl PackedWeights {
         let mut total = 0usize;
         for (i, m) in mats.iter().enumerate() {
             let height = file.tensors()[m.tensor].dims[1] as usize;
-            if !packed::packable(m.ty, height) || by_rows.contains_key(&key(m)) {
+            let kernels = packed::packable(m.ty, height) && crate::quant::packs_type(m.ty);
+            if !kernels || by_rows.contains_key(&key(m)) {
                 continue;
             }
             by_rows.insert(key(m), entries.len());

@@ -81,6 +81,7 @@ fn simd_features() -> Vec<(&'static str, bool)> {
             ("f16c", has!("f16c")),
             ("avx512f", has!("avx512f")),
             ("avx512vnni", has!("avx512vnni")),
+            ("avxvnni", has!("avxvnni")),
         ]
     }
     #[cfg(target_arch = "aarch64")]

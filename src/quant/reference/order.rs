@@ -41,10 +41,10 @@ pub enum Order {
 }
 
 /// The order for the tokens a model generates (decode, drafts) from a packed matrix of `ty`:
-/// [`Order::Chain`] where there are kernels for it (`quant::packs`), else the peer's order for
-/// a batch of `tokens`.
+/// [`Order::Chain`] where there are kernels for it (`quant::packs_type`), else the peer's
+/// order for a batch of `tokens`.
 pub fn decode_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
-    if crate::quant::packs() && has(ty, Order::Chain) {
+    if crate::quant::packs_type(ty) && has(ty, Order::Chain) {
         Order::Chain
     } else {
         order(ty, rows, tokens)

@@ -7,11 +7,15 @@
 //! - `panel_avx512`: 512-bit VNNI panels, two tokens per register;
 //! - `order`: AVX2 dots in the peer's repacked and tiled orders;
 //! - `packed_avx512`, `packed_k_avx512`: VNNI kernels over packed groups (legacy quants,
-//!   K-quants).
+//!   K-quants);
+//! - `packed_avx2`, `packed_k_avx2`: the same in 256-bit registers, eight rows each, with
+//!   AVX-VNNI's `vpdpbusd` (or AVX-512 VNNI's 256-bit form).
 
 pub(super) mod dot;
 pub(super) mod order;
+pub(super) mod packed_avx2;
 pub(super) mod packed_avx512;
+pub(super) mod packed_k_avx2;
 pub(super) mod packed_k_avx512;
 pub(super) mod panel;
 pub(super) mod panel_avx512;

@@ -31,10 +31,10 @@ const PASS_TOKENS: usize = 2;
 /// starting value of each lane's integer sum (`−c` × the sum of its four activations).
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(16))]
-struct TokenBlock {
-    bias: [i32; 8],
-    d: f32,
-    s: f32,
+pub(super) struct TokenBlock {
+    pub(super) bias: [i32; 8],
+    pub(super) d: f32,
+    pub(super) s: f32,
 }
 
 /// Prepares `xs`'s `nb` blocks, token-major (`out[t * nb + b]`), with offset `c` (a power of

@@ -1,0 +1,383 @@
+//! 256-bit VNNI kernels over packed groups (`packed`): eight weight rows per register, each
+//! group of sixteen rows as two halves.
+//!
+//! They compute exactly what `packed_avx512`'s kernels compute, lane for lane: the same
+//! integer lane sums (`vpdpbusd` of the unsigned quants against the token's dword `j`, started
+//! at `−c·Σx` for signed weights), the same scale products, the same fused chains and the same
+//! final sums, in the same order; only the register width differs, so a row's result does not
+//! depend on which half of a register it sat in, and the outputs are the per-pair dots' bits
+//! (tested in `gemm` against `gemm` on the unpacked rows).
+//!
+//! With sixteen registers, a Lanes pass (eight accumulators a token) carries one token and a
+//! chain pass (an accumulator and an integer sum a token) four; the second half of a group
+//! finds its blocks in L1, where the first half's pass left them.
+//!
+//! The same code is built twice, differing only in how `vpdpbusd` is encoded:
+//! - `vex`: AVX-VNNI, the VEX form (Intel Alder Lake and later, the N100, AMD Zen 5), on CPUs
+//!   with AVX2 and no AVX-512;
+//! - `evex`: AVX-512 VNNI + VL's 256-bit form of the same instruction, so that the kernels run
+//!   (and are tested and measured, `EDGELM_SIMD=avx2-vnni`) on AVX-512 machines that lack the
+//!   VEX form, as AMD Zen 4 does.
+
+use std::arch::x86_64::*;
+
+use crate::quant::formats::blocks::*;
+use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
+use crate::quant::order::Order;
+use crate::quant::x86::packed_avx512::{checked, Out, PackedFn, TokenBlock};
+use crate::quant::x86::panel::ActScales;
+use crate::quant::GgmlType;
+
+/// Rows per register: half a group.
+const HALF: usize = GROUP / 2;
+
+/// The legacy layouts, as the kernels' const parameter.
+mod layout {
+    pub const Q8_0: u8 = 0;
+    pub const Q4_0: u8 = 1;
+    pub const Q4_1: u8 = 2;
+    pub const Q5_0: u8 = 3;
+}
+
+const fn layout_type(l: u8) -> GgmlType {
+    match l {
+        layout::Q8_0 => GgmlType::Q8_0,
+        layout::Q4_0 => GgmlType::Q4_0,
+        layout::Q4_1 => GgmlType::Q4_1,
+        _ => GgmlType::Q5_0,
+    }
+}
+
+/// The offset `c` that makes a layout's quants unsigned (`w + c`), zero for Q4_1's.
+const fn offset(l: u8) -> i32 {
+    match l {
+        layout::Q8_0 => 128,
+        layout::Q4_0 => 8,
+        layout::Q5_0 => 16,
+        _ => 0,
+    }
+}
+
+/// Tokens one Lanes pass carries: its eight accumulators take half the registers.
+const LANES_PASS: usize = 1;
+/// Tokens one chain pass carries: an accumulator and an integer sum each.
+const CHAIN_PASS: usize = 4;
+
+thread_local! {
+    /// Per-thread scratch for the prepared activation blocks (reused, never shrunk).
+    static SCRATCH: std::cell::RefCell<Vec<TokenBlock>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `packed_avx512`'s preparation of the activation blocks with AVX2 alone: the f32 scales and
+/// `−c × (the sum of each lane's four activations)`, token-major (`out[t * nb + b]`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prepare<B: ActScales>(nb: usize, xs: &[&[B]], c: i32, out: &mut Vec<TokenBlock>) {
+    out.clear();
+    out.resize(nb * xs.len(), TokenBlock::default());
+    let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
+    let shift = _mm_cvtsi32_si128(c.max(1).trailing_zeros() as i32);
+    for (x, dst) in xs.iter().zip(out.chunks_exact_mut(nb)) {
+        for (blk, tb) in x[..nb].iter().zip(dst.iter_mut()) {
+            let (d, s) = blk.scales();
+            let ds = _mm_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes([d[0], d[1], s[0], s[1]])));
+            tb.d = _mm_cvtss_f32(ds);
+            tb.s = _mm_cvtss_f32(_mm_movehdup_ps(ds));
+            if c != 0 {
+                // 1 × x pairs cannot saturate `maddubs`: the four-value sums are exact.
+                let q = _mm256_loadu_si256(blk.qs().as_ptr().cast());
+                let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+                let bias = _mm256_sll_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), sum), shift);
+                _mm256_storeu_si256(tb.bias.as_mut_ptr().cast(), bias);
+            }
+        }
+    }
+}
+
+/// Defines the kernels in module `$module`, compiled for `$features`, with `$dpbusd` as the
+/// `vpdpbusd` (`acc + Σ of four u8 × i8 products` per i32 lane).
+macro_rules! packed_kernels {
+    ($module:ident, $features:literal, $dpbusd:ident) => {
+        pub(crate) mod $module {
+            use super::*;
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dpbusd(acc: __m256i, u: __m256i, x: __m256i) -> __m256i {
+                $dpbusd(acc, u, x)
+            }
+
+            /// Dword `j` of an activation block's quants, in every lane.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn x_dword(qs: &[i8; 32], j: usize) -> __m256i {
+                _mm256_set1_epi32(qs.as_ptr().cast::<i32>().add(j).read_unaligned())
+            }
+
+            /// Eight f16 values at `p` as f32.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn halves_at(p: *const u8) -> __m256 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+            }
+
+            /// The unsigned quant bytes of lanes `j` and `j + 4` of half `h` of a group block
+            /// (`qh`: Q5_0's rearranged fifth bits of that half).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn values<const L: u8>(
+                gb: *const u8,
+                h: usize,
+                j: usize,
+                qh: __m256i,
+            ) -> (__m256i, __m256i) {
+                let load = |at: usize| _mm256_loadu_si256(gb.add(at + 32 * h).cast());
+                if L == layout::Q8_0 {
+                    let flip = _mm256_set1_epi8(-128);
+                    let q = offsets::Q8_0_QS;
+                    return (
+                        _mm256_xor_si256(load(q + 64 * j), flip),
+                        _mm256_xor_si256(load(q + 64 * (j + 4)), flip),
+                    );
+                }
+                let qs = match L {
+                    layout::Q4_0 => offsets::Q4_0_QS,
+                    layout::Q4_1 => offsets::Q4_1_QS,
+                    _ => offsets::Q5_0_QS,
+                };
+                let m4 = _mm256_set1_epi8(0x0F);
+                let v = load(qs + 64 * j);
+                let lo = _mm256_and_si256(v, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                if L != layout::Q5_0 {
+                    return (lo, hi);
+                }
+                let bit4 = _mm256_set1_epi8(0x10);
+                let lo_bits = _mm256_sll_epi32(qh, _mm_cvtsi32_si128(4 - j as i32));
+                let hi_bits = _mm256_srl_epi32(qh, _mm_cvtsi32_si128(j as i32));
+                (
+                    _mm256_or_si256(lo, _mm256_and_si256(lo_bits, bit4)),
+                    _mm256_or_si256(hi, _mm256_and_si256(hi_bits, bit4)),
+                )
+            }
+
+            /// Q5_0's rearranged `qh` words of half `h` (zero for the other layouts).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn fifth_bits<const L: u8>(gb: *const u8, h: usize) -> __m256i {
+                if L == layout::Q5_0 {
+                    _mm256_loadu_si256(gb.add(offsets::QH + 32 * h).cast())
+                } else {
+                    _mm256_setzero_si256()
+                }
+            }
+
+            /// The eight lane registers of each row, summed as `hsum_float_8` sums a row's lanes.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn hsum_lanes(a: &[__m256; 8]) -> __m256 {
+                _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                    _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])),
+                )
+            }
+
+            /// Half `h` of group `g` against `T` tokens in the Lanes order (`vec_dot`'s eight
+            /// lanes per pair, `packed_avx512`'s `lanes_group`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn lanes<const L: u8, const T: usize, B: ActScales>(
+                nb: usize,
+                g: *const u8,
+                h: usize,
+                x: [&[B]; T],
+                tb: [&[TokenBlock]; T],
+            ) -> [__m256; T] {
+                let gbb = group_block_bytes(layout_type(L));
+                let mut acc = [[_mm256_setzero_ps(); 8]; T];
+                let mut summs = [_mm256_setzero_ps(); T];
+                for b in 0..nb {
+                    let gb = g.add(b * gbb);
+                    let dw = halves_at(gb.add(offsets::D + 2 * HALF * h));
+                    let qh = fifth_bits::<L>(gb, h);
+                    // SAFETY (get_unchecked): the entry checked both hold nb blocks per token.
+                    let toks: [&TokenBlock; T] =
+                        std::array::from_fn(|t| unsafe { tb[t].get_unchecked(b) });
+                    let xq: [&[i8; 32]; T] =
+                        std::array::from_fn(|t| unsafe { x[t].get_unchecked(b).qs() });
+                    let d: [__m256; T] =
+                        std::array::from_fn(|t| _mm256_mul_ps(dw, _mm256_set1_ps(toks[t].d)));
+                    if L == layout::Q4_1 {
+                        let m = halves_at(gb.add(offsets::M + 2 * HALF * h));
+                        for t in 0..T {
+                            summs[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(toks[t].s), summs[t]);
+                        }
+                    }
+                    for j in 0..4 {
+                        let (lo, hi) = values::<L>(gb, h, j, qh);
+                        for t in 0..T {
+                            let start = |l: usize| {
+                                if L == layout::Q4_1 {
+                                    _mm256_setzero_si256()
+                                } else {
+                                    _mm256_set1_epi32(toks[t].bias[l])
+                                }
+                            };
+                            let il = dpbusd(start(j), lo, x_dword(xq[t], j));
+                            let ih = dpbusd(start(j + 4), hi, x_dword(xq[t], j + 4));
+                            acc[t][j] = _mm256_fmadd_ps(d[t], _mm256_cvtepi32_ps(il), acc[t][j]);
+                            acc[t][j + 4] =
+                                _mm256_fmadd_ps(d[t], _mm256_cvtepi32_ps(ih), acc[t][j + 4]);
+                        }
+                    }
+                }
+                std::array::from_fn(|t| _mm256_add_ps(hsum_lanes(&acc[t]), summs[t]))
+            }
+
+            /// Half `h` of group `g` against `T` tokens in the chain order (`Order::Chain`, and
+            /// Q4_0's `Order::Repacked`): each row's whole-block integer sum, then one fused
+            /// chain over the blocks; Q4_1 adds its `m·s` chain at the end.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn chains<const L: u8, const T: usize, B: ActScales>(
+                nb: usize,
+                g: *const u8,
+                h: usize,
+                x: [&[B]; T],
+                tb: [&[TokenBlock]; T],
+            ) -> [__m256; T] {
+                let gbb = group_block_bytes(layout_type(L));
+                let mut acc = [_mm256_setzero_ps(); T];
+                let mut summs = [_mm256_setzero_ps(); T];
+                for b in 0..nb {
+                    let gb = g.add(b * gbb);
+                    let dw = halves_at(gb.add(offsets::D + 2 * HALF * h));
+                    let qh = fifth_bits::<L>(gb, h);
+                    // SAFETY (get_unchecked): the entry checked both hold nb blocks per token.
+                    let toks: [&TokenBlock; T] =
+                        std::array::from_fn(|t| unsafe { tb[t].get_unchecked(b) });
+                    let xq: [&[i8; 32]; T] =
+                        std::array::from_fn(|t| unsafe { x[t].get_unchecked(b).qs() });
+                    let mut sum: [__m256i; T] =
+                        std::array::from_fn(|t| _mm256_set1_epi32(toks[t].bias.iter().sum()));
+                    for j in 0..4 {
+                        let (lo, hi) = values::<L>(gb, h, j, qh);
+                        for t in 0..T {
+                            sum[t] = dpbusd(sum[t], lo, x_dword(xq[t], j));
+                            sum[t] = dpbusd(sum[t], hi, x_dword(xq[t], j + 4));
+                        }
+                    }
+                    if L == layout::Q4_1 {
+                        let m = halves_at(gb.add(offsets::M + 2 * HALF * h));
+                        for t in 0..T {
+                            summs[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(toks[t].s), summs[t]);
+                        }
+                    }
+                    for t in 0..T {
+                        let dd = _mm256_mul_ps(dw, _mm256_set1_ps(toks[t].d));
+                        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), dd, acc[t]);
+                    }
+                }
+                std::array::from_fn(|t| {
+                    if L == layout::Q4_1 {
+                        _mm256_add_ps(acc[t], summs[t])
+                    } else {
+                        acc[t]
+                    }
+                })
+            }
+
+            /// Tokens `t0..t0 + T` against half `h` of group `g` (at `gp`), stored.
+            #[allow(clippy::too_many_arguments)]
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn pass<const L: u8, const CHAIN: bool, const T: usize, B: ActScales>(
+                nb: usize,
+                gp: *const u8,
+                (g, h): (usize, usize),
+                xs: &[&[B]],
+                tbs: &[TokenBlock],
+                t0: usize,
+                out: Out,
+            ) {
+                let x: [&[B]; T] = std::array::from_fn(|i| xs[t0 + i]);
+                let tb: [&[TokenBlock]; T] =
+                    std::array::from_fn(|i| &tbs[(t0 + i) * nb..(t0 + i + 1) * nb]);
+                let v = if CHAIN {
+                    chains::<L, T, B>(nb, gp, h, x, tb)
+                } else {
+                    lanes::<L, T, B>(nb, gp, h, x, tb)
+                };
+                for (i, v) in v.into_iter().enumerate() {
+                    let at = (t0 + i) * out.stride + g * GROUP + h * HALF;
+                    _mm256_storeu_ps(out.ptr.add(at), v);
+                }
+            }
+
+            /// A packed kernel (`PackedFn`) of layout `L` in the chain order or the Lanes
+            /// order: groups outside, then each half's tokens in passes as even as the pass
+            /// size allows.
+            #[target_feature(enable = $features)]
+            unsafe fn entry<const L: u8, const CHAIN: bool, B: ActScales + Block>(
+                nb: usize,
+                w: &[u8],
+                groups: usize,
+                x: &[u8],
+                toks: usize,
+                out: Out,
+            ) {
+                let ty = layout_type(L);
+                let gb = nb * group_block_bytes(ty);
+                let x = checked::<B>(ty, nb, w, groups, x, toks);
+                let xs: Vec<&[B]> = (0..toks).map(|t| &x[t * nb..(t + 1) * nb]).collect();
+                SCRATCH.with_borrow_mut(|tbs| {
+                    prepare(nb, &xs, offset(L), tbs);
+                    let most = if CHAIN { CHAIN_PASS } else { LANES_PASS };
+                    let size = toks.div_ceil(toks.div_ceil(most).max(1)).max(1);
+                    for g in 0..groups {
+                        let gp = w.as_ptr().add(g * gb);
+                        for h in 0..2 {
+                            let mut t0 = 0;
+                            while t0 < toks {
+                                let n = (toks - t0).min(size);
+                                let at = (g, h);
+                                match n {
+                                    1 => pass::<L, CHAIN, 1, B>(nb, gp, at, &xs, tbs, t0, out),
+                                    2 => pass::<L, CHAIN, 2, B>(nb, gp, at, &xs, tbs, t0, out),
+                                    3 => pass::<L, CHAIN, 3, B>(nb, gp, at, &xs, tbs, t0, out),
+                                    _ => pass::<L, CHAIN, 4, B>(nb, gp, at, &xs, tbs, t0, out),
+                                }
+                                t0 += n;
+                            }
+                        }
+                    }
+                });
+            }
+
+            /// The kernel for `ty` in `order`, where there is one (the K-quants' in
+            /// `packed_k_avx2`).
+            pub(crate) fn kernel(ty: GgmlType, order: Order) -> Option<PackedFn> {
+                use layout::*;
+                use GgmlType as G;
+                Some(match (ty, order) {
+                    (G::Q8_0, Order::Lanes) => entry::<Q8_0, false, BlockQ8_0>,
+                    (G::Q8_0, Order::Chain) => entry::<Q8_0, true, BlockQ8_0>,
+                    (G::Q4_0, Order::Lanes) => entry::<Q4_0, false, BlockQ8_0>,
+                    (G::Q4_0, Order::Repacked | Order::Chain) => entry::<Q4_0, true, BlockQ8_0>,
+                    (G::Q4_1, Order::Lanes) => entry::<Q4_1, false, BlockQ8_1>,
+                    (G::Q4_1, Order::Chain) => entry::<Q4_1, true, BlockQ8_1>,
+                    (G::Q5_0, Order::Lanes) => entry::<Q5_0, false, BlockQ8_0>,
+                    (G::Q5_0, Order::Chain) => entry::<Q5_0, true, BlockQ8_0>,
+                    _ => return crate::quant::x86::packed_k_avx2::$module::kernel(ty, order),
+                })
+            }
+        }
+    };
+}
+
+packed_kernels!(vex, "avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
+packed_kernels!(
+    evex,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+    _mm256_dpbusd_epi32
+);
