@@ -451,6 +451,21 @@ mod tests {
         }
     }
 
+    /// `p` has a packed kernel for `ty` in `order` wherever a matrix of `height` rows would be
+    /// packed, when `ty` is among the types it `covers` (only x86 has packed kernels).
+    #[cfg(target_arch = "x86_64")]
+    fn require_kernel(p: &Panels, covers: &[GgmlType], ty: GgmlType, order: Order, height: usize) {
+        assert!(
+            !(covers.contains(&ty) && packed::packable(ty, height))
+                || p.packed.and_then(|k| k(ty, order)).is_some(),
+            "{}: no packed kernel for {ty} in {order:?}",
+            p.name
+        );
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn require_kernel(_: &Panels, _: &[GgmlType], _: GgmlType, _: Order, _: usize) {}
+
     /// `p`'s packed kernels (the unpacking fallback where it has none) against [`gemm`] on the
     /// unpacked rows, bit for bit, for every small batch and ragged group; `covers` are the
     /// types `p` must have kernels for in every order the test asks for.
@@ -490,14 +505,7 @@ mod tests {
                         if order == Order::Chain && !crate::quant::order::has(ty, order) {
                             continue;
                         }
-                        let packed_there = packed::packable(ty, height);
-                        #[cfg(target_arch = "x86_64")]
-                        assert!(
-                            !(covers.contains(&ty) && packed_there)
-                                || p.packed.and_then(|k| k(ty, order)).is_some(),
-                            "{}: no packed kernel for {ty} in {order:?}",
-                            p.name
-                        );
+                        require_kernel(p, covers, ty, order, height);
                         let mut got = vec![f32::NAN; groups * GROUP * toks];
                         let stride = groups * GROUP;
                         // SAFETY: `got` holds every token's rows; the callers checked the CPU.
