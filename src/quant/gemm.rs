@@ -16,7 +16,7 @@ use super::x86::{
 };
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2-vnni" (its EVEX stand-in
-/// "avx2-vnni-evex"), "avx2", "avx512-vnni-256" or "none" (per-pair dots).
+/// "avx2-vnni-evex"), "avx2-packed", "avx2", "avx512-vnni-256" or "none" (per-pair dots).
 pub fn gemm_level() -> &'static str {
     panels().name
 }
@@ -92,6 +92,15 @@ const AVX2_VNNI_EVEX: Panels = Panels {
     ..AVX2
 };
 
+/// AVX2 alone with the packed kernels in 256-bit registers, `vpdpbusd` emulated exactly;
+/// the AVX2 panels for what is not packed.
+#[cfg(target_arch = "x86_64")]
+const AVX2_PACKED: Panels = Panels {
+    name: "avx2-packed",
+    packed: Some(x86::packed_avx2::plain::kernel),
+    ..AVX2
+};
+
 /// AVX-512 VNNI in 256-bit registers only (the 512-bit panels' fallback for short groups;
 /// `EDGELM_SIMD=avx512-256` selects it alone, for comparison).
 #[cfg(target_arch = "x86_64")]
@@ -138,6 +147,9 @@ fn detect() -> &'static Panels {
             if hardware().avx512_vnni {
                 return &AVX2_VNNI_EVEX;
             }
+        }
+        if cpu.avx2 && simd_override() == SimdOverride::Avx2Packed {
+            return &AVX2_PACKED;
         }
         if cpu.avx2 {
             return &AVX2;
@@ -581,6 +593,18 @@ mod tests {
             "this x86-64 CPU lacks AVX-512 VNNI: the EVEX build cannot be compared here"
         );
         check_packed(&AVX2_VNNI_EVEX, &ALL_PACKED);
+    }
+
+    /// The 256-bit packed kernels with `vpdpbusd` emulated by AVX2 alone.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[cfg_attr(not(host_avx2), ignore = "this CPU lacks AVX2, FMA or F16C")]
+    fn avx2_packed_products_match_per_pair_dots_bit_for_bit() {
+        assert!(
+            crate::cpu_features::hardware().avx2,
+            "this x86-64 CPU lacks AVX2, FMA or F16C: its packed kernels cannot be compared here"
+        );
+        check_packed(&AVX2_PACKED, &ALL_PACKED);
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -12,12 +12,14 @@
 //! chain pass (an accumulator and an integer sum a token) four; the second half of a group
 //! finds its blocks in L1, where the first half's pass left them.
 //!
-//! The same code is built twice, differing only in how `vpdpbusd` is encoded:
+//! The same code is built three times, differing only in how `vpdpbusd` is had:
 //! - `vex`: AVX-VNNI, the VEX form (Intel Alder Lake and later, the N100, AMD Zen 5), on CPUs
 //!   with AVX2 and no AVX-512;
 //! - `evex`: AVX-512 VNNI + VL's 256-bit form of the same instruction, so that the kernels run
 //!   (and are tested and measured, `EDGELM_SIMD=avx2-vnni`) on AVX-512 machines that lack the
-//!   VEX form, as AMD Zen 4 does.
+//!   VEX form, as AMD Zen 4 does;
+//! - `plain`: AVX2 alone, `vpdpbusd` emulated exactly ([`dpbusd_u7`], [`dpbusd_u8`]), for
+//!   CPUs without either (Haswell to Comet Lake, Zen 1 to 3).
 
 use std::arch::x86_64::*;
 
@@ -94,17 +96,48 @@ unsafe fn prepare<B: ActScales>(nb: usize, xs: &[&[B]], c: i32, out: &mut Vec<To
     }
 }
 
+/// `vpdpbusd` (`acc + Σ of four u8 × i8 products` per i32 lane) for unsigned bytes under
+/// 128, exactly: a `vpmaddubsw` pair is then within ±127·128·2 = ±32512 and never saturates,
+/// and `vpmaddwd` against ones adds the two pairs of a lane in i32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dpbusd_u7(acc: __m256i, u: __m256i, x: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(u, x);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// `vpdpbusd` for any unsigned bytes, exactly: a pair of 255 × −128 would saturate
+/// `vpmaddubsw`, so each byte is split into its low seven bits (pairs within ±32512) and its
+/// top bit (pairs `128·(x₀ + x₁)` within [−32768, 32512]), each summed as [`dpbusd_u7`] does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dpbusd_u8(acc: __m256i, u: __m256i, x: __m256i) -> __m256i {
+    let top = _mm256_and_si256(u, _mm256_set1_epi8(-128));
+    let low = _mm256_xor_si256(u, top);
+    let ones = _mm256_set1_epi16(1);
+    let low_sum = _mm256_madd_epi16(_mm256_maddubs_epi16(low, x), ones);
+    let top_sum = _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), ones);
+    _mm256_add_epi32(acc, _mm256_add_epi32(low_sum, top_sum))
+}
+
 /// Defines the kernels in module `$module`, compiled for `$features`, with `$dpbusd` as the
-/// `vpdpbusd` (`acc + Σ of four u8 × i8 products` per i32 lane).
+/// `vpdpbusd` (`acc + Σ of four u8 × i8 products` per i32 lane) for bytes under 128 and
+/// `$dpbusd_u8` for any (the same instruction where there is one).
 macro_rules! packed_kernels {
-    ($module:ident, $features:literal, $dpbusd:ident) => {
+    ($module:ident, $features:literal, $dpbusd:ident, $dpbusd_u8:ident) => {
         pub(crate) mod $module {
             use super::*;
 
+            /// `vpdpbusd` on layout `L`'s unsigned quants: Q8_0's span all of u8, the other
+            /// layouts' stay under 32.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dpbusd(acc: __m256i, u: __m256i, x: __m256i) -> __m256i {
-                $dpbusd(acc, u, x)
+            unsafe fn dpbusd<const L: u8>(acc: __m256i, u: __m256i, x: __m256i) -> __m256i {
+                if L == layout::Q8_0 {
+                    $dpbusd_u8(acc, u, x)
+                } else {
+                    $dpbusd(acc, u, x)
+                }
             }
 
             /// Dword `j` of an activation block's quants, in every lane.
@@ -223,8 +256,8 @@ macro_rules! packed_kernels {
                                     _mm256_set1_epi32(toks[t].bias[l])
                                 }
                             };
-                            let il = dpbusd(start(j), lo, x_dword(xq[t], j));
-                            let ih = dpbusd(start(j + 4), hi, x_dword(xq[t], j + 4));
+                            let il = dpbusd::<L>(start(j), lo, x_dword(xq[t], j));
+                            let ih = dpbusd::<L>(start(j + 4), hi, x_dword(xq[t], j + 4));
                             acc[t][j] = _mm256_fmadd_ps(d[t], _mm256_cvtepi32_ps(il), acc[t][j]);
                             acc[t][j + 4] =
                                 _mm256_fmadd_ps(d[t], _mm256_cvtepi32_ps(ih), acc[t][j + 4]);
@@ -263,8 +296,8 @@ macro_rules! packed_kernels {
                     for j in 0..4 {
                         let (lo, hi) = values::<L>(gb, h, j, qh);
                         for t in 0..T {
-                            sum[t] = dpbusd(sum[t], lo, x_dword(xq[t], j));
-                            sum[t] = dpbusd(sum[t], hi, x_dword(xq[t], j + 4));
+                            sum[t] = dpbusd::<L>(sum[t], lo, x_dword(xq[t], j));
+                            sum[t] = dpbusd::<L>(sum[t], hi, x_dword(xq[t], j + 4));
                         }
                     }
                     if L == layout::Q4_1 {
@@ -375,9 +408,76 @@ macro_rules! packed_kernels {
     };
 }
 
-packed_kernels!(vex, "avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
+packed_kernels!(
+    vex,
+    "avx2,fma,f16c,avxvnni",
+    _mm256_dpbusd_avx_epi32,
+    _mm256_dpbusd_avx_epi32
+);
 packed_kernels!(
     evex,
     "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+    _mm256_dpbusd_epi32,
     _mm256_dpbusd_epi32
 );
+packed_kernels!(plain, "avx2,fma,f16c", dpbusd_u7, dpbusd_u8);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `vpdpbusd`'s i32 lanes, computed plainly.
+    fn dpbusd_ref(acc: [i32; 8], u: [u8; 32], x: [i8; 32]) -> [i32; 8] {
+        std::array::from_fn(|l| {
+            let dot: i32 = (0..4)
+                .map(|k| u[4 * l + k] as i32 * x[4 * l + k] as i32)
+                .sum();
+            acc[l].wrapping_add(dot)
+        })
+    }
+
+    /// The emulations against the plain sums, at the extremes (where `vpmaddubsw` would
+    /// saturate: 255 and 127 against −128 and 127) and on random bytes.
+    #[test]
+    #[cfg_attr(not(host_avx2), ignore = "this CPU lacks AVX2, FMA or F16C")]
+    fn emulated_dpbusd_is_exact() {
+        assert!(crate::cpu_features::hardware().avx2, "this CPU lacks AVX2");
+        let mut rng = crate::quant::test_util::Rng::new(0x5eed_0003);
+        let edges_u = [0u8, 1, 31, 63, 127, 128, 129, 255];
+        let edges_x = [-128i8, -127, -1, 0, 1, 126, 127];
+        for case in 0..4000 {
+            let mut byte = |edges: &[u8]| {
+                let r = (rng.f32().abs() * 1e6) as usize;
+                if case % 2 == 0 {
+                    edges[r % edges.len()]
+                } else {
+                    r as u8
+                }
+            };
+            let u: [u8; 32] = std::array::from_fn(|_| byte(&edges_u));
+            let xe: Vec<u8> = edges_x.iter().map(|&v| v as u8).collect();
+            let x: [i8; 32] = std::array::from_fn(|_| byte(&xe) as i8);
+            let acc: [i32; 8] = std::array::from_fn(|l| l as i32 * 1000 - 4000);
+            let small: [u8; 32] = u.map(|b| b & 0x7F);
+            let run = |f: unsafe fn(__m256i, __m256i, __m256i) -> __m256i, u: [u8; 32]| {
+                let mut got = [0i32; 8];
+                // SAFETY: the CPU has AVX2 (asserted above); the arrays are 32 bytes each.
+                unsafe {
+                    let r = f(
+                        _mm256_loadu_si256(acc.as_ptr().cast()),
+                        _mm256_loadu_si256(u.as_ptr().cast()),
+                        _mm256_loadu_si256(x.as_ptr().cast()),
+                    );
+                    _mm256_storeu_si256(got.as_mut_ptr().cast(), r);
+                }
+                got
+            };
+            assert_eq!(run(dpbusd_u8, u), dpbusd_ref(acc, u, x), "u8 {u:?} {x:?}");
+            assert_eq!(
+                run(dpbusd_u7, small),
+                dpbusd_ref(acc, small, x),
+                "u7 {small:?} {x:?}"
+            );
+        }
+    }
+}

@@ -2,13 +2,16 @@
 //! two halves of eight: `packed_k_avx512`'s kernels (Q4_K in the peer's repacked order and
 //! the chain order; Q6_K in its lane order and tiled order), lane for lane, at half the
 //! register width, so bit-identical to them and to `order::dot` / `vec_dot` (tested in `gemm`).
-//! Built twice, as `packed_avx2` is: `vex` (AVX-VNNI) and `evex` (AVX-512 VNNI + VL).
+//! Built three times, as `packed_avx2` is: `vex` (AVX-VNNI), `evex` (AVX-512 VNNI + VL) and
+//! `plain` (AVX2 alone, `vpdpbusd` emulated by `packed_avx2::dpbusd_u7`, exact here since
+//! Q4_K's quants stay under 16 and Q6_K's under 64).
 
 use std::arch::x86_64::*;
 
 use crate::quant::formats::blocks::*;
 use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
 use crate::quant::order::Order;
+use crate::quant::x86::packed_avx2::dpbusd_u7;
 use crate::quant::x86::packed_avx512::{checked, Out, PackedFn};
 use crate::quant::GgmlType;
 
@@ -16,7 +19,7 @@ use crate::quant::GgmlType;
 const HALF: usize = GROUP / 2;
 
 /// Defines the kernels in module `$module`, compiled for `$features`, with `$dpbusd` as the
-/// `vpdpbusd`.
+/// `vpdpbusd` (for unsigned bytes under 128, all these layouts have).
 macro_rules! packed_k_kernels {
     ($module:ident, $features:literal, $dpbusd:ident) => {
         pub(crate) mod $module {
@@ -399,3 +402,4 @@ packed_k_kernels!(
     "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
     _mm256_dpbusd_epi32
 );
+packed_k_kernels!(plain, "avx2,fma,f16c", dpbusd_u7);
