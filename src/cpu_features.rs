@@ -17,11 +17,12 @@ pub enum SimdOverride {
     Auto,
     /// `scalar`: the portable reference code everywhere.
     Scalar,
-    /// `avx2`: AVX2 even where AVX-512 VNNI or AVX-VNNI is present.
+    /// `avx2`: AVX2 even where AVX-512 VNNI or AVX-VNNI is present (packed weights, `vpdpbusd`
+    /// emulated).
     Avx2,
-    /// `avx2-packed`: the packed kernels in 256-bit registers with `vpdpbusd` emulated by AVX2
-    /// alone, even where a VNNI is present.
-    Avx2Packed,
+    /// `avx2-unpacked`: AVX2 on the file's row-major weights (its per-pair dots and panels),
+    /// for comparison with the packed AVX2 kernels.
+    Avx2Unpacked,
     /// `avx2-vnni`: the packed kernels in 256-bit registers (AVX2 with AVX-VNNI's `vpdpbusd`)
     /// even where AVX-512 VNNI is present; there, without AVX-VNNI, its 256-bit EVEX form.
     Avx2Vnni,
@@ -37,7 +38,7 @@ impl SimdOverride {
             "" => SimdOverride::Auto,
             "scalar" => SimdOverride::Scalar,
             "avx2" => SimdOverride::Avx2,
-            "avx2-packed" => SimdOverride::Avx2Packed,
+            "avx2-unpacked" => SimdOverride::Avx2Unpacked,
             "avx2-vnni" => SimdOverride::Avx2Vnni,
             "avx512-256" => SimdOverride::Avx512In256,
             "neon" => SimdOverride::Neon,
@@ -69,7 +70,7 @@ pub fn simd_override() -> SimdOverride {
     *OVERRIDE.get_or_init(|| {
         let raw = std::env::var("EDGELM_SIMD").unwrap_or_default();
         SimdOverride::parse(&raw).unwrap_or_else(|| {
-            log::warn!("EDGELM_SIMD={raw:?} is not one of scalar, avx2, avx2-packed, avx2-vnni, avx512-256, neon; ignored");
+            log::warn!("EDGELM_SIMD={raw:?} is not one of scalar, avx2, avx2-unpacked, avx2-vnni, avx512-256, neon; ignored");
             SimdOverride::Auto
         })
     })
@@ -90,7 +91,7 @@ pub fn enabled() -> Features {
         let hw = hardware();
         match simd_override() {
             SimdOverride::Scalar => Features::default(),
-            SimdOverride::Avx2 | SimdOverride::Avx2Packed => Features {
+            SimdOverride::Avx2 | SimdOverride::Avx2Unpacked => Features {
                 avx512_vnni: false,
                 avx_vnni: false,
                 ..hw
@@ -202,8 +203,8 @@ mod tests {
         assert_eq!(SimdOverride::parse("scalar"), Some(SimdOverride::Scalar));
         assert_eq!(SimdOverride::parse("avx2"), Some(SimdOverride::Avx2));
         assert_eq!(
-            SimdOverride::parse("avx2-packed"),
-            Some(SimdOverride::Avx2Packed)
+            SimdOverride::parse("avx2-unpacked"),
+            Some(SimdOverride::Avx2Unpacked)
         );
         assert_eq!(
             SimdOverride::parse("avx2-vnni"),

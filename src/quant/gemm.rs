@@ -16,7 +16,7 @@ use super::x86::{
 };
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2-vnni" (its EVEX stand-in
-/// "avx2-vnni-evex"), "avx2-packed", "avx2", "avx512-vnni-256" or "none" (per-pair dots).
+/// "avx2-vnni-evex"), "avx2", "avx2-unpacked", "avx512-vnni-256" or "none" (per-pair dots).
 pub fn gemm_level() -> &'static str {
     panels().name
 }
@@ -63,15 +63,27 @@ const NONE: Panels = Panels {
     packed: None,
 };
 
+/// AVX2 on row-major weights (`EDGELM_SIMD=avx2-unpacked`, for comparison): the 4 × 2 tiles
+/// and the peer-order kernels.
 #[cfg(target_arch = "x86_64")]
-const AVX2: Panels = Panels {
-    name: "avx2",
+const AVX2_UNPACKED: Panels = Panels {
+    name: "avx2-unpacked",
     q4_1: Some(x86::panel::avx2::q4_1),
     q8_0: Some(x86::panel::avx2::q8_0),
     q5_0: Some(x86::panel::avx2::q5_0),
     mxfp4: Some(x86::panel::avx2::mxfp4),
     order: Some(x86::order::panel),
     packed: None,
+};
+
+/// AVX2 alone: the packed kernels in 256-bit registers with `vpdpbusd` emulated exactly
+/// (faster than [`AVX2_UNPACKED`] in prefill and decode, docs/cpu-kernels.md), the AVX2
+/// panels for what is not packed.
+#[cfg(target_arch = "x86_64")]
+const AVX2: Panels = Panels {
+    name: "avx2",
+    packed: Some(x86::packed_avx2::plain::kernel),
+    ..AVX2_UNPACKED
 };
 
 /// AVX2 with AVX-VNNI: the packed kernels in 256-bit registers, the AVX2 panels for what is
@@ -89,15 +101,6 @@ const AVX2_VNNI: Panels = Panels {
 const AVX2_VNNI_EVEX: Panels = Panels {
     name: "avx2-vnni-evex",
     packed: Some(x86::packed_avx2::evex::kernel),
-    ..AVX2
-};
-
-/// AVX2 alone with the packed kernels in 256-bit registers, `vpdpbusd` emulated exactly;
-/// the AVX2 panels for what is not packed.
-#[cfg(target_arch = "x86_64")]
-const AVX2_PACKED: Panels = Panels {
-    name: "avx2-packed",
-    packed: Some(x86::packed_avx2::plain::kernel),
     ..AVX2
 };
 
@@ -148,8 +151,8 @@ fn detect() -> &'static Panels {
                 return &AVX2_VNNI_EVEX;
             }
         }
-        if cpu.avx2 && simd_override() == SimdOverride::Avx2Packed {
-            return &AVX2_PACKED;
+        if cpu.avx2 && simd_override() == SimdOverride::Avx2Unpacked {
+            return &AVX2_UNPACKED;
         }
         if cpu.avx2 {
             return &AVX2;
@@ -164,7 +167,8 @@ fn panels() -> &'static Panels {
 }
 
 /// Whether this CPU computes from packed matrices (`quant::packed`): it has kernels for them
-/// (AVX-512 VNNI, or AVX2 with a 256-bit `vpdpbusd`). Elsewhere matrices stay as the file has
+/// (AVX-512 VNNI, AVX2 with a 256-bit `vpdpbusd`, or AVX2 alone, which emulates it; not
+/// `EDGELM_SIMD=avx2-unpacked`). Elsewhere matrices stay as the file has
 /// them.
 pub fn packs() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -595,7 +599,8 @@ mod tests {
         check_packed(&AVX2_VNNI_EVEX, &ALL_PACKED);
     }
 
-    /// The 256-bit packed kernels with `vpdpbusd` emulated by AVX2 alone.
+    /// The 256-bit packed kernels with `vpdpbusd` emulated by AVX2 alone (and, unpacking,
+    /// the row-major AVX2 panels).
     #[cfg(target_arch = "x86_64")]
     #[test]
     #[cfg_attr(not(host_avx2), ignore = "this CPU lacks AVX2, FMA or F16C")]
@@ -604,7 +609,8 @@ mod tests {
             crate::cpu_features::hardware().avx2,
             "this x86-64 CPU lacks AVX2, FMA or F16C: its packed kernels cannot be compared here"
         );
-        check_packed(&AVX2_PACKED, &ALL_PACKED);
+        check_packed(&AVX2, &ALL_PACKED);
+        check_packed(&AVX2_UNPACKED, &[]);
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -631,7 +637,7 @@ mod tests {
             crate::cpu_features::hardware().avx2,
             "this x86-64 CPU lacks AVX2, FMA or F16C: the AVX2 panels cannot be compared here"
         );
-        check_panels(&AVX2);
+        check_panels(&AVX2_UNPACKED);
     }
 
     #[cfg(target_arch = "x86_64")]
