@@ -238,7 +238,7 @@ fn parse_response(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiErro
         }
     };
     let t = responses::translate(&value, previous)?;
-    let mut job = parse_chat(p, t.chat, id_num)?;
+    let mut job = parse_chat(p, t.chat, id_num).map_err(responses::in_request_terms)?;
     let Flavor::Chat(rules) =
         std::mem::replace(&mut job.flavor, Flavor::Completion { echo: Vec::new() })
     else {

@@ -184,6 +184,16 @@ def test_what_is_not_served_is_refused_by_name(client):
     assert "input_image" in e.value.body["message"]
 
 
+def test_errors_name_the_responses_fields(client):
+    cases = [(dict(input=[]), "input"), (dict(input="x", max_output_tokens=-1), "max_output_tokens"),
+             (dict(input="x", text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "bogus"}}}),
+              "text.format")]
+    for body, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model="m", extra_body=body)
+        assert e.value.body["param"] == param, e.value.body
+
+
 def test_bookkeeping_fields_are_accepted(client):
     r = client.responses.create(model="m", input="Hi", max_output_tokens=4, user="u1", service_tier="auto",
                                 prompt_cache_key="k", safety_identifier="s", truncation="disabled",

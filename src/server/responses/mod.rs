@@ -13,6 +13,7 @@ pub use request::translate;
 pub use store::{Kept, Store};
 pub use writer::Writer;
 
+use super::error::ApiError;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -25,6 +26,23 @@ pub struct ResponseMeta {
     pub input: Vec<Value>,
     /// Where the finished response goes (unless the request said `store: false`).
     pub store: Option<Arc<Store>>,
+}
+
+/// A chat request's error about a field, named as the Responses request calls it (the
+/// client never sent `messages` or `max_completion_tokens`).
+pub fn in_request_terms(mut e: ApiError) -> ApiError {
+    let renamed = match e.param.as_deref() {
+        Some("messages") | Some("prompt") => "input",
+        Some("max_tokens") | Some("max_completion_tokens") => "max_output_tokens",
+        Some("response_format") | Some("json_schema") => "text.format",
+        Some("reasoning_effort") => "reasoning.effort",
+        _ => return e,
+    };
+    if let Some(old) = e.param.as_deref() {
+        e.message = e.message.replace(old, renamed);
+    }
+    e.param = Some(renamed.to_string());
+    e
 }
 
 /// `/v1/responses/{id}` and `/v1/responses/{id}/input_items`.
@@ -56,4 +74,26 @@ pub fn with_ids(items: Vec<Value>, response_id: &str) -> Vec<Value> {
             item
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_field_errors_are_named_as_the_request_names_them() {
+        let e = in_request_terms(
+            ApiError::bad_request("max_tokens must be ≥ 0, got -1").param("max_tokens"),
+        );
+        assert_eq!(e.param.as_deref(), Some("max_output_tokens"));
+        assert_eq!(e.message, "max_output_tokens must be ≥ 0, got -1");
+        let e =
+            in_request_terms(ApiError::bad_request("messages must not be empty").param("messages"));
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("input"), "input must not be empty")
+        );
+        let e = in_request_terms(ApiError::bad_request("top_k is bad").param("top_k"));
+        assert_eq!(e.param.as_deref(), Some("top_k"));
+    }
 }
