@@ -564,16 +564,8 @@ mod tests {
         check_packed(&NONE, &[]);
     }
 
-    /// Every type with a packed layout.
     #[cfg(target_arch = "x86_64")]
-    const ALL_PACKED: [GgmlType; 6] = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ];
+    const ALL_PACKED: [GgmlType; 6] = packed::TYPES;
 
     #[cfg(target_arch = "x86_64")]
     #[test]

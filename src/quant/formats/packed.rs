@@ -37,6 +37,16 @@ use crate::quant::GgmlType;
 /// Rows per group: one 512-bit register of f32 or i32 lanes.
 pub const GROUP: usize = 16;
 
+/// Every type with a packed layout (`packable` says for which matrices).
+pub const TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
 /// Whether a matrix of `ty` that is part of a tensor `height` rows high can be packed: there
 /// are kernels for every order the peer would compute it in (`order::order`). Q4_K is packed
 /// where the peer repacks it (heights a multiple of 8), its only order there.
@@ -374,14 +384,7 @@ mod tests {
     #[test]
     fn packing_keeps_every_byte_and_pads_with_zero_rows() {
         let mut rng = Rng::new(0x9ac4_ed01);
-        for ty in [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in TYPES {
             for rows in [1, 15, 16, 17, 40] {
                 let cols = 3 * ty.block_elems();
                 let src: Vec<u8> = (0..rows)
