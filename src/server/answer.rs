@@ -45,8 +45,8 @@ pub enum Writer {
 
 impl Writer {
     pub fn new(job: &Job, choices: &Choices) -> Writer {
-        if let Flavor::Response(_, meta) = &job.flavor {
-            Writer::Response(Box::new(responses::Writer::new(job, meta)))
+        if let Flavor::Response(..) = &job.flavor {
+            Writer::Response(Box::new(responses::Writer::new(job)))
         } else if job.stream {
             Writer::Stream {
                 first_chunk_sent: vec![false; choices.list.len()],
@@ -257,10 +257,7 @@ fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
             if let (true, Some(call)) = (job.legacy_functions, out.calls.first()) {
                 message["content"] = Value::Null;
                 message["function_call"] = json!({"name": call.name, "arguments": call.arguments});
-                let finish = legacy_finish(c.finish);
-                return json!({"index": ci, "message": message, "logprobs": logprobs, "finish_reason": finish});
-            }
-            if !out.calls.is_empty() {
+            } else if !out.calls.is_empty() {
                 if out.content.is_empty() {
                     message["content"] = Value::Null;
                 }
@@ -271,7 +268,8 @@ fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
                     .map(|(i, call)| json!({"id": call_id(job, ci, i), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}))
                     .collect();
             }
-            json!({"index": ci, "message": message, "logprobs": logprobs, "finish_reason": c.finish})
+            let finish = finish_reason(job, c.finish);
+            json!({"index": ci, "message": message, "logprobs": logprobs, "finish_reason": finish})
         }
         Flavor::Completion { echo } => {
             let pi = ci / job.params.n;
@@ -378,20 +376,16 @@ fn stream_chunks(
         out.push(chunk(call, None, None));
     }
     if finish.is_some() {
-        let finish = if job.legacy_functions {
-            legacy_finish(finish)
-        } else {
-            finish
-        };
-        out.push(chunk(json!({}), None, finish));
+        out.push(chunk(json!({}), None, finish_reason(job, finish)));
     }
     out
 }
 
-/// The legacy form's finish reason: a call ends with `function_call`.
-fn legacy_finish(finish: Option<&str>) -> Option<&str> {
+/// A chat choice's finish reason as the request's form names it: a call in the legacy
+/// `functions` form ends with `function_call`.
+fn finish_reason<'a>(job: &Job, finish: Option<&'a str>) -> Option<&'a str> {
     match finish {
-        Some("tool_calls") => Some("function_call"),
+        Some("tool_calls") if job.legacy_functions => Some("function_call"),
         other => other,
     }
 }

@@ -239,9 +239,7 @@ fn parse_response(p: &Parsing, value: Value, id_num: u64) -> Result<Job, ApiErro
     };
     let t = responses::translate(&value, previous)?;
     let mut job = parse_chat(p, t.chat, id_num).map_err(responses::in_request_terms)?;
-    let Flavor::Chat(rules) =
-        std::mem::replace(&mut job.flavor, Flavor::Completion { echo: Vec::new() })
-    else {
+    let Flavor::Chat(rules) = job.flavor else {
         unreachable!("a chat request has chat rules");
     };
     job.id = format!("resp_{}{id_num:06}", p.id_tag);

@@ -6,7 +6,7 @@ use super::super::answer::Answering;
 use super::super::chat_output::Delta;
 use super::super::choices::Choices;
 use super::super::error::ApiError;
-use super::super::generate::Job;
+use super::super::generate::{Flavor, Job};
 use super::super::http::ChunkedBody;
 use super::super::Ready;
 use super::items::Items;
@@ -15,7 +15,6 @@ use serde_json::{json, Value};
 use std::io;
 
 pub struct Writer {
-    meta: ResponseMeta,
     items: Items,
     stream: bool,
     /// The next event's sequence number; 0 until `response.created` is out.
@@ -23,9 +22,8 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn new(job: &Job, meta: &ResponseMeta) -> Writer {
+    pub fn new(job: &Job) -> Writer {
         Writer {
-            meta: meta.clone(),
             items: Items::new(&job.id),
             stream: job.stream,
             seq: 0,
@@ -154,22 +152,31 @@ impl Writer {
             "usage": if finished { usage(ready, choices, &self.items) } else { Value::Null },
         });
         let obj = o.as_object_mut().expect("an object");
-        for (k, v) in &self.meta.echo {
+        for (k, v) in &meta(job).echo {
             obj.insert(k.clone(), v.clone());
         }
         o
     }
 
     fn keep(&self, job: &Job, response: &Value) {
-        if let Some(store) = &self.meta.store {
+        let meta = meta(job);
+        if let Some(store) = &meta.store {
             store.keep(
                 &job.id,
                 Kept {
                     response: response.clone(),
-                    input: self.meta.input.clone(),
+                    input: meta.input.clone(),
                 },
             );
         }
+    }
+}
+
+/// The Responses part of the job this writer answers.
+fn meta(job: &Job) -> &ResponseMeta {
+    match &job.flavor {
+        Flavor::Response(_, meta) => meta,
+        _ => unreachable!("a Responses writer answers a Responses job"),
     }
 }
 
