@@ -52,14 +52,15 @@ __device__ __forceinline__ void load_dims(const u8 *row, int d0, float *v) {
 // q, out: n_tok x n_head x D (q already rotated); block_tables: every token's table, token t's
 // starting at table_offsets[t]; positions[t]: the token's position (it attends to
 // first..=pos, first = max(0, pos + 1 - window) or 0 without a window (window = 0), whose K/V
-// must already be in the pages: kv.cu `kv_append` runs first). Grid: n_tok * kv_heads blocks
+// must already be in the pages: kv.cu `kv_append` runs first); sinks: per query head, a logit
+// that joins the softmax's denominator only (gpt-oss), or null. Grid: n_tok * kv_heads blocks
 // of 32 * ATT_WARPS threads.
 template <int KT, int D>
 __device__ __forceinline__ void attention_body(
     const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,
     const int *__restrict__ block_tables, const int *__restrict__ table_offsets,
     const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,
-    int block_size, float scale, int window) {
+    int block_size, float scale, int window, const float *__restrict__ sinks) {
     constexpr int DPL = D / WARP;
     constexpr int R = D >= 256 ? ATT_MAX_REP_D256 : ATT_MAX_REP;
     __shared__ float q_sh[R][D];
@@ -176,6 +177,15 @@ __device__ __forceinline__ void attention_body(
             sum = fmaf(sm_l[w][r], f, sum);
             o = fmaf(sm_acc[w][r][d], f, o);
         }
+        if (sinks != nullptr) {
+            // The head's sink logit joins the denominator (src/backend/cpu/attention.rs
+            // `with_sink`): the output so far is rescaled to the larger maximum.
+            const float sk = sinks[g * rep + r];
+            const float m2 = fmaxf(mx, sk);
+            const float f = expf(mx - m2);
+            sum = fmaf(sum, f, expf(sk - m2));
+            o *= f;
+        }
         og[i] = sum > 0.0f ? o / sum : 0.0f;
     }
 }
@@ -185,9 +195,9 @@ __device__ __forceinline__ void attention_body(
         const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,    \
         const int *__restrict__ block_tables, const int *__restrict__ table_offsets,           \
         const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,    \
-        int block_size, float scale, int window) {                                           \
+        int block_size, float scale, int window, const float *__restrict__ sinks) {          \
         attention_body<KT, D>(q, out, pages, block_tables, table_offsets, positions, layer,    \
-                              blocks, n_head, kv_heads, block_size, scale, window);          \
+                              blocks, n_head, kv_heads, block_size, scale, window, sinks);   \
     }
 
 ATTENTION_KERNEL(attention_f16_d64, KV_F16, 64)

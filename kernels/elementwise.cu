@@ -37,6 +37,18 @@ extern "C" __global__ void gelu_mul(float *gate, const float *__restrict__ up, l
     gate[i] = __fmul_rn(y, up[i]);
 }
 
+// gpt-oss's clamped SwiGLU, as src/backend/cpu/ops.rs `swiglu_oai_mul`: the gate clamped above
+// at 7, up to +-7, then x * sigmoid(1.702 x) * (up + 1).
+extern "C" __global__ void swiglu_oai_mul(float *gate, const float *__restrict__ up,
+                                          long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = fminf(gate[i], 7.0f);
+    const float y = fminf(fmaxf(up[i], -7.0f), 7.0f);
+    const float e = expf(__fmul_rn(1.702f, -x));
+    gate[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, e)), __fadd_rn(y, 1.0f));
+}
+
 // x += y * s (scaled first, then added: two roundings, as ggml's scale then add); s = 1 is a
 // plain add.
 extern "C" __global__ void add_scaled(float *x, const float *__restrict__ y, float s,

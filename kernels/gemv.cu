@@ -263,6 +263,62 @@ __device__ __forceinline__ float dot_q6_k(const UnitQ6_K &u, const u8 *act) {
     return u.d * sum;
 }
 
+// ---- MXFP4: 32 E2M1 values with one E8M0 scale; 17-byte blocks, byte aligned ---------------
+// x = kvalues_mxfp4[q] * 2^(e - 128) (the table holds doubled E2M1 values, so the scale is
+// halved: ggml's GGML_E8M0_TO_FP32_HALF). Nibbles as Q4_0's: byte j holds values j and j + 16.
+// A unit is half a block, as for Q4_0.
+#define BYTES_MXFP4 17
+
+// The doubled E2M1 value of a nibble (ggml's kvalues_mxfp4) without a table: magnitudes
+// 0, 1, 2, 3, 4, 6, 8, 12, the high bit the sign.
+__device__ __forceinline__ int e2m1_doubled(u32 n) {
+    const int m = (int)(n & 7);
+    const int mag = m < 4 ? m : (m < 6 ? 2 * m - 4 : 4 * m - 16);
+    return (n & 8) ? -mag : mag;
+}
+
+// Four bytes' nibbles (the low ones, or the high ones with shift 4) as four packed int8 values.
+__device__ __forceinline__ int e2m1_word(const u8 *q, int shift) {
+    u32 r = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r |= ((u32)e2m1_doubled((u32)(q[i] >> shift)) & 0xFFu) << (8 * i);
+    return (int)r;
+}
+
+__device__ __forceinline__ float e8m0_to_f32_half(u8 e) {
+    return __uint_as_float(e < 2 ? (0x00200000u << e) : ((u32)(e - 1) << 23));
+}
+
+struct UnitMxfp4 {
+    float d;
+    int q0, q1, q2, q3; // values 8h..8h+8 (q0, q1) and 16+8h..16+8h+8 (q2, q3), one per byte
+    int blk, h;
+};
+
+__device__ __forceinline__ UnitMxfp4 load_mxfp4(const u8 *row, int unit) {
+    UnitMxfp4 u;
+    u.blk = unit >> 1;
+    u.h = unit & 1;
+    const u8 *b = row + (long long)u.blk * BYTES_MXFP4;
+    u.d = e8m0_to_f32_half(b[0]);
+    const u8 *qs = b + 1 + 8 * u.h;
+    u.q0 = e2m1_word(qs, 0);
+    u.q1 = e2m1_word(qs + 4, 0);
+    u.q2 = e2m1_word(qs, 4);
+    u.q3 = e2m1_word(qs + 4, 4);
+    return u;
+}
+
+__device__ __forceinline__ float dot_mxfp4(const UnitMxfp4 &u, const u8 *act) {
+    const Q8_1 a = q8_1_at(act, u.blk);
+    const ActHalf x = act_half(a, u.h);
+    int sumi = dp4a(u.q0, x.a0, 0);
+    sumi = dp4a(u.q1, x.a1, sumi);
+    sumi = dp4a(u.q2, x.a4, sumi);
+    sumi = dp4a(u.q3, x.a5, sumi);
+    return u.d * a.d * (float)sumi;
+}
+
 // ---- the kernels ---------------------------------------------------------------------------
 // A macro rather than a template so each extern "C" entry point has one obvious body.
 #define GEMV_KERNEL(NAME, UNIT, LOAD, DOT, UNITS_PER_ROW, ROW_BYTES)                           \
@@ -297,3 +353,37 @@ GEMV_KERNEL(gemv_q5_0, UnitQ5_0, load_q5_0, dot_q5_0, 2 * (cols / QK), (cols / Q
 GEMV_KERNEL(gemv_q8_0, UnitQ8_0, load_q8_0, dot_q8_0, 2 * (cols / QK), (cols / QK) * BYTES_Q8_0)
 GEMV_KERNEL(gemv_q4_k, UnitQ4_K, load_q4_k, dot_q4_k, 8 * (cols / QK_K), (cols / QK_K) * BYTES_Q4_K)
 GEMV_KERNEL(gemv_q6_k, UnitQ6_K, load_q6_k, dot_q6_k, 4 * (cols / QK_K), (cols / QK_K) * BYTES_Q6_K)
+
+// The experts of a mixture-of-experts layer (moe.cu routes the tokens): pair p (a token and one
+// of its picked experts) multiplies expert ids[p]'s matrix, the rows x cols band at
+// w + ids[p] * expert_bytes, by activation row p / act_div (act_div = experts per token for
+// the gate and up matrices, whose input is the token's row; 1 for the down matrices, whose
+// input is the pair's own row), into y[p * rows + row]. Only the picked experts' rows are
+// read. One warp per output row as above; gridDim.y = the number of pairs.
+#define MOE_GEMV_KERNEL(NAME, UNIT, LOAD, DOT, UNITS_PER_ROW, ROW_BYTES)                       \
+    extern "C" __global__ void __launch_bounds__(32 * GEMV_WARPS)                              \
+        NAME(const u8 *__restrict__ w, long long expert_bytes, const int *__restrict__ ids,    \
+             const u8 *__restrict__ act, int act_div, float *__restrict__ y, int rows,         \
+             int cols) {                                                                       \
+        const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);                          \
+        const int lane = threadIdx.x & 31;                                                     \
+        if (row >= rows) return;                                                               \
+        const long long pair = blockIdx.y;                                                     \
+        const int units = (UNITS_PER_ROW);                                                     \
+        const u8 *wr = w + (long long)ids[pair] * expert_bytes +                               \
+                       (long long)row * (long long)(ROW_BYTES);                                \
+        const long long act_row = (long long)(cols / QK) * BYTES_Q8_1;                         \
+        const u8 *a = act + (pair / act_div) * act_row;                                        \
+        float acc = 0.0f;                                                                      \
+        for (int unit = lane; unit < units; unit += WARP) acc += DOT(LOAD(wr, unit), a);       \
+        const float s = warp_sum(acc);                                                         \
+        if (lane == 0) y[pair * rows + row] = s;                                               \
+    }
+
+MOE_GEMV_KERNEL(moe_gemv_q4_0, UnitQ4_0, load_q4_0, dot_q4_0, 2 * (cols / QK), (cols / QK) * BYTES_Q4_0)
+MOE_GEMV_KERNEL(moe_gemv_q4_1, UnitQ4_1, load_q4_1, dot_q4_1, 2 * (cols / QK), (cols / QK) * BYTES_Q4_1)
+MOE_GEMV_KERNEL(moe_gemv_q5_0, UnitQ5_0, load_q5_0, dot_q5_0, 2 * (cols / QK), (cols / QK) * BYTES_Q5_0)
+MOE_GEMV_KERNEL(moe_gemv_q8_0, UnitQ8_0, load_q8_0, dot_q8_0, 2 * (cols / QK), (cols / QK) * BYTES_Q8_0)
+MOE_GEMV_KERNEL(moe_gemv_q4_k, UnitQ4_K, load_q4_k, dot_q4_k, 8 * (cols / QK_K), (cols / QK_K) * BYTES_Q4_K)
+MOE_GEMV_KERNEL(moe_gemv_q6_k, UnitQ6_K, load_q6_k, dot_q6_k, 4 * (cols / QK_K), (cols / QK_K) * BYTES_Q6_K)
+MOE_GEMV_KERNEL(moe_gemv_mxfp4, UnitMxfp4, load_mxfp4, dot_mxfp4, 2 * (cols / QK), (cols / QK) * BYTES_MXFP4)

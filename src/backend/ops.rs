@@ -255,8 +255,19 @@ pub struct Shape {
     pub rope_layout: RopeLayout,
     /// The RoPE tables the layers use (Gemma 3: one for global layers, one for local ones).
     pub ropes: Vec<RopeTable>,
-    /// Experts per FFN (0: dense FFNs).
-    pub n_expert: usize,
+    /// The mixture-of-experts FFNs' sizes (`None`: dense FFNs).
+    pub experts: Option<ExpertShape>,
+}
+
+/// The sizes of a model's mixture-of-experts FFNs (every such layer has the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertShape {
+    /// Experts per layer.
+    pub count: usize,
+    /// Experts each token uses.
+    pub used: usize,
+    /// Each expert's FFN width.
+    pub ff: usize,
 }
 
 /// A model as a backend runs it: what to size buffers and kernels by, where the weights are,
@@ -276,6 +287,9 @@ pub trait Network {
     fn embedding(&self) -> &Mat;
     /// Every matrix a step multiplies by.
     fn matrices(&self) -> Vec<&Mat>;
+    /// Every mixture-of-experts FFN, in layer order (their matrices are among
+    /// [`Network::matrices`] too).
+    fn expert_layers(&self) -> Vec<&Experts>;
     /// A bound on the positions a batch may hold (a batch beyond it is refused).
     fn max_position(&self) -> usize;
     /// The embedding and every block for the step's tokens (the residual stream left in X).

@@ -7,7 +7,7 @@
 use super::weights::Ffn;
 use super::{BatchMeta, Model};
 use crate::backend::cpu::step::{CpuBuffers, CpuStep, CpuWeights};
-use crate::backend::ops::{Attention, Buf, Mat, Network, Ops, Shape, VecRef};
+use crate::backend::ops::{Attention, Buf, Experts, Mat, Network, Ops, Shape, VecRef};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvPages};
 use anyhow::{bail, Result};
@@ -77,6 +77,17 @@ impl Network for Model {
 
     fn matrices(&self) -> Vec<&Mat> {
         self.weights.matrices()
+    }
+
+    fn expert_layers(&self) -> Vec<&Experts> {
+        self.weights
+            .layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                Ffn::Experts(x) => Some(x),
+                Ffn::Dense(_) => None,
+            })
+            .collect()
     }
 
     /// Far beyond any context the model was trained for: only nonsense is refused.

@@ -8,7 +8,9 @@ mod forward;
 mod weights;
 
 pub use crate::backend::batch::{BatchMeta, Logits};
-pub use crate::backend::ops::{Mat, Network, RopeLayout, RopeTable, Shape, VecRef, Widths};
+pub use crate::backend::ops::{
+    ExpertShape, Mat, Network, RopeLayout, RopeTable, Shape, VecRef, Widths,
+};
 pub use arch::{Family, SUPPORTED};
 pub use config::{LayerConfig, ModelConfig, MoeConfig, RopeScaling};
 pub use weights::{DenseFfn, Ffn, LayerWeights, Weights};
@@ -59,7 +61,11 @@ impl Model {
             n_rot: config.n_rot,
             rope_layout: config.rope_layout,
             ropes: weights.rope_tables(&config, config.context_length),
-            n_expert: config.moe.map_or(0, |m| m.n_expert),
+            experts: config.moe.map(|m| ExpertShape {
+                count: m.n_expert,
+                used: m.routing.used,
+                ff: m.n_ff_exp,
+            }),
         };
         Ok(Model {
             file,

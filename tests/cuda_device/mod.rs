@@ -5,6 +5,7 @@
 mod architectures;
 mod forward;
 mod gemm;
+mod moe;
 mod sample;
 
 use edgelm::backend::cuda::CudaDevice;

@@ -41,7 +41,14 @@ pub const FILES: &[KernelFile] = &[
             "gemv_q5_0",
             "gemv_q8_0",
             "gemv_q4_k",
-            "gemv_q6_k"
+            "gemv_q6_k",
+            "moe_gemv_q4_0",
+            "moe_gemv_q4_1",
+            "moe_gemv_q5_0",
+            "moe_gemv_q8_0",
+            "moe_gemv_q4_k",
+            "moe_gemv_q6_k",
+            "moe_gemv_mxfp4"
         ]
     ),
     kernel_file!(
@@ -62,11 +69,16 @@ pub const FILES: &[KernelFile] = &[
         [
             "silu_mul",
             "gelu_mul",
+            "swiglu_oai_mul",
             "add_scaled",
             "add_bias",
             "scale",
             "softcap"
         ]
+    ),
+    kernel_file!(
+        "moe",
+        ["moe_router_f32", "moe_route", "moe_add_bias", "moe_combine"]
     ),
     kernel_file!("embed", ["embed"]),
     kernel_file!("kv", ["kv_append", "kv_copy_block"]),
@@ -87,10 +99,10 @@ pub const FILES: &[KernelFile] = &[
     kernel_file!("sample", ["argmax_rows", "sample_rows"]),
 ];
 
-/// The kernels whose speed matters most (matmul and attention): CI fails when ptxas reports a
+/// The kernels whose speed matters most (matmuls, the experts' included, and attention): CI fails when ptxas reports a
 /// register spill in any of them (`scripts/check-kernels.sh`).
 pub fn is_hot(function: &str) -> bool {
-    ["gemv", "gemm", "attention"]
+    ["gemv", "gemm", "attention", "moe_gemv"]
         .iter()
         .any(|p| function.starts_with(p))
 }

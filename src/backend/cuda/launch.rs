@@ -64,6 +64,34 @@ pub fn matmul_kernel(ty: GgmlType, n_tok: usize) -> Option<&'static str> {
     })
 }
 
+/// The expert-matrix kernel (`moe_gemv_*` in gemv.cu) for experts of type `ty`; `None` for
+/// types without one.
+pub fn moe_gemv_kernel(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => "moe_gemv_q4_0",
+        Q4_1 => "moe_gemv_q4_1",
+        Q5_0 => "moe_gemv_q5_0",
+        Q8_0 => "moe_gemv_q8_0",
+        Q4_K => "moe_gemv_q4_k",
+        Q6_K => "moe_gemv_q6_k",
+        MXFP4 => "moe_gemv_mxfp4",
+        _ => return None,
+    })
+}
+
+/// The most pairs (a token and one of its experts) one `moe_gemv_*` launch serves: its grid's
+/// second dimension.
+pub const MOE_MAX_PAIRS: usize = 65_535;
+
+/// moe.cu: warps (one per token and expert) per block of `moe_router_f32`.
+pub const ROUTER_WARPS: usize = 4;
+
+/// `moe_gemv_*(w, expert_bytes, ids, act, act_div, y, rows, cols)` over `pairs` pairs.
+pub fn moe_gemv_config(rows: usize, pairs: usize) -> LaunchConfig {
+    config((rows.div_ceil(GEMV_WARPS), pairs), 32 * GEMV_WARPS)
+}
+
 /// `gemv_*(w, act, y, rows, cols, n_tok)` with 1 <= n_tok <= [`GEMV_MAX_TOK`].
 pub fn gemv_config(rows: usize) -> LaunchConfig {
     config((rows.div_ceil(GEMV_WARPS), 1), 32 * GEMV_WARPS)
@@ -171,6 +199,7 @@ mod tests {
         assert_eq!(GEMM_BM, 16 * GEMM_THREADS / 32, "16 rows per warp");
         assert_eq!(num("sample", "ARGMAX_THREADS"), ARGMAX_THREADS);
         assert_eq!(num("sample", "SAMPLE_THREADS"), SAMPLE_THREADS);
+        assert_eq!(num("moe", "ROUTER_WARPS"), ROUTER_WARPS);
         use super::super::weights::max_query_heads_per_kv_head as max_rep;
         assert_eq!(num("attention", "ATT_MAX_REP"), max_rep(128));
         assert_eq!(num("attention", "ATT_MAX_REP_D256"), max_rep(256));
@@ -190,6 +219,12 @@ mod tests {
         for name in [GgmlType::Q4_0, GgmlType::Q6_K].map(|t| matmul_kernel(t, 64).unwrap()) {
             assert!(super::super::kernels::file_of(name).is_some(), "{name}");
         }
+        // Every type with a matmul has an expert kernel, and MXFP4 (experts only) too.
+        for ty in MATMUL_TYPES.into_iter().chain([GgmlType::MXFP4]) {
+            let name = moe_gemv_kernel(ty).unwrap();
+            assert!(super::super::kernels::file_of(name).is_some(), "{name}");
+        }
+        assert_eq!(moe_gemv_config(9, 12).grid_dim, (3, 12, 1));
     }
 
     #[test]

@@ -8,8 +8,10 @@
 
 use super::device::CudaDevice;
 use super::launch::{
-    argmax_config, gemm_config, gemv_config, matmul_kernel, sample_config, MATMUL_TYPES,
+    argmax_config, gemm_config, gemv_config, matmul_kernel, moe_gemv_config, moe_gemv_kernel,
+    sample_config, MATMUL_TYPES, MOE_MAX_PAIRS, ROUTER_WARPS,
 };
+use crate::backend::ops::{Activation, Gating, Routing};
 use crate::kv::KvType;
 use crate::quant::GgmlType;
 use cudarc::driver::sys::CUdeviceptr;
@@ -44,6 +46,7 @@ pub struct Kernels {
     hadamard: CudaFunction,
     silu_mul: CudaFunction,
     gelu_mul: CudaFunction,
+    swiglu_oai_mul: CudaFunction,
     add_scaled: CudaFunction,
     add_bias: CudaFunction,
     scale: CudaFunction,
@@ -56,6 +59,12 @@ pub struct Kernels {
     sample: CudaFunction,
     /// (weight type, gemv?) -> kernel.
     matmul: Vec<(GgmlType, bool, CudaFunction)>,
+    moe_router_f32: CudaFunction,
+    moe_route: CudaFunction,
+    moe_add_bias: CudaFunction,
+    moe_combine: CudaFunction,
+    /// Expert weight type -> its `moe_gemv_*`.
+    moe_gemv: Vec<(GgmlType, CudaFunction)>,
 }
 
 impl Kernels {
@@ -67,6 +76,11 @@ impl Kernels {
                 .ok_or_else(|| format!("kernel {name} is not loaded"))
         };
         let attention = format!("attention_{}_d{head_dim}", kv_type.name());
+        let moe_gemv = MATMUL_TYPES
+            .into_iter()
+            .chain([GgmlType::MXFP4])
+            .map(|ty| Ok((ty, f(moe_gemv_kernel(ty).expect("an expert type"))?)))
+            .collect::<Result<_, String>>()?;
         let mut matmul = Vec::new();
         for ty in MATMUL_TYPES {
             for (gemv, n) in [(true, 1), (false, 64)] {
@@ -81,6 +95,7 @@ impl Kernels {
             hadamard: f("hadamard_64")?,
             silu_mul: f("silu_mul")?,
             gelu_mul: f("gelu_mul")?,
+            swiglu_oai_mul: f("swiglu_oai_mul")?,
             add_scaled: f("add_scaled")?,
             add_bias: f("add_bias")?,
             scale: f("scale")?,
@@ -92,6 +107,11 @@ impl Kernels {
             argmax: f("argmax_rows")?,
             sample: f("sample_rows")?,
             matmul,
+            moe_router_f32: f("moe_router_f32")?,
+            moe_route: f("moe_route")?,
+            moe_add_bias: f("moe_add_bias")?,
+            moe_combine: f("moe_combine")?,
+            moe_gemv,
         })
     }
 
@@ -248,22 +268,23 @@ impl Kernels {
         .map_err(|e| err("hadamard_64", e))
     }
 
-    /// gate <- act(gate) * up over n values (`gelu`: GELU-tanh, else SiLU).
+    /// gate <- act(gate) * up over n values.
     pub fn glu(
         &self,
         s: &CudaStream,
-        gelu: bool,
+        act: Activation,
         gate: Ptr,
         up: Ptr,
         n: usize,
     ) -> Result<(), String> {
-        let (f, name) = if gelu {
-            (&self.gelu_mul, "gelu_mul")
-        } else {
-            (&self.silu_mul, "silu_mul")
+        let (f, name) = match act {
+            Activation::Silu => (&self.silu_mul, "silu_mul"),
+            Activation::GeluTanh => (&self.gelu_mul, "gelu_mul"),
+            Activation::SwigluOai => (&self.swiglu_oai_mul, "swiglu_oai_mul"),
         };
         let n64 = n as i64;
-        // SAFETY: silu_mul / gelu_mul(float *gate, const float *up, long long n).
+        // SAFETY: silu_mul / gelu_mul / swiglu_oai_mul(float *gate, const float *up,
+        // long long n).
         unsafe {
             s.launch_builder(f)
                 .arg(&gate)
@@ -459,7 +480,8 @@ impl Kernels {
     }
 
     /// out (n_tok x n_head x head_dim) <- causal attention of q over the paged K/V, each token
-    /// seeing its last `window` positions (0: all of them).
+    /// seeing its last `window` positions (0: all of them); `sinks`: n_head f32 logits joined
+    /// to each head's softmax denominator, or 0 for none.
     pub fn attention(
         &self,
         s: &CudaStream,
@@ -477,12 +499,13 @@ impl Kernels {
         block_size: usize,
         scale: f32,
         window: usize,
+        sinks: Ptr,
     ) -> Result<(), String> {
         let a = [layer, blocks, n_head, kv_heads, block_size, window].map(|v| v as i32);
         // SAFETY: attention_*(const float *q, float *out, const u8 *pages,
         // const int *block_tables, const int *table_offsets, const int *positions, int layer,
-        // int blocks, int n_head, int kv_heads, int block_size, float scale, int window); one
-        // block of 32 * ATT_WARPS threads per (token, KV head).
+        // int blocks, int n_head, int kv_heads, int block_size, float scale, int window,
+        // const float *sinks); one block of 32 * ATT_WARPS threads per (token, KV head).
         unsafe {
             s.launch_builder(&self.attention)
                 .arg(&q)
@@ -498,6 +521,7 @@ impl Kernels {
                 .arg(&a[4])
                 .arg(&scale)
                 .arg(&a[5])
+                .arg(&sinks)
                 .launch(LaunchConfig {
                     grid_dim: ((n_tok * kv_heads) as u32, 1, 1),
                     block_dim: (ATT_THREADS as u32, 1, 1),
@@ -506,6 +530,178 @@ impl Kernels {
         }
         .map(drop)
         .map_err(|e| err("attention", e))
+    }
+
+    /// y (n_tok x n_expert) <- the f32 router w (n_expert x cols) times x (n_tok x cols).
+    pub fn moe_router_f32(
+        &self,
+        s: &CudaStream,
+        w: Ptr,
+        x: Ptr,
+        y: Ptr,
+        n_expert: usize,
+        cols: usize,
+        n_tok: usize,
+    ) -> Result<(), String> {
+        let (e, c, t) = (n_expert as i32, cols as i32, n_tok as i32);
+        // SAFETY: moe_router_f32(const float *w, const float *x, float *y, int n_expert,
+        // int cols, int n_tok); one warp per (token, expert), ROUTER_WARPS per block.
+        unsafe {
+            s.launch_builder(&self.moe_router_f32)
+                .arg(&w)
+                .arg(&x)
+                .arg(&y)
+                .arg(&e)
+                .arg(&c)
+                .arg(&t)
+                .launch(cfg1(n_tok * n_expert * 32, 32 * ROUTER_WARPS))
+        }
+        .map(drop)
+        .map_err(|e| err("moe_router_f32", e))
+    }
+
+    /// ids, wts (n_tok x routing.used) <- each token's picks from its router logits
+    /// (n_tok x n_expert) and their weights.
+    pub fn moe_route(
+        &self,
+        s: &CudaStream,
+        logits: Ptr,
+        n_expert: usize,
+        routing: Routing,
+        ids: Ptr,
+        wts: Ptr,
+        n_tok: usize,
+    ) -> Result<(), String> {
+        let (e, k, t) = (n_expert as i32, routing.used as i32, n_tok as i32);
+        // moe.cu GATING_SOFTMAX_THEN_TOP_K / GATING_TOP_K_THEN_SOFTMAX.
+        let gating = match routing.gating {
+            Gating::SoftmaxThenTopK => 0i32,
+            Gating::TopKThenSoftmax => 1,
+        };
+        let normalize = routing.normalize as i32;
+        // SAFETY: moe_route(const float *logits, int n_expert, int used, int gating,
+        // int normalize, float scale, int *ids, float *wts, int n_tok); one thread per token.
+        unsafe {
+            s.launch_builder(&self.moe_route)
+                .arg(&logits)
+                .arg(&e)
+                .arg(&k)
+                .arg(&gating)
+                .arg(&normalize)
+                .arg(&routing.scale)
+                .arg(&ids)
+                .arg(&wts)
+                .arg(&t)
+                .launch(cfg1(n_tok, 64))
+        }
+        .map(drop)
+        .map_err(|e| err("moe_route", e))
+    }
+
+    /// y (pairs x rows) <- for each pair p, expert ids[p]'s matrix (type `ty`, rows x cols,
+    /// at w + ids[p] * expert_bytes) times q8_1 activation row p / act_div.
+    pub fn moe_gemv(
+        &self,
+        s: &CudaStream,
+        ty: GgmlType,
+        w: Ptr,
+        expert_bytes: usize,
+        ids: Ptr,
+        act: Ptr,
+        act_div: usize,
+        y: Ptr,
+        rows: usize,
+        cols: usize,
+        pairs: usize,
+    ) -> Result<(), String> {
+        let f = &self
+            .moe_gemv
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .ok_or_else(|| format!("no CUDA expert kernel for {ty}"))?
+            .1;
+        if pairs > MOE_MAX_PAIRS {
+            return Err(format!(
+                "{pairs} expert pairs in one step (at most {MOE_MAX_PAIRS})"
+            ));
+        }
+        let (eb, div, r, c) = (
+            expert_bytes as i64,
+            act_div as i32,
+            rows as i32,
+            cols as i32,
+        );
+        // SAFETY: moe_gemv_*(const u8 *w, long long expert_bytes, const int *ids,
+        // const u8 *act, int act_div, float *y, int rows, int cols); grid (row blocks, pairs),
+        // pairs checked above; the ids come from moe_route, below the expert count.
+        unsafe {
+            s.launch_builder(f)
+                .arg(&w)
+                .arg(&eb)
+                .arg(&ids)
+                .arg(&act)
+                .arg(&div)
+                .arg(&y)
+                .arg(&r)
+                .arg(&c)
+                .launch(moe_gemv_config(rows, pairs))
+        }
+        .map(drop)
+        .map_err(|e| err("moe_gemv", e))
+    }
+
+    /// Each pair's row of x (pairs x cols) += row ids[pair] of b (n_expert x cols).
+    pub fn moe_add_bias(
+        &self,
+        s: &CudaStream,
+        x: Ptr,
+        b: Ptr,
+        ids: Ptr,
+        pairs: usize,
+        cols: usize,
+    ) -> Result<(), String> {
+        let (n, c) = ((pairs * cols) as i64, cols as i32);
+        // SAFETY: moe_add_bias(float *x, const float *b, const int *ids, long long n,
+        // int cols); one thread per value.
+        unsafe {
+            s.launch_builder(&self.moe_add_bias)
+                .arg(&x)
+                .arg(&b)
+                .arg(&ids)
+                .arg(&n)
+                .arg(&c)
+                .launch(cfg1(pairs * cols, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("moe_add_bias", e))
+    }
+
+    /// out (n_tok x cols) <- each token's pair rows of y weighted by wts and summed in order.
+    pub fn moe_combine(
+        &self,
+        s: &CudaStream,
+        y: Ptr,
+        wts: Ptr,
+        out: Ptr,
+        used: usize,
+        cols: usize,
+        n_tok: usize,
+    ) -> Result<(), String> {
+        let (k, c, n) = (used as i32, cols as i32, (n_tok * cols) as i64);
+        // SAFETY: moe_combine(const float *y, const float *wts, float *out, int used,
+        // int cols, long long n); one thread per value of out.
+        unsafe {
+            s.launch_builder(&self.moe_combine)
+                .arg(&y)
+                .arg(&wts)
+                .arg(&out)
+                .arg(&k)
+                .arg(&c)
+                .arg(&n)
+                .launch(cfg1(n_tok * cols, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("moe_combine", e))
     }
 
     /// out[r] <- argmax of logits row r (rows x n).

@@ -11,6 +11,7 @@ use crate::backend::ops::{
     Activation, Attention, Buf, Experts, Mat, Ops, RopeLayout, Routing, Shape, VecRef,
 };
 use crate::kv::{KvLayout, KvType};
+use crate::quant::GgmlType;
 use anyhow::{anyhow, Result};
 use cudarc::driver::CudaStream;
 
@@ -145,10 +146,6 @@ impl Ops for CudaStep<'_> {
     }
 
     fn attention(&mut self, a: Attention) -> Result<()> {
-        if a.sinks.is_some() {
-            // `check_supported` refuses the one family with sinks (a mixture of experts).
-            anyhow::bail!("the CUDA attention kernels have no attention sinks");
-        }
         let s = self.shape;
         let (group, layer) = self.layout.layer_slot[a.layer];
         let meta = self.ws.meta();
@@ -187,6 +184,7 @@ impl Ops for CudaStep<'_> {
                 self.block_size,
                 a.scale,
                 a.window.unwrap_or(0),
+                a.sinks.map_or(0, |v| self.weights.vec(v)),
             )
             .map_err(dev)
     }
@@ -195,14 +193,7 @@ impl Ops for CudaStep<'_> {
         self.kernels
             .glu(
                 self.stream,
-                match act {
-                    Activation::Silu => false,
-                    Activation::GeluTanh => true,
-                    // Only a mixture of experts uses it, which `check_supported` refuses.
-                    Activation::SwigluOai => {
-                        anyhow::bail!("the CUDA kernels have no clamped SwiGLU")
-                    }
-                },
+                act,
                 self.ptr(Buf::Gate),
                 self.ptr(Buf::Up),
                 self.values(Buf::Gate),
@@ -210,9 +201,86 @@ impl Ops for CudaStep<'_> {
             .map_err(dev)
     }
 
-    fn moe(&mut self, _: &Experts, _: Routing, _: Activation) -> Result<()> {
-        // `check_supported` refuses such a model before a step runs.
-        anyhow::bail!("the CUDA backend has no mixture-of-experts kernels")
+    /// The router's logits and each token's picks (moe.cu), then only the picked experts'
+    /// matrices, pair by pair (gemv.cu `moe_gemv_*`), then the weighted sum. Every launch reads
+    /// the picks from device memory, so nothing waits on the host and a decode step is still
+    /// captured whole. `check_supported` made sure each expert tensor is one band per expert.
+    fn moe(&mut self, x: &Experts, routing: Routing, act: Activation) -> Result<()> {
+        let b = self
+            .ws
+            .moe
+            .as_ref()
+            .ok_or_else(|| anyhow!("the workspace has no expert buffers"))?;
+        let (k, s, w) = (self.kernels, self.stream, self.weights);
+        let (n, embd) = (self.tokens, self.shape.widths.embd);
+        let (count, used, ff) = (x.count(), routing.used, x.gate[0].rows);
+        let pairs = n * used;
+        let (h, q8) = (self.ptr(Buf::H), self.ws.act.ptr());
+        let (logits, ids, wts) = (b.logits.ptr(), b.ids.ptr(), b.wts.ptr());
+        if x.router.ty == GgmlType::F32 {
+            k.moe_router_f32(s, w.mat(&x.router), h, logits, count, embd, n)
+        } else {
+            k.quantize(s, h, q8, n, embd).and_then(|_| {
+                k.matmul(s, x.router.ty, w.mat(&x.router), q8, logits, count, embd, n)
+            })
+        }
+        .map_err(dev)?;
+        if let Some(bias) = x.router_bias {
+            k.add_bias(s, logits, w.vec(bias), n * count, count)
+                .map_err(dev)?;
+        }
+        k.moe_route(s, logits, count, routing, ids, wts, n)
+            .map_err(dev)?;
+        // One band of rows per expert: expert e's matrix is e bands past the first.
+        let experts = |m: &[Mat]| (m[0].ty, w.mat(&m[0]), m[0].rows * m[0].row_bytes());
+        k.quantize(s, h, q8, n, embd).map_err(dev)?;
+        for (mats, out) in [(&x.gate, &b.gate), (&x.up, &b.up)] {
+            let (ty, first, stride) = experts(mats);
+            k.moe_gemv(
+                s,
+                ty,
+                first,
+                stride,
+                ids,
+                q8,
+                used,
+                out.ptr(),
+                ff,
+                embd,
+                pairs,
+            )
+            .map_err(dev)?;
+        }
+        let biases = x.biases.as_ref().map(|v| v[0]);
+        if let Some(bs) = biases {
+            k.moe_add_bias(s, b.gate.ptr(), w.vec(bs.gate), ids, pairs, ff)
+                .and_then(|_| k.moe_add_bias(s, b.up.ptr(), w.vec(bs.up), ids, pairs, ff))
+                .map_err(dev)?;
+        }
+        k.glu(s, act, b.gate.ptr(), b.up.ptr(), pairs * ff)
+            .map_err(dev)?;
+        k.quantize(s, b.gate.ptr(), q8, pairs, ff).map_err(dev)?;
+        let (ty, first, stride) = experts(&x.down);
+        k.moe_gemv(
+            s,
+            ty,
+            first,
+            stride,
+            ids,
+            q8,
+            1,
+            b.down.ptr(),
+            embd,
+            ff,
+            pairs,
+        )
+        .map_err(dev)?;
+        if let Some(bs) = biases {
+            k.moe_add_bias(s, b.down.ptr(), w.vec(bs.down), ids, pairs, embd)
+                .map_err(dev)?;
+        }
+        k.moe_combine(s, b.down.ptr(), wts, self.ptr(Buf::Proj), used, embd, n)
+            .map_err(dev)
     }
 
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()> {

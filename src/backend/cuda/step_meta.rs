@@ -203,7 +203,7 @@ mod tests {
             n_rot: 4,
             rope_layout: RopeLayout::Neox,
             ropes: vec![table(10000.0), table(10.0)],
-            n_expert: 0,
+            experts: None,
         };
         let mut b = BatchMeta::default();
         b.push_span_single(&[1, 2], 3, vec![0], Logits::Last);

@@ -10,9 +10,9 @@
 //! The f32 vectors (norm weights, biases) live in the model's arena; it is uploaded once, and a
 //! `VecRef` is an offset into it on the device as on the host.
 
-use super::launch::matmul_kernel;
+use super::launch::{matmul_kernel, moe_gemv_kernel};
 use super::mem::DeviceBuf;
-use crate::backend::ops::{Mat, Network, VecRef};
+use crate::backend::ops::{Experts, Mat, Network, VecRef};
 use crate::gguf::GgufFile;
 use crate::quant::GgmlType;
 use cudarc::driver::sys::{self, CUdeviceptr};
@@ -35,11 +35,9 @@ pub fn max_query_heads_per_kv_head(head_dim: usize) -> usize {
 /// Why `net` cannot run on the CUDA kernels, or `Ok` when it can.
 pub fn check_supported(net: &impl Network) -> Result<(), String> {
     let s = net.shape();
-    if s.n_expert > 0 {
-        return Err(format!(
-            "mixture-of-experts FFNs ({} experts; the CUDA backend has no expert kernels yet)",
-            s.n_expert
-        ));
+    let experts = net.expert_layers();
+    for x in &experts {
+        check_experts(x)?;
     }
     if !HEAD_DIMS.contains(&s.head_dim) {
         return Err(format!(
@@ -62,9 +60,12 @@ pub fn check_supported(net: &impl Network) -> Result<(), String> {
             s.n_rot, s.head_dim
         ));
     }
+    // The experts' matrices go through their own kernels (checked above).
+    let expert_mats: Vec<&Mat> = experts.iter().flat_map(|x| x.matrices()).collect();
     let mut bad: Vec<String> = net
         .matrices()
         .iter()
+        .filter(|m| !expert_mats.contains(m))
         .filter(|m| matmul_kernel(m.ty, 1).is_none())
         .map(|m| format!("{} ({})", m.name, m.ty))
         .collect();
@@ -84,6 +85,54 @@ pub fn check_supported(net: &impl Network) -> Result<(), String> {
             "no CUDA kernel for the weight types of {}",
             bad.join(", ")
         ));
+    }
+    Ok(())
+}
+
+/// Why a mixture-of-experts FFN cannot run on the expert kernels: the router must be f32 or
+/// have a matmul; each of gate, up and down must be one tensor of a type with a `moe_gemv_*`
+/// kernel, cut into one band of rows per expert in expert order (the kernels find expert e's
+/// matrix e bands past the first), and the experts' biases likewise one row per expert.
+fn check_experts(x: &Experts) -> Result<(), String> {
+    let r = &x.router;
+    if r.ty != GgmlType::F32 && matmul_kernel(r.ty, 1).is_none() {
+        return Err(format!(
+            "no CUDA kernel for the router {} ({})",
+            r.name, r.ty
+        ));
+    }
+    for mats in [&x.gate, &x.up, &x.down] {
+        let first = &mats[0];
+        if moe_gemv_kernel(first.ty).is_none() {
+            return Err(format!(
+                "no CUDA expert kernel for {} ({})",
+                first.name, first.ty
+            ));
+        }
+        let banded = mats.iter().enumerate().all(|(e, m)| {
+            m.tensor == first.tensor
+                && m.ty == first.ty
+                && (m.rows, m.cols) == (first.rows, first.cols)
+                && m.first_row == first.first_row + e * first.rows
+        });
+        if !banded {
+            return Err(format!(
+                "the experts of {} are not one band of rows each in expert order",
+                first.name
+            ));
+        }
+    }
+    if let Some(b) = &x.biases {
+        let rowwise = |f: fn(&crate::backend::ops::ExpertBiases) -> VecRef| {
+            let first = f(&b[0]);
+            b.iter().enumerate().all(|(e, v)| {
+                let v = f(v);
+                v.len == first.len && v.offset == first.offset + e * first.len
+            })
+        };
+        if !(rowwise(|v| v.gate) && rowwise(|v| v.up) && rowwise(|v| v.down)) {
+            return Err("the experts' biases are not one row per expert in expert order".into());
+        }
     }
     Ok(())
 }
@@ -225,4 +274,78 @@ fn register(bytes: &[u8]) -> Result<(*mut std::ffi::c_void, CUdeviceptr), String
         return Err(format!("cuMemHostGetDevicePointer failed: {r:?}"));
     }
     Ok((host, dev))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ops::ExpertBiases;
+
+    fn band(name: &str, ty: GgmlType, e: usize) -> Mat {
+        Mat {
+            name: name.into(),
+            ty,
+            cols: 64,
+            rows: 32,
+            tensor: 7,
+            first_row: 32 * e,
+        }
+    }
+
+    fn experts(ty: GgmlType) -> Experts {
+        let all = |name: &str| (0..4).map(|e| band(name, ty, e)).collect::<Vec<_>>();
+        Experts {
+            router: Mat {
+                name: "router".into(),
+                ty: GgmlType::F32,
+                cols: 64,
+                rows: 4,
+                tensor: 3,
+                first_row: 0,
+            },
+            router_bias: None,
+            biases: None,
+            gate: all("gate"),
+            up: all("up"),
+            down: all("down"),
+        }
+    }
+
+    #[test]
+    fn expert_kernels_take_banded_tensors_of_their_types() {
+        assert_eq!(check_experts(&experts(GgmlType::MXFP4)), Ok(()));
+        assert_eq!(check_experts(&experts(GgmlType::Q4_K)), Ok(()));
+        let why = check_experts(&experts(GgmlType::F16)).unwrap_err();
+        assert!(
+            why.contains("no CUDA expert kernel for gate (F16)"),
+            "{why}"
+        );
+
+        let mut x = experts(GgmlType::Q8_0);
+        x.router.ty = GgmlType::BF16;
+        let why = check_experts(&x).unwrap_err();
+        assert!(why.contains("router"), "{why}");
+
+        // Experts out of order: the kernels would read expert 1's rows for expert 2.
+        let mut x = experts(GgmlType::Q8_0);
+        x.up.swap(1, 2);
+        let why = check_experts(&x).unwrap_err();
+        assert!(why.contains("up") && why.contains("band"), "{why}");
+
+        let bias = |offset: usize| VecRef { offset, len: 32 };
+        let mut x = experts(GgmlType::Q8_0);
+        x.biases = Some(
+            (0..4)
+                .map(|e| ExpertBiases {
+                    gate: bias(32 * e),
+                    up: bias(1000 + 32 * e),
+                    down: bias(2000 + 32 * e),
+                })
+                .collect(),
+        );
+        assert_eq!(check_experts(&x), Ok(()));
+        x.biases.as_mut().unwrap()[3].down = bias(5000);
+        let why = check_experts(&x).unwrap_err();
+        assert!(why.contains("biases"), "{why}");
+    }
 }

@@ -3,7 +3,7 @@
 //! addresses a captured decode graph holds stay valid for the executor's life.
 
 use super::mem::DeviceBuf;
-use crate::backend::ops::{Buf, Shape};
+use crate::backend::ops::{Buf, ExpertShape, Shape};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
@@ -112,6 +112,55 @@ pub struct Workspace {
     pub sample_params: DeviceBuf,
     /// logit_rows sampled token ids.
     pub sampled: DeviceBuf,
+    /// A mixture-of-experts model's routing and expert buffers.
+    pub moe: Option<MoeBufs>,
+}
+
+/// The buffers of a mixture-of-experts FFN: per token its router logits and picks, per pair
+/// (a token and one of its picks, token-major) the expert's gate, up and down rows.
+pub struct MoeBufs {
+    /// n x experts.
+    pub logits: DeviceBuf,
+    /// n x used i32 expert ids.
+    pub ids: DeviceBuf,
+    /// n x used f32 weights.
+    pub wts: DeviceBuf,
+    /// n · used x ff.
+    pub gate: DeviceBuf,
+    pub up: DeviceBuf,
+    /// n · used x n_embd.
+    pub down: DeviceBuf,
+}
+
+impl MoeBufs {
+    fn new(
+        ctx: &Arc<CudaContext>,
+        e: ExpertShape,
+        tokens: usize,
+        embd: usize,
+    ) -> Result<Self, String> {
+        let f32s = |n: usize| DeviceBuf::zeroed(ctx, n * 4);
+        let pairs = tokens * e.used;
+        Ok(MoeBufs {
+            logits: f32s(tokens * e.count)?,
+            ids: f32s(pairs)?,
+            wts: f32s(pairs)?,
+            gate: f32s(pairs * e.ff)?,
+            up: f32s(pairs * e.ff)?,
+            down: f32s(pairs * embd)?,
+        })
+    }
+
+    fn all(&self) -> [&DeviceBuf; 6] {
+        [
+            &self.logits,
+            &self.ids,
+            &self.wts,
+            &self.gate,
+            &self.up,
+            &self.down,
+        ]
+    }
 }
 
 impl Workspace {
@@ -120,6 +169,13 @@ impl Workspace {
         let w = &shape.widths;
         let f32s = |n: usize| DeviceBuf::zeroed(ctx, n * 4);
         let widest = w.embd.max(w.ff).max(w.q);
+        // q8_1 rows: every token's widest input, or every pair's expert FFN row.
+        let act_blocks = (t * widest.div_ceil(32))
+            .max(shape.experts.map_or(0, |e| t * e.used * e.ff.div_ceil(32)));
+        let moe = match shape.experts {
+            Some(e) => Some(MoeBufs::new(ctx, e, t, w.embd)?),
+            None => None,
+        };
         Ok(Workspace {
             caps,
             x: f32s(t * w.embd)?,
@@ -132,12 +188,13 @@ impl Workspace {
             head: f32s(caps.logit_rows * w.embd)?,
             gate: f32s(t * w.ff)?,
             up: f32s(t * w.ff)?,
-            act: DeviceBuf::zeroed(ctx, t * widest.div_ceil(32) * 36)?,
+            act: DeviceBuf::zeroed(ctx, act_blocks * 36)?,
             logits: f32s(caps.logit_rows * w.vocab)?,
             cs: f32s(shape.ropes.len().max(1) * t * shape.n_rot.max(2))?,
             meta_buf: DeviceBuf::zeroed(ctx, caps.meta_ints() * 4)?,
             sample_params: DeviceBuf::zeroed(ctx, caps.logit_rows * 32)?,
             sampled: DeviceBuf::zeroed(ctx, caps.logit_rows * 4)?,
+            moe,
         })
     }
 
@@ -190,7 +247,8 @@ impl Workspace {
             &self.sample_params,
             &self.sampled,
         ]
-        .iter()
+        .into_iter()
+        .chain(self.moe.iter().flat_map(MoeBufs::all))
         .map(|b| b.bytes())
         .sum()
     }
