@@ -82,6 +82,11 @@ struct Server {
 
 impl Server {
     fn start(model: &Path) -> Server {
+        Server::start_with(model, &[])
+    }
+
+    /// [`Server::start`] with more `serve` flags.
+    fn start_with(model: &Path, flags: &[&str]) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -89,7 +94,9 @@ impl Server {
             .port();
         let child = edgelm()
             .args(["serve", "--port", &port.to_string(), "-t", "2"])
-            .args(["--kv-memory-mib", "64", "-m"])
+            .args(["--kv-memory-mib", "64"])
+            .args(flags)
+            .arg("-m")
             .arg(model)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -109,8 +116,19 @@ impl Server {
         server
     }
 
-    /// (status, body) of one request; status 0 when the server cannot be reached.
+    /// (status, JSON document of the body) of one request; status 0 when the server cannot be
+    /// reached.
     fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let (status, body) = self.request_raw(method, path, body);
+        let json = match (body.find('{'), body.rfind('}')) {
+            (Some(a), Some(b)) if a < b => &body[a..=b],
+            _ => &body,
+        };
+        (status, json.to_string())
+    }
+
+    /// (status, body) of one request.
+    fn request_raw(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return (0, String::new());
         };
@@ -128,13 +146,17 @@ impl Server {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        // The JSON document, whether or not the body came in chunks.
         let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        let json = match (body.find('{'), body.rfind('}')) {
-            (Some(a), Some(b)) if a < b => &body[a..=b],
-            _ => body,
-        };
-        (status, json.to_string())
+        (status, body.to_string())
+    }
+
+    /// The value of an unlabelled series in /metrics.
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.request_raw("GET", "/metrics", "");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
     }
 }
 
@@ -216,4 +238,66 @@ fn mixtures_of_experts_read_only_their_active_experts() {
         );
         assert!(active < 0.8 * all, "{arch}: {active} of {all} active");
     }
+}
+
+/// A hybrid keeps each running sequence's recurrent state in a slot of its own: with more
+/// requests than slots (2) and prompts prefilled in several chunks (16 tokens a step), every
+/// greedy answer is the one the prompt gets alone; an n = 2 request's fork (its state copied
+/// at the fork) gives it too; and every slot and block is back once the load is done.
+#[test]
+fn a_hybrid_keeps_each_sequences_state_apart() {
+    // The step's token budget is a profile setting for `serve`.
+    let profile = std::env::temp_dir().join(format!("edgelm-hybrid-{}.toml", std::process::id()));
+    std::fs::write(
+        &profile,
+        "[engine]\nmax_seqs = 2\nmax_batched_tokens = 16\n",
+    )
+    .unwrap();
+    let server = Server::start_with(
+        &test_model("lfm2"),
+        &["--config", profile.to_str().unwrap()],
+    );
+    std::fs::remove_file(&profile).ok();
+    let prompts: Vec<String> = (0..5)
+        .map(|i| {
+            format!(
+                "Story {i}: once upon a time, in a village by the sea, there lived a fisherman \
+                 whose {} boat",
+                ["red", "old", "small", "fast", "blue"][i]
+            )
+        })
+        .collect();
+    let ask = |p: &str, n: usize| -> Vec<String> {
+        let body = serde_json::json!({"prompt": p, "max_tokens": 8, "temperature": 0,
+                                      "ignore_eos": true, "n": n});
+        let (status, body) = server.request("POST", "/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let texts: Vec<String> = v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["text"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(texts.len(), n, "{body}");
+        texts
+    };
+    let alone: Vec<String> = prompts.iter().map(|p| ask(p, 1).remove(0)).collect();
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let asks: Vec<_> = prompts
+            .iter()
+            .map(|p| scope.spawn(|| ask(p, 1).remove(0)))
+            .collect();
+        asks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        eprintln!("prompt {i}: {a:?}");
+        assert_eq!(a, t, "prompt {i}: alone {a:?}, with others {t:?}");
+    }
+    for (i, text) in ask(&prompts[1], 2).iter().enumerate() {
+        assert_eq!(text, &alone[1], "fork {i}");
+    }
+    assert_eq!(server.metric("edgelm_state_slots"), 2.0);
+    assert_eq!(server.metric("edgelm_state_slots_used"), 0.0);
+    assert_eq!(server.metric("edgelm_kv_blocks_used"), 0.0);
 }

@@ -265,3 +265,10 @@ fn qwen3moe_match_the_peer() {
 fn gpt_oss_match_the_peer() {
     check("gpt-oss", &test_model("gpt-oss"), TEST_MODEL_CHUNKS);
 }
+
+/// A hybrid: short convolutions (3 taps, a per-sequence state) on two layers of three, GQA
+/// attention with Q/K norms on the others, the final norm named `token_embd_norm`.
+#[test]
+fn lfm2_match_the_peer() {
+    check("lfm2", &test_model("lfm2"), TEST_MODEL_CHUNKS);
+}

@@ -32,6 +32,9 @@ pub struct BatchMeta {
     /// path) that gives a token the same bits whatever the batch, so recomputing one changes
     /// nothing.
     pub generated: Vec<bool>,
+    /// Per sequence, its recurrent-state slot in the pool (`kv::StateSlots`), for a hybrid
+    /// model; `None` for a model that only attends.
+    pub state_slots: Vec<Option<u32>>,
 }
 
 impl BatchMeta {
@@ -40,6 +43,7 @@ impl BatchMeta {
     pub fn push_span(&mut self, tokens: &[u32], start: usize, tables: Vec<Vec<u32>>, want: Logits) {
         let seq = self.block_tables.len();
         self.block_tables.push(tables);
+        self.state_slots.push(None);
         let first = self.tokens.len();
         for (i, &t) in tokens.iter().enumerate() {
             self.tokens.push(t);
@@ -56,6 +60,26 @@ impl BatchMeta {
             }
             Logits::All => self.logits_for.extend(first..first + tokens.len()),
         }
+    }
+
+    /// Gives the last span's sequence its recurrent-state slot.
+    pub fn set_state_slot(&mut self, slot: u32) {
+        if let Some(s) = self.state_slots.last_mut() {
+            *s = Some(slot);
+        }
+    }
+
+    /// The spans of this batch: for each sequence, its tokens' index range (a sequence's
+    /// tokens are one run, pushed by one `push_span`).
+    pub fn spans(&self) -> Vec<std::ops::Range<usize>> {
+        let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
+        for (i, &s) in self.seq_of.iter().enumerate() {
+            match spans.get_mut(s) {
+                Some(r) => r.end = i + 1,
+                None => spans.push(i..i + 1),
+            }
+        }
+        spans
     }
 
     /// Marks the last span's tokens at positions `from` and after as generated (see

@@ -196,6 +196,15 @@ pub struct Attention {
     pub sinks: Option<VecRef>,
 }
 
+/// One short-convolution layer (LFM2): which of the model's such layers (its state's place in a
+/// sequence's slot), its depthwise kernel (`taps` values per channel, oldest position first).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ShortConv {
+    pub index: usize,
+    pub kernel: VecRef,
+    pub taps: usize,
+}
+
 /// The op set. Row counts come from the step: every buffer but `Head` and `Logits` has one row
 /// per token; those two have one row per gathered row.
 pub trait Ops {
@@ -221,6 +230,11 @@ pub trait Ops {
     /// Proj = the mixture of `experts` applied to H: the router's logits, the experts each
     /// token picks (`routing`), and their gated FFNs (activation `act`) weighted and summed.
     fn moe(&mut self, experts: &Experts, routing: Routing, act: Activation) -> Result<()>;
+    /// Attn = C ⊙ conv(B ⊙ x), with B in Q, C in Attn and x in Proj (each n_embd wide): per
+    /// channel, the causal convolution of B ⊙ x over the sequence's last `taps - 1` rows (its
+    /// state slot; none before position 0) and this step's, after which the slot holds the
+    /// last `taps - 1` rows.
+    fn short_conv(&mut self, conv: ShortConv) -> Result<()>;
     /// `dst` += `src` · `scale`.
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()>;
     /// `buf` ·= `s`.
@@ -257,6 +271,8 @@ pub struct Shape {
     pub ropes: Vec<RopeTable>,
     /// The mixture-of-experts FFNs' sizes (`None`: dense FFNs).
     pub experts: Option<ExpertShape>,
+    /// f32 values of one sequence's recurrent state (a hybrid's; 0 when every layer attends).
+    pub state_floats: usize,
 }
 
 /// The sizes of a model's mixture-of-experts FFNs (every such layer has the same).

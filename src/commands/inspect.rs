@@ -28,7 +28,9 @@ fn support(file: &Arc<GgufFile>) -> String {
     }
     let c = &model.config;
     let windows = c.layers.iter().filter(|l| l.window.is_some()).count();
-    let no_rope = c.layers.iter().filter(|l| l.rope.is_none()).count();
+    let convs = c.conv_layers().len();
+    // Convolution layers have no RoPE to leave out.
+    let no_rope = c.layers.iter().filter(|l| l.rope.is_none()).count() - convs;
     let mut notes = vec![format!("{:?} family", c.family)];
     if windows > 0 {
         notes.push(format!(
@@ -39,6 +41,13 @@ fn support(file: &Arc<GgufFile>) -> String {
     }
     if no_rope > 0 {
         notes.push(format!("{no_rope} layers without RoPE"));
+    }
+    if let Some(taps) = c.short_conv {
+        notes.push(format!(
+            "{convs} of {} layers short convolutions of {taps} positions, a {} KiB state per sequence",
+            c.n_layers,
+            c.state_floats() * 4 / 1024
+        ));
     }
     if let Some(moe) = c.moe {
         notes.push(format!(

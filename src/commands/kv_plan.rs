@@ -29,7 +29,7 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         .checked_mul(1 << 20)
         .context("--memory-mib is too large")?;
     let layout = cfg.kv_layout();
-    let plan = KvPlan::new(
+    let mut plan = KvPlan::new(
         &geom,
         &layout,
         cfg.n_head,
@@ -37,6 +37,7 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         args.ctx,
         args.avg_tokens,
     );
+    plan.state_bytes_per_sequence = cfg.state_floats() * 4;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
@@ -59,13 +60,15 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         );
     }
     println!("KV format             {}", plan.kv_type);
+    let attending = layout.num_groups() * layout.layers_per_group();
     println!(
         "KV bytes per token    {} (2 x {} layers x {} KV heads x {} B per head row)",
         plan.kv_bytes_per_token,
-        cfg.n_layers,
+        attending,
         cfg.n_head_kv,
         geom.row_bytes()
     );
+    print_state(cfg, &plan);
     println!(
         "block                 {} tokens, {} bytes ({} KV group{} of {} layers{})",
         plan.block_size,
@@ -94,4 +97,18 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         plan.no_gqa_kv_bytes_per_token, plan.no_gqa_max_seqs_paged, plan.no_gqa_max_seqs_contiguous
     );
     Ok(())
+}
+
+/// A hybrid's recurrent state per sequence (nothing for a model that only attends).
+fn print_state(cfg: &edgelm::model::ModelConfig, plan: &KvPlan) {
+    if let Some(taps) = cfg.short_conv {
+        println!(
+            "state per sequence    {} bytes, whatever its length ({} short-convolution layers x \
+             {} rows x {} f32), in a slot beside the KV pages; one slot per running sequence",
+            plan.state_bytes_per_sequence,
+            cfg.conv_layers().len(),
+            taps - 1,
+            cfg.n_embd
+        );
+    }
 }

@@ -137,7 +137,7 @@ impl Engine {
                 gpu_reserve_bytes: config.gpu_reserve_bytes,
             },
         )?;
-        let plan = KvPlan::new(
+        let mut plan = KvPlan::new(
             &geom,
             &model.layout,
             cfg.n_head,
@@ -145,6 +145,7 @@ impl Engine {
             context,
             512,
         );
+        plan.state_bytes_per_sequence = cfg.state_floats() * 4;
         log_pool(&exec, &geom, &plan, &config, context);
         let shape = ModelShape {
             vocab_size: cfg.vocab_size,
@@ -172,7 +173,8 @@ impl Engine {
             },
             BlockPool::new(exec.blocks(), config.block_size),
             shape.layout,
-        );
+        )
+        .with_state_slots(exec.state_slots());
         let limits = EngineLimits {
             context: shape.context,
             capacity_tokens: sched.capacity_tokens(),
@@ -360,7 +362,8 @@ impl Engine {
     /// draft is then verified against the argmax, so the output is what a plain run gives),
     /// one completion, no grammar, no logprobs; never past its length limit.
     fn propose_drafts(&mut self) {
-        if self.prompt_lookup == 0 {
+        // A rejected draft would leave a hybrid's recurrent state past the tokens it keeps.
+        if self.prompt_lookup == 0 || self.sched.has_state_slots() {
             return;
         }
         let ids: Vec<SeqId> = self
@@ -403,6 +406,9 @@ impl Engine {
     fn run(&mut self, batch: &ScheduledBatch, readout: &Readout) -> Result<StepOutput> {
         for &(src, dst) in &batch.copies {
             self.exec.copy_block(src as usize, dst as usize)?;
+        }
+        for &(src, dst) in &batch.state_copies {
+            self.exec.copy_state(src as usize, dst as usize)?;
         }
         let meta = self.batch_meta(batch);
         let started = Instant::now();
@@ -476,6 +482,9 @@ impl Engine {
                 .copied()
                 .collect();
             meta.push_span(&tokens, span.start, s.blocks.tables().to_vec(), span.logits);
+            if let Some(slot) = s.state_slot {
+                meta.set_state_slot(slot);
+            }
             meta.mark_generated_from(s.prompt_len);
         }
         meta
@@ -595,6 +604,7 @@ impl Engine {
         self.local.kv_blocks_total = self.sched.pool.total();
         self.local.kv_blocks_used = self.sched.pool.used();
         self.local.kv_blocks_cached = self.sched.pool.cached_count();
+        (self.local.state_slots_used, self.local.state_slots_total) = self.sched.state_slot_usage();
         self.local.prefix_queried_tokens = c.prefix_queried_tokens;
         self.local.prefix_hit_tokens = c.prefix_hit_tokens;
         self.local.preemptions = c.preemptions;
@@ -662,4 +672,12 @@ fn log_pool(
         plan.seqs_at(context),
         context
     );
+    if exec.state_slots() > 0 {
+        log::info!(
+            "recurrent state: {} slots of {} bytes (one per running sequence), {} KiB in all",
+            exec.state_slots(),
+            plan.state_bytes_per_sequence,
+            (exec.state_slots() * plan.state_bytes_per_sequence) >> 10
+        );
+    }
 }

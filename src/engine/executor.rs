@@ -6,7 +6,7 @@
 use crate::backend::cpu::step::CpuBuffers;
 use crate::backend::select::Backend;
 use crate::engine::sampler::{Sampler, SamplingParams};
-use crate::kv::{KvPages, PageGeometry};
+use crate::kv::{KvPages, PageGeometry, StateSlots};
 use crate::model::{BatchMeta, Model};
 use anyhow::Result;
 use std::sync::Arc;
@@ -48,8 +48,14 @@ impl Executor {
         }
         // Packed now, not on the first request.
         model.cpu_packed();
+        let mut pages = KvPages::new(plan.geom, plan.cpu_blocks)?;
+        // A hybrid's recurrent state: one slot per sequence that may run at once.
+        let floats = model.config.state_floats();
+        if floats > 0 {
+            pages.states = StateSlots::new(plan.max_seqs.max(1), floats)?;
+        }
         Ok(Executor::Cpu(Box::new(CpuExec {
-            pages: KvPages::new(plan.geom, plan.cpu_blocks)?,
+            pages,
             bufs: CpuBuffers::default(),
         })))
     }
@@ -68,6 +74,15 @@ impl Executor {
     }
 
     /// Blocks the scheduler may hand out.
+    /// Recurrent-state slots of the pool (a hybrid model's; 0 otherwise).
+    pub fn state_slots(&self) -> usize {
+        match self {
+            Executor::Cpu(c) => c.pages.states.count(),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) => 0,
+        }
+    }
+
     pub fn blocks(&self) -> usize {
         match self {
             Executor::Cpu(c) => c.pages.blocks(),
@@ -100,6 +115,18 @@ impl Executor {
     /// Drops the CPU's step buffers (they grow to the largest step: about 13 MiB for a
     /// 512-token prefill of the reference model) so that an idle engine holds only the weights
     /// and the KV pool. The next step grows them again, at a few page faults' cost.
+    /// Copies a sequence's recurrent state into another's slot (a fork).
+    pub fn copy_state(&mut self, src: usize, dst: usize) -> Result<()> {
+        match self {
+            Executor::Cpu(c) => {
+                c.pages.states.copy(src, dst);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) => anyhow::bail!("the CUDA executor keeps no recurrent state"),
+        }
+    }
+
     pub fn release_step_buffers(&mut self) {
         match self {
             Executor::Cpu(c) => c.bufs = CpuBuffers::default(),
@@ -190,6 +217,9 @@ pub trait StepExecutor: Send {
     fn blocks(&self) -> usize;
     fn kv_bytes(&self) -> usize;
     fn copy_block(&mut self, src: usize, dst: usize) -> Result<()>;
+    /// Recurrent-state slots of its pool (a hybrid model's; 0 otherwise).
+    fn state_slots(&self) -> usize;
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<()>;
     fn release_step_buffers(&mut self);
     fn recycle(&mut self, logits: Vec<f32>);
     fn forward(&mut self, batch: &BatchMeta) -> Result<Vec<f32>>;
@@ -226,6 +256,14 @@ impl StepExecutor for ModelExecutor {
 
     fn copy_block(&mut self, src: usize, dst: usize) -> Result<()> {
         self.exec.copy_block(src, dst)
+    }
+
+    fn state_slots(&self) -> usize {
+        self.exec.state_slots()
+    }
+
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<()> {
+        self.exec.copy_state(src, dst)
     }
 
     fn release_step_buffers(&mut self) {

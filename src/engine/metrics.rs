@@ -65,6 +65,9 @@ pub struct EngineStats {
     pub block_size: usize,
     pub kv_blocks_used: usize,
     pub kv_blocks_cached: usize,
+    /// A hybrid model's recurrent-state slots: all of them (fixed at start) and those held.
+    pub state_slots_total: usize,
+    pub state_slots_used: usize,
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,
     pub preemptions: u64,
@@ -99,6 +102,8 @@ impl Default for EngineStats {
             block_size: 0,
             kv_blocks_used: 0,
             kv_blocks_cached: 0,
+            state_slots_total: 0,
+            state_slots_used: 0,
             prefix_queried_tokens: 0,
             prefix_hit_tokens: 0,
             preemptions: 0,

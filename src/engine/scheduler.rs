@@ -123,6 +123,8 @@ pub struct ScheduledBatch {
     pub spans: Vec<ScheduledSpan>,
     /// Copy-on-write: copy every layer of block `.0` into block `.1` before the forward.
     pub copies: Vec<(u32, u32)>,
+    /// A fork's recurrent state: copy state slot `.0` into slot `.1` before the forward.
+    pub state_copies: Vec<(u32, u32)>,
     pub preempted: Vec<SeqId>,
 }
 
@@ -152,6 +154,17 @@ pub struct Scheduler {
     /// Whether the long prefill lane has the next contended step (see `Lanes`).
     long_turn: bool,
     pub counters: SchedulerCounters,
+    /// A hybrid model's recurrent-state slots (`kv::StateSlots`): each running sequence holds
+    /// one. `None` for a model that only attends.
+    slots: Option<StateSlotPool>,
+}
+
+/// Which recurrent-state slots are free, and the fork copies the next step must make first.
+#[derive(Debug)]
+struct StateSlotPool {
+    total: usize,
+    free: Vec<u32>,
+    copies: Vec<(u32, u32)>,
 }
 
 enum Grow {
@@ -172,6 +185,56 @@ impl Scheduler {
             running: Vec::new(),
             long_turn: false,
             counters: SchedulerCounters::default(),
+            slots: None,
+        }
+    }
+
+    /// For a hybrid model: `n` recurrent-state slots, one per running sequence. Such a model's
+    /// sequences never start from cached prefix blocks (the state at a block boundary is not
+    /// kept), and one that finds no free slot waits.
+    pub fn with_state_slots(mut self, n: usize) -> Scheduler {
+        self.slots = (n > 0).then(|| StateSlotPool {
+            total: n,
+            free: (0..n as u32).rev().collect(),
+            copies: Vec::new(),
+        });
+        self
+    }
+
+    /// Whether sequences hold recurrent-state slots (a hybrid model).
+    pub fn has_state_slots(&self) -> bool {
+        self.slots.is_some()
+    }
+
+    /// (slots in use, slots in all); (0, 0) for a model without recurrent state.
+    pub fn state_slot_usage(&self) -> (usize, usize) {
+        self.slots
+            .as_ref()
+            .map_or((0, 0), |p| (p.total - p.free.len(), p.total))
+    }
+
+    /// Gives `id` a state slot if it needs one and has none; false when none is free.
+    fn take_slot(&mut self, id: SeqId) -> bool {
+        let Some(pool) = self.slots.as_mut() else {
+            return true;
+        };
+        let s = self.seqs.get_mut(&id).expect("seq exists");
+        if s.state_slot.is_some() {
+            return true;
+        }
+        match pool.free.pop() {
+            Some(slot) => {
+                s.state_slot = Some(slot);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Hands `seq`'s state slot back.
+    fn release_slot(slots: &mut Option<StateSlotPool>, seq: &mut Sequence) {
+        if let (Some(pool), Some(slot)) = (slots.as_mut(), seq.state_slot.take()) {
+            pool.free.push(slot);
         }
     }
 
@@ -221,11 +284,30 @@ impl Scheduler {
         self.waiting.retain(|&s| s != id);
         let mut seq = seq;
         seq.blocks.release_all(&mut self.pool);
+        Self::release_slot(&mut self.slots, &mut seq);
         Some(seq)
     }
 
     /// Adds an already computed copy of a running sequence (a fork sharing its blocks).
+    ///
+    /// A hybrid model's fork also needs the parent's recurrent state: copied into a slot of its
+    /// own before the next step; with no slot free, it waits and computes its prompt again.
     pub fn add_fork(&mut self, parent: SeqId, mut child: Sequence) {
+        child.state_slot = None;
+        if let Some(pool) = self.slots.as_mut() {
+            let Some(slot) = pool.free.pop() else {
+                child.blocks = SeqBlocks::new(self.layout.num_groups());
+                child.num_computed = 0;
+                self.waiting.push_back(child.id);
+                self.seqs.insert(child.id, child);
+                return;
+            };
+            let from = self.seqs[&parent]
+                .state_slot
+                .expect("a running hybrid sequence has a slot");
+            pool.copies.push((from, slot));
+            child.state_slot = Some(slot);
+        }
         child.blocks = self.seqs[&parent].blocks.share(&mut self.pool);
         self.running.push(child.id);
         self.seqs.insert(child.id, child);
@@ -244,6 +326,9 @@ impl Scheduler {
         prefill_budget: impl FnOnce(usize, usize) -> usize,
     ) -> ScheduledBatch {
         let mut batch = ScheduledBatch::default();
+        if let Some(pool) = self.slots.as_mut() {
+            batch.state_copies = std::mem::take(&mut pool.copies);
+        }
         let mut budget = self.config.max_batched_tokens;
         let decoders = self.schedule_decodes(&mut budget, &mut batch);
 
@@ -373,6 +458,9 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
+            if !self.take_slot(id) {
+                break;
+            }
             self.attach_cached_prefix(id);
             let len = lanes.allow(long, self.seqs[&id].pending());
             match self.grow(id, len, batch) {
@@ -388,6 +476,7 @@ impl Scheduler {
                     s.num_computed = 0;
                     s.cached_tokens = 0;
                     s.blocks.release_all(&mut self.pool);
+                    Self::release_slot(&mut self.slots, s);
                     break;
                 }
             }
@@ -442,7 +531,12 @@ impl Scheduler {
     fn waits_for_prefix(&self, id: SeqId) -> bool {
         let bt = self.pool.block_size();
         let s = &self.seqs[&id];
-        if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits {
+        // A hybrid never starts from cached blocks (`attach_cached_prefix`): nothing to wait for.
+        if s.num_computed > 0
+            || !s.blocks.is_empty()
+            || s.want_prompt_logits
+            || self.slots.is_some()
+        {
             return false;
         }
         self.running.iter().any(|r| {
@@ -514,7 +608,9 @@ impl Scheduler {
     fn attach_cached_prefix(&mut self, id: SeqId) {
         let bt = self.pool.block_size();
         let s = self.seqs.get_mut(&id).expect("seq exists");
-        if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits {
+        // A hybrid's cached blocks hold K/V but not the recurrent state there.
+        let hybrid = self.slots.is_some();
+        if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits || hybrid {
             return;
         }
         let first_admission = s.preemptions == 0;
@@ -575,6 +671,7 @@ impl Scheduler {
         self.running.retain(|&s| s != id);
         let s = self.seqs.get_mut(&id).expect("running seq exists");
         s.blocks.release_all(&mut self.pool);
+        Self::release_slot(&mut self.slots, s);
         s.num_computed = 0;
         s.draft.clear();
         s.preemptions += 1;
@@ -982,6 +1079,65 @@ mod tests {
         assert_eq!(table(&s, 1)[0], table(&s, 2)[0], "full block still shared");
         s.remove(1);
         s.remove(2);
+        assert_eq!(s.pool.used(), 0);
+    }
+
+    /// A hybrid's sequences each hold a state slot while they run: with two slots a third
+    /// prompt waits; a preempted or finished sequence hands its slot back; cached prefix blocks
+    /// are never attached (they hold no state); a fork gets the parent's state copied into a
+    /// slot of its own, or, with none free, waits to compute its prompt again.
+    #[test]
+    fn hybrid_sequences_hold_state_slots_while_they_run() {
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                max_seqs: 4,
+                max_batched_tokens: 64,
+            },
+            BlockPool::new(32, 16),
+            KvLayout::full(1),
+        )
+        .with_state_slots(2);
+        for i in 0..3u64 {
+            s.add(Sequence::new(i, i, i, vec![7; 20], 64));
+        }
+        step(&mut s, 9);
+        assert_eq!(
+            (s.num_running(), s.num_waiting()),
+            (2, 1),
+            "two slots, two runners"
+        );
+        assert_eq!(s.state_slot_usage(), (2, 2));
+        let slots: Vec<_> = (0..2)
+            .map(|i| s.get(i).unwrap().state_slot.unwrap())
+            .collect();
+        assert_ne!(slots[0], slots[1]);
+
+        // The same prompt again finds its blocks cached, and computes them anyway.
+        s.remove(0);
+        s.add(Sequence::new(5, 5, 5, vec![7; 20], 64));
+        step(&mut s, 9);
+        assert_eq!(s.get(2).unwrap().cached_tokens, 0);
+        assert_eq!(s.state_slot_usage(), (2, 2));
+
+        // A fork with no slot free waits, to compute its prompt again.
+        let mut child = s.get(1).unwrap().clone();
+        child.id = 6;
+        s.add_fork(1, child);
+        assert_eq!(s.get(6).unwrap().num_computed, 0);
+        assert!(s.get(6).unwrap().state_slot.is_none());
+        s.remove(2);
+        // With one free, the next fork's state is copied before the next step.
+        let mut child = s.get(1).unwrap().clone();
+        child.id = 7;
+        s.add_fork(1, child);
+        let from = s.get(1).unwrap().state_slot.unwrap();
+        let to = s.get(7).unwrap().state_slot.unwrap();
+        let b = step(&mut s, 4);
+        assert_eq!(b.state_copies, [(from, to)]);
+        for id in [1, 5, 6, 7] {
+            s.remove(id);
+        }
+        assert_eq!(s.state_slot_usage(), (0, 2));
         assert_eq!(s.pool.used(), 0);
     }
 }

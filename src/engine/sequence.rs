@@ -23,6 +23,8 @@ pub struct Sequence {
     pub cached_tokens: usize,
     /// Where its KV lives: a block table per KV group.
     pub blocks: SeqBlocks,
+    /// A hybrid model's recurrent-state slot, held while it runs.
+    pub state_slot: Option<u32>,
     /// Chained hashes of the leading full blocks computed so far (`block_hashes[i]` is block i).
     pub block_hashes: Vec<u64>,
     /// Tokens this sequence may reach (prompt + max_tokens, within the context).
@@ -62,6 +64,7 @@ impl Sequence {
             num_computed: 0,
             cached_tokens: 0,
             blocks: SeqBlocks::default(),
+            state_slot: None,
             block_hashes: Vec::new(),
             max_len,
             want_prompt_logits: false,

@@ -141,6 +141,8 @@ impl Session {
             };
             let mut batch = BatchMeta::default();
             batch.push_span(part, self.len, self.blocks.tables().to_vec(), w);
+            // A session's one sequence has the pool's one state slot (a hybrid's).
+            batch.set_state_slot(0);
             if generated {
                 batch.mark_generated_from(self.len);
             }

@@ -15,6 +15,9 @@ use serde::Serialize;
 /// A block-table entry for a block a windowed group no longer holds (or never held).
 pub const NO_BLOCK: u32 = u32::MAX;
 
+/// The `layer_slot` of a layer that keeps no KV (no group, no index).
+pub const NO_SLOT: (usize, usize) = (usize::MAX, usize::MAX);
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct KvGroup {
     /// The model layers in this group, in order; layer `layers[i]` is the group's layer `i`.
@@ -35,8 +38,16 @@ impl KvLayout {
     /// Groups layers by their window (`windows[layer]`): as few groups as possible with the
     /// same number of layers each.
     pub fn new(windows: &[Option<usize>]) -> KvLayout {
+        KvLayout::of_layers(&windows.iter().map(|&w| Some(w)).collect::<Vec<_>>())
+    }
+
+    /// [`KvLayout::new`] over the layers that attend: `layers[l]` is layer l's window, or
+    /// `None` for a layer that keeps no KV (a hybrid's recurrent layers), which no group holds
+    /// and whose `layer_slot` is [`NO_SLOT`].
+    pub fn of_layers(layers: &[Option<Option<usize>>]) -> KvLayout {
         let mut classes: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
-        for (layer, &w) in windows.iter().enumerate() {
+        for (layer, w) in layers.iter().enumerate() {
+            let Some(w) = *w else { continue };
             match classes.iter_mut().find(|(cw, _)| *cw == w) {
                 Some((_, layers)) => layers.push(layer),
                 None => classes.push((w, vec![layer])),
@@ -52,7 +63,7 @@ impl KvLayout {
                 });
             }
         }
-        let mut layer_slot = vec![(0, 0); windows.len()];
+        let mut layer_slot = vec![NO_SLOT; layers.len()];
         for (g, group) in groups.iter().enumerate() {
             for (i, &layer) in group.layers.iter().enumerate() {
                 layer_slot[layer] = (g, i);
@@ -170,6 +181,18 @@ mod tests {
         for (layer, &(g, i)) in l.layer_slot.iter().enumerate() {
             assert_eq!(l.groups[g].layers[i], layer);
         }
+    }
+
+    /// LFM2's pattern: attention on a few layers, short convolutions elsewhere.
+    #[test]
+    fn layers_without_kv_are_in_no_group() {
+        let layers: Vec<Option<Option<usize>>> =
+            (0..6).map(|l| (l % 3 == 2).then_some(None)).collect();
+        let l = KvLayout::of_layers(&layers);
+        assert_eq!((l.num_groups(), l.layers_per_group()), (1, 2));
+        assert_eq!(l.groups[0].layers, [2, 5]);
+        assert_eq!(l.layer_slot[5], (0, 1));
+        assert_eq!(l.layer_slot[0], NO_SLOT);
     }
 
     #[test]

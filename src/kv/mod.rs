@@ -8,9 +8,11 @@ mod page_format;
 mod pages;
 pub mod plan;
 mod seq_blocks;
+mod states;
 
 pub use block_pool::{block_hash, BlockPool};
 pub use layout::{KvGroup, KvLayout, NO_BLOCK};
 pub use page_format::{KvType, HADAMARD_DIM};
 pub use pages::{KvPages, PageGeometry, Part};
 pub use seq_blocks::SeqBlocks;
+pub use states::StateSlots;

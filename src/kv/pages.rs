@@ -3,7 +3,7 @@
 //! Layout: `[layer][block][k|v][kv_head][slot][row_bytes]`. Only the KV heads are stored
 //! (GQA-aware): query heads that share a KV head read the same rows.
 
-use super::KvType;
+use super::{KvType, StateSlots};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageGeometry {
@@ -40,6 +40,8 @@ pub struct KvPages {
     geom: PageGeometry,
     blocks: usize,
     data: Vec<u8>,
+    /// A hybrid model's recurrent-state slots (none for a model that only attends).
+    pub states: StateSlots,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +71,12 @@ impl KvPages {
         data.try_reserve_exact(bytes)
             .map_err(|_| anyhow::anyhow!("cannot allocate {bytes} bytes for the KV pool"))?;
         data.resize(bytes, 0);
-        Ok(KvPages { geom, blocks, data })
+        Ok(KvPages {
+            geom,
+            blocks,
+            data,
+            states: StateSlots::default(),
+        })
     }
 
     pub fn geometry(&self) -> &PageGeometry {
@@ -80,8 +87,9 @@ impl KvPages {
         self.blocks
     }
 
+    /// Bytes of the pages and the state slots.
     pub fn total_bytes(&self) -> usize {
-        self.data.len()
+        self.data.len() + self.states.bytes()
     }
 
     /// Byte offset of the first row of (layer, block, part, head).

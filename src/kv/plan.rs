@@ -32,6 +32,9 @@ pub struct KvPlan {
     pub no_gqa_kv_bytes_per_token: usize,
     pub no_gqa_max_seqs_paged: usize,
     pub no_gqa_max_seqs_contiguous: usize,
+    /// A hybrid's recurrent state per running sequence (whatever its length), held in a slot
+    /// beside the KV pages; 0 for a model that only attends.
+    pub state_bytes_per_sequence: usize,
     #[serde(skip)]
     layout: KvLayout,
 }
@@ -75,6 +78,7 @@ impl KvPlan {
             no_gqa_max_seqs_paged: no_gqa_blocks / per_seq(avg_tokens),
             no_gqa_max_seqs_contiguous: memory_bytes
                 / (no_gqa.bytes_per_token() * groups * ctx.max(1)),
+            state_bytes_per_sequence: 0,
             layout: layout.clone(),
         }
     }

@@ -30,12 +30,18 @@ pub enum Family {
     Smollm3,
     /// `granite` (Granite 3.x dense): embedding, residual, attention and logit scales.
     Granite,
+    /// `lfm2` (LFM2/LFM2.5, Liquid AI): a hybrid. Most layers are gated short convolutions
+    /// (`shortconv.*`: in-projection to B, C, x; a causal depthwise convolution of B·x over the
+    /// last `shortconv.l_cache` positions; C times it; out-projection), the others GQA
+    /// attention with Q/K norms; `attention.head_count_kv` is per layer, 0 on convolution
+    /// layers; the output norm is `token_embd_norm`.
+    Lfm2,
 }
 
 /// Architectures edgelm implements in full (the names `general.architecture` carries).
 pub const SUPPORTED: &[&str] = &[
     "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "smollm3", "granite",
-    "gpt-oss",
+    "gpt-oss", "lfm2",
 ];
 
 impl Family {
@@ -50,6 +56,7 @@ impl Family {
             "smollm3" => Family::Smollm3,
             "granite" => Family::Granite,
             "gpt-oss" => Family::GptOss,
+            "lfm2" => Family::Lfm2,
             _ => return None,
         })
     }
@@ -62,7 +69,8 @@ impl Family {
             | Family::Qwen3Moe
             | Family::Gemma3
             | Family::Phi3
-            | Family::GptOss => RopeLayout::Neox,
+            | Family::GptOss
+            | Family::Lfm2 => RopeLayout::Neox,
         }
     }
 
@@ -76,7 +84,24 @@ impl Family {
 
     /// Per-head RMSNorm of Q and K (`attn_q_norm`, `attn_k_norm`) before RoPE.
     pub fn qk_norm(self) -> bool {
-        matches!(self, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3)
+        matches!(
+            self,
+            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Lfm2
+        )
+    }
+
+    /// Layers that keep a short-convolution state instead of attending (those whose
+    /// `attention.head_count_kv` entry is 0).
+    pub fn short_convolutions(self) -> bool {
+        self == Family::Lfm2
+    }
+
+    /// The name of the final norm (LFM2's converter calls it `token_embd_norm`).
+    pub fn output_norm_name(self) -> &'static str {
+        match self {
+            Family::Lfm2 => "token_embd_norm.weight",
+            _ => "output_norm.weight",
+        }
     }
 
     /// How the family's mixture-of-experts FFNs weigh their experts (gating, and whether the
@@ -137,7 +162,9 @@ impl Family {
                 rope_factors: true,
                 ..Optional::NONE
             },
-            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Smollm3 => Optional::NONE,
+            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Smollm3 | Family::Lfm2 => {
+                Optional::NONE
+            }
             // Its output bias is required (bound with the sinks), the rest it does not have.
             Family::GptOss => Optional {
                 attn_out_bias: true,

@@ -66,7 +66,22 @@ pub struct LayerConfig {
     pub rope: Option<usize>,
     /// Positions a query sees, itself included (`None`: all before it).
     pub window: Option<usize>,
+    pub mixer: Mixer,
 }
+
+/// What a block mixes the positions with, between its first norm and the residual add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixer {
+    /// Attention over the KV pages.
+    Attention,
+    /// A gated short convolution (LFM2) over a per-sequence state of the last few positions,
+    /// which lives in the pool's state slots, not in KV pages.
+    ShortConv,
+}
+
+/// The most positions a short convolution may span (LFM2's is 3): its state is that many
+/// rows less one, per layer and sequence.
+const MAX_SHORT_CONV: usize = 16;
 
 /// A mixture-of-experts FFN's shape and routing (the same in every layer).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -161,6 +176,9 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// The experts of every FFN, in a mixture-of-experts family.
     pub moe: Option<MoeConfig>,
+    /// Positions a short-convolution layer spans (`shortconv.l_cache`), in a family that has
+    /// them and a model with at least one such layer.
+    pub short_conv: Option<usize>,
     pub context_length: usize,
     pub vocab_size: usize,
 }
@@ -238,6 +256,8 @@ struct Shape {
     n_head_kv: usize,
     head_dim: usize,
     n_rot: usize,
+    /// Per layer, whether it attends (a hybrid's other layers have 0 KV heads).
+    attends: Vec<bool>,
 }
 
 impl Shape {
@@ -247,7 +267,6 @@ impl Shape {
         let n_embd = k.req("embedding_length")?;
         let n_ff = k.req("feed_forward_length")?;
         let n_head = k.req("attention.head_count")?;
-        let n_head_kv = k.u32("attention.head_count_kv")?.unwrap_or(n_head);
         // Before anything is sized by these: a hostile header must not ask for gigabytes
         // (a per-layer table of 2^28 layers) before the weights could refute it.
         if n_layers > 1024 || n_embd > 65_536 || n_ff > 1 << 20 || n_head > 1024 {
@@ -255,6 +274,7 @@ impl Shape {
                 "implausible model shape: {n_layers} layers, n_embd {n_embd}, n_ff {n_ff}, {n_head} heads"
             );
         }
+        let (n_head_kv, attends) = kv_heads(k, n_layers, n_head)?;
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
             bail!("attention.head_count {n_head} is not a multiple of head_count_kv {n_head_kv}");
         }
@@ -271,8 +291,37 @@ impl Shape {
             n_head_kv,
             head_dim,
             n_rot,
+            attends,
         })
     }
+}
+
+/// `attention.head_count_kv`: one count for every layer (default `n_head`), or one per layer,
+/// where a hybrid's layers without attention have 0 and the others one common count. Returns
+/// that count and which layers attend.
+fn kv_heads(k: &Keys<'_>, n_layers: usize, n_head: usize) -> Result<(usize, Vec<bool>)> {
+    let key = k.name("attention.head_count_kv");
+    let Some(arr) = k.file.get(&key).and_then(|v| v.as_array()) else {
+        return Ok((
+            k.u32("attention.head_count_kv")?.unwrap_or(n_head),
+            vec![true; n_layers],
+        ));
+    };
+    if arr.len() != n_layers {
+        bail!("{key} has {} entries for {n_layers} layers", arr.len());
+    }
+    let counts: Vec<usize> = (0..n_layers)
+        .map(|i| arr.get(i).and_then(|v| v.as_u32()).map(|v| v as usize))
+        .collect::<Option<_>>()
+        .with_context(|| format!("{key} is not an array of unsigned integers"))?;
+    let mut attending = counts.iter().copied().filter(|&c| c > 0);
+    let Some(n_head_kv) = attending.next() else {
+        bail!("{key} is 0 in every layer: no layer attends");
+    };
+    if attending.any(|c| c != n_head_kv) {
+        bail!("{key} has different counts on different layers ({counts:?}), which edgelm does not implement");
+    }
+    Ok((n_head_kv, counts.iter().map(|&c| c > 0).collect()))
 }
 
 /// The head dimension: `attention.key_length`, or the width split over the heads; the value
@@ -387,7 +436,16 @@ impl HyperParams {
             Family::Granite => hp.granite(k)?,
             Family::Phi3 => hp.scale_queries(hp.attn_scale),
             Family::GptOss => hp.gpt_oss(k, shape, global)?,
-            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => {}
+            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe | Family::Lfm2 => {}
+        }
+        for (layer, &attends) in hp.layers.iter_mut().zip(&shape.attends) {
+            if !attends {
+                *layer = LayerConfig {
+                    rope: None,
+                    window: None,
+                    mixer: Mixer::ShortConv,
+                };
+            }
         }
         Ok(hp)
     }
@@ -401,6 +459,7 @@ impl HyperParams {
                 LayerConfig {
                     rope: Some(0),
                     window: None,
+                    mixer: Mixer::Attention,
                 };
                 shape.n_layers
             ],
@@ -450,6 +509,7 @@ impl HyperParams {
                 self.layers[l] = LayerConfig {
                     rope: Some(1),
                     window: Some(window),
+                    mixer: Mixer::Attention,
                 };
             }
         }
@@ -476,6 +536,7 @@ impl HyperParams {
                 self.layers[l] = LayerConfig {
                     rope: Some(local_rope),
                     window: Some(window),
+                    mixer: Mixer::Attention,
                 };
             }
         }
@@ -543,6 +604,7 @@ impl ModelConfig {
         let rope = GlobalRope::read(&k, context_length)?;
         let hp = HyperParams::read(family, &k, &shape, rope.params)?;
         let moe = MoeConfig::read(family, &k, shape.n_ff)?;
+        let short_conv = short_conv(family, &k, &shape)?;
         Ok(ModelConfig {
             family,
             n_layers: shape.n_layers,
@@ -566,6 +628,7 @@ impl ModelConfig {
             logit_scale: hp.logit_scale,
             final_softcap: hp.final_softcap,
             moe,
+            short_conv,
             context_length,
             vocab_size,
             arch,
@@ -580,9 +643,29 @@ impl ModelConfig {
         self.n_head_kv * self.head_dim
     }
 
-    /// How the layers share block tables (one group unless some layers have windows).
+    /// How the layers share block tables (one group unless some layers have windows; layers
+    /// that do not attend hold no blocks).
     pub fn kv_layout(&self) -> KvLayout {
-        KvLayout::new(&self.layers.iter().map(|l| l.window).collect::<Vec<_>>())
+        let layers: Vec<_> = self
+            .layers
+            .iter()
+            .map(|l| (l.mixer == Mixer::Attention).then_some(l.window))
+            .collect();
+        KvLayout::of_layers(&layers)
+    }
+
+    /// The short-convolution layers, in order (a layer's index among them is its state's).
+    pub fn conv_layers(&self) -> Vec<usize> {
+        (0..self.n_layers)
+            .filter(|&l| self.layers[l].mixer == Mixer::ShortConv)
+            .collect()
+    }
+
+    /// f32 values of one sequence's recurrent state: each short-convolution layer keeps the
+    /// B·x rows of its last `short_conv - 1` positions. 0 for a model without such layers.
+    pub fn state_floats(&self) -> usize {
+        self.short_conv
+            .map_or(0, |l| self.conv_layers().len() * (l - 1) * self.n_embd)
     }
 
     /// The KV page geometry for this model: only its KV heads are stored (GQA), and a block
@@ -596,6 +679,30 @@ impl ModelConfig {
             kv_type,
         }
     }
+}
+
+/// `shortconv.l_cache`, required where a family with short convolutions has such a layer,
+/// and refused where none can be.
+fn short_conv(family: Family, k: &Keys<'_>, shape: &Shape) -> Result<Option<usize>> {
+    let any = shape.attends.iter().any(|&a| !a);
+    if any && !family.short_convolutions() {
+        bail!(
+            "{} gives layers 0 KV heads: layers without attention are not part of the {} family",
+            k.name("attention.head_count_kv"),
+            k.arch
+        );
+    }
+    if !any {
+        return Ok(None);
+    }
+    let l = k.req("shortconv.l_cache")?;
+    if !(2..=MAX_SHORT_CONV).contains(&l) {
+        bail!(
+            "{} = {l}: a short convolution spans 2 to {MAX_SHORT_CONV} positions",
+            k.name("shortconv.l_cache")
+        );
+    }
+    Ok(Some(l))
 }
 
 /// Which layers are local (sliding-window): `attention.sliding_window_pattern` as an array of
@@ -683,5 +790,61 @@ mod tests {
         assert!(err.to_string().contains("implausible model shape"), "{err}");
         let cfg = ModelConfig::from_gguf(&header(2)).unwrap();
         assert_eq!(cfg.layers.len(), 2);
+    }
+
+    /// An LFM2 header: 3 layers whose KV head counts are `kv`, convolutions of `l_cache` taps.
+    fn lfm2(arch: &str, kv: Vec<i32>, l_cache: Option<u32>) -> Result<ModelConfig> {
+        let mut w = GgufWriter::new()
+            .kv("general.architecture", Value::String(arch.into()))
+            .kv(format!("{arch}.block_count"), Value::U32(3))
+            .kv(format!("{arch}.embedding_length"), Value::U32(64))
+            .kv(format!("{arch}.feed_forward_length"), Value::U32(128))
+            .kv(format!("{arch}.attention.head_count"), Value::U32(4))
+            .kv(
+                format!("{arch}.attention.head_count_kv"),
+                Value::Array(Array::I32(kv)),
+            )
+            .kv(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(vec!["a".into(); 8])),
+            );
+        if let Some(l) = l_cache {
+            w = w.kv(format!("{arch}.shortconv.l_cache"), Value::U32(l));
+        }
+        ModelConfig::from_gguf(&GgufFile::from_bytes(w.to_bytes()).unwrap())
+    }
+
+    #[test]
+    fn a_hybrids_layers_come_from_its_per_layer_kv_heads() {
+        let cfg = lfm2("lfm2", vec![0, 2, 0], Some(3)).unwrap();
+        let mixers: Vec<Mixer> = cfg.layers.iter().map(|l| l.mixer).collect();
+        assert_eq!(
+            mixers,
+            [Mixer::ShortConv, Mixer::Attention, Mixer::ShortConv]
+        );
+        assert_eq!((cfg.n_head_kv, cfg.short_conv), (2, Some(3)));
+        assert_eq!(cfg.conv_layers(), [0, 2]);
+        assert_eq!(cfg.state_floats(), 2 * 2 * 64);
+        let layout = cfg.kv_layout();
+        assert_eq!(layout.groups.len(), 1);
+        assert_eq!(layout.groups[0].layers, [1]);
+
+        let refused = |r: Result<ModelConfig>, what: &str| {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        };
+        refused(lfm2("lfm2", vec![0, 2, 0], None), "shortconv.l_cache");
+        refused(lfm2("lfm2", vec![0, 2, 0], Some(1)), "2 to 16 positions");
+        refused(lfm2("lfm2", vec![0, 2, 4], Some(3)), "different counts");
+        refused(lfm2("lfm2", vec![0, 0, 0], Some(3)), "no layer attends");
+        refused(lfm2("lfm2", vec![0, 2], Some(3)), "2 entries for 3 layers");
+        refused(
+            lfm2("llama", vec![0, 2, 2], Some(3)),
+            "not part of the llama family",
+        );
+        // A dense model with a per-layer array of equal counts is plain attention.
+        let cfg = lfm2("llama", vec![2, 2, 2], None).unwrap();
+        assert!(cfg.layers.iter().all(|l| l.mixer == Mixer::Attention));
+        assert_eq!(cfg.state_floats(), 0);
     }
 }

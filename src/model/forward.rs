@@ -4,13 +4,13 @@
 //! `Weights`), read here as switches: which norms exist, Q/K norms, biases, RoPE per layer,
 //! windows, the activation, the scales.
 
-use super::weights::Ffn;
+use super::weights::{AttentionWeights, Ffn, MixerWeights};
 use super::{BatchMeta, Model};
 use crate::backend::cpu::step::{CpuBuffers, CpuStep, CpuWeights};
-use crate::backend::ops::{Attention, Buf, Experts, Mat, Network, Ops, Shape, VecRef};
+use crate::backend::ops::{Attention, Buf, Experts, Mat, Network, Ops, Shape, ShortConv, VecRef};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvPages};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
 impl Model {
@@ -44,6 +44,58 @@ impl Model {
             self.run_blocks(&mut step, geom.kv_type.rotated(cfg.head_dim))?;
         }
         self.run_head(&mut step, &batch.logits_for)
+    }
+
+    /// One layer's attention, from the normed residual in H to its projection in Proj:
+    /// Q/K/V (+ biases), per-head Q/K norms, RoPE, attention over the pages, output (+ bias).
+    fn attention_block<O: Ops>(
+        &self,
+        ops: &mut O,
+        li: usize,
+        a: &AttentionWeights,
+        rope: Option<usize>,
+        rotated: bool,
+    ) -> Result<()> {
+        let c = &self.config;
+        let bias = |ops: &mut O, buf: Buf, b: Option<VecRef>| match b {
+            Some(b) => ops.add_bias(buf, b),
+            None => Ok(()),
+        };
+        let norm = |ops: &mut O, buf: Buf, n: Option<VecRef>| match n {
+            Some(n) => ops.rmsnorm(buf, n, c.rms_eps, buf),
+            None => Ok(()),
+        };
+        ops.matmul(Buf::H, &[(&a.wq, Buf::Q), (&a.wk, Buf::K), (&a.wv, Buf::V)])?;
+        bias(ops, Buf::Q, a.bq)?;
+        bias(ops, Buf::K, a.bk)?;
+        bias(ops, Buf::V, a.bv)?;
+        norm(ops, Buf::Q, a.q_norm)?;
+        norm(ops, Buf::K, a.k_norm)?;
+        if let Some(table) = rope {
+            ops.rope(Buf::Q, table)?;
+            ops.rope(Buf::K, table)?;
+        }
+        if c.query_scale != 1.0 {
+            ops.scale(Buf::Q, c.query_scale)?;
+        }
+        // Quantized pages hold K and V rotated; Q follows K's rotation and the output is
+        // rotated back.
+        if rotated {
+            ops.hadamard(Buf::Q)?;
+            ops.hadamard(Buf::K)?;
+            ops.hadamard(Buf::V)?;
+        }
+        ops.attention(Attention {
+            layer: li,
+            window: c.layers[li].window,
+            scale: c.attn_scale,
+            sinks: a.sinks,
+        })?;
+        if rotated {
+            ops.hadamard(Buf::Attn)?;
+        }
+        ops.matmul(Buf::Attn, &[(&a.wo, Buf::Proj)])?;
+        bias(ops, Buf::Proj, a.bo)
     }
 
     /// [`Model::forward`] into a fresh vector (tests and tools; the engine reuses its buffers).
@@ -110,43 +162,30 @@ impl Network for Model {
             None => Ok(()),
         };
         ops.embed(&w.token_embd, c.embed_scale)?;
+        let mut convs = 0;
         for (li, (lw, lc)) in w.layers.iter().zip(&c.layers).enumerate() {
-            // Attention: norm, Q/K/V (+ biases), per-head Q/K norms, RoPE.
             ops.rmsnorm(Buf::X, lw.attn_norm, eps, Buf::H)?;
-            ops.matmul(
-                Buf::H,
-                &[(&lw.wq, Buf::Q), (&lw.wk, Buf::K), (&lw.wv, Buf::V)],
-            )?;
-            bias(ops, Buf::Q, lw.bq)?;
-            bias(ops, Buf::K, lw.bk)?;
-            bias(ops, Buf::V, lw.bv)?;
-            norm(ops, Buf::Q, lw.q_norm)?;
-            norm(ops, Buf::K, lw.k_norm)?;
-            if let Some(table) = lc.rope {
-                ops.rope(Buf::Q, table)?;
-                ops.rope(Buf::K, table)?;
+            match &lw.mixer {
+                MixerWeights::Attention(a) => self.attention_block(ops, li, a, lc.rope, rotated)?,
+                MixerWeights::ShortConv(sc) => {
+                    // B, C and x into three n_embd-wide buffers (the loader checked that Q
+                    // and Attn are that wide), then Attn = C ⊙ conv(B ⊙ x).
+                    ops.matmul(
+                        Buf::H,
+                        &[(&sc.b, Buf::Q), (&sc.c, Buf::Attn), (&sc.x, Buf::Proj)],
+                    )?;
+                    let taps = c
+                        .short_conv
+                        .context("a convolution layer without its length")?;
+                    ops.short_conv(ShortConv {
+                        index: convs,
+                        kernel: sc.kernel,
+                        taps,
+                    })?;
+                    convs += 1;
+                    ops.matmul(Buf::Attn, &[(&sc.out, Buf::Proj)])?;
+                }
             }
-            if c.query_scale != 1.0 {
-                ops.scale(Buf::Q, c.query_scale)?;
-            }
-            // Quantized pages hold K and V rotated; Q follows K's rotation and the output is
-            // rotated back.
-            if rotated {
-                ops.hadamard(Buf::Q)?;
-                ops.hadamard(Buf::K)?;
-                ops.hadamard(Buf::V)?;
-            }
-            ops.attention(Attention {
-                layer: li,
-                window: lc.window,
-                scale: c.attn_scale,
-                sinks: lw.sinks,
-            })?;
-            if rotated {
-                ops.hadamard(Buf::Attn)?;
-            }
-            ops.matmul(Buf::Attn, &[(&lw.wo, Buf::Proj)])?;
-            bias(ops, Buf::Proj, lw.bo)?;
             norm(ops, Buf::Proj, lw.post_attn_norm)?;
             ops.add_scaled(Buf::X, Buf::Proj, c.residual_scale)?;
 

@@ -66,6 +66,7 @@ impl Model {
                 used: m.routing.used,
                 ff: m.n_ff_exp,
             }),
+            state_floats: config.state_floats(),
         };
         Ok(Model {
             file,

@@ -5,32 +5,56 @@
 //! is refused (naming it), never run with a part of the model ignored.
 
 use super::arch::Optional;
-use super::config::{ModelConfig, MoeConfig, RopeScaling};
+use super::config::{Mixer, ModelConfig, MoeConfig, RopeScaling};
 use crate::backend::ops::{ExpertBiases, Experts, Mat, RopeTable, VecRef};
 use crate::gguf::GgufFile;
 use crate::quant;
 use anyhow::{bail, Context, Result};
 
-/// One transformer block's weights. Shapes in (rows × cols) = (out × in); Q/K/V and gate/up
-/// may be bands of one fused tensor.
+/// One block's weights. Shapes in (rows × cols) = (out × in).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    pub attn_norm: VecRef,  // [n_embd]
+    /// The norm before the mixer (attention or convolution).
+    pub attn_norm: VecRef, // [n_embd]
+    pub mixer: MixerWeights,
+    pub post_attn_norm: Option<VecRef>, // [n_embd] (gemma3)
+    pub ffn_norm: VecRef,               // [n_embd]
+    pub ffn: Ffn,
+    pub post_ffn_norm: Option<VecRef>, // [n_embd] (gemma3)
+}
+
+/// What a block mixes positions with (`config::Mixer`).
+#[derive(Clone, Debug)]
+pub enum MixerWeights {
+    Attention(AttentionWeights),
+    ShortConv(ShortConvWeights),
+}
+
+/// A block's attention. Q/K/V may be bands of one fused tensor.
+#[derive(Clone, Debug)]
+pub struct AttentionWeights {
     pub wq: Mat,            // [n_head·head_dim × n_embd]
     pub wk: Mat,            // [n_head_kv·head_dim × n_embd]
     pub wv: Mat,            // [n_head_kv·head_dim × n_embd]
     pub bq: Option<VecRef>, // Q/K/V biases (qwen2)
     pub bk: Option<VecRef>,
     pub bv: Option<VecRef>,
-    pub q_norm: Option<VecRef>,         // [head_dim] (qwen3, gemma3)
-    pub k_norm: Option<VecRef>,         // [head_dim]
-    pub wo: Mat,                        // [n_embd × n_head·head_dim]
-    pub bo: Option<VecRef>,             // [n_embd]
-    pub sinks: Option<VecRef>,          // [n_head] (gpt-oss)
-    pub post_attn_norm: Option<VecRef>, // [n_embd] (gemma3)
-    pub ffn_norm: VecRef,               // [n_embd]
-    pub ffn: Ffn,
-    pub post_ffn_norm: Option<VecRef>, // [n_embd] (gemma3)
+    pub q_norm: Option<VecRef>, // [head_dim] (qwen3, gemma3)
+    pub k_norm: Option<VecRef>, // [head_dim]
+    pub wo: Mat,                // [n_embd × n_head·head_dim]
+    pub bo: Option<VecRef>,     // [n_embd]
+    pub sinks: Option<VecRef>,  // [n_head] (gpt-oss)
+}
+
+/// A gated short convolution (LFM2): `in_proj`'s three bands B, C and x, the depthwise kernel
+/// (per channel, `l` taps, oldest position first) and the out-projection.
+#[derive(Clone, Debug)]
+pub struct ShortConvWeights {
+    pub b: Mat,         // [n_embd × n_embd], band 0 of shortconv.in_proj
+    pub c: Mat,         // band 1
+    pub x: Mat,         // band 2
+    pub kernel: VecRef, // [n_embd · l]
+    pub out: Mat,       // [n_embd × n_embd]
 }
 
 /// A block's feed-forward network.
@@ -291,24 +315,12 @@ impl Binder<'_> {
     /// Block `i`'s weights, bound in a fixed order (the arena's layout follows it).
     fn layer(&mut self, cfg: &ModelConfig, opt: &Optional, i: usize) -> Result<LayerWeights> {
         let fam = cfg.family;
-        let (e, qd) = (cfg.n_embd, cfg.q_dim());
+        let e = cfg.n_embd;
         let n = |s: &str| format!("blk.{i}.{s}");
         let attn_norm = self.vector(&n("attn_norm.weight"), e)?;
-        let qkv = self.qkv(cfg, i)?;
-        let (q_norm, k_norm) = if fam.qk_norm() {
-            (
-                Some(self.vector(&n("attn_q_norm.weight"), cfg.head_dim)?),
-                Some(self.vector(&n("attn_k_norm.weight"), cfg.head_dim)?),
-            )
-        } else {
-            (None, None)
-        };
-        let wo = self.mat(&n("attn_output.weight"), qd, e)?;
-        let bo = self.allowed_vector(&n("attn_output.bias"), opt.attn_out_bias, e)?;
-        let sinks = if fam.attention_sinks() {
-            Some(self.vector(&n("attn_sinks.weight"), cfg.n_head)?)
-        } else {
-            None
+        let mixer = match cfg.layers[i].mixer {
+            Mixer::Attention => MixerWeights::Attention(self.attention(cfg, opt, i)?),
+            Mixer::ShortConv => MixerWeights::ShortConv(self.short_conv(cfg, i)?),
         };
         let post_attn_norm = if fam.post_norms() {
             Some(self.vector(&n("post_attention_norm.weight"), e)?)
@@ -327,6 +339,41 @@ impl Binder<'_> {
         };
         Ok(LayerWeights {
             attn_norm,
+            mixer,
+            post_attn_norm,
+            ffn_norm,
+            ffn,
+            post_ffn_norm,
+        })
+    }
+
+    /// Block `i`'s attention: Q/K/V (+ biases), Q/K norms, output (+ bias), sinks.
+    fn attention(
+        &mut self,
+        cfg: &ModelConfig,
+        opt: &Optional,
+        i: usize,
+    ) -> Result<AttentionWeights> {
+        let fam = cfg.family;
+        let (e, qd) = (cfg.n_embd, cfg.q_dim());
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let qkv = self.qkv(cfg, i)?;
+        let (q_norm, k_norm) = if fam.qk_norm() {
+            (
+                Some(self.vector(&n("attn_q_norm.weight"), cfg.head_dim)?),
+                Some(self.vector(&n("attn_k_norm.weight"), cfg.head_dim)?),
+            )
+        } else {
+            (None, None)
+        };
+        let wo = self.mat(&n("attn_output.weight"), qd, e)?;
+        let bo = self.allowed_vector(&n("attn_output.bias"), opt.attn_out_bias, e)?;
+        let sinks = if fam.attention_sinks() {
+            Some(self.vector(&n("attn_sinks.weight"), cfg.n_head)?)
+        } else {
+            None
+        };
+        Ok(AttentionWeights {
             wq: qkv.wq,
             wk: qkv.wk,
             wv: qkv.wv,
@@ -338,10 +385,38 @@ impl Binder<'_> {
             wo,
             bo,
             sinks,
-            post_attn_norm,
-            ffn_norm,
-            ffn,
-            post_ffn_norm,
+        })
+    }
+
+    /// Block `i`'s short convolution (`shortconv.in_proj`, `.conv`, `.out_proj`).
+    fn short_conv(&mut self, cfg: &ModelConfig, i: usize) -> Result<ShortConvWeights> {
+        let e = cfg.n_embd;
+        let l = cfg
+            .short_conv
+            .context("a short-convolution layer without shortconv.l_cache")?;
+        if cfg.q_dim() != e {
+            bail!(
+                "a hybrid with short convolutions needs n_head·head_dim = n_embd (it has {} and {e})",
+                cfg.q_dim()
+            );
+        }
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let in_proj = self.mat(&n("shortconv.in_proj.weight"), e, 3 * e)?;
+        let name = n("shortconv.conv.weight");
+        let dims = self
+            .index(&name)
+            .map(|idx| self.file.tensors()[idx].dims.clone())
+            .with_context(|| format!("model has no tensor '{name}'"))?;
+        if dims.len() < 2 || dims[2..].iter().any(|&d| d != 1) || dims[..2] != [l as u64, e as u64]
+        {
+            bail!("tensor '{name}' has dims {dims:?}, expected [{l}, {e}]");
+        }
+        Ok(ShortConvWeights {
+            b: band(&in_proj, 0, e, "b"),
+            c: band(&in_proj, e, e, "c"),
+            x: band(&in_proj, 2 * e, e, "x"),
+            kernel: self.vector(&name, l * e)?,
+            out: self.mat(&n("shortconv.out_proj.weight"), e, e)?,
         })
     }
 
@@ -465,7 +540,7 @@ impl Weights {
             None => token_embd.clone(),
         };
         let output_bias = b.allowed_vector("output.bias", opt.output_bias, cfg.vocab_size)?;
-        let output_norm = b.vector("output_norm.weight", e)?;
+        let output_norm = b.vector(cfg.family.output_norm_name(), e)?;
         let rope = b.rope_factors(cfg, &opt)?;
         let layers = (0..cfg.n_layers)
             .map(|i| b.layer(cfg, &opt, i))
@@ -533,7 +608,10 @@ impl Weights {
     pub fn active_matrices(&self, used: Option<usize>) -> Vec<&Mat> {
         let mut all = vec![&self.output];
         for l in &self.layers {
-            all.extend([&l.wq, &l.wk, &l.wv, &l.wo]);
+            match &l.mixer {
+                MixerWeights::Attention(a) => all.extend([&a.wq, &a.wk, &a.wv, &a.wo]),
+                MixerWeights::ShortConv(c) => all.extend([&c.b, &c.c, &c.x, &c.out]),
+            }
             all.extend(l.ffn.matrices(used));
         }
         all

@@ -47,7 +47,7 @@ const MEMORY: [Series; 2] = [
 ];
 
 /// The batch and the KV pool as they stand.
-const GAUGES: [Series; 6] = [
+const GAUGES: [Series; 8] = [
     (
         "edgelm_requests_running",
         "gauge",
@@ -85,6 +85,18 @@ const GAUGES: [Series; 6] = [
         "gauge",
         "KV blocks registered in the prefix cache.",
         |s| s.kv_blocks_cached as f64,
+    ),
+    (
+        "edgelm_state_slots",
+        "gauge",
+        "Recurrent-state slots in the pool (a hybrid model's; 0 otherwise).",
+        |s| s.state_slots_total as f64,
+    ),
+    (
+        "edgelm_state_slots_used",
+        "gauge",
+        "Recurrent-state slots held by running sequences.",
+        |s| s.state_slots_used as f64,
     ),
 ];
 

@@ -6,15 +6,30 @@
 //! tests) or by two edgelm backends (the CUDA tests) on the same file.
 
 use super::{model_path, repo_root};
-use edgelm::gguf::{GgufFile, GgufWriter, Value};
+use edgelm::gguf::{Array, GgufFile, GgufWriter, Value};
 use edgelm::quant::GgmlType;
 use std::path::{Path, PathBuf};
 
 /// The architectures [`test_model`] makes (the reference model itself is `llama` with tied
 /// output; its `llama` test model adds what Llama 3.x adds).
-pub const TEST_ARCHS: [&str; 9] = [
+pub const TEST_ARCHS: [&str; 10] = [
     "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "granite", "gemma3", "gpt-oss",
+    "lfm2",
 ];
+
+/// Every this many layers of the `lfm2` test model, the last is a short convolution of
+/// `LFM2_TAPS` taps (5, 11, ...); the others attend. (The reference model loses too much
+/// without its attention for a real LFM2's two convolution layers in three: its logits turn
+/// chaotic, and llama.cpp's own q8_0 cache then moves them by more than any bar could use.)
+const LFM2_CONV_EVERY: usize = 6;
+const LFM2_TAPS: usize = 3;
+/// How much of a convolution layer's output reaches the residual stream.
+const LFM2_OUT_SCALE: f32 = 0.25;
+
+/// Whether layer `l` of the `lfm2` test model is a short convolution.
+fn lfm2_conv(l: usize) -> bool {
+    l % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1
+}
 
 /// Bumped when a recipe changes, so files made by an older one are not reused.
 const RECIPE: u32 = 2;
@@ -139,6 +154,24 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
                 continue;
             }
         }
+        if let (Some(l), "lfm2") = (layer, arch) {
+            if lfm2_conv(l) {
+                if let Some(conv) = lfm2_short_conv(&raw, kind, l) {
+                    out.extend(conv);
+                    continue;
+                }
+                if matches!(kind, "attn_k" | "attn_v" | "attn_output") {
+                    continue;
+                }
+            }
+        }
+        if let ("lfm2", "output_norm") = (arch, parts[0]) {
+            // LFM2's converter names the final norm after the embedding.
+            let mut norm = tensor;
+            norm.0 = "token_embd_norm.weight".into();
+            out.push(norm);
+            continue;
+        }
         if let (Some(l), "gpt-oss", "ffn_norm") = (layer, arch, kind) {
             // gpt-oss names the FFN's norm after the attention it follows.
             let mut norm = tensor;
@@ -164,7 +197,7 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
                 let n_head = u32_key("attention.head_count") as usize;
                 out.push(vector(&name("attn_sinks"), n_head, 0.5, 1.0));
             }
-            ("qwen3" | "qwen3moe" | "gemma3", "attn_q") => {
+            ("qwen3" | "qwen3moe" | "gemma3" | "lfm2", "attn_q") => {
                 out.push(vector(&name("attn_q_norm"), head_dim, 1.0, 0.1));
                 out.push(vector(&name("attn_k_norm"), head_dim, 1.0, 0.1));
             }
@@ -185,6 +218,7 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
         );
     }
     match arch {
+        "lfm2" => key("shortconv.l_cache", Value::U32(LFM2_TAPS as u32)),
         "llama" => {
             // Llama 3.1's per-pair RoPE frequency factors and an untied output matrix.
             out.push(vector("rope_freqs.weight", head_dim / 2, 1.5, 0.4));
@@ -227,6 +261,19 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
         }
         _ => {}
     }
+    if arch == "lfm2" {
+        // One KV head count per layer, 0 on the convolution layers (as LFM2's converter).
+        let kv = u32_key("attention.head_count_kv") as i32;
+        let layers = u32_key("block_count") as usize;
+        let per_layer = (0..layers)
+            .map(|l| if lfm2_conv(l) { 0 } else { kv })
+            .collect();
+        let slot = kvs
+            .iter_mut()
+            .find(|(k, _)| k == "lfm2.attention.head_count_kv");
+        slot.expect("the reference model has head_count_kv").1 =
+            Value::Array(Array::I32(per_layer));
+    }
     if let Some(t) = kvs_template {
         let slot = kvs.iter_mut().find(|(k, _)| k == "tokenizer.chat_template");
         slot.expect("the reference model has a chat template").1 = Value::String(t);
@@ -239,6 +286,46 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
         w = w.tensor(name, &dims, ty, bytes);
     }
     w.to_bytes()
+}
+
+/// The short-convolution tensors that stand for layer `l`'s attention (written where its
+/// `attn_q` was; its K, V and output go): the in-projection's B, C and x bands are the layer's
+/// Q rows, its output matrix and the previous layer's Q rows, each halved, the out-projection its
+/// output matrix, and the kernel small positive taps (the newest the largest), so the layer
+/// mixes the last three positions without drowning the residual. `None` for other tensors.
+fn lfm2_short_conv(raw: &dyn Fn(&str) -> Tensor, kind: &str, l: usize) -> Option<Vec<Tensor>> {
+    if kind != "attn_q" {
+        return None;
+    }
+    let name = |k: &str| format!("blk.{l}.{k}.weight");
+    let half = |mut t: Tensor| {
+        assert_eq!(
+            t.2,
+            GgmlType::Q4_1,
+            "the reference model's matrices are Q4_1"
+        );
+        t.3 = scaled_q4_1(&t.3, 0.5);
+        t
+    };
+    let b = half(raw(&name("attn_q")));
+    let c = half(raw(&name("attn_output")));
+    let x = half(raw(&format!("blk.{}.attn_q.weight", l - 1)));
+    let in_proj = stack(&name("shortconv.in_proj"), &[b, c, x]);
+    let mut out_proj = raw(&name("attn_output"));
+    out_proj.0 = name("shortconv.out_proj");
+    out_proj.3 = scaled_q4_1(&out_proj.3, LFM2_OUT_SCALE);
+    let n_embd = out_proj.1[1] as usize;
+    let mut kernel = vector(&name("shortconv.conv"), LFM2_TAPS * n_embd, 0.2, 0.05);
+    // Per channel, taps oldest first: the newest weighs most.
+    let taps: Vec<f32> = kernel
+        .3
+        .chunks_exact(4)
+        .enumerate()
+        .map(|(i, v)| f32::from_le_bytes(v.try_into().unwrap()) * (1 + i % LFM2_TAPS) as f32)
+        .collect();
+    kernel.3 = taps.iter().flat_map(|v| v.to_le_bytes()).collect();
+    kernel.1 = vec![LFM2_TAPS as u64, n_embd as u64];
+    Some(vec![in_proj, kernel, out_proj])
 }
 
 /// The expert tensors that stand for dense FFN tensor `t` of layer `l` (see

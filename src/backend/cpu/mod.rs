@@ -11,4 +11,5 @@ pub mod packed_weights;
 mod parallel;
 pub mod peak;
 pub mod pool;
+pub mod short_conv;
 pub mod step;

@@ -8,8 +8,11 @@ use super::ops::{
 };
 use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
+use super::short_conv::conv_span;
 use crate::backend::batch::BatchMeta;
-use crate::backend::ops::{Activation, Attention, Buf, Experts, Mat, Ops, Routing, Shape, VecRef};
+use crate::backend::ops::{
+    Activation, Attention, Buf, Experts, Mat, Ops, Routing, Shape, ShortConv, VecRef,
+};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvPages, Part};
 use anyhow::Result;
@@ -390,6 +393,43 @@ impl Ops for CpuStep<'_> {
         self.buf(buf)
             .iter_mut()
             .for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
+        Ok(())
+    }
+
+    fn short_conv(&mut self, conv: ShortConv) -> Result<()> {
+        let n = self.shape.widths.embd;
+        let kernel = conv.kernel.of(self.w.arena);
+        let per_layer = (conv.taps - 1) * n;
+        let layer_state = conv.index * per_layer..(conv.index + 1) * per_layer;
+        let mut c = self.take(Buf::Attn);
+        let (b, x) = (
+            &self.bufs.bufs[index(Buf::Q)],
+            &self.bufs.bufs[index(Buf::Proj)],
+        );
+        for (seq, span) in self.batch.spans().into_iter().enumerate() {
+            let Some(slot) = self.batch.state_slots[seq].map(|s| s as usize) else {
+                anyhow::bail!("a sequence of a hybrid model has no state slot");
+            };
+            if slot >= self.kv.states.count() || layer_state.end > self.kv.states.floats() {
+                anyhow::bail!(
+                    "state slot {slot} is not in the pool ({} slots of {} values)",
+                    self.kv.states.count(),
+                    self.kv.states.floats()
+                );
+            }
+            let rows = span.start * n..span.end * n;
+            conv_span(
+                &b[rows.clone()],
+                &x[rows.clone()],
+                &mut c[rows],
+                &mut self.kv.states.slot_mut(slot)[layer_state.clone()],
+                self.batch.positions[span.start] == 0,
+                kernel,
+                conv.taps,
+                n,
+            );
+        }
+        self.put(Buf::Attn, c);
         Ok(())
     }
 

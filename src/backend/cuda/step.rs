@@ -8,7 +8,7 @@ use super::ops::Kernels;
 use super::weights::DeviceWeights;
 use super::workspace::Workspace;
 use crate::backend::ops::{
-    Activation, Attention, Buf, Experts, Mat, Ops, RopeLayout, Routing, Shape, VecRef,
+    Activation, Attention, Buf, Experts, Mat, Ops, RopeLayout, Routing, Shape, ShortConv, VecRef,
 };
 use crate::kv::{KvLayout, KvType};
 use crate::quant::GgmlType;
@@ -281,6 +281,11 @@ impl Ops for CudaStep<'_> {
         }
         k.moe_combine(s, b.down.ptr(), wts, self.ptr(Buf::Proj), used, embd, n)
             .map_err(dev)
+    }
+
+    fn short_conv(&mut self, _: ShortConv) -> Result<()> {
+        // `check_supported` refuses such a model before a step runs.
+        anyhow::bail!("the CUDA backend has no short-convolution kernels")
     }
 
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()> {

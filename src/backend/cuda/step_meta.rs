@@ -204,6 +204,7 @@ mod tests {
             rope_layout: RopeLayout::Neox,
             ropes: vec![table(10000.0), table(10.0)],
             experts: None,
+            state_floats: 0,
         };
         let mut b = BatchMeta::default();
         b.push_span_single(&[1, 2], 3, vec![0], Logits::Last);

@@ -35,6 +35,13 @@ pub fn max_query_heads_per_kv_head(head_dim: usize) -> usize {
 /// Why `net` cannot run on the CUDA kernels, or `Ok` when it can.
 pub fn check_supported(net: &impl Network) -> Result<(), String> {
     let s = net.shape();
+    if s.state_floats > 0 {
+        return Err(
+            "layers with a recurrent state (a hybrid's short convolutions: the CUDA backend \
+             has no state slots or convolution kernels yet)"
+                .into(),
+        );
+    }
     let experts = net.expert_layers();
     for x in &experts {
         check_experts(x)?;

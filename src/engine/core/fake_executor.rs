@@ -132,6 +132,14 @@ impl StepExecutor for FakeExecutor {
         Ok(())
     }
 
+    fn state_slots(&self) -> usize {
+        0
+    }
+
+    fn copy_state(&mut self, _: usize, _: usize) -> Result<()> {
+        anyhow::bail!("the fake executor keeps no recurrent state")
+    }
+
     fn release_step_buffers(&mut self) {}
 
     fn recycle(&mut self, _logits: Vec<f32>) {}
