@@ -26,10 +26,18 @@ const TYPES: [(GgmlType, &str); 6] = [
     (GgmlType::Q6_K, "q6_k"),
 ];
 
-/// Random weight rows of `ty` whose f16 scale fields are small positive values.
+/// Random weight rows of `ty` whose scale fields are small positive values (f16 ones, or
+/// MXFP4's E8M0 exponent).
 fn weights(rng: &mut Xs, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let row_bytes = ty.row_bytes(cols as u64).unwrap() as usize;
     let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next() as u8).collect();
+    if ty == GgmlType::MXFP4 {
+        // 2^(e - 127): about 1/256 to 1/2.
+        for b in w.chunks_exact_mut(ty.block_bytes()) {
+            b[0] = 119 + (rng.next() % 8) as u8;
+        }
+        return w;
+    }
     let fields: &[usize] = match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
@@ -44,18 +52,19 @@ fn weights(rng: &mut Xs, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     w
 }
 
-struct Case {
-    rows: usize,
-    cols: usize,
-    n_tok: usize,
-    w: Vec<u8>,
-    act: Vec<u8>,
+/// Random weights and q8_1 activations, with both dequantized.
+pub(super) struct Case {
+    pub rows: usize,
+    pub cols: usize,
+    pub n_tok: usize,
+    pub w: Vec<u8>,
+    pub act: Vec<u8>,
     /// Dequantized weights and activations, row-major.
-    wf: Vec<f32>,
-    af: Vec<f32>,
+    pub wf: Vec<f32>,
+    pub af: Vec<f32>,
 }
 
-fn case(rng: &mut Xs, ty: GgmlType, rows: usize, cols: usize, n_tok: usize) -> Case {
+pub(super) fn case(rng: &mut Xs, ty: GgmlType, rows: usize, cols: usize, n_tok: usize) -> Case {
     let w = weights(rng, ty, rows, cols);
     let row_bytes = w.len() / rows;
     let mut wf = vec![0f32; rows * cols];

@@ -5,13 +5,14 @@
 //! (`architectures.rs`) checks their logits; this checks that every command reaches the expert
 //! kernels through the engine, as a user would run them.
 
+use super::gemm::case;
 use super::{open, Xs};
 use crate::common::test_model;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use edgelm::backend::cpu::moe::route;
 use edgelm::backend::cuda::launch::{moe_gemv_config, moe_gemv_kernel, MATMUL_TYPES};
 use edgelm::backend::ops::{Gating, Routing};
-use edgelm::quant::{dequantize_row, quantize_row, GgmlType};
+use edgelm::quant::GgmlType;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -227,36 +228,6 @@ fn cuda_mixtures_of_experts_serve_a_completion() {
     }
 }
 
-/// Random expert weights of `ty` (`rows` rows per expert, `experts` experts stacked) whose
-/// scale fields are small positive values, and the same dequantized.
-fn expert_weights(rng: &mut Xs, ty: GgmlType, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
-    let mut w: Vec<u8> = (0..rows * ty.row_bytes(cols as u64).unwrap() as usize)
-        .map(|_| rng.next() as u8)
-        .collect();
-    for b in w.chunks_exact_mut(ty.block_bytes()) {
-        if ty == GgmlType::MXFP4 {
-            // E8M0: 2^(e - 127), so about 1/256 to 1/2.
-            b[0] = 119 + (rng.next() % 8) as u8;
-            continue;
-        }
-        let fields: &[usize] = match ty {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-            GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
-            _ => &[208],
-        };
-        for &off in fields {
-            let v = 0.01 + (rng.next() % 100) as f32 * 1e-4;
-            b[off..off + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
-        }
-    }
-    let mut wf = vec![0f32; rows * cols];
-    let row_bytes = w.len() / rows;
-    for (src, dst) in w.chunks_exact(row_bytes).zip(wf.chunks_exact_mut(cols)) {
-        dequantize_row(ty, src, dst).unwrap();
-    }
-    (w, wf)
-}
-
 /// gemv.cu's `moe_gemv_*` on random experts of every type against the CPU's dequantized
 /// products, each pair reading its own expert (as picked) and its token's activations; and
 /// moe.cu's `moe_route` against the CPU's routing for both gatings.
@@ -270,23 +241,16 @@ fn device_expert_kernels_match_the_cpu() {
     // Token t's picks; the down matrices read pair rows (act_div 1) in the kernel, the same
     // code path with another divisor, so gate/up's act_div = used is what is checked here.
     let ids: Vec<i32> = vec![2, 0, 1, 2, 0, 1];
-    let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.sym() * 2.0).collect();
-    let act_row = GgmlType::Q8_1.row_bytes(cols as u64).unwrap() as usize;
-    let mut act = vec![0u8; n_tok * act_row];
-    let mut af = vec![0f32; n_tok * cols];
-    for t in 0..n_tok {
-        let q = &mut act[t * act_row..(t + 1) * act_row];
-        quantize_row(GgmlType::Q8_1, &x[t * cols..(t + 1) * cols], q);
-        dequantize_row(GgmlType::Q8_1, q, &mut af[t * cols..(t + 1) * cols]).unwrap();
-    }
     for ty in MATMUL_TYPES.into_iter().chain([GgmlType::MXFP4]) {
-        let (w, wf) = expert_weights(&mut rng, ty, experts * rows, cols);
+        // Every expert's rows stacked, as in a GGUF's 3-D expert tensor.
+        let c = case(&mut rng, ty, experts * rows, cols, n_tok);
+        let (w, wf, act, af) = (&c.w, &c.wf, &c.act, &c.af);
         let expert_bytes = w.len() / experts;
         let pairs = n_tok * used;
         let (w_d, ids_d, a_d) = (
-            s.clone_htod(&w).unwrap(),
+            s.clone_htod(w).unwrap(),
             s.clone_htod(&ids).unwrap(),
-            s.clone_htod(&act).unwrap(),
+            s.clone_htod(act).unwrap(),
         );
         let mut y_d = s.clone_htod(&vec![f32::NAN; pairs * rows]).unwrap();
         let name = moe_gemv_kernel(ty).unwrap();

@@ -4,6 +4,7 @@
 //! synchronises, so a whole pass can be captured into a CUDA graph.
 
 use super::kv_pool::KvPool;
+use super::mem::DeviceBuf;
 use super::ops::Kernels;
 use super::weights::DeviceWeights;
 use super::workspace::Workspace;
@@ -231,11 +232,11 @@ impl Ops for CudaStep<'_> {
         }
         k.moe_route(s, logits, count, routing, ids, wts, n)
             .map_err(dev)?;
-        // One band of rows per expert: expert e's matrix is e bands past the first.
-        let experts = |m: &[Mat]| (m[0].ty, w.mat(&m[0]), m[0].rows * m[0].row_bytes());
-        k.quantize(s, h, q8, n, embd).map_err(dev)?;
-        for (mats, out) in [(&x.gate, &b.gate), (&x.up, &b.up)] {
-            let (ty, first, stride) = experts(mats);
+        // One band of rows per expert: expert e's matrix is e bands past the first. Pair p
+        // reads activation row p / act_div.
+        let gemv = |m: &[Mat], act_div: usize, out: &DeviceBuf, rows: usize, cols: usize| {
+            let stride = m[0].rows * m[0].row_bytes();
+            let (ty, first) = (m[0].ty, w.mat(&m[0]));
             k.moe_gemv(
                 s,
                 ty,
@@ -243,14 +244,17 @@ impl Ops for CudaStep<'_> {
                 stride,
                 ids,
                 q8,
-                used,
+                act_div,
                 out.ptr(),
-                ff,
-                embd,
+                rows,
+                cols,
                 pairs,
             )
-            .map_err(dev)?;
-        }
+            .map_err(dev)
+        };
+        k.quantize(s, h, q8, n, embd).map_err(dev)?;
+        gemv(&x.gate, used, &b.gate, ff, embd)?;
+        gemv(&x.up, used, &b.up, ff, embd)?;
         let biases = x.biases.as_ref().map(|v| v[0]);
         if let Some(bs) = biases {
             k.moe_add_bias(s, b.gate.ptr(), w.vec(bs.gate), ids, pairs, ff)
@@ -260,21 +264,7 @@ impl Ops for CudaStep<'_> {
         k.glu(s, act, b.gate.ptr(), b.up.ptr(), pairs * ff)
             .map_err(dev)?;
         k.quantize(s, b.gate.ptr(), q8, pairs, ff).map_err(dev)?;
-        let (ty, first, stride) = experts(&x.down);
-        k.moe_gemv(
-            s,
-            ty,
-            first,
-            stride,
-            ids,
-            q8,
-            1,
-            b.down.ptr(),
-            embd,
-            ff,
-            pairs,
-        )
-        .map_err(dev)?;
+        gemv(&x.down, 1, &b.down, embd, ff)?;
         if let Some(bs) = biases {
             k.moe_add_bias(s, b.down.ptr(), w.vec(bs.down), ids, pairs, embd)
                 .map_err(dev)?;
