@@ -289,3 +289,58 @@ fn hostile_gpt_oss_models_are_refused_with_a_clear_error() {
         }
     }
 }
+
+/// LFM2: a convolution length the kernels do not have, a per-layer KV head count that marks an
+/// attention layer as a convolution (its attention tensors then unused), or a convolution layer
+/// without its out-projection is refused with an error naming what is wrong.
+/// An edit of a test model's metadata and tensors.
+type Edit<'a> = &'a dyn Fn(&mut Vec<(String, edgelm::gguf::Value)>, &mut Vec<common::TensorEntry>);
+
+#[test]
+fn hostile_hybrid_models_are_refused_with_a_clear_error() {
+    use edgelm::gguf::{Array, Value};
+    let lfm2 = common::test_model("lfm2");
+    let refused = |name: &str, edit: Edit<'_>| {
+        let path = common::edited_copy(&lfm2, name, |kvs, tensors| edit(kvs, tensors));
+        match Model::load(&path) {
+            Ok(_) => panic!("{name} loaded"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let set = |kvs: &mut Vec<(String, Value)>, key: &str, v: Value| {
+        kvs.iter_mut().find(|(k, _)| k == key).unwrap().1 = v;
+    };
+    let e = refused("lfm2-l-cache.gguf", &|kvs, _| {
+        set(kvs, "lfm2.shortconv.l_cache", Value::U32(4))
+    });
+    assert!(
+        e.contains("shortconv.conv.weight") && e.contains("expected [4, 576]"),
+        "{e}"
+    );
+    let e = refused("lfm2-no-conv.gguf", &|kvs, _| {
+        set(kvs, "lfm2.shortconv.l_cache", Value::U32(1))
+    });
+    assert!(e.contains("lfm2.shortconv.l_cache = 1"), "{e}");
+    let e = refused("lfm2-layer-kinds.gguf", &|kvs, _| {
+        let heads = kvs
+            .iter()
+            .find(|(k, _)| k == "lfm2.attention.head_count_kv")
+            .unwrap()
+            .1
+            .clone();
+        let Value::Array(Array::I32(mut v)) = heads else {
+            panic!("{heads:?}")
+        };
+        v[0] = 0;
+        set(
+            kvs,
+            "lfm2.attention.head_count_kv",
+            Value::Array(Array::I32(v)),
+        );
+    });
+    assert!(e.contains("blk.0.shortconv.in_proj.weight"), "{e}");
+    let e = refused("lfm2-no-out-proj.gguf", &|_, t| {
+        t.retain(|x| x.0 != "blk.5.shortconv.out_proj.weight")
+    });
+    assert!(e.contains("blk.5.shortconv.out_proj.weight"), "{e}");
+}
