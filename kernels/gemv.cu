@@ -34,12 +34,17 @@ __device__ __forceinline__ ActHalf act_half(const Q8_1 &a, int h) {
             ld_i32_a4(a.qs + 16 + 8 * h + 4)};
 }
 
+// Four words of int8 weights (values 8h..8h+8, then 16+8h..16+8h+8) against their activations.
+__device__ __forceinline__ int half_dot(int q0, int q1, int q2, int q3, const ActHalf &x) {
+    int sumi = dp4a(q0, x.a0, 0);
+    sumi = dp4a(q1, x.a1, sumi);
+    sumi = dp4a(q2, x.a4, sumi);
+    return dp4a(q3, x.a5, sumi);
+}
+
 // Eight 4-bit weights of a half block (two packed words) against their int8 activations.
 __device__ __forceinline__ int nibble_dot(int q0, int q1, const ActHalf &x) {
-    int sumi = dp4a(q0 & M4, x.a0, 0);
-    sumi = dp4a(q1 & M4, x.a1, sumi);
-    sumi = dp4a((int)(((u32)q0 >> 4) & M4), x.a4, sumi);
-    return dp4a((int)(((u32)q1 >> 4) & M4), x.a5, sumi);
+    return half_dot(q0 & M4, q1 & M4, (int)(((u32)q0 >> 4) & M4), (int)(((u32)q1 >> 4) & M4), x);
 }
 
 __device__ __forceinline__ UnitQ4_0 load_q4_0(const u8 *row, int unit) {
@@ -57,10 +62,7 @@ __device__ __forceinline__ float dot_q4_0(const UnitQ4_0 &u, const u8 *act) {
     const Q8_1 a = q8_1_at(act, u.blk);
     const ActHalf x = act_half(a, u.h);
     const int sumi = nibble_dot(u.q0, u.q1, x);
-    int suma = dp4a(ONES, x.a0, 0);
-    suma = dp4a(ONES, x.a1, suma);
-    suma = dp4a(ONES, x.a4, suma);
-    suma = dp4a(ONES, x.a5, suma);
+    const int suma = half_dot(ONES, ONES, ONES, ONES, x);
     return u.d * a.d * (float)(sumi - 8 * suma);
 }
 
@@ -119,14 +121,8 @@ __device__ __forceinline__ UnitQ5_0 load_q5_0(const u8 *row, int unit) {
 __device__ __forceinline__ float dot_q5_0(const UnitQ5_0 &u, const u8 *act) {
     const Q8_1 a = q8_1_at(act, u.blk);
     const ActHalf x = act_half(a, u.h);
-    int sumi = dp4a(u.q0, x.a0, 0);
-    sumi = dp4a(u.q1, x.a1, sumi);
-    sumi = dp4a(u.q2, x.a4, sumi);
-    sumi = dp4a(u.q3, x.a5, sumi);
-    int suma = dp4a(ONES, x.a0, 0);
-    suma = dp4a(ONES, x.a1, suma);
-    suma = dp4a(ONES, x.a4, suma);
-    suma = dp4a(ONES, x.a5, suma);
+    const int sumi = half_dot(u.q0, u.q1, u.q2, u.q3, x);
+    const int suma = half_dot(ONES, ONES, ONES, ONES, x);
     return u.d * a.d * (float)(sumi - 16 * suma);
 }
 
@@ -312,11 +308,7 @@ __device__ __forceinline__ UnitMxfp4 load_mxfp4(const u8 *row, int unit) {
 __device__ __forceinline__ float dot_mxfp4(const UnitMxfp4 &u, const u8 *act) {
     const Q8_1 a = q8_1_at(act, u.blk);
     const ActHalf x = act_half(a, u.h);
-    int sumi = dp4a(u.q0, x.a0, 0);
-    sumi = dp4a(u.q1, x.a1, sumi);
-    sumi = dp4a(u.q2, x.a4, sumi);
-    sumi = dp4a(u.q3, x.a5, sumi);
-    return u.d * a.d * (float)sumi;
+    return u.d * a.d * (float)half_dot(u.q0, u.q1, u.q2, u.q3, x);
 }
 
 // ---- the kernels ---------------------------------------------------------------------------

@@ -73,7 +73,6 @@ impl Executor {
         }
     }
 
-    /// Blocks the scheduler may hand out.
     /// Recurrent-state slots of the pool (a hybrid model's; 0 otherwise).
     pub fn state_slots(&self) -> usize {
         match self {
@@ -83,6 +82,7 @@ impl Executor {
         }
     }
 
+    /// Blocks the scheduler may hand out.
     pub fn blocks(&self) -> usize {
         match self {
             Executor::Cpu(c) => c.pages.blocks(),
@@ -112,9 +112,6 @@ impl Executor {
         }
     }
 
-    /// Drops the CPU's step buffers (they grow to the largest step: about 13 MiB for a
-    /// 512-token prefill of the reference model) so that an idle engine holds only the weights
-    /// and the KV pool. The next step grows them again, at a few page faults' cost.
     /// Copies a sequence's recurrent state into another's slot (a fork).
     pub fn copy_state(&mut self, src: usize, dst: usize) -> Result<()> {
         match self {
@@ -127,6 +124,9 @@ impl Executor {
         }
     }
 
+    /// Drops the CPU's step buffers (they grow to the largest step: about 13 MiB for a
+    /// 512-token prefill of the reference model) so that an idle engine holds only the weights
+    /// and the KV pool. The next step grows them again, at a few page faults' cost.
     pub fn release_step_buffers(&mut self) {
         match self {
             Executor::Cpu(c) => c.bufs = CpuBuffers::default(),

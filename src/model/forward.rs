@@ -7,10 +7,10 @@
 use super::weights::{AttentionWeights, Ffn, MixerWeights};
 use super::{BatchMeta, Model};
 use crate::backend::cpu::step::{CpuBuffers, CpuStep, CpuWeights};
-use crate::backend::ops::{Attention, Buf, Experts, Mat, Network, Ops, Shape, ShortConv, VecRef};
+use crate::backend::ops::{Attention, Buf, Experts, Mat, Network, Ops, Shape, VecRef};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvPages};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use std::sync::Arc;
 
 impl Model {
@@ -57,18 +57,11 @@ impl Model {
         rotated: bool,
     ) -> Result<()> {
         let c = &self.config;
-        let bias = |ops: &mut O, buf: Buf, b: Option<VecRef>| match b {
-            Some(b) => ops.add_bias(buf, b),
-            None => Ok(()),
-        };
-        let norm = |ops: &mut O, buf: Buf, n: Option<VecRef>| match n {
-            Some(n) => ops.rmsnorm(buf, n, c.rms_eps, buf),
-            None => Ok(()),
-        };
+        let norm = |ops: &mut O, buf, n| opt_norm(ops, buf, n, c.rms_eps);
         ops.matmul(Buf::H, &[(&a.wq, Buf::Q), (&a.wk, Buf::K), (&a.wv, Buf::V)])?;
-        bias(ops, Buf::Q, a.bq)?;
-        bias(ops, Buf::K, a.bk)?;
-        bias(ops, Buf::V, a.bv)?;
+        opt_bias(ops, Buf::Q, a.bq)?;
+        opt_bias(ops, Buf::K, a.bk)?;
+        opt_bias(ops, Buf::V, a.bv)?;
         norm(ops, Buf::Q, a.q_norm)?;
         norm(ops, Buf::K, a.k_norm)?;
         if let Some(table) = rope {
@@ -95,7 +88,7 @@ impl Model {
             ops.hadamard(Buf::Attn)?;
         }
         ops.matmul(Buf::Attn, &[(&a.wo, Buf::Proj)])?;
-        bias(ops, Buf::Proj, a.bo)
+        opt_bias(ops, Buf::Proj, a.bo)
     }
 
     /// [`Model::forward`] into a fresh vector (tests and tools; the engine reuses its buffers).
@@ -153,16 +146,8 @@ impl Network for Model {
         let c = &self.config;
         let w = &self.weights;
         let eps = c.rms_eps;
-        let bias = |ops: &mut O, buf: Buf, b: Option<VecRef>| match b {
-            Some(b) => ops.add_bias(buf, b),
-            None => Ok(()),
-        };
-        let norm = |ops: &mut O, buf: Buf, n: Option<VecRef>| match n {
-            Some(n) => ops.rmsnorm(buf, n, eps, buf),
-            None => Ok(()),
-        };
+        let norm = |ops: &mut O, buf, n| opt_norm(ops, buf, n, eps);
         ops.embed(&w.token_embd, c.embed_scale)?;
-        let mut convs = 0;
         for (li, (lw, lc)) in w.layers.iter().zip(&c.layers).enumerate() {
             ops.rmsnorm(Buf::X, lw.attn_norm, eps, Buf::H)?;
             match &lw.mixer {
@@ -174,15 +159,7 @@ impl Network for Model {
                         Buf::H,
                         &[(&sc.b, Buf::Q), (&sc.c, Buf::Attn), (&sc.x, Buf::Proj)],
                     )?;
-                    let taps = c
-                        .short_conv
-                        .context("a convolution layer without its length")?;
-                    ops.short_conv(ShortConv {
-                        index: convs,
-                        kernel: sc.kernel,
-                        taps,
-                    })?;
-                    convs += 1;
+                    ops.short_conv(sc.conv)?;
                     ops.matmul(Buf::Attn, &[(&sc.out, Buf::Proj)])?;
                 }
             }
@@ -195,11 +172,11 @@ impl Network for Model {
             match (&lw.ffn, &c.moe) {
                 (Ffn::Dense(d), _) => {
                     ops.matmul(Buf::H, &[(&d.gate, Buf::Gate), (&d.up, Buf::Up)])?;
-                    bias(ops, Buf::Gate, d.b_gate)?;
-                    bias(ops, Buf::Up, d.b_up)?;
+                    opt_bias(ops, Buf::Gate, d.b_gate)?;
+                    opt_bias(ops, Buf::Up, d.b_up)?;
                     ops.glu(c.activation)?;
                     ops.matmul(Buf::Gate, &[(&d.down, Buf::Proj)])?;
-                    bias(ops, Buf::Proj, d.b_down)?;
+                    opt_bias(ops, Buf::Proj, d.b_down)?;
                 }
                 (Ffn::Experts(x), Some(moe)) => ops.moe(x, moe.routing, c.activation)?,
                 (Ffn::Experts(_), None) => bail!("layer {li} has experts but no routing"),
@@ -228,5 +205,21 @@ impl Network for Model {
             ops.softcap(Buf::Logits, cap)?;
         }
         Ok(())
+    }
+}
+
+/// Adds `b` to `buf`, where the model has that bias.
+fn opt_bias<O: Ops>(ops: &mut O, buf: Buf, b: Option<VecRef>) -> Result<()> {
+    match b {
+        Some(b) => ops.add_bias(buf, b),
+        None => Ok(()),
+    }
+}
+
+/// RMS-normalises `buf` in place by `n`, where the model has that norm.
+fn opt_norm<O: Ops>(ops: &mut O, buf: Buf, n: Option<VecRef>, eps: f32) -> Result<()> {
+    match n {
+        Some(n) => ops.rmsnorm(buf, n, eps, buf),
+        None => Ok(()),
     }
 }

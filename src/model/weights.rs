@@ -6,7 +6,7 @@
 
 use super::arch::Optional;
 use super::config::{Mixer, ModelConfig, MoeConfig, RopeScaling};
-use crate::backend::ops::{ExpertBiases, Experts, Mat, RopeTable, VecRef};
+use crate::backend::ops::{ExpertBiases, Experts, Mat, RopeTable, ShortConv, VecRef};
 use crate::gguf::GgufFile;
 use crate::quant;
 use anyhow::{bail, Context, Result};
@@ -50,11 +50,13 @@ pub struct AttentionWeights {
 /// (per channel, `l` taps, oldest position first) and the out-projection.
 #[derive(Clone, Debug)]
 pub struct ShortConvWeights {
-    pub b: Mat,         // [n_embd × n_embd], band 0 of shortconv.in_proj
-    pub c: Mat,         // band 1
-    pub x: Mat,         // band 2
-    pub kernel: VecRef, // [n_embd · l]
-    pub out: Mat,       // [n_embd × n_embd]
+    pub b: Mat, // [n_embd × n_embd], band 0 of shortconv.in_proj
+    pub c: Mat, // band 1
+    pub x: Mat, // band 2
+    /// The convolution as the op takes it: its kernel ([n_embd · l]), its length and which
+    /// of the model's convolution layers it is (its place in a sequence's state).
+    pub conv: ShortConv,
+    pub out: Mat, // [n_embd × n_embd]
 }
 
 /// A block's feed-forward network.
@@ -411,11 +413,16 @@ impl Binder<'_> {
         {
             bail!("tensor '{name}' has dims {dims:?}, expected [{l}, {e}]");
         }
+        let index = cfg.conv_layers().iter().position(|&c| c == i);
         Ok(ShortConvWeights {
             b: band(&in_proj, 0, e, "b"),
             c: band(&in_proj, e, e, "c"),
             x: band(&in_proj, 2 * e, e, "x"),
-            kernel: self.vector(&name, l * e)?,
+            conv: ShortConv {
+                index: index.with_context(|| format!("layer {i} is not a convolution layer"))?,
+                kernel: self.vector(&name, l * e)?,
+                taps: l,
+            },
             out: self.mat(&n("shortconv.out_proj.weight"), e, e)?,
         })
     }

@@ -218,12 +218,12 @@ impl Ops for CudaStep<'_> {
         let pairs = n * used;
         let (h, q8) = (self.ptr(Buf::H), self.ws.act.ptr());
         let (logits, ids, wts) = (b.logits.ptr(), b.ids.ptr(), b.wts.ptr());
+        // H quantized once: a quantized router's input, and the gate and up matrices'.
+        k.quantize(s, h, q8, n, embd).map_err(dev)?;
         if x.router.ty == GgmlType::F32 {
             k.moe_router_f32(s, w.mat(&x.router), h, logits, count, embd, n)
         } else {
-            k.quantize(s, h, q8, n, embd).and_then(|_| {
-                k.matmul(s, x.router.ty, w.mat(&x.router), q8, logits, count, embd, n)
-            })
+            k.matmul(s, x.router.ty, w.mat(&x.router), q8, logits, count, embd, n)
         }
         .map_err(dev)?;
         if let Some(bias) = x.router_bias {
@@ -252,7 +252,6 @@ impl Ops for CudaStep<'_> {
             )
             .map_err(dev)
         };
-        k.quantize(s, h, q8, n, embd).map_err(dev)?;
         gemv(&x.gate, used, &b.gate, ff, embd)?;
         gemv(&x.up, used, &b.up, ff, embd)?;
         let biases = x.biases.as_ref().map(|v| v[0]);
