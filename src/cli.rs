@@ -107,6 +107,10 @@ pub struct ServeArgs {
     /// `"prompt_lookup": true`; 0: off [profile: engine.prompt_lookup].
     #[arg(long = "prompt-lookup")]
     pub prompt_lookup: Option<usize>,
+    /// A hybrid model's prefix cache: MiB of recurrent-state snapshots; 0: off
+    /// [profile: engine.state_snapshot_mib].
+    #[arg(long = "state-snapshot-mib")]
+    pub state_snapshot_mib: Option<usize>,
     /// Seconds a new request may expect to wait before its prompt starts (behind the requests
     /// not yet started) before it gets 429 instead; 0: no bound [profile: server.max_queue_wait_s].
     #[arg(long = "max-queue-wait")]
@@ -155,6 +159,9 @@ pub struct KvPlanArgs {
     pub memory_mib: usize,
     #[arg(long = "block-size", default_value_t = 16)]
     pub block_size: usize,
+    /// A hybrid model's prefix cache: MiB of recurrent-state snapshots.
+    #[arg(long = "state-snapshot-mib", default_value_t = edgelm::engine::DEFAULT_STATE_SNAPSHOT_MIB)]
+    pub state_snapshot_mib: usize,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -247,6 +254,9 @@ pub struct ComputeArgs {
     /// Prompt lookup: draft tokens a decode step may verify (for requests that ask); 0: off.
     #[arg(long = "prompt-lookup", default_value_t = 0)]
     pub prompt_lookup: usize,
+    /// A hybrid model's prefix cache: MiB of recurrent-state snapshots (0: off).
+    #[arg(long = "state-snapshot-mib", default_value_t = edgelm::engine::DEFAULT_STATE_SNAPSHOT_MIB)]
+    pub state_snapshot_mib: usize,
     /// Compute backend: cpu, cuda or auto (cuda and auto fall back to the CPU, saying why).
     #[arg(long, default_value = "cpu", value_parser = backend_parser())]
     pub backend: Requested,
@@ -276,6 +286,7 @@ impl ComputeArgs {
             max_batched_tokens: e.max_batched_tokens,
             prefill_pacing: e.prefill_pacing,
             prompt_lookup: e.prompt_lookup,
+            state_snapshot_mib: e.state_snapshot_mib,
             backend: e
                 .backend
                 .parse()

@@ -81,6 +81,9 @@ pub struct EngineSection {
     /// Prompt lookup: draft tokens a decode step may verify for requests that ask for it
     /// (`"prompt_lookup": true`); 0: off.
     pub prompt_lookup: usize,
+    /// A hybrid model's prefix cache: MiB of recurrent-state snapshots kept beside the pool
+    /// (what lets a cached prompt resume); 0: no prefix caching for hybrids.
+    pub state_snapshot_mib: usize,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -154,6 +157,7 @@ impl Default for EngineSection {
             gpu_reserve_mib: crate::engine::DEFAULT_GPU_RESERVE_MIB,
             prefill_pacing: crate::engine::DEFAULT_PREFILL_PACING,
             prompt_lookup: 0,
+            state_snapshot_mib: crate::engine::DEFAULT_STATE_SNAPSHOT_MIB,
         }
     }
 }
@@ -281,6 +285,12 @@ impl EngineSection {
         }
         if !(1..=MAX_MIB).contains(&self.kv_memory_mib) {
             return bad("engine.kv_memory_mib", format!("must be 1 to {MAX_MIB}"));
+        }
+        if self.state_snapshot_mib > MAX_MIB {
+            return bad(
+                "engine.state_snapshot_mib",
+                format!("must be 0 to {MAX_MIB}"),
+            );
         }
         if self.reserve_mib > MAX_MIB {
             return bad("engine.reserve_mib", format!("must be 0 to {MAX_MIB}"));

@@ -158,6 +158,19 @@ impl Server {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} in {text}"))
     }
+
+    /// `name`'s value once it is `want`, or after a second (the engine publishes its gauges
+    /// just after the step that answered the last request).
+    fn settled_metric(&self, name: &str, want: f64) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let v = self.metric(name);
+            if v == want || Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Server {
@@ -243,21 +256,11 @@ fn mixtures_of_experts_read_only_their_active_experts() {
 /// A hybrid keeps each running sequence's recurrent state in a slot of its own: with more
 /// requests than slots (2) and prompts prefilled in several chunks (16 tokens a step), every
 /// greedy answer is the one the prompt gets alone; an n = 2 request's fork (its state copied
-/// at the fork) gives it too; and every slot and block is back once the load is done.
+/// at the fork) gives it too; and every slot and block is back once the load is done. (No
+/// prefix-cache snapshots here, so that every prompt runs its chunks.)
 #[test]
 fn a_hybrid_keeps_each_sequences_state_apart() {
-    // The step's token budget is a profile setting for `serve`.
-    let profile = std::env::temp_dir().join(format!("edgelm-hybrid-{}.toml", std::process::id()));
-    std::fs::write(
-        &profile,
-        "[engine]\nmax_seqs = 2\nmax_batched_tokens = 16\n",
-    )
-    .unwrap();
-    let server = Server::start_with(
-        &test_model("lfm2"),
-        &["--config", profile.to_str().unwrap()],
-    );
-    std::fs::remove_file(&profile).ok();
+    let server = hybrid_server("max_seqs = 2\nmax_batched_tokens = 16\nstate_snapshot_mib = 0");
     let prompts: Vec<String> = (0..5)
         .map(|i| {
             format!(
@@ -298,6 +301,88 @@ fn a_hybrid_keeps_each_sequences_state_apart() {
         assert_eq!(text, &alone[1], "fork {i}");
     }
     assert_eq!(server.metric("edgelm_state_slots"), 2.0);
-    assert_eq!(server.metric("edgelm_state_slots_used"), 0.0);
-    assert_eq!(server.metric("edgelm_kv_blocks_used"), 0.0);
+    assert_eq!(server.settled_metric("edgelm_state_slots_used", 0.0), 0.0);
+    assert_eq!(server.settled_metric("edgelm_kv_blocks_used", 0.0), 0.0);
+}
+
+/// A server on the `lfm2` test model with these `[engine]` profile lines (the step's token
+/// budget is a profile setting for `serve`).
+fn hybrid_server(engine: &str) -> Server {
+    let profile = std::env::temp_dir().join(format!(
+        "edgelm-hybrid-{}-{}.toml",
+        std::process::id(),
+        engine.len()
+    ));
+    std::fs::write(&profile, format!("[engine]\n{engine}\n")).unwrap();
+    let server = Server::start_with(
+        &test_model("lfm2"),
+        &["--config", profile.to_str().unwrap()],
+    );
+    std::fs::remove_file(&profile).ok();
+    server
+}
+
+/// A hybrid's prefix cache: a prompt that shares a long start with an earlier one resumes
+/// after the last state snapshot within the shared part (snapshots are written inside prompt
+/// chunks of any length: 100 tokens a step here), the whole prompt again resumes at its last
+/// full block, and every greedy answer (its log-probabilities too) is the one a server
+/// without snapshots computes from scratch. The snapshots show in /metrics, and every slot and block comes back.
+#[test]
+fn a_hybrid_resumes_a_cached_prompt_from_a_state_snapshot() {
+    let text = std::fs::read_to_string(repo_root().join("tests/data/gpl-2.txt")).unwrap();
+    let shared: String = text.chars().skip(2000).take(3500).collect();
+    let prompts = [
+        format!("{shared}\n\nIn short, the licence says that"),
+        format!("{shared}\n\nThe first condition is"),
+        format!("{shared}\n\nIn short, the licence says that"),
+    ];
+    // (text and its tokens' log-probabilities, prompt tokens, cached tokens) per prompt, one
+    // after another. The log-probabilities tell a state restored exactly from one that is
+    // only close (the test model's few convolution layers rarely change a greedy token).
+    let answers = |snapshot_mib: usize| -> Vec<(String, u64, u64)> {
+        let server = hybrid_server(&format!(
+            "max_batched_tokens = 100\nstate_snapshot_mib = {snapshot_mib}"
+        ));
+        let out = prompts
+            .iter()
+            .map(|p| {
+                let body = serde_json::json!({"prompt": p, "max_tokens": 12, "logprobs": 1,
+                                              "temperature": 0, "ignore_eos": true});
+                let (status, body) = server.request("POST", "/v1/completions", &body.to_string());
+                assert_eq!(status, 200, "{body}");
+                let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                let (choice, usage) = (&v["choices"][0], &v["usage"]);
+                let logprobs = &choice["logprobs"]["token_logprobs"];
+                (
+                    format!("{} {logprobs}", choice["text"]),
+                    usage["prompt_tokens"].as_u64().unwrap(),
+                    usage["prompt_tokens_details"]["cached_tokens"]
+                        .as_u64()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let kept = server.metric("edgelm_state_snapshots_kept");
+        assert_eq!(kept > 0.0, snapshot_mib > 0, "{kept} snapshots kept");
+        assert_eq!(server.settled_metric("edgelm_state_slots_used", 0.0), 0.0);
+        assert_eq!(server.settled_metric("edgelm_kv_blocks_used", 0.0), 0.0);
+        out
+    };
+    let warm = answers(16);
+    let cold = answers(0);
+    let (stride, block) = (edgelm::kv::SNAPSHOT_STRIDE_TOKENS as u64, 16);
+    for (i, (w, c)) in warm.iter().zip(&cold).enumerate() {
+        eprintln!("prompt {i}: {w:?}");
+        assert_eq!(w.0, c.0, "prompt {i}: with snapshots {w:?}, without {c:?}");
+        assert_eq!(c.2, 0, "prompt {i}: nothing cached without snapshots");
+    }
+    assert_eq!(warm[0].2, 0);
+    // The second prompt leaves the first in its last few tokens: it resumes at the stride
+    // point before that.
+    let (prompt, cached) = (warm[1].1, warm[1].2);
+    assert!(
+        cached > 0 && prompt - cached <= stride + block,
+        "{cached} of {prompt} cached"
+    );
+    assert_eq!(warm[2].2, (warm[2].1 - 1) / block * block);
 }

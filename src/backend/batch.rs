@@ -35,6 +35,18 @@ pub struct BatchMeta {
     /// Per sequence, its recurrent-state slot in the pool (`kv::StateSlots`), for a hybrid
     /// model; `None` for a model that only attends.
     pub state_slots: Vec<Option<u32>>,
+    /// A hybrid's prefix-cache snapshots to write in this pass (`kv::StateSnapshots`).
+    pub state_saves: Vec<StateSaveAt>,
+}
+
+/// Sequence `seq`'s (an index into `block_tables`) recurrent state after the first `after`
+/// tokens of its span goes into state slot `slot` too: every op that keeps state writes its
+/// part of the slot.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StateSaveAt {
+    pub seq: usize,
+    pub after: usize,
+    pub slot: u32,
 }
 
 impl BatchMeta {
@@ -66,6 +78,13 @@ impl BatchMeta {
     pub fn set_state_slot(&mut self, slot: u32) {
         if let Some(s) = self.state_slots.last_mut() {
             *s = Some(slot);
+        }
+    }
+
+    /// The last span's sequence's state after its first `after` tokens goes into `slot` too.
+    pub fn save_state_after(&mut self, after: usize, slot: u32) {
+        if let Some(seq) = self.block_tables.len().checked_sub(1) {
+            self.state_saves.push(StateSaveAt { seq, after, slot });
         }
     }
 

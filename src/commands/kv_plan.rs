@@ -29,15 +29,19 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         .checked_mul(1 << 20)
         .context("--memory-mib is too large")?;
     let layout = cfg.kv_layout();
-    let mut plan = KvPlan::new(
+    let snapshot_budget = args
+        .state_snapshot_mib
+        .checked_mul(1 << 20)
+        .context("--state-snapshot-mib is too large")?;
+    let plan = KvPlan::new(
         &geom,
         &layout,
         cfg.n_head,
         memory,
         args.ctx,
         args.avg_tokens,
-    );
-    plan.state_bytes_per_sequence = cfg.state_floats() * 4;
+    )
+    .with_state(cfg.state_floats() * 4, snapshot_budget);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
@@ -109,6 +113,15 @@ fn print_state(cfg: &edgelm::model::ModelConfig, plan: &KvPlan) {
             cfg.conv_layers().len(),
             taps - 1,
             cfg.n_embd
+        );
+    }
+    if plan.state_bytes_per_sequence > 0 {
+        println!(
+            "state snapshots       {} ({} MiB) for the prefix cache: a cached prompt resumes at \
+             its last snapshot, taken every {} tokens and at its last full block",
+            plan.state_snapshots,
+            plan.state_snapshot_bytes >> 20,
+            plan.state_snapshot_stride_tokens
         );
     }
 }

@@ -44,6 +44,7 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
         backend: c.backend.resolve_quietly(),
         gpu_reserve_bytes: c.gpu_reserve_mib << 20,
         prompt_lookup: c.prompt_lookup,
+        state_snapshot_bytes: c.state_snapshot_mib << 20,
     }
 }
 

@@ -82,6 +82,7 @@ impl ServeArgs {
         set(&mut engine.max_seqs, self.max_seqs);
         set(&mut engine.prefill_pacing, self.prefill_pacing);
         set(&mut engine.prompt_lookup, self.prompt_lookup);
+        set(&mut engine.state_snapshot_mib, self.state_snapshot_mib);
         set(&mut server.max_queue_wait_s, self.max_queue_wait);
         set(&mut server.max_queue, self.max_queue);
         set(&mut server.drain_seconds, self.drain_seconds);

@@ -59,7 +59,12 @@ pub struct EngineConfig {
     /// Prompt lookup: draft tokens a decode step may verify for a request that asks for it
     /// (`GenParams::prompt_lookup`); 0: off.
     pub prompt_lookup: usize,
+    /// A hybrid's prefix cache: bytes of recurrent-state snapshots (`kv::StateSnapshots`).
+    pub state_snapshot_bytes: usize,
 }
+
+/// The default for [`EngineConfig::state_snapshot_bytes`], in MiB.
+pub const DEFAULT_STATE_SNAPSHOT_MIB: usize = 64;
 
 /// The default for [`EngineConfig::gpu_reserve_bytes`].
 pub const DEFAULT_GPU_RESERVE_MIB: usize = 512;
@@ -77,6 +82,7 @@ impl Default for EngineConfig {
             backend: Backend::Cpu,
             gpu_reserve_bytes: DEFAULT_GPU_RESERVE_MIB << 20,
             prompt_lookup: 0,
+            state_snapshot_bytes: DEFAULT_STATE_SNAPSHOT_MIB << 20,
         }
     }
 }
@@ -135,17 +141,18 @@ impl Engine {
                 max_seqs: config.max_seqs,
                 context,
                 gpu_reserve_bytes: config.gpu_reserve_bytes,
+                state_snapshot_bytes: config.state_snapshot_bytes,
             },
         )?;
-        let mut plan = KvPlan::new(
+        let plan = KvPlan::new(
             &geom,
             &model.layout,
             cfg.n_head,
             exec.kv_bytes(),
             context,
             512,
-        );
-        plan.state_bytes_per_sequence = cfg.state_floats() * 4;
+        )
+        .with_state(cfg.state_floats() * 4, config.state_snapshot_bytes);
         log_pool(&exec, &geom, &plan, &config, context);
         let shape = ModelShape {
             vocab_size: cfg.vocab_size,
@@ -166,6 +173,7 @@ impl Engine {
         eog: Vec<u32>,
         config: &EngineConfig,
     ) -> (Engine, EngineLimits) {
+        let running_slots = running_state_slots(config, exec.state_slots());
         let sched = Scheduler::new(
             SchedulerConfig {
                 max_seqs: config.max_seqs,
@@ -174,7 +182,7 @@ impl Engine {
             BlockPool::new(exec.blocks(), config.block_size),
             shape.layout,
         )
-        .with_state_slots(exec.state_slots());
+        .with_state_slots(running_slots, exec.state_slots() - running_slots);
         let limits = EngineLimits {
             context: shape.context,
             capacity_tokens: sched.capacity_tokens(),
@@ -485,6 +493,9 @@ impl Engine {
             if let Some(slot) = s.state_slot {
                 meta.set_state_slot(slot);
             }
+            for save in batch.state_saves.iter().filter(|v| v.seq == span.seq) {
+                meta.save_state_after(save.after, save.to);
+            }
             meta.mark_generated_from(s.prompt_len);
         }
         meta
@@ -508,6 +519,7 @@ impl Engine {
     /// it carried with an error; it never takes the engine down.
     fn fail_batch(&mut self, batch: &ScheduledBatch, e: &anyhow::Error) {
         log::error!("forward pass failed: {e:#}");
+        self.sched.abandon_state_saves(batch);
         let reqs: Vec<RequestId> = batch
             .spans
             .iter()
@@ -605,6 +617,10 @@ impl Engine {
         self.local.kv_blocks_used = self.sched.pool.used();
         self.local.kv_blocks_cached = self.sched.pool.cached_count();
         (self.local.state_slots_used, self.local.state_slots_total) = self.sched.state_slot_usage();
+        (
+            self.local.state_snapshots_kept,
+            self.local.state_snapshots_total,
+        ) = self.sched.snapshot_usage();
         self.local.prefix_queried_tokens = c.prefix_queried_tokens;
         self.local.prefix_hit_tokens = c.prefix_hit_tokens;
         self.local.preemptions = c.preemptions;
@@ -673,11 +689,21 @@ fn log_pool(
         context
     );
     if exec.state_slots() > 0 {
+        let running = running_state_slots(config, exec.state_slots());
         log::info!(
-            "recurrent state: {} slots of {} bytes (one per running sequence), {} KiB in all",
-            exec.state_slots(),
+            "recurrent state: {} slots of {} bytes (one per running sequence) and {} prefix-cache \
+             snapshots (one every {} tokens of a cached prompt), {} KiB in all",
+            running,
             plan.state_bytes_per_sequence,
+            exec.state_slots() - running,
+            crate::kv::SNAPSHOT_STRIDE_TOKENS,
             (exec.state_slots() * plan.state_bytes_per_sequence) >> 10
         );
     }
+}
+
+/// Of the executor's `all` state slots, those for running sequences (one each); the rest hold
+/// the prefix cache's snapshots.
+fn running_state_slots(config: &EngineConfig, all: usize) -> usize {
+    config.max_seqs.max(1).min(all)
 }

@@ -6,7 +6,7 @@
 use crate::backend::cpu::step::CpuBuffers;
 use crate::backend::select::Backend;
 use crate::engine::sampler::{Sampler, SamplingParams};
-use crate::kv::{KvPages, PageGeometry, StateSlots};
+use crate::kv::{snapshot_count, KvPages, PageGeometry, StateSlots};
 use crate::model::{BatchMeta, Model};
 use anyhow::Result;
 use std::sync::Arc;
@@ -35,6 +35,8 @@ pub struct ExecutorPlan {
     pub context: usize,
     /// Device memory the CUDA pool leaves free.
     pub gpu_reserve_bytes: usize,
+    /// A hybrid's prefix cache: bytes of recurrent-state snapshots.
+    pub state_snapshot_bytes: usize,
 }
 
 impl Executor {
@@ -49,10 +51,12 @@ impl Executor {
         // Packed now, not on the first request.
         model.cpu_packed();
         let mut pages = KvPages::new(plan.geom, plan.cpu_blocks)?;
-        // A hybrid's recurrent state: one slot per sequence that may run at once.
+        // A hybrid's recurrent state: one slot per sequence that may run at once, then the
+        // prefix cache's snapshots.
         let floats = model.config.state_floats();
         if floats > 0 {
-            pages.states = StateSlots::new(plan.max_seqs.max(1), floats)?;
+            let snapshots = snapshot_count(plan.state_snapshot_bytes, floats * 4);
+            pages.states = StateSlots::new(plan.max_seqs.max(1) + snapshots, floats)?;
         }
         Ok(Executor::Cpu(Box::new(CpuExec {
             pages,

@@ -68,6 +68,9 @@ pub struct EngineStats {
     /// A hybrid model's recurrent-state slots: all of them (fixed at start) and those held.
     pub state_slots_total: usize,
     pub state_slots_used: usize,
+    /// Its prefix cache's state snapshots: how many the budget holds, and how many are kept.
+    pub state_snapshots_total: usize,
+    pub state_snapshots_kept: usize,
     pub prefix_queried_tokens: u64,
     pub prefix_hit_tokens: u64,
     pub preemptions: u64,
@@ -104,6 +107,8 @@ impl Default for EngineStats {
             kv_blocks_cached: 0,
             state_slots_total: 0,
             state_slots_used: 0,
+            state_snapshots_total: 0,
+            state_snapshots_kept: 0,
             prefix_queried_tokens: 0,
             prefix_hit_tokens: 0,
             preemptions: 0,

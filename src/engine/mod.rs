@@ -14,7 +14,10 @@ pub mod scheduler;
 pub mod sequence;
 mod session;
 
-pub use self::core::{Engine, EngineConfig, DEFAULT_GPU_RESERVE_MIB, DEFAULT_PREFILL_PACING};
+pub use self::core::{
+    Engine, EngineConfig, DEFAULT_GPU_RESERVE_MIB, DEFAULT_PREFILL_PACING,
+    DEFAULT_STATE_SNAPSHOT_MIB,
+};
 pub use handle::{EngineHandle, EngineLimits};
 pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob, UNTIL_CONTEXT_END};
 pub use rng::Rng;

@@ -8,9 +8,13 @@
 //! (they stay in the prefix cache) and it is re-queued at the front. Only after a step is
 //! planned does the engine run it and `commit` the result.
 
+mod state_slots;
+
 use super::sequence::{SeqId, Sequence};
 use crate::kv::{BlockPool, KvLayout, SeqBlocks};
 use crate::model::Logits;
+pub use state_slots::StateSave;
+use state_slots::StateSlotPool;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
@@ -123,8 +127,11 @@ pub struct ScheduledBatch {
     pub spans: Vec<ScheduledSpan>,
     /// Copy-on-write: copy every layer of block `.0` into block `.1` before the forward.
     pub copies: Vec<(u32, u32)>,
-    /// A fork's recurrent state: copy state slot `.0` into slot `.1` before the forward.
+    /// A hybrid's recurrent state: copy state slot `.0` into slot `.1` before the forward (a
+    /// fork's parent state, a cached prefix's snapshot).
     pub state_copies: Vec<(u32, u32)>,
+    /// A hybrid's states to snapshot after the forward.
+    pub state_saves: Vec<StateSave>,
     pub preempted: Vec<SeqId>,
 }
 
@@ -159,14 +166,6 @@ pub struct Scheduler {
     slots: Option<StateSlotPool>,
 }
 
-/// Which recurrent-state slots are free, and the fork copies the next step must make first.
-#[derive(Debug)]
-struct StateSlotPool {
-    total: usize,
-    free: Vec<u32>,
-    copies: Vec<(u32, u32)>,
-}
-
 enum Grow {
     Ok,
     /// No block could be had (the caller decides whom to preempt).
@@ -186,55 +185,6 @@ impl Scheduler {
             long_turn: false,
             counters: SchedulerCounters::default(),
             slots: None,
-        }
-    }
-
-    /// For a hybrid model: `n` recurrent-state slots, one per running sequence. Such a model's
-    /// sequences never start from cached prefix blocks (the state at a block boundary is not
-    /// kept), and one that finds no free slot waits.
-    pub fn with_state_slots(mut self, n: usize) -> Scheduler {
-        self.slots = (n > 0).then(|| StateSlotPool {
-            total: n,
-            free: (0..n as u32).rev().collect(),
-            copies: Vec::new(),
-        });
-        self
-    }
-
-    /// Whether sequences hold recurrent-state slots (a hybrid model).
-    pub fn has_state_slots(&self) -> bool {
-        self.slots.is_some()
-    }
-
-    /// (slots in use, slots in all); (0, 0) for a model without recurrent state.
-    pub fn state_slot_usage(&self) -> (usize, usize) {
-        self.slots
-            .as_ref()
-            .map_or((0, 0), |p| (p.total - p.free.len(), p.total))
-    }
-
-    /// Gives `id` a state slot if it needs one and has none; false when none is free.
-    fn take_slot(&mut self, id: SeqId) -> bool {
-        let Some(pool) = self.slots.as_mut() else {
-            return true;
-        };
-        let s = self.seqs.get_mut(&id).expect("seq exists");
-        if s.state_slot.is_some() {
-            return true;
-        }
-        match pool.free.pop() {
-            Some(slot) => {
-                s.state_slot = Some(slot);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Hands `seq`'s state slot back.
-    fn release_slot(slots: &mut Option<StateSlotPool>, seq: &mut Sequence) {
-        if let (Some(pool), Some(slot)) = (slots.as_mut(), seq.state_slot.take()) {
-            pool.free.push(slot);
         }
     }
 
@@ -293,21 +243,15 @@ impl Scheduler {
     /// A hybrid model's fork also needs the parent's recurrent state: copied into a slot of its
     /// own before the next step; with no slot free, it waits and computes its prompt again.
     pub fn add_fork(&mut self, parent: SeqId, mut child: Sequence) {
-        child.state_slot = None;
-        if let Some(pool) = self.slots.as_mut() {
-            let Some(slot) = pool.free.pop() else {
-                child.blocks = SeqBlocks::new(self.layout.num_groups());
-                child.num_computed = 0;
-                self.waiting.push_back(child.id);
-                self.seqs.insert(child.id, child);
-                return;
-            };
-            let from = self.seqs[&parent]
-                .state_slot
-                .expect("a running hybrid sequence has a slot");
-            pool.copies.push((from, slot));
-            child.state_slot = Some(slot);
-        }
+        let Some(slot) = self.fork_slot(parent) else {
+            child.state_slot = None;
+            child.blocks = SeqBlocks::new(self.layout.num_groups());
+            child.num_computed = 0;
+            self.waiting.push_back(child.id);
+            self.seqs.insert(child.id, child);
+            return;
+        };
+        child.state_slot = slot;
         child.blocks = self.seqs[&parent].blocks.share(&mut self.pool);
         self.running.push(child.id);
         self.seqs.insert(child.id, child);
@@ -361,6 +305,7 @@ impl Scheduler {
             self.long_turn = !self.long_turn;
         }
         self.ensure_progress(&mut batch);
+        self.plan_state_saves(&mut batch);
         batch
     }
 
@@ -461,7 +406,8 @@ impl Scheduler {
             if !self.take_slot(id) {
                 break;
             }
-            self.attach_cached_prefix(id);
+            let restores = batch.state_copies.len();
+            self.attach_cached_prefix(id, batch);
             let len = lanes.allow(long, self.seqs[&id].pending());
             match self.grow(id, len, batch) {
                 Grow::Ok => {
@@ -477,6 +423,7 @@ impl Scheduler {
                     s.cached_tokens = 0;
                     s.blocks.release_all(&mut self.pool);
                     Self::release_slot(&mut self.slots, s);
+                    batch.state_copies.truncate(restores);
                     break;
                 }
             }
@@ -531,7 +478,8 @@ impl Scheduler {
     fn waits_for_prefix(&self, id: SeqId) -> bool {
         let bt = self.pool.block_size();
         let s = &self.seqs[&id];
-        // A hybrid never starts from cached blocks (`attach_cached_prefix`): nothing to wait for.
+        // A hybrid resumes only where a snapshot of its state is kept, which the running
+        // sequence's chunks may not reach: it does not wait.
         if s.num_computed > 0
             || !s.blocks.is_empty()
             || s.want_prompt_logits
@@ -604,32 +552,41 @@ impl Scheduler {
 
     /// On first admission, reuse cached full blocks of the prompt (always leaving at least the
     /// last token to compute, so there are logits to sample from): as many leading blocks as
-    /// every KV group still holds what resuming there needs (`SeqBlocks::attach_prefix`).
-    fn attach_cached_prefix(&mut self, id: SeqId) {
+    /// every KV group still holds what resuming there needs (`SeqBlocks::attach_prefix`), and
+    /// for a hybrid, only as many as end where a snapshot of its state is kept (restored into
+    /// its slot before the step).
+    fn attach_cached_prefix(&mut self, id: SeqId, batch: &mut ScheduledBatch) {
         let bt = self.pool.block_size();
         let s = self.seqs.get_mut(&id).expect("seq exists");
-        // A hybrid's cached blocks hold K/V but not the recurrent state there.
-        let hybrid = self.slots.is_some();
-        if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits || hybrid {
+        if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits {
             return;
         }
-        let first_admission = s.preemptions == 0;
         let usable = (s.tokens.len() - 1) / bt;
         s.hashes_up_to(usable, bt);
-        let hits = bt
-            * s.blocks.attach_prefix(
-                &mut self.pool,
-                &self.layout,
-                &s.block_hashes,
-                &s.tokens,
-                usable,
-            );
+        if !self.caches_prefixes() {
+            return;
+        }
+        let s = &self.seqs[&id];
+        let resumable: Vec<bool> = (0..=usable)
+            .map(|k| k > 0 && self.resumable(s, k))
+            .collect();
+        let s = self.seqs.get_mut(&id).expect("seq exists");
+        let blocks = s.blocks.attach_prefix(
+            &mut self.pool,
+            &self.layout,
+            &s.block_hashes,
+            &s.tokens,
+            usable,
+            |k| resumable[k],
+        );
+        let hits = bt * blocks;
         s.num_computed = hits;
-        if first_admission {
+        if s.preemptions == 0 {
             s.cached_tokens = hits.min(s.prompt_len);
             self.counters.prefix_queried_tokens += s.prompt_len as u64;
             self.counters.prefix_hit_tokens += hits.min(s.prompt_len) as u64;
         }
+        self.restore_state(id, blocks, batch);
     }
 
     /// Makes room for `len` more tokens at `num_computed..` (`SeqBlocks::grow`: new blocks,
@@ -683,9 +640,10 @@ impl Scheduler {
         self.counters.preemptions += 1;
     }
 
-    /// Records that the step ran: computed counts advance and newly full blocks join the
-    /// prefix cache.
+    /// Records that the step ran: computed counts advance, newly full blocks join the prefix
+    /// cache, and so do a hybrid's saved states, as snapshots.
     pub fn commit(&mut self, batch: &ScheduledBatch) {
+        self.keep_state_saves(batch);
         for span in &batch.spans {
             let Some(s) = self.seqs.get_mut(&span.seq) else {
                 continue;
@@ -1083,8 +1041,8 @@ mod tests {
     }
 
     /// A hybrid's sequences each hold a state slot while they run: with two slots a third
-    /// prompt waits; a preempted or finished sequence hands its slot back; cached prefix blocks
-    /// are never attached (they hold no state); a fork gets the parent's state copied into a
+    /// prompt waits; a preempted or finished sequence hands its slot back; without snapshots,
+    /// cached prefix blocks are never attached (they hold no state); a fork gets the parent's state copied into a
     /// slot of its own, or, with none free, waits to compute its prompt again.
     #[test]
     fn hybrid_sequences_hold_state_slots_while_they_run() {
@@ -1096,7 +1054,7 @@ mod tests {
             BlockPool::new(32, 16),
             KvLayout::full(1),
         )
-        .with_state_slots(2);
+        .with_state_slots(2, 0);
         for i in 0..3u64 {
             s.add(Sequence::new(i, i, i, vec![7; 20], 64));
         }
@@ -1139,5 +1097,58 @@ mod tests {
         }
         assert_eq!(s.state_slot_usage(), (0, 2));
         assert_eq!(s.pool.used(), 0);
+    }
+
+    /// A hybrid with snapshots: the state at a prompt's snapshot points (the stride and its
+    /// last full block) is saved in the step whose chunk passes them; the same
+    /// prompt again resumes after its last snapshot, the state restored into its slot before
+    /// the step; a prompt that leaves the shared part earlier resumes at the last stride point
+    /// it shares.
+    #[test]
+    fn a_hybrid_resumes_a_cached_prefix_from_a_state_snapshot() {
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                max_seqs: 4,
+                max_batched_tokens: 100,
+            },
+            BlockPool::new(64, 16),
+            KvLayout::full(1),
+        )
+        .with_state_slots(2, 16);
+        let stride = crate::kv::SNAPSHOT_STRIDE_TOKENS;
+        let prompt: Vec<u32> = (0..300).collect();
+        s.add(Sequence::new(1, 1, 1, prompt.clone(), 400));
+        let mut saves = Vec::new();
+        while s.get(1).unwrap().num_computed < 300 {
+            let b = step(&mut s, 9);
+            let start = b.spans[0].start;
+            saves.extend(b.state_saves.iter().map(|v| (start + v.after, v.to)));
+        }
+        // Chunks of 100; the last full block before token 299 ends at 288.
+        let mut points: Vec<usize> = (1..).map(|i| i * stride).take_while(|&p| p < 288).collect();
+        points.push(288);
+        assert_eq!(saves.iter().map(|v| v.0).collect::<Vec<_>>(), points);
+        assert_eq!(s.snapshot_usage(), (points.len(), 16));
+        let at_288 = saves.last().unwrap().1;
+
+        s.add(Sequence::new(2, 2, 2, prompt.clone(), 400));
+        let b = step(&mut s, 9);
+        let seq = s.get(2).unwrap();
+        assert_eq!(seq.cached_tokens, 288);
+        assert_eq!(b.state_copies, [(at_288, seq.state_slot.unwrap())]);
+        assert_eq!(b.spans.iter().find(|sp| sp.seq == 2).unwrap().start, 288);
+
+        // Shares 200 tokens: blocks up to 192 are cached, and resumes at the last stride
+        // point of those.
+        let mut other = prompt.clone();
+        other[200] = 9999;
+        s.remove(1);
+        s.add(Sequence::new(3, 3, 3, other, 400));
+        step(&mut s, 9);
+        assert_eq!(s.get(3).unwrap().cached_tokens, 192 / stride * stride);
+        for id in [2, 3] {
+            s.remove(id);
+        }
+        assert_eq!((s.state_slot_usage(), s.pool.used()), ((0, 2), 0));
     }
 }

@@ -66,6 +66,8 @@ impl Session {
                 max_seqs: 1,
                 context: cfg.max_tokens,
                 gpu_reserve_bytes: cfg.gpu_reserve_bytes,
+                // One sequence, no prefix cache.
+                state_snapshot_bytes: 0,
             },
         )?;
         // The CUDA pool sizes itself from free device memory.

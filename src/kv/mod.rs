@@ -8,6 +8,7 @@ mod page_format;
 mod pages;
 pub mod plan;
 mod seq_blocks;
+mod snapshots;
 mod states;
 
 pub use block_pool::{block_hash, BlockPool};
@@ -15,4 +16,5 @@ pub use layout::{KvGroup, KvLayout, NO_BLOCK};
 pub use page_format::{KvType, HADAMARD_DIM};
 pub use pages::{KvPages, PageGeometry, Part};
 pub use seq_blocks::SeqBlocks;
+pub use snapshots::{snapshot_count, StateSnapshots, SNAPSHOT_STRIDE_TOKENS};
 pub use states::StateSlots;

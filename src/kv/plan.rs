@@ -2,7 +2,7 @@
 //! attention windows counted (a windowed KV group holds only its window's blocks).
 //! Used by the engine at start-up (its log line) and by `edgelm kv-plan`.
 
-use super::{KvLayout, KvType, PageGeometry};
+use super::{snapshot_count, KvLayout, KvType, PageGeometry, SNAPSHOT_STRIDE_TOKENS};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -35,6 +35,11 @@ pub struct KvPlan {
     /// A hybrid's recurrent state per running sequence (whatever its length), held in a slot
     /// beside the KV pages; 0 for a model that only attends.
     pub state_bytes_per_sequence: usize,
+    /// A hybrid's prefix cache: the state snapshots its budget holds (one every
+    /// `state_snapshot_stride_tokens` of a cached prompt) and their bytes.
+    pub state_snapshots: usize,
+    pub state_snapshot_bytes: usize,
+    pub state_snapshot_stride_tokens: usize,
     #[serde(skip)]
     layout: KvLayout,
 }
@@ -79,8 +84,21 @@ impl KvPlan {
             no_gqa_max_seqs_contiguous: memory_bytes
                 / (no_gqa.bytes_per_token() * groups * ctx.max(1)),
             state_bytes_per_sequence: 0,
+            state_snapshots: 0,
+            state_snapshot_bytes: 0,
+            state_snapshot_stride_tokens: 0,
             layout: layout.clone(),
         }
+    }
+
+    /// A hybrid's recurrent state: `state_bytes` per sequence, and the prefix cache's
+    /// snapshots that `snapshot_budget` bytes hold.
+    pub fn with_state(mut self, state_bytes: usize, snapshot_budget: usize) -> KvPlan {
+        self.state_bytes_per_sequence = state_bytes;
+        self.state_snapshots = snapshot_count(snapshot_budget, state_bytes);
+        self.state_snapshot_bytes = self.state_snapshots * state_bytes;
+        self.state_snapshot_stride_tokens = SNAPSHOT_STRIDE_TOKENS;
+        self
     }
 
     /// Concurrent sequences of `tokens` tokens each that the pool holds.

@@ -110,7 +110,9 @@ impl SeqBlocks {
     /// Reuses cached full blocks for the start of `tokens`: the longest run of `k` leading blocks
     /// (at most `max_blocks`) for which every group has what computing position `k·bt` needs:
     /// all of them in a group without a window, the ones inside the window otherwise.
-    /// `hashes[i]` is block i's chained hash. Returns `k`; the tables must be empty.
+    /// `hashes[i]` is block i's chained hash; `resumable(k)` says whether a sequence may resume
+    /// after `k` blocks at all (a hybrid's only where a state snapshot was kept). Returns `k`;
+    /// the tables must be empty.
     pub fn attach_prefix(
         &mut self,
         pool: &mut BlockPool,
@@ -118,6 +120,7 @@ impl SeqBlocks {
         hashes: &[u64],
         tokens: &[u32],
         max_blocks: usize,
+        resumable: impl Fn(usize) -> bool,
     ) -> usize {
         debug_assert!(self.is_empty());
         let bt = pool.block_size();
@@ -140,7 +143,7 @@ impl SeqBlocks {
                 missing[g][k] == missing[g][from]
             })
         };
-        let Some(k) = (1..=max_blocks).rev().find(|&k| fits(k)) else {
+        let Some(k) = (1..=max_blocks).rev().find(|&k| resumable(k) && fits(k)) else {
             return 0;
         };
         for (g, table) in self.tables.iter_mut().enumerate() {
@@ -237,7 +240,10 @@ mod tests {
         // Position 32 reads 25.. (blocks 6 and 7) in the windowed group: those are still
         // cached, so the whole 8-block prefix hits although blocks 0..4 of that group are gone.
         let mut b = SeqBlocks::new(2);
-        assert_eq!(b.attach_prefix(&mut pool, &layout, &h, &tokens, 8), 8);
+        assert_eq!(
+            b.attach_prefix(&mut pool, &layout, &h, &tokens, 8, |_| true),
+            8
+        );
         assert_eq!(b.tables()[0].len(), 8);
         assert_eq!(&b.tables()[1][..6], &[NO_BLOCK; 6]);
         b.release_all(&mut pool);
@@ -247,7 +253,10 @@ mod tests {
         other[13] = 999;
         let h2 = hashes(&other, bt);
         let mut c = SeqBlocks::new(2);
-        assert_eq!(c.attach_prefix(&mut pool, &layout, &h2, &other, 8), 0);
+        assert_eq!(
+            c.attach_prefix(&mut pool, &layout, &h2, &other, 8, |_| true),
+            0
+        );
         assert!(c.is_empty());
         assert_eq!(pool.used(), 0);
     }

@@ -47,7 +47,7 @@ const MEMORY: [Series; 2] = [
 ];
 
 /// The batch and the KV pool as they stand.
-const GAUGES: [Series; 8] = [
+const GAUGES: [Series; 10] = [
     (
         "edgelm_requests_running",
         "gauge",
@@ -97,6 +97,18 @@ const GAUGES: [Series; 8] = [
         "gauge",
         "Recurrent-state slots held by running sequences.",
         |s| s.state_slots_used as f64,
+    ),
+    (
+        "edgelm_state_snapshots",
+        "gauge",
+        "Prefix-cache state snapshots the budget holds (a hybrid model's; 0 otherwise).",
+        |s| s.state_snapshots_total as f64,
+    ),
+    (
+        "edgelm_state_snapshots_kept",
+        "gauge",
+        "Prefix-cache state snapshots kept (cached prompts a hybrid can resume after).",
+        |s| s.state_snapshots_kept as f64,
     ),
 ];
 

@@ -6,7 +6,8 @@
 /// One sequence's span of tokens, rows of `n` values: `b` and `x` its rows of B and x, `c` its
 /// rows of C, replaced by C ⊙ conv(B ⊙ x); `state` the B ⊙ x rows of the `taps - 1` positions
 /// before the span (oldest first; `fresh`: there are none, the span starts the sequence),
-/// left holding the last `taps - 1` rows; `kernel` `taps` values per channel.
+/// left holding the last `taps - 1` rows; `kernel` `taps` values per channel. For each
+/// `saves[i]`, `save(i, state)` gets the state after the span's first `saves[i]` tokens.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_span(
     b: &[f32],
@@ -15,8 +16,9 @@ pub fn conv_span(
     state: &mut [f32],
     fresh: bool,
     kernel: &[f32],
-    taps: usize,
-    n: usize,
+    (taps, n): (usize, usize),
+    saves: &[usize],
+    mut save: impl FnMut(usize, &[f32]),
 ) {
     let d = taps - 1;
     let tokens = b.len() / n;
@@ -38,6 +40,9 @@ pub fn conv_span(
             *c *= sum;
         }
     }
+    for (i, &t) in saves.iter().enumerate() {
+        save(i, &rows[t * n..(t + d) * n]);
+    }
     state.copy_from_slice(&rows[tokens * n..]);
 }
 
@@ -56,7 +61,22 @@ mod tests {
         let c: Vec<f32> = (0..10).map(|i| 0.5 + (i % 3) as f32).collect();
         let mut whole = c.clone();
         let mut state = vec![9.0; (taps - 1) * n];
-        conv_span(&b, &x, &mut whole, &mut state, true, &kernel, taps, n);
+        let mut after_two = Vec::new();
+        let save = |i: usize, s: &[f32]| {
+            assert_eq!(i, 0);
+            after_two = s.to_vec();
+        };
+        conv_span(
+            &b,
+            &x,
+            &mut whole,
+            &mut state,
+            true,
+            &kernel,
+            (taps, n),
+            &[2],
+            save,
+        );
         // By hand, channel 0 at token 2: taps over tokens 0, 1, 2.
         let bx = |t: usize, j: usize| b[t * n + j] * x[t * n + j];
         let want = c[4] * (bx(0, 0) * 0.5 + -bx(1, 0) + bx(2, 0) * 2.0);
@@ -64,6 +84,7 @@ mod tests {
         // Token 0 sees only itself (the state before position 0 is empty).
         assert_eq!(whole[1], c[1] * (bx(0, 1) * 0.25));
         assert_eq!(state, [bx(3, 0), bx(3, 1), bx(4, 0), bx(4, 1)]);
+        assert_eq!(after_two, [bx(0, 0), bx(0, 1), bx(1, 0), bx(1, 1)]);
 
         let mut steps = c.clone();
         let mut state = vec![0.0; (taps - 1) * n];
@@ -76,8 +97,9 @@ mod tests {
                 &mut state,
                 t == 0,
                 &kernel,
-                taps,
-                n,
+                (taps, n),
+                &[],
+                |_, _| {},
             );
         }
         assert_eq!(steps, whole);

@@ -9,7 +9,7 @@ use super::ops::{
 use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
 use super::short_conv::conv_span;
-use crate::backend::batch::BatchMeta;
+use crate::backend::batch::{BatchMeta, StateSaveAt};
 use crate::backend::ops::{
     Activation, Attention, Buf, Experts, Mat, Ops, Routing, Shape, ShortConv, VecRef,
 };
@@ -418,16 +418,37 @@ impl Ops for CpuStep<'_> {
                 );
             }
             let rows = span.start * n..span.end * n;
+            let saves: Vec<StateSaveAt> = self
+                .batch
+                .state_saves
+                .iter()
+                .filter(|v| v.seq == seq)
+                .copied()
+                .collect();
+            if let Some(bad) = saves
+                .iter()
+                .find(|v| v.slot as usize >= self.kv.states.count())
+            {
+                anyhow::bail!("snapshot slot {} is not in the pool", bad.slot);
+            }
+            // The sequence's own state rows, apart from the pool, which the saves write to.
+            let mut state = self.kv.states.slot_mut(slot)[layer_state.clone()].to_vec();
+            let states = &mut self.kv.states;
             conv_span(
                 &b[rows.clone()],
                 &x[rows.clone()],
                 &mut c[rows],
-                &mut self.kv.states.slot_mut(slot)[layer_state.clone()],
+                &mut state,
                 self.batch.positions[span.start] == 0,
                 kernel,
-                conv.taps,
-                n,
+                (conv.taps, n),
+                &saves.iter().map(|v| v.after).collect::<Vec<_>>(),
+                |i, rows| {
+                    let to = saves[i].slot as usize;
+                    states.slot_mut(to)[layer_state.clone()].copy_from_slice(rows);
+                },
             );
+            self.kv.states.slot_mut(slot)[layer_state.clone()].copy_from_slice(&state);
         }
         self.put(Buf::Attn, c);
         Ok(())
