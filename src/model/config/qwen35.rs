@@ -165,3 +165,134 @@ pub fn imrope_turned_pairs(sections: [usize; 4], n_rot: usize) -> Vec<bool> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Mixer, ModelConfig};
+    use super::*;
+    use crate::gguf::{Array, GgufFile, GgufWriter, Value};
+
+    /// A Qwen3.5 header of `layers` layers (the last `mtp` of them multi-token prediction),
+    /// DeltaNets of 2 key heads and 4 value heads of 16; `extra` keys set over the defaults.
+    fn header(layers: u32, mtp: u32, extra: Vec<(&str, Value)>) -> Result<ModelConfig> {
+        let mut keys: Vec<(&str, Value)> = vec![
+            ("block_count", Value::U32(layers)),
+            ("nextn_predict_layers", Value::U32(mtp)),
+            ("embedding_length", Value::U32(64)),
+            ("feed_forward_length", Value::U32(128)),
+            ("attention.head_count", Value::U32(4)),
+            ("attention.head_count_kv", Value::U32(2)),
+            ("rope.dimension_count", Value::U32(8)),
+            (
+                "rope.dimension_sections",
+                Value::Array(Array::I32(vec![2, 1, 1, 0])),
+            ),
+            ("ssm.conv_kernel", Value::U32(4)),
+            ("ssm.state_size", Value::U32(16)),
+            ("ssm.group_count", Value::U32(2)),
+            ("ssm.time_step_rank", Value::U32(4)),
+            ("ssm.inner_size", Value::U32(64)),
+        ];
+        for (k, v) in extra {
+            match keys.iter_mut().find(|(name, _)| *name == k) {
+                Some(slot) => slot.1 = v,
+                None => keys.push((k, v)),
+            }
+        }
+        let mut w = GgufWriter::new()
+            .kv("general.architecture", Value::String("qwen35".into()))
+            .kv(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(vec!["a".into(); 8])),
+            );
+        for (k, v) in keys {
+            w = w.kv(format!("qwen35.{k}"), v);
+        }
+        ModelConfig::from_gguf(&GgufFile::from_bytes(w.to_bytes()).unwrap())
+    }
+
+    fn deltas(cfg: &ModelConfig) -> Vec<bool> {
+        cfg.layers
+            .iter()
+            .map(|l| l.mixer == Mixer::DeltaNet)
+            .collect()
+    }
+
+    /// Every fourth layer attends by default; the state is per DeltaNet layer 3 rows of the
+    /// 2·32 + 64 channels and 4 matrices of 16 × 16.
+    #[test]
+    fn every_fourth_layer_attends_unless_the_file_lists_them() {
+        let cfg = header(8, 0, vec![]).unwrap();
+        let want = [true, true, true, false, true, true, true, false];
+        assert_eq!(deltas(&cfg), want);
+        assert_eq!(cfg.state_floats(), 6 * (3 * 128 + 4 * 16 * 16));
+        assert_eq!(cfg.kv_layout().groups[0].layers, [3, 7]);
+        let cfg = header(6, 0, vec![("full_attention_interval", Value::U32(3))]).unwrap();
+        assert_eq!(deltas(&cfg), [true, true, false, true, true, false]);
+        let listed = vec![false, true, true, false, false];
+        let key = (
+            "attention.recurrent_layers",
+            Value::Array(Array::Bool(listed)),
+        );
+        let cfg = header(5, 1, vec![key]).unwrap();
+        assert_eq!((cfg.n_layers, cfg.mtp_layers), (4, 1));
+        assert_eq!(deltas(&cfg), [false, true, true, false]);
+    }
+
+    #[test]
+    fn layer_patterns_that_do_not_fit_are_refused() {
+        let refused = |r: Result<ModelConfig>, what: &str| {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        };
+        let key = |v: Vec<bool>| ("attention.recurrent_layers", Value::Array(Array::Bool(v)));
+        refused(
+            header(4, 0, vec![key(vec![true; 3])]),
+            "3 entries for 4 layers",
+        );
+        refused(header(4, 0, vec![key(vec![true; 4])]), "no layer attends");
+        refused(
+            header(4, 1, vec![key(vec![false, true, true, true])]),
+            "multi-token-prediction layer recurrent",
+        );
+        refused(header(4, 4, vec![]), "leaves no trunk");
+        refused(
+            header(4, 0, vec![("ssm.conv_kernel", Value::U32(1))]),
+            "2 to 16 positions",
+        );
+        refused(
+            header(
+                4,
+                0,
+                vec![(
+                    "rope.dimension_sections",
+                    Value::Array(Array::I32(vec![3, 2])),
+                )],
+            ),
+            "2 entries, not 4",
+        );
+        refused(
+            header(
+                4,
+                0,
+                vec![(
+                    "rope.dimension_sections",
+                    Value::Array(Array::I32(vec![3, 2, 0, 0])),
+                )],
+            ),
+            "does not fit the 4 rotated pairs",
+        );
+    }
+
+    /// Qwen3.5's own sections turn all 32 pairs; uneven ones leave the pairs whose section
+    /// falls past its interleaved share unturned (ggml's `ggml_mrope_cache_init`).
+    #[test]
+    fn imrope_turns_the_pairs_its_sections_cover() {
+        assert!(imrope_turned_pairs([11, 11, 10, 0], 64).iter().all(|&t| t));
+        let turned = imrope_turned_pairs([6, 4, 4, 0], 32);
+        let unturned: Vec<usize> = (0..16).filter(|&i| !turned[i]).collect();
+        assert_eq!(unturned, [13]);
+        // Fewer pairs in the sections than rotated: the sections repeat over the pairs.
+        assert!(imrope_turned_pairs([2, 1, 1, 0], 16).iter().all(|&t| t));
+    }
+}
