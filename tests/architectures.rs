@@ -150,6 +150,18 @@ impl Server {
         (status, body.to_string())
     }
 
+    /// [`Server::metric`] once it has reached 0, or after two seconds, whichever comes first.
+    fn settled_metric(&self, name: &str) -> f64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let v = self.metric(name);
+            if v == 0.0 || std::time::Instant::now() > deadline {
+                return v;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// The value of an unlabelled series in /metrics.
     fn metric(&self, name: &str) -> f64 {
         let (_, text) = self.request_raw("GET", "/metrics", "");
@@ -157,19 +169,6 @@ impl Server {
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} in {text}"))
-    }
-
-    /// `name`'s value once it is `want`, or after a second (the engine publishes its gauges
-    /// just after the step that answered the last request).
-    fn settled_metric(&self, name: &str, want: f64) -> f64 {
-        let deadline = Instant::now() + Duration::from_secs(1);
-        loop {
-            let v = self.metric(name);
-            if v == want || Instant::now() > deadline {
-                return v;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 }
 
@@ -260,7 +259,17 @@ fn mixtures_of_experts_read_only_their_active_experts() {
 /// prefix-cache snapshots here, so that every prompt runs its chunks.)
 #[test]
 fn a_hybrid_keeps_each_sequences_state_apart() {
-    let server = hybrid_server("max_seqs = 2\nmax_batched_tokens = 16\nstate_snapshot_mib = 0");
+    for arch in ["lfm2", "qwen35"] {
+        eprintln!("{arch}:");
+        keeps_each_sequences_state_apart(arch);
+    }
+}
+
+fn keeps_each_sequences_state_apart(arch: &str) {
+    let server = hybrid_server(
+        arch,
+        "max_seqs = 2\nmax_batched_tokens = 16\nstate_snapshot_mib = 0",
+    );
     let prompts: Vec<String> = (0..5)
         .map(|i| {
             format!(
@@ -301,23 +310,21 @@ fn a_hybrid_keeps_each_sequences_state_apart() {
         assert_eq!(text, &alone[1], "fork {i}");
     }
     assert_eq!(server.metric("edgelm_state_slots"), 2.0);
-    assert_eq!(server.settled_metric("edgelm_state_slots_used", 0.0), 0.0);
-    assert_eq!(server.settled_metric("edgelm_kv_blocks_used", 0.0), 0.0);
+    // A finished sequence's slot and blocks go back just after its answer is sent.
+    assert_eq!(server.settled_metric("edgelm_state_slots_used"), 0.0);
+    assert_eq!(server.settled_metric("edgelm_kv_blocks_used"), 0.0);
 }
 
-/// A server on the `lfm2` test model with these `[engine]` profile lines (the step's token
+/// A server on `arch`'s test model with these `[engine]` profile lines (the step's token
 /// budget is a profile setting for `serve`).
-fn hybrid_server(engine: &str) -> Server {
-    let profile = std::env::temp_dir().join(format!(
-        "edgelm-hybrid-{}-{}.toml",
-        std::process::id(),
-        engine.len()
-    ));
+fn hybrid_server(arch: &str, engine: &str) -> Server {
+    // Tests run in threads of one process: each profile gets a name of its own.
+    static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let profile =
+        std::env::temp_dir().join(format!("edgelm-hybrid-{}-{n}.toml", std::process::id()));
     std::fs::write(&profile, format!("[engine]\n{engine}\n")).unwrap();
-    let server = Server::start_with(
-        &test_model("lfm2"),
-        &["--config", profile.to_str().unwrap()],
-    );
+    let server = Server::start_with(&test_model(arch), &["--config", profile.to_str().unwrap()]);
     std::fs::remove_file(&profile).ok();
     server
 }
@@ -326,9 +333,17 @@ fn hybrid_server(engine: &str) -> Server {
 /// after the last state snapshot within the shared part (snapshots are written inside prompt
 /// chunks of any length: 100 tokens a step here), the whole prompt again resumes at its last
 /// full block, and every greedy answer (its log-probabilities too) is the one a server
-/// without snapshots computes from scratch. The snapshots show in /metrics, and every slot and block comes back.
+/// without snapshots computes from scratch. The snapshots show in /metrics, and every slot
+/// and block comes back.
 #[test]
 fn a_hybrid_resumes_a_cached_prompt_from_a_state_snapshot() {
+    for arch in ["lfm2", "qwen35"] {
+        eprintln!("{arch}:");
+        resumes_a_cached_prompt_from_a_state_snapshot(arch);
+    }
+}
+
+fn resumes_a_cached_prompt_from_a_state_snapshot(arch: &str) {
     let text = std::fs::read_to_string(repo_root().join("tests/data/gpl-2.txt")).unwrap();
     let shared: String = text.chars().skip(2000).take(3500).collect();
     let prompts = [
@@ -340,9 +355,10 @@ fn a_hybrid_resumes_a_cached_prompt_from_a_state_snapshot() {
     // after another. The log-probabilities tell a state restored exactly from one that is
     // only close (the test model's few convolution layers rarely change a greedy token).
     let answers = |snapshot_mib: usize| -> Vec<(String, u64, u64)> {
-        let server = hybrid_server(&format!(
-            "max_batched_tokens = 100\nstate_snapshot_mib = {snapshot_mib}"
-        ));
+        let server = hybrid_server(
+            arch,
+            &format!("max_batched_tokens = 100\nstate_snapshot_mib = {snapshot_mib}"),
+        );
         let out = prompts
             .iter()
             .map(|p| {
@@ -364,8 +380,8 @@ fn a_hybrid_resumes_a_cached_prompt_from_a_state_snapshot() {
             .collect();
         let kept = server.metric("edgelm_state_snapshots_kept");
         assert_eq!(kept > 0.0, snapshot_mib > 0, "{kept} snapshots kept");
-        assert_eq!(server.settled_metric("edgelm_state_slots_used", 0.0), 0.0);
-        assert_eq!(server.settled_metric("edgelm_kv_blocks_used", 0.0), 0.0);
+        assert_eq!(server.settled_metric("edgelm_state_slots_used"), 0.0);
+        assert_eq!(server.settled_metric("edgelm_kv_blocks_used"), 0.0);
         out
     };
     let warm = answers(16);

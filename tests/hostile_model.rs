@@ -344,3 +344,98 @@ fn hostile_hybrid_models_are_refused_with_a_clear_error() {
     });
     assert!(e.contains("blk.5.shortconv.out_proj.weight"), "{e}");
 }
+
+/// A Qwen3.5 file whose DeltaNet does not fit is refused naming what is wrong: a convolution
+/// kernel the tensor does not have, value heads that do not make the inner size, value heads
+/// that do not share the key heads evenly, a layer list of the wrong length, a missing
+/// decay; and a multi-token-prediction layer is passed over while a tensor nobody knows in it
+/// is still refused.
+#[test]
+fn hostile_qwen35_models_are_refused_with_a_clear_error() {
+    use edgelm::gguf::{Array, Value};
+    let qwen35 = common::test_model("qwen35");
+    let load = |name: &str, edit: Edit<'_>| {
+        let path = common::edited_copy(&qwen35, name, |kvs, tensors| edit(kvs, tensors));
+        Model::load(&path).map_err(|e| format!("{e:#}"))
+    };
+    let refused = |name: &str, edit: Edit<'_>| match load(name, edit) {
+        Ok(_) => panic!("{name} loaded"),
+        Err(e) => e,
+    };
+    let set = |kvs: &mut Vec<(String, Value)>, key: &str, v: Value| {
+        kvs.iter_mut().find(|(k, _)| k == key).unwrap().1 = v;
+    };
+    let e = refused("qwen35-kernel.gguf", &|kvs, _| {
+        set(kvs, "qwen35.ssm.conv_kernel", Value::U32(3))
+    });
+    assert!(
+        e.contains("blk.5.ssm_conv1d.weight") && e.contains("[3, 768]"),
+        "{e}"
+    );
+    let e = refused("qwen35-inner.gguf", &|kvs, _| {
+        set(kvs, "qwen35.ssm.inner_size", Value::U32(320))
+    });
+    assert!(e.contains("qwen35.ssm.inner_size = 320"), "{e}");
+    let e = refused("qwen35-heads.gguf", &|kvs, _| {
+        set(kvs, "qwen35.ssm.time_step_rank", Value::U32(4));
+        set(kvs, "qwen35.ssm.inner_size", Value::U32(256));
+    });
+    assert!(e.contains("not a multiple of"), "{e}");
+    let e = refused("qwen35-layers.gguf", &|kvs, _| {
+        let flags = vec![false; 29];
+        let key = "qwen35.attention.recurrent_layers";
+        set(kvs, key, Value::Array(Array::Bool(flags)))
+    });
+    assert!(e.contains("29 entries for 30 layers"), "{e}");
+    let e = refused("qwen35-no-decay.gguf", &|_, t| {
+        t.retain(|x| x.0 != "blk.11.ssm_a")
+    });
+    assert!(e.contains("blk.11.ssm_a"), "{e}");
+
+    // One multi-token-prediction layer after the 30 of the trunk: accounted for, not run.
+    let mtp = |kvs: &mut Vec<(String, Value)>, t: &mut Vec<common::TensorEntry>| {
+        set(kvs, "qwen35.block_count", Value::U32(31));
+        kvs.push(("qwen35.nextn_predict_layers".into(), Value::U32(1)));
+        let key = "qwen35.attention.recurrent_layers";
+        let Some((_, Value::Array(Array::Bool(flags)))) = kvs.iter_mut().find(|(k, _)| k == key)
+        else {
+            panic!("no {key}")
+        };
+        flags.push(false);
+        let copies: Vec<_> = t
+            .iter()
+            .filter(|x| x.0.starts_with("blk.0."))
+            .map(|x| {
+                (
+                    x.0.replace("blk.0.", "blk.30."),
+                    x.1.clone(),
+                    x.2,
+                    x.3.clone(),
+                )
+            })
+            .collect();
+        t.extend(copies);
+        let norm = t.iter().find(|x| x.0 == "blk.30.attn_norm.weight").unwrap();
+        let enorm = (
+            "blk.30.nextn.enorm.weight".to_string(),
+            norm.1.clone(),
+            norm.2,
+            norm.3.clone(),
+        );
+        t.push(enorm);
+    };
+    let model = load("qwen35-mtp.gguf", &|kvs, t| mtp(kvs, t)).unwrap();
+    assert_eq!((model.config.n_layers, model.config.mtp_layers), (30, 1));
+    let e = refused("qwen35-mtp-unknown.gguf", &|kvs, t| {
+        mtp(kvs, t);
+        let norm = t.iter().find(|x| x.0 == "blk.30.attn_norm.weight").unwrap();
+        let odd = (
+            "blk.30.nextn.odd.weight".to_string(),
+            norm.1.clone(),
+            norm.2,
+            norm.3.clone(),
+        );
+        t.push(odd);
+    });
+    assert!(e.contains("blk.30.nextn.odd.weight"), "{e}");
+}

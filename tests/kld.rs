@@ -272,3 +272,11 @@ fn gpt_oss_match_the_peer() {
 fn lfm2_match_the_peer() {
     check("lfm2", &test_model("lfm2"), TEST_MODEL_CHUNKS);
 }
+
+/// A hybrid: gated DeltaNets (a convolution of 4 taps and the gated delta rule, 6 value heads
+/// on 3 key heads, a per-sequence state) on one layer of six; attention with an output gate,
+/// Q/K norms and partial M-RoPE (one pair left unturned by its sections) on the others.
+#[test]
+fn qwen35_match_the_peer() {
+    check("qwen35", &test_model("qwen35"), TEST_MODEL_CHUNKS);
+}

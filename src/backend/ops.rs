@@ -10,8 +10,8 @@ use crate::quant::GgmlType;
 use anyhow::Result;
 use std::sync::Arc;
 
-/// The activation buffers of one step. Every token of the step has a row in each of the first
-/// nine (widths in [`Widths`]); `Head` and `Logits` hold only the rows whose logits are wanted.
+/// The activation buffers of one step. Every token of the step has a row in each but `Head` and
+/// `Logits` (widths in [`Widths`]), which hold only the rows whose logits are wanted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Buf {
     /// The residual stream (n_embd).
@@ -34,6 +34,14 @@ pub enum Buf {
     Head,
     /// Their logits (vocab).
     Logits,
+    /// A gated DeltaNet's convolved q, k and v channels; or a gated attention's packed query
+    /// and output gate, then the gate alone (Qwen3.5; 0 wide in other models).
+    Mix,
+    /// A gated DeltaNet's z, then its gated-normed output (its value width).
+    Z,
+    /// A gated DeltaNet's β and α logits, one per value head.
+    Beta,
+    Alpha,
 }
 
 /// Row widths of the buffers (values per token).
@@ -44,6 +52,11 @@ pub struct Widths {
     pub kv: usize,
     pub ff: usize,
     pub vocab: usize,
+    /// [`Buf::Mix`], [`Buf::Z`], and [`Buf::Beta`] / [`Buf::Alpha`] (0 without Qwen3.5's
+    /// layers).
+    pub mix: usize,
+    pub inner: usize,
+    pub dt_heads: usize,
 }
 
 impl Widths {
@@ -54,6 +67,9 @@ impl Widths {
             Buf::K | Buf::V => self.kv,
             Buf::Gate | Buf::Up => self.ff,
             Buf::Logits => self.vocab,
+            Buf::Mix => self.mix,
+            Buf::Z => self.inner,
+            Buf::Beta | Buf::Alpha => self.dt_heads,
         }
     }
 }
@@ -205,6 +221,61 @@ pub struct ShortConv {
     pub taps: usize,
 }
 
+/// The shape of a gated DeltaNet layer (Qwen3.5): keys and values of `head_dim` (d_k = d_v),
+/// `k_heads` key heads shared by `v_heads` value heads (value head h reads key head
+/// h mod `k_heads`, llama.cpp's tiled order), and a causal convolution of `taps` positions over
+/// the q, k and v channels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetShape {
+    pub head_dim: usize,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub taps: usize,
+}
+
+impl DeltaNetShape {
+    pub fn key_dim(&self) -> usize {
+        self.k_heads * self.head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.head_dim
+    }
+
+    /// Channels of the convolution: q, k, then v.
+    pub fn channels(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// f32 values of one layer's convolution state: the last `taps - 1` rows of its input.
+    pub fn conv_floats(&self) -> usize {
+        (self.taps - 1) * self.channels()
+    }
+
+    /// f32 values of one layer's state: the convolution rows, then per value head the
+    /// delta rule's d_k × d_v matrix.
+    pub fn floats(&self) -> usize {
+        self.conv_floats() + self.v_heads * self.head_dim * self.head_dim
+    }
+}
+
+/// One gated DeltaNet layer as its ops take it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNet {
+    /// Which of the model's DeltaNet layers (its state's place in a sequence's slot).
+    pub index: usize,
+    pub shape: DeltaNetShape,
+    /// The convolution's kernel: `taps` values per channel, oldest position first.
+    pub kernel: VecRef,
+    /// Per value head, the bias of the decay's softplus (`ssm_dt.bias`) and the decay's scale
+    /// (`ssm_a`, which the converter stores as −exp(A_log)).
+    pub dt_bias: VecRef,
+    pub a: VecRef,
+    /// The gated RMSNorm's weight (`ssm_norm`, head_dim values, shared by the heads) and ε.
+    pub norm: VecRef,
+    pub eps: f32,
+}
+
 /// The op set. Row counts come from the step: every buffer but `Head` and `Logits` has one row
 /// per token; those two have one row per gathered row.
 pub trait Ops {
@@ -235,6 +306,21 @@ pub trait Ops {
     /// state slot; none before position 0) and this step's, after which the slot holds the
     /// last `taps - 1` rows.
     fn short_conv(&mut self, conv: ShortConv) -> Result<()>;
+    /// Qwen3.5's packed query and output gate: Mix holds per head `head_dim` query values then
+    /// `head_dim` gate values; Q = the query halves, and Mix keeps the gate halves, packed
+    /// (n_head · head_dim per token), for [`Ops::output_gate`].
+    fn split_query_gate(&mut self) -> Result<()>;
+    /// Attn ·= σ(Mix), the gate [`Ops::split_query_gate`] left there.
+    fn output_gate(&mut self) -> Result<()>;
+    /// Mix = SiLU of the causal convolution of Mix's q, k and v channels, per channel over the
+    /// sequence's last `taps - 1` rows (its state slot; none before position 0) and this
+    /// step's, after which the slot holds the last `taps - 1` rows.
+    fn delta_conv(&mut self, d: &DeltaNet) -> Result<()>;
+    /// The gated delta rule over the convolved Mix, β and α, carried in the sequence's state
+    /// slot: per token and value head, q and k L2-normalised, the state decayed by
+    /// exp(softplus(α + dt_bias) · a), corrected towards v by σ(β) along k, and read by q
+    /// (scaled by 1/√d_k); then Z = RMSNorm(that output) · norm ⊙ SiLU(Z).
+    fn delta_rule(&mut self, d: &DeltaNet) -> Result<()>;
     /// `dst` += `src` · `scale`.
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()>;
     /// `buf` ·= `s`.

@@ -29,8 +29,9 @@ fn support(file: &Arc<GgufFile>) -> String {
     let c = &model.config;
     let windows = c.layers.iter().filter(|l| l.window.is_some()).count();
     let convs = c.conv_layers().len();
-    // Convolution layers have no RoPE to leave out.
-    let no_rope = c.layers.iter().filter(|l| l.rope.is_none()).count() - convs;
+    let deltas = c.delta_net_layers().len();
+    // Convolution and DeltaNet layers have no RoPE to leave out.
+    let no_rope = c.layers.iter().filter(|l| l.rope.is_none()).count() - convs - deltas;
     let mut notes = vec![format!("{:?} family", c.family)];
     if windows > 0 {
         notes.push(format!(
@@ -47,6 +48,24 @@ fn support(file: &Arc<GgufFile>) -> String {
             "{convs} of {} layers short convolutions of {taps} positions, a {} KiB state per sequence",
             c.n_layers,
             c.state_floats() * 4 / 1024
+        ));
+    }
+    if let Some(d) = c.delta_net {
+        notes.push(format!(
+            "{deltas} of {} layers gated DeltaNets ({} value heads on {} key heads of {}, a \
+             convolution of {} positions), a {} KiB state per sequence",
+            c.n_layers,
+            d.v_heads,
+            d.k_heads,
+            d.head_dim,
+            d.taps,
+            c.state_floats() * 4 / 1024
+        ));
+    }
+    if c.mtp_layers > 0 {
+        notes.push(format!(
+            "{} multi-token-prediction layers not used",
+            c.mtp_layers
         ));
     }
     if let Some(moe) = c.moe {

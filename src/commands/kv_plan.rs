@@ -115,6 +115,20 @@ fn print_state(cfg: &edgelm::model::ModelConfig, plan: &KvPlan) {
             cfg.n_embd
         );
     }
+    if let Some(d) = cfg.delta_net {
+        println!(
+            "state per sequence    {} bytes, whatever its length ({} gated DeltaNet layers x \
+             ({} convolution rows of {} channels + {} heads x {}x{}) f32), in a slot beside \
+             the KV pages; one slot per running sequence",
+            plan.state_bytes_per_sequence,
+            cfg.delta_net_layers().len(),
+            d.taps - 1,
+            d.channels(),
+            d.v_heads,
+            d.head_dim,
+            d.head_dim
+        );
+    }
     if plan.state_bytes_per_sequence > 0 {
         println!(
             "state snapshots       {} ({} MiB) for the prefix cache: a cached prompt resumes at \

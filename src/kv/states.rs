@@ -45,6 +45,37 @@ impl StateSlots {
         &mut self.data[slot * self.floats..(slot + 1) * self.floats]
     }
 
+    /// Slot `slot` and slots `others` (snapshots a step writes beside it), all at once; `None`
+    /// when two are the same or one is not in the pool.
+    pub fn several_mut(
+        &mut self,
+        slot: usize,
+        others: &[usize],
+    ) -> Option<(&mut [f32], Vec<&mut [f32]>)> {
+        let f = self.floats;
+        let mut order: Vec<(usize, usize)> = std::iter::once(slot)
+            .chain(others.iter().copied())
+            .enumerate()
+            .map(|(i, s)| (s, i))
+            .collect();
+        order.sort_unstable();
+        let count = self.count();
+        if order.windows(2).any(|w| w[0].0 == w[1].0) || order.iter().any(|w| w.0 >= count) {
+            return None;
+        }
+        let mut found: Vec<Option<&mut [f32]>> = (0..order.len()).map(|_| None).collect();
+        let (mut rest, mut base) = (&mut self.data[..], 0);
+        for (s, i) in order {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut((s - base) * f);
+            let (this, tail) = tail.split_at_mut(f);
+            found[i] = Some(this);
+            (rest, base) = (tail, s + 1);
+        }
+        let mut found = found.into_iter().map(|s| s.expect("every slot was found"));
+        let first = found.next().expect("slot itself");
+        Some((first, found.collect()))
+    }
+
     /// A fork's state: the parent's, copied.
     pub fn copy(&mut self, src: usize, dst: usize) {
         let f = self.floats;
@@ -65,5 +96,14 @@ mod tests {
         assert_eq!(s.slot_mut(2), [1.0, 2.0, 3.0, 4.0]);
         assert!(s.slot_mut(0).iter().all(|&v| v == 0.0));
         assert_eq!(StateSlots::default().count(), 0);
+        let (one, mut others) = s.several_mut(1, &[2, 0]).unwrap();
+        one[0] = 7.0;
+        others[1][0] = 8.0;
+        others[0][3] = 9.0;
+        assert_eq!(
+            (s.slot_mut(1)[0], s.slot_mut(0)[0], s.slot_mut(2)[3]),
+            (7.0, 8.0, 9.0)
+        );
+        assert!(s.several_mut(1, &[1]).is_none() && s.several_mut(0, &[3]).is_none());
     }
 }

@@ -36,12 +36,18 @@ pub enum Family {
     /// attention with Q/K norms; `attention.head_count_kv` is per layer, 0 on convolution
     /// layers; the output norm is `token_embd_norm`.
     Lfm2,
+    /// `qwen35` (Qwen3.5): a hybrid. Most layers are gated DeltaNets (`attn_qkv` to q, k and
+    /// v, convolved with `ssm_conv1d` and SiLU; the gated delta rule with decay from `ssm_a`
+    /// and `ssm_dt`, β from `ssm_beta`; an RMSNorm gated by SiLU(`attn_gate`); `ssm_out`), the
+    /// others attention whose `attn_q` packs an output gate beside each head's query, with Q/K
+    /// norms and M-RoPE over part of each head; the FFN's norm is `post_attention_norm`.
+    Qwen35,
 }
 
 /// Architectures edgelm implements in full (the names `general.architecture` carries).
 pub const SUPPORTED: &[&str] = &[
     "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "smollm3", "granite",
-    "gpt-oss", "lfm2",
+    "gpt-oss", "lfm2", "qwen35",
 ];
 
 impl Family {
@@ -57,6 +63,7 @@ impl Family {
             "granite" => Family::Granite,
             "gpt-oss" => Family::GptOss,
             "lfm2" => Family::Lfm2,
+            "qwen35" => Family::Qwen35,
             _ => return None,
         })
     }
@@ -70,7 +77,8 @@ impl Family {
             | Family::Gemma3
             | Family::Phi3
             | Family::GptOss
-            | Family::Lfm2 => RopeLayout::Neox,
+            | Family::Lfm2
+            | Family::Qwen35 => RopeLayout::Neox,
         }
     }
 
@@ -86,7 +94,7 @@ impl Family {
     pub fn qk_norm(self) -> bool {
         matches!(
             self,
-            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Lfm2
+            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Lfm2 | Family::Qwen35
         )
     }
 
@@ -94,6 +102,12 @@ impl Family {
     /// `attention.head_count_kv` entry is 0).
     pub fn short_convolutions(self) -> bool {
         self == Family::Lfm2
+    }
+
+    /// Attention whose query projection packs a sigmoid output gate beside each head's query
+    /// (per head, `head_dim` query rows then `head_dim` gate rows).
+    pub fn output_gate(self) -> bool {
+        self == Family::Qwen35
     }
 
     /// The name of the final norm (LFM2's converter calls it `token_embd_norm`).
@@ -127,7 +141,7 @@ impl Family {
     /// The name of the norm before the FFN (gpt-oss calls it the post-attention norm).
     pub fn ffn_norm_name(self) -> &'static str {
         match self {
-            Family::GptOss => "post_attention_norm",
+            Family::GptOss | Family::Qwen35 => "post_attention_norm",
             _ => "ffn_norm",
         }
     }
@@ -162,9 +176,12 @@ impl Family {
                 rope_factors: true,
                 ..Optional::NONE
             },
-            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Smollm3 | Family::Lfm2 => {
-                Optional::NONE
-            }
+            Family::Qwen3
+            | Family::Qwen3Moe
+            | Family::Gemma3
+            | Family::Smollm3
+            | Family::Lfm2
+            | Family::Qwen35 => Optional::NONE,
             // Its output bias is required (bound with the sinks), the rest it does not have.
             Family::GptOss => Optional {
                 attn_out_bias: true,

@@ -1,8 +1,12 @@
 //! Hyper-parameters read from GGUF metadata (`{arch}.*` keys), with the defaults llama.cpp
 //! applies, resolved per layer: which RoPE table (if any) and which attention window.
 
+mod qwen35;
+
+pub use qwen35::imrope_turned_pairs;
+
 use super::arch::{Family, SUPPORTED};
-use crate::backend::ops::{Activation, RopeLayout, Routing};
+use crate::backend::ops::{Activation, DeltaNetShape, RopeLayout, Routing};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvType, PageGeometry};
 use anyhow::{bail, Context, Result};
@@ -77,6 +81,9 @@ pub enum Mixer {
     /// A gated short convolution (LFM2) over a per-sequence state of the last few positions,
     /// which lives in the pool's state slots, not in KV pages.
     ShortConv,
+    /// A gated DeltaNet (Qwen3.5): a causal convolution over q, k and v, then the gated delta
+    /// rule, both carried in the pool's state slots.
+    DeltaNet,
 }
 
 /// The most positions a short convolution may span (LFM2's is 3): its state is that many
@@ -179,6 +186,14 @@ pub struct ModelConfig {
     /// Positions a short-convolution layer spans (`shortconv.l_cache`), in a family that has
     /// them and a model with at least one such layer.
     pub short_conv: Option<usize>,
+    /// The gated DeltaNet layers' shape, in a model that has them (Qwen3.5).
+    pub delta_net: Option<DeltaNetShape>,
+    /// Qwen3.5's M-RoPE sections (`rope.dimension_sections`): which rotated pairs a text
+    /// token's position turns ([`imrope_turned_pairs`]).
+    pub rope_sections: Option<[usize; 4]>,
+    /// Multi-token-prediction layers stored after the trunk (`nextn_predict_layers`), which
+    /// edgelm loads past without running (it does not draft with them).
+    pub mtp_layers: usize,
     pub context_length: usize,
     pub vocab_size: usize,
 }
@@ -436,7 +451,12 @@ impl HyperParams {
             Family::Granite => hp.granite(k)?,
             Family::Phi3 => hp.scale_queries(hp.attn_scale),
             Family::GptOss => hp.gpt_oss(k, shape, global)?,
-            Family::Llama | Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe | Family::Lfm2 => {}
+            Family::Llama
+            | Family::Qwen2
+            | Family::Qwen3
+            | Family::Qwen3Moe
+            | Family::Lfm2
+            | Family::Qwen35 => {}
         }
         for (layer, &attends) in hp.layers.iter_mut().zip(&shape.attends) {
             if !attends {
@@ -448,6 +468,19 @@ impl HyperParams {
             }
         }
         Ok(hp)
+    }
+
+    /// Makes the layers `recurrent` marks gated DeltaNets (no RoPE, no window).
+    fn delta_net_layers(&mut self, recurrent: &[bool]) {
+        for (layer, &r) in self.layers.iter_mut().zip(recurrent) {
+            if r {
+                *layer = LayerConfig {
+                    rope: None,
+                    window: None,
+                    mixer: Mixer::DeltaNet,
+                };
+            }
+        }
     }
 
     /// The llama defaults: the global RoPE table in every layer, no window, Q·K scaled by
@@ -602,9 +635,17 @@ impl ModelConfig {
         let context_length = k.u32("context_length")?.unwrap_or(2048);
         let rms_eps = k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
         let rope = GlobalRope::read(&k, context_length)?;
-        let hp = HyperParams::read(family, &k, &shape, rope.params)?;
         let moe = MoeConfig::read(family, &k, shape.n_ff)?;
         let short_conv = short_conv(family, &k, &shape)?;
+        let mut shape = shape;
+        let qwen35 = match family {
+            Family::Qwen35 => Some(qwen35::Qwen35::read(&k, &mut shape)?),
+            _ => None,
+        };
+        let mut hp = HyperParams::read(family, &k, &shape, rope.params)?;
+        if let Some(q) = &qwen35 {
+            hp.delta_net_layers(&q.recurrent);
+        }
         Ok(ModelConfig {
             family,
             n_layers: shape.n_layers,
@@ -629,6 +670,9 @@ impl ModelConfig {
             final_softcap: hp.final_softcap,
             moe,
             short_conv,
+            delta_net: qwen35.as_ref().map(|q| q.delta_net),
+            rope_sections: qwen35.as_ref().map(|q| q.sections),
+            mtp_layers: qwen35.as_ref().map_or(0, |q| q.mtp_layers),
             context_length,
             vocab_size,
             arch,
@@ -637,6 +681,17 @@ impl ModelConfig {
 
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
+    }
+
+    /// Values per token of `Buf::Mix`: a DeltaNet's convolution channels, or a query that
+    /// packs its output gate (twice the query width); 0 in a model without either.
+    pub fn mix_width(&self) -> usize {
+        let gate = if self.family.output_gate() {
+            2 * self.q_dim()
+        } else {
+            0
+        };
+        gate.max(self.delta_net.map_or(0, |d| d.channels()))
     }
 
     pub fn kv_dim(&self) -> usize {
@@ -661,11 +716,24 @@ impl ModelConfig {
             .collect()
     }
 
+    /// The gated DeltaNet layers, in order (a layer's index among them is its state's).
+    pub fn delta_net_layers(&self) -> Vec<usize> {
+        (0..self.n_layers)
+            .filter(|&l| self.layers[l].mixer == Mixer::DeltaNet)
+            .collect()
+    }
+
     /// f32 values of one sequence's recurrent state: each short-convolution layer keeps the
-    /// B·x rows of its last `short_conv - 1` positions. 0 for a model without such layers.
+    /// B·x rows of its last `short_conv - 1` positions; each gated DeltaNet its convolution's
+    /// last rows and its delta rule's matrices. 0 for a model without such layers.
     pub fn state_floats(&self) -> usize {
-        self.short_conv
-            .map_or(0, |l| self.conv_layers().len() * (l - 1) * self.n_embd)
+        let conv = self
+            .short_conv
+            .map_or(0, |l| self.conv_layers().len() * (l - 1) * self.n_embd);
+        let delta = self
+            .delta_net
+            .map_or(0, |d| self.delta_net_layers().len() * d.floats());
+        conv + delta
     }
 
     /// The KV page geometry for this model: only its KV heads are stored (GQA), and a block

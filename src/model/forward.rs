@@ -58,7 +58,12 @@ impl Model {
     ) -> Result<()> {
         let c = &self.config;
         let norm = |ops: &mut O, buf, n| opt_norm(ops, buf, n, c.rms_eps);
-        ops.matmul(Buf::H, &[(&a.wq, Buf::Q), (&a.wk, Buf::K), (&a.wv, Buf::V)])?;
+        // A query that packs an output gate goes through Mix, which keeps the gate.
+        let q_out = if a.output_gate { Buf::Mix } else { Buf::Q };
+        ops.matmul(Buf::H, &[(&a.wq, q_out), (&a.wk, Buf::K), (&a.wv, Buf::V)])?;
+        if a.output_gate {
+            ops.split_query_gate()?;
+        }
         opt_bias(ops, Buf::Q, a.bq)?;
         opt_bias(ops, Buf::K, a.bk)?;
         opt_bias(ops, Buf::V, a.bv)?;
@@ -86,6 +91,9 @@ impl Model {
         })?;
         if rotated {
             ops.hadamard(Buf::Attn)?;
+        }
+        if a.output_gate {
+            ops.output_gate()?;
         }
         ops.matmul(Buf::Attn, &[(&a.wo, Buf::Proj)])?;
         opt_bias(ops, Buf::Proj, a.bo)
@@ -161,6 +169,18 @@ impl Network for Model {
                     )?;
                     ops.short_conv(sc.conv)?;
                     ops.matmul(Buf::Attn, &[(&sc.out, Buf::Proj)])?;
+                }
+                MixerWeights::DeltaNet(d) => {
+                    let outs = [
+                        (&d.qkv, Buf::Mix),
+                        (&d.z, Buf::Z),
+                        (&d.beta, Buf::Beta),
+                        (&d.alpha, Buf::Alpha),
+                    ];
+                    ops.matmul(Buf::H, &outs)?;
+                    ops.delta_conv(&d.op)?;
+                    ops.delta_rule(&d.op)?;
+                    ops.matmul(Buf::Z, &[(&d.out, Buf::Proj)])?;
                 }
             }
             norm(ops, Buf::Proj, lw.post_attn_norm)?;

@@ -5,8 +5,10 @@
 //! is refused (naming it), never run with a part of the model ignored.
 
 use super::arch::Optional;
-use super::config::{Mixer, ModelConfig, MoeConfig, RopeScaling};
-use crate::backend::ops::{ExpertBiases, Experts, Mat, RopeTable, ShortConv, VecRef};
+use super::config::{imrope_turned_pairs, Mixer, ModelConfig, MoeConfig, RopeScaling};
+use crate::backend::ops::{
+    DeltaNet, DeltaNetShape, ExpertBiases, Experts, Mat, RopeTable, ShortConv, VecRef,
+};
 use crate::gguf::GgufFile;
 use crate::quant;
 use anyhow::{bail, Context, Result};
@@ -28,6 +30,7 @@ pub struct LayerWeights {
 pub enum MixerWeights {
     Attention(AttentionWeights),
     ShortConv(ShortConvWeights),
+    DeltaNet(DeltaNetWeights),
 }
 
 /// A block's attention. Q/K/V may be bands of one fused tensor.
@@ -44,6 +47,20 @@ pub struct AttentionWeights {
     pub wo: Mat,                // [n_embd × n_head·head_dim]
     pub bo: Option<VecRef>,     // [n_embd]
     pub sinks: Option<VecRef>,  // [n_head] (gpt-oss)
+    /// `wq` packs a sigmoid output gate beside each head's query (qwen35): it has
+    /// 2·n_head·head_dim rows, per head the query's then the gate's.
+    pub output_gate: bool,
+}
+
+/// A gated DeltaNet (Qwen3.5): the in-projections, the op's vectors and the out-projection.
+#[derive(Clone, Debug)]
+pub struct DeltaNetWeights {
+    pub qkv: Mat,   // [channels × n_embd]: q, k, v (`attn_qkv`)
+    pub z: Mat,     // [value_dim × n_embd] (`attn_gate`)
+    pub beta: Mat,  // [v_heads × n_embd] (`ssm_beta`)
+    pub alpha: Mat, // [v_heads × n_embd] (`ssm_alpha`)
+    pub op: DeltaNet,
+    pub out: Mat, // [n_embd × value_dim] (`ssm_out`)
 }
 
 /// A gated short convolution (LFM2): `in_proj`'s three bands B, C and x, the depthwise kernel
@@ -323,6 +340,7 @@ impl Binder<'_> {
         let mixer = match cfg.layers[i].mixer {
             Mixer::Attention => MixerWeights::Attention(self.attention(cfg, opt, i)?),
             Mixer::ShortConv => MixerWeights::ShortConv(self.short_conv(cfg, i)?),
+            Mixer::DeltaNet => MixerWeights::DeltaNet(self.delta_net(cfg, i)?),
         };
         let post_attn_norm = if fam.post_norms() {
             Some(self.vector(&n("post_attention_norm.weight"), e)?)
@@ -359,7 +377,9 @@ impl Binder<'_> {
         let fam = cfg.family;
         let (e, qd) = (cfg.n_embd, cfg.q_dim());
         let n = |s: &str| format!("blk.{i}.{s}");
-        let qkv = self.qkv(cfg, i)?;
+        let output_gate = fam.output_gate();
+        let q_rows = if output_gate { 2 * qd } else { qd };
+        let qkv = self.qkv(cfg, i, q_rows)?;
         let (q_norm, k_norm) = if fam.qk_norm() {
             (
                 Some(self.vector(&n("attn_q_norm.weight"), cfg.head_dim)?),
@@ -387,7 +407,94 @@ impl Binder<'_> {
             wo,
             bo,
             sinks,
+            output_gate,
         })
+    }
+
+    /// Block `i`'s gated DeltaNet (`attn_qkv`, `attn_gate`, `ssm_*`), shaped as llama.cpp's
+    /// loader creates them.
+    fn delta_net(&mut self, cfg: &ModelConfig, i: usize) -> Result<DeltaNetWeights> {
+        let e = cfg.n_embd;
+        let d = cfg
+            .delta_net
+            .context("a DeltaNet layer without the ssm.* dimensions")?;
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let index = cfg.delta_net_layers().iter().position(|&l| l == i);
+        let op = DeltaNet {
+            index: index.with_context(|| format!("layer {i} is not a DeltaNet layer"))?,
+            shape: d,
+            kernel: self.conv_kernel(&n("ssm_conv1d.weight"), d)?,
+            dt_bias: self.vector(&n("ssm_dt.bias"), d.v_heads)?,
+            a: self.vector(&n("ssm_a"), d.v_heads)?,
+            norm: self.vector(&n("ssm_norm.weight"), d.head_dim)?,
+            eps: cfg.rms_eps,
+        };
+        Ok(DeltaNetWeights {
+            qkv: self.mat(&n("attn_qkv.weight"), e, d.channels())?,
+            z: self.mat(&n("attn_gate.weight"), e, d.value_dim())?,
+            beta: self.mat(&n("ssm_beta.weight"), e, d.v_heads)?,
+            alpha: self.mat(&n("ssm_alpha.weight"), e, d.v_heads)?,
+            op,
+            out: self.mat(&n("ssm_out.weight"), d.value_dim(), e)?,
+        })
+    }
+
+    /// A DeltaNet's convolution kernel, [taps, channels] in ggml's dims (taps per channel).
+    fn conv_kernel(&mut self, name: &str, d: DeltaNetShape) -> Result<VecRef> {
+        let dims = self
+            .index(name)
+            .map(|idx| self.file.tensors()[idx].dims.clone())
+            .with_context(|| format!("model has no tensor '{name}'"))?;
+        let want = [d.taps as u64, d.channels() as u64];
+        if dims.len() < 2 || dims[2..].iter().any(|&x| x != 1) || dims[..2] != want {
+            bail!(
+                "tensor '{name}' has dims {dims:?}, expected {want:?} (ssm.conv_kernel taps \
+                 over the q, k and v channels)"
+            );
+        }
+        self.vector(name, d.taps * d.channels())
+    }
+
+    /// Accounts for the multi-token-prediction layers after the trunk without loading them:
+    /// edgelm does not draft with them. Only the tensors llama.cpp's loader knows for such a
+    /// layer are passed over; anything else there is still refused by [`Binder::finish`].
+    fn skip_mtp_layers(&mut self, cfg: &ModelConfig) {
+        const MTP_TENSORS: &[&str] = &[
+            "attn_norm.weight",
+            "post_attention_norm.weight",
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_qkv.weight",
+            "attn_output.weight",
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+            "ffn_gate.weight",
+            "ffn_up.weight",
+            "ffn_down.weight",
+            "nextn.eh_proj.weight",
+            "nextn.enorm.weight",
+            "nextn.hnorm.weight",
+            "nextn.embed_tokens.weight",
+            "nextn.shared_head_head.weight",
+            "nextn.shared_head_norm.weight",
+        ];
+        let mut skipped = 0;
+        for l in cfg.n_layers..cfg.n_layers + cfg.mtp_layers {
+            for t in MTP_TENSORS {
+                if let Some(idx) = self.index(&format!("blk.{l}.{t}")) {
+                    self.used[idx] = true;
+                    skipped += 1;
+                }
+            }
+        }
+        if skipped > 0 {
+            log::info!(
+                "{} multi-token-prediction layer(s) ({skipped} tensors) not loaded: edgelm \
+                 does not draft with them",
+                cfg.mtp_layers
+            );
+        }
     }
 
     /// Block `i`'s short convolution (`shortconv.in_proj`, `.conv`, `.out_proj`).
@@ -500,8 +607,9 @@ impl Binder<'_> {
 
     /// Block `i`'s Q/K/V: one fused tensor (and its bias) or three, as llama.cpp's
     /// `create_tensor_qkv` accepts for every family; separate biases when there is no fused one.
-    fn qkv(&mut self, cfg: &ModelConfig, i: usize) -> Result<Qkv> {
-        let (e, qd, kvd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
+    /// `qd`: the query rows (twice n_head·head_dim where the query packs an output gate).
+    fn qkv(&mut self, cfg: &ModelConfig, i: usize, qd: usize) -> Result<Qkv> {
+        let (e, kvd) = (cfg.n_embd, cfg.kv_dim());
         let n = |s: &str| format!("blk.{i}.{s}");
         let mut qkv = if let Some(fused) = self.opt_mat(&n("attn_qkv.weight"), e, qd + 2 * kvd)? {
             let bias = self.opt_vector(&n("attn_qkv.bias"), qd + 2 * kvd)?;
@@ -552,6 +660,7 @@ impl Weights {
         let layers = (0..cfg.n_layers)
             .map(|i| b.layer(cfg, &opt, i))
             .collect::<Result<Vec<_>>>()?;
+        b.skip_mtp_layers(cfg);
         let arena = b.finish(&cfg.arch)?;
         Ok(Weights {
             token_embd,
@@ -569,6 +678,24 @@ impl Weights {
     /// The RoPE tables of `cfg` for a context of `context` tokens, their factors attached
     /// (LongRoPE uses its long factors beyond the original training context, as llama.cpp).
     pub fn rope_tables(&self, cfg: &ModelConfig, context: usize) -> Vec<RopeTable> {
+        let mut tables = self.scaled_rope_tables(cfg, context);
+        if let (Some(sections), Some(global)) = (cfg.rope_sections, tables.first_mut()) {
+            // Qwen3.5's M-RoPE for text: the pairs no section turns keep angle 0, which an
+            // infinite divisor gives (position · θ / ∞ = 0: cos 1, sin 0).
+            let turned = imrope_turned_pairs(sections, cfg.n_rot);
+            let mut factors = global.factors.take().unwrap_or(vec![1.0; turned.len()]);
+            for (f, &t) in factors.iter_mut().zip(&turned) {
+                if !t {
+                    *f = f32::INFINITY;
+                }
+            }
+            global.factors = Some(factors);
+        }
+        tables
+    }
+
+    /// [`Weights::rope_tables`] before Qwen3.5's M-RoPE sections.
+    fn scaled_rope_tables(&self, cfg: &ModelConfig, context: usize) -> Vec<RopeTable> {
         let factors = self.rope_freqs.or(if context > cfg.rope_original_context {
             self.rope_long
         } else {
@@ -618,6 +745,7 @@ impl Weights {
             match &l.mixer {
                 MixerWeights::Attention(a) => all.extend([&a.wq, &a.wk, &a.wv, &a.wo]),
                 MixerWeights::ShortConv(c) => all.extend([&c.b, &c.c, &c.x, &c.out]),
+                MixerWeights::DeltaNet(d) => all.extend([&d.qkv, &d.z, &d.beta, &d.alpha, &d.out]),
             }
             all.extend(l.ffn.matrices(used));
         }

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 
 /// The architectures [`test_model`] makes (the reference model itself is `llama` with tied
 /// output; its `llama` test model adds what Llama 3.x adds).
-pub const TEST_ARCHS: [&str; 10] = [
+pub const TEST_ARCHS: [&str; 11] = [
     "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "smollm3", "granite", "gemma3", "gpt-oss",
-    "lfm2",
+    "lfm2", "qwen35",
 ];
 
 /// Every this many layers of the `lfm2` test model, the last is a short convolution of
@@ -29,6 +29,27 @@ const LFM2_OUT_SCALE: f32 = 0.25;
 /// Whether layer `l` of the `lfm2` test model is a short convolution.
 fn lfm2_conv(l: usize) -> bool {
     l % LFM2_CONV_EVERY == LFM2_CONV_EVERY - 1
+}
+
+/// Every this many layers of the `qwen35` test model, the last is a gated DeltaNet (5, 11,
+/// ...); the others attend. (A real Qwen3.5 has three in four; the reference model, trained
+/// to attend everywhere, turns chaotic long before that.)
+const QWEN35_DELTA_EVERY: usize = 6;
+/// The DeltaNet's shape: 3 key heads (the reference model's K rows) shared by 6 value heads of
+/// 64, a convolution of 4 taps (Qwen3.5's).
+const QWEN35_TAPS: usize = 4;
+const QWEN35_K_HEADS: usize = 3;
+const QWEN35_V_HEADS: usize = 6;
+/// How much of a DeltaNet layer's output reaches the residual stream.
+const QWEN35_OUT_SCALE: f32 = 0.25;
+/// Rotated dimensions of each 64-wide head, and their M-RoPE sections (pairs 6 + 4 + 4 of 16:
+/// interleaved, they leave pair 13 unturned, which a real Qwen3.5's [11, 11, 10] never does).
+const QWEN35_ROT: usize = 32;
+const QWEN35_SECTIONS: [i32; 4] = [6, 4, 4, 0];
+
+/// Whether layer `l` of the `qwen35` test model is a gated DeltaNet.
+fn qwen35_delta(l: usize) -> bool {
+    l % QWEN35_DELTA_EVERY == QWEN35_DELTA_EVERY - 1
 }
 
 /// Bumped when a recipe changes, so files made by an older one are not reused.
@@ -108,7 +129,14 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
         ("general.architecture".into(), Value::String(arch.into())),
     );
     let mut kvs_template: Option<String> = None;
-    let mut key = |k: &str, v: Value| kvs.push((format!("{arch}.{k}"), v));
+    // Sets a key of the family, over the reference model's value where it has one.
+    let mut key = |k: &str, v: Value| {
+        let k = format!("{arch}.{k}");
+        match kvs.iter_mut().find(|(name, _)| *name == k) {
+            Some(slot) => slot.1 = v,
+            None => kvs.push((k, v)),
+        }
+    };
 
     let raw = |name: &str| -> Tensor {
         let t = file
@@ -165,6 +193,12 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
                 }
             }
         }
+        if let (Some(l), "qwen35") = (layer, arch) {
+            if let Some(tensors) = qwen35_layer(&raw, kind, l) {
+                out.extend(tensors);
+                continue;
+            }
+        }
         if let ("lfm2", "output_norm") = (arch, parts[0]) {
             // LFM2's converter names the final norm after the embedding.
             let mut norm = tensor;
@@ -172,7 +206,7 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
             out.push(norm);
             continue;
         }
-        if let (Some(l), "gpt-oss", "ffn_norm") = (layer, arch, kind) {
+        if let (Some(l), "gpt-oss" | "qwen35", "ffn_norm") = (layer, arch, kind) {
             // gpt-oss names the FFN's norm after the attention it follows.
             let mut norm = tensor;
             norm.0 = format!("blk.{l}.post_attention_norm.weight");
@@ -219,6 +253,12 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
     }
     match arch {
         "lfm2" => key("shortconv.l_cache", Value::U32(LFM2_TAPS as u32)),
+        "qwen35" => {
+            let layers = u32_key("block_count") as usize;
+            for (k, v) in qwen35_keys(layers, head_dim) {
+                key(k, v);
+            }
+        }
         "llama" => {
             // Llama 3.1's per-pair RoPE frequency factors and an untied output matrix.
             out.push(vector("rope_freqs.weight", head_dim / 2, 1.5, 0.4));
@@ -286,6 +326,144 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
         w = w.tensor(name, &dims, ty, bytes);
     }
     w.to_bytes()
+}
+
+/// The `qwen35` test model's keys: the DeltaNet's shape, its layers (as the converter writes
+/// both: the array decides), partial M-RoPE with its sections, and the head dimension.
+fn qwen35_keys(layers: usize, head_dim: usize) -> Vec<(&'static str, Value)> {
+    let d = QWEN35_V_HEADS * head_dim;
+    vec![
+        ("ssm.conv_kernel", Value::U32(QWEN35_TAPS as u32)),
+        ("ssm.state_size", Value::U32(head_dim as u32)),
+        ("ssm.group_count", Value::U32(QWEN35_K_HEADS as u32)),
+        ("ssm.time_step_rank", Value::U32(QWEN35_V_HEADS as u32)),
+        ("ssm.inner_size", Value::U32(d as u32)),
+        ("full_attention_interval", Value::U32(4)),
+        (
+            "attention.recurrent_layers",
+            Value::Array(Array::Bool((0..layers).map(qwen35_delta).collect())),
+        ),
+        ("rope.dimension_count", Value::U32(QWEN35_ROT as u32)),
+        (
+            "rope.dimension_sections",
+            Value::Array(Array::I32(QWEN35_SECTIONS.to_vec())),
+        ),
+        ("attention.key_length", Value::U32(head_dim as u32)),
+        ("attention.value_length", Value::U32(head_dim as u32)),
+    ]
+}
+
+/// What stands for layer `l`'s attention tensor `kind` in the `qwen35` test model; `None`
+/// where the tensor stays as it is. An attention layer's Q gains an output gate per head
+/// (the head's query rows halved: σ near ½) and its output matrix doubles to make up for it.
+/// A DeltaNet layer's tensors are written where `attn_q` was (its K, V and output go): q, k
+/// and v are the layer's first 192 Q rows, its K rows, and its V rows with the previous
+/// layer's; z its other 384 Q rows; β and α small f32 matrices; decays near ½ a token; the
+/// out-projection the output matrix's first 384 columns at `QWEN35_OUT_SCALE`.
+fn qwen35_layer(raw: &dyn Fn(&str) -> Tensor, kind: &str, l: usize) -> Option<Vec<Tensor>> {
+    let name = |k: &str| format!("blk.{l}.{k}.weight");
+    match (qwen35_delta(l), kind) {
+        (false, "attn_q") => {
+            let q = raw(&name("attn_q"));
+            let gate = (q.0.clone(), q.1.clone(), q.2, scaled_q4_1(&q.3, 0.5));
+            let heads = q.1[1] as usize / 64;
+            let parts: Vec<Tensor> = (0..heads)
+                .flat_map(|h| [rows(&q, h * 64, 64), rows(&gate, h * 64, 64)])
+                .collect();
+            Some(vec![
+                stack(&q.0, &parts),
+                vector(&name("attn_q_norm"), 64, 1.0, 0.1),
+                vector(&name("attn_k_norm"), 64, 1.0, 0.1),
+            ])
+        }
+        (false, "attn_output") => {
+            let mut o = raw(&name("attn_output"));
+            o.3 = scaled_q4_1(&o.3, 2.0);
+            Some(vec![o])
+        }
+        (true, "attn_q") => Some(qwen35_delta_net(raw, l)),
+        (true, "attn_k" | "attn_v" | "attn_output") => Some(Vec::new()),
+        _ => None,
+    }
+}
+
+/// Layer `l`'s gated DeltaNet tensors (see [`qwen35_layer`]).
+fn qwen35_delta_net(raw: &dyn Fn(&str) -> Tensor, l: usize) -> Vec<Tensor> {
+    let name = |k: &str| format!("blk.{l}.{k}.weight");
+    let q = raw(&name("attn_q"));
+    let n_embd = q.1[0] as usize;
+    let key_dim = QWEN35_K_HEADS * 64;
+    let value_dim = QWEN35_V_HEADS * 64;
+    let v_prev = raw(&format!("blk.{}.attn_v.weight", l - 1));
+    let qkv = stack(
+        &name("attn_qkv"),
+        &[
+            rows(&q, 0, key_dim),
+            raw(&name("attn_k")),
+            raw(&name("attn_v")),
+            v_prev,
+        ],
+    );
+    let mut z = rows(&q, key_dim, value_dim);
+    z.0 = name("attn_gate");
+    let channels = 2 * key_dim + value_dim;
+    let mut kernel = vector(&name("ssm_conv1d"), QWEN35_TAPS * channels, 0.15, 0.05);
+    // Per channel, taps oldest first: the newest weighs most.
+    let taps: Vec<f32> = f32s(&kernel.3)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v * (1 + i % QWEN35_TAPS) as f32)
+        .collect();
+    kernel.3 = taps.iter().flat_map(|v| v.to_le_bytes()).collect();
+    kernel.1 = vec![QWEN35_TAPS as u64, channels as u64];
+    let matrix = |k: &str| {
+        let mut m = vector(&name(k), n_embd * QWEN35_V_HEADS, 0.0, 0.05);
+        m.1 = vec![n_embd as u64, QWEN35_V_HEADS as u64];
+        m
+    };
+    let mut out = raw(&name("attn_output"));
+    out.0 = name("ssm_out");
+    out.3 = scaled_q4_1(&columns_q4_1(&out, value_dim), QWEN35_OUT_SCALE);
+    out.1 = vec![value_dim as u64, n_embd as u64];
+    vec![
+        qkv,
+        z,
+        kernel,
+        vector(&format!("blk.{l}.ssm_dt.bias"), QWEN35_V_HEADS, 1.0, 0.5),
+        vector(&format!("blk.{l}.ssm_a"), QWEN35_V_HEADS, -0.5, 0.2),
+        matrix("ssm_beta"),
+        matrix("ssm_alpha"),
+        vector(&name("ssm_norm"), 64, 1.0, 0.1),
+        out,
+    ]
+}
+
+/// Rows `first..first + n` of a 2-D tensor.
+fn rows(t: &Tensor, first: usize, n: usize) -> Tensor {
+    let row = t.3.len() / t.1[1] as usize;
+    let bytes = t.3[first * row..(first + n) * row].to_vec();
+    (t.0.clone(), vec![t.1[0], n as u64], t.2, bytes)
+}
+
+/// The first `cols` columns of every row of a Q4_1 matrix (whole blocks of 32).
+fn columns_q4_1(t: &Tensor, cols: usize) -> Vec<u8> {
+    assert_eq!(
+        t.2,
+        GgmlType::Q4_1,
+        "the reference model's matrices are Q4_1"
+    );
+    let row = t.3.len() / t.1[1] as usize;
+    t.3.chunks_exact(row)
+        .flat_map(|r| r[..cols / 32 * 20].iter().copied())
+        .collect()
+}
+
+/// The values of an f32 tensor's bytes.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|v| f32::from_le_bytes(v.try_into().unwrap()))
+        .collect()
 }
 
 /// The short-convolution tensors that stand for layer `l`'s attention (written where its

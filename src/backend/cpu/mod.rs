@@ -3,6 +3,7 @@
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_avx512;
+pub mod delta_net;
 mod f16_round;
 pub mod matmul;
 pub mod moe;

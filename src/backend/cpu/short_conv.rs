@@ -6,8 +6,9 @@
 /// One sequence's span of tokens, rows of `n` values: `b` and `x` its rows of B and x, `c` its
 /// rows of C, replaced by C ⊙ conv(B ⊙ x); `state` the B ⊙ x rows of the `taps - 1` positions
 /// before the span (oldest first; `fresh`: there are none, the span starts the sequence),
-/// left holding the last `taps - 1` rows; `kernel` `taps` values per channel. For each
-/// `saves[i]`, `save(i, state)` gets the state after the span's first `saves[i]` tokens.
+/// left holding the last `taps - 1` rows; `kernel` `taps` values per channel. Each of `saves`
+/// (the span's tokens before a snapshot, and its part of the snapshot's slot) gets the state
+/// there.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_span(
     b: &[f32],
@@ -17,8 +18,7 @@ pub fn conv_span(
     fresh: bool,
     kernel: &[f32],
     (taps, n): (usize, usize),
-    saves: &[usize],
-    mut save: impl FnMut(usize, &[f32]),
+    saves: &mut [(usize, &mut [f32])],
 ) {
     let d = taps - 1;
     let tokens = b.len() / n;
@@ -40,10 +40,18 @@ pub fn conv_span(
             *c *= sum;
         }
     }
-    for (i, &t) in saves.iter().enumerate() {
-        save(i, &rows[t * n..(t + d) * n]);
+    keep_rows(&rows, n, state, saves);
+}
+
+/// A convolution's state after a span: `rows` holds the state's rows, then the span's (rows
+/// of `n`); the last `state.len() / n` of them go into `state`, and each of `saves` (the
+/// span's tokens before a snapshot, where it goes) gets the rows before that token.
+pub fn keep_rows(rows: &[f32], n: usize, state: &mut [f32], saves: &mut [(usize, &mut [f32])]) {
+    let d = state.len();
+    for (t, to) in saves.iter_mut() {
+        to.copy_from_slice(&rows[*t * n..*t * n + d]);
     }
-    state.copy_from_slice(&rows[tokens * n..]);
+    state.copy_from_slice(&rows[rows.len() - d..]);
 }
 
 #[cfg(test)]
@@ -61,11 +69,8 @@ mod tests {
         let c: Vec<f32> = (0..10).map(|i| 0.5 + (i % 3) as f32).collect();
         let mut whole = c.clone();
         let mut state = vec![9.0; (taps - 1) * n];
-        let mut after_two = Vec::new();
-        let save = |i: usize, s: &[f32]| {
-            assert_eq!(i, 0);
-            after_two = s.to_vec();
-        };
+        let mut after_two = vec![0.0; (taps - 1) * n];
+        let mut saves = [(2, &mut after_two[..])];
         conv_span(
             &b,
             &x,
@@ -74,8 +79,7 @@ mod tests {
             true,
             &kernel,
             (taps, n),
-            &[2],
-            save,
+            &mut saves,
         );
         // By hand, channel 0 at token 2: taps over tokens 0, 1, 2.
         let bx = |t: usize, j: usize| b[t * n + j] * x[t * n + j];
@@ -98,8 +102,7 @@ mod tests {
                 t == 0,
                 &kernel,
                 (taps, n),
-                &[],
-                |_, _| {},
+                &mut [],
             );
         }
         assert_eq!(steps, whole);

@@ -1,6 +1,8 @@
 //! The op set on the CPU: one step's activations in vectors, K/V in the paged pool in RAM.
 
 use super::attention::{paged_attention, AttnShape, AttnToken, TILE};
+use super::delta_net::DeltaStep;
+use super::delta_net::{conv_silu_span, delta_step, gated_rmsnorm, head_ranges, l2_normalize};
 use super::matmul::{embed, embed_packed, matmul_fused, WeightRef};
 use super::moe::{moe_ffn, ExpertWeights, MoeScratch};
 use super::ops::{
@@ -8,16 +10,18 @@ use super::ops::{
 };
 use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
+use super::parallel::SharedSlice;
 use super::short_conv::conv_span;
 use crate::backend::batch::{BatchMeta, StateSaveAt};
 use crate::backend::ops::{
-    Activation, Attention, Buf, Experts, Mat, Ops, Routing, Shape, ShortConv, VecRef,
+    Activation, Attention, Buf, DeltaNet, DeltaNetShape, Experts, Mat, Ops, Routing, Shape,
+    ShortConv, VecRef,
 };
 use crate::gguf::GgufFile;
-use crate::kv::{KvLayout, KvPages, Part};
+use crate::kv::{KvLayout, KvPages, Part, StateSlots};
 use anyhow::Result;
 
-const BUFS: usize = 11;
+const BUFS: usize = 15;
 
 fn index(b: Buf) -> usize {
     match b {
@@ -32,6 +36,10 @@ fn index(b: Buf) -> usize {
         Buf::Up => 8,
         Buf::Head => 9,
         Buf::Logits => 10,
+        Buf::Mix => 11,
+        Buf::Z => 12,
+        Buf::Beta => 13,
+        Buf::Alpha => 14,
     }
 }
 
@@ -145,6 +153,10 @@ impl<'a> CpuStep<'a> {
             Buf::Proj,
             Buf::Gate,
             Buf::Up,
+            Buf::Mix,
+            Buf::Z,
+            Buf::Beta,
+            Buf::Alpha,
         ] {
             let v = &mut bufs.bufs[index(b)];
             v.clear();
@@ -175,6 +187,21 @@ impl<'a> CpuStep<'a> {
 
     fn put(&mut self, b: Buf, v: Vec<f32>) {
         *self.buf(b) = v;
+    }
+
+    /// Where DeltaNet layer `d`'s state lies in a slot: its convolution rows, then its heads'
+    /// matrices; checked to fit the pool's slots.
+    fn delta_state(&self, d: &DeltaNet) -> Result<std::ops::Range<usize>> {
+        let per_layer = d.shape.floats();
+        let range = d.index * per_layer..(d.index + 1) * per_layer;
+        if range.end > self.kv.states.floats() {
+            anyhow::bail!(
+                "DeltaNet layer {} needs state values {range:?}, past the slot's {}",
+                d.index,
+                self.kv.states.floats()
+            );
+        }
+        Ok(range)
     }
 
     /// `m` as the matmul reads it: its packed groups where it was packed, else the file's rows.
@@ -396,61 +423,120 @@ impl Ops for CpuStep<'_> {
         Ok(())
     }
 
+    fn split_query_gate(&mut self) -> Result<()> {
+        let hd = self.shape.head_dim;
+        let mut mix = self.take(Buf::Mix);
+        let q = self.buf(Buf::Q);
+        q.clear();
+        // Per head, the query's values then the gate's: the queries to Q, the gates packed
+        // to the front of Mix (a gate moves to a place no later than its own).
+        let mut gates = 0;
+        for head in 0..mix.len() / (2 * hd) {
+            let at = head * 2 * hd;
+            q.extend_from_slice(&mix[at..at + hd]);
+            mix.copy_within(at + hd..at + 2 * hd, gates);
+            gates += hd;
+        }
+        mix.truncate(gates);
+        self.put(Buf::Mix, mix);
+        Ok(())
+    }
+
+    fn output_gate(&mut self) -> Result<()> {
+        let mut attn = self.take(Buf::Attn);
+        let gate = &self.bufs.bufs[index(Buf::Mix)];
+        if gate.len() != attn.len() {
+            anyhow::bail!(
+                "the output gate has {} values for {}",
+                gate.len(),
+                attn.len()
+            );
+        }
+        for (a, &g) in attn.iter_mut().zip(gate) {
+            *a *= 1.0 / (1.0 + (-g).exp());
+        }
+        self.put(Buf::Attn, attn);
+        Ok(())
+    }
+
     fn short_conv(&mut self, conv: ShortConv) -> Result<()> {
         let n = self.shape.widths.embd;
         let kernel = conv.kernel.of(self.w.arena);
         let per_layer = (conv.taps - 1) * n;
-        let layer_state = conv.index * per_layer..(conv.index + 1) * per_layer;
+        let layer = conv.index * per_layer..(conv.index + 1) * per_layer;
+        if layer.end > self.kv.states.floats() {
+            anyhow::bail!(
+                "short convolution {} needs state values {layer:?}, past the slot's {}",
+                conv.index,
+                self.kv.states.floats()
+            );
+        }
         let mut c = self.take(Buf::Attn);
         let (b, x) = (
             &self.bufs.bufs[index(Buf::Q)],
             &self.bufs.bufs[index(Buf::Proj)],
         );
         for (seq, span) in self.batch.spans().into_iter().enumerate() {
-            let Some(slot) = self.batch.state_slots[seq].map(|s| s as usize) else {
-                anyhow::bail!("a sequence of a hybrid model has no state slot");
-            };
-            if slot >= self.kv.states.count() || layer_state.end > self.kv.states.floats() {
-                anyhow::bail!(
-                    "state slot {slot} is not in the pool ({} slots of {} values)",
-                    self.kv.states.count(),
-                    self.kv.states.floats()
-                );
-            }
+            let (state, mut saves) = seq_states(self.batch, &mut self.kv.states, seq, &layer)?;
             let rows = span.start * n..span.end * n;
-            let saves: Vec<StateSaveAt> = self
-                .batch
-                .state_saves
-                .iter()
-                .filter(|v| v.seq == seq)
-                .copied()
-                .collect();
-            if let Some(bad) = saves
-                .iter()
-                .find(|v| v.slot as usize >= self.kv.states.count())
-            {
-                anyhow::bail!("snapshot slot {} is not in the pool", bad.slot);
-            }
-            // The sequence's own state rows, apart from the pool, which the saves write to.
-            let mut state = self.kv.states.slot_mut(slot)[layer_state.clone()].to_vec();
-            let states = &mut self.kv.states;
             conv_span(
                 &b[rows.clone()],
                 &x[rows.clone()],
                 &mut c[rows],
-                &mut state,
+                state,
                 self.batch.positions[span.start] == 0,
                 kernel,
                 (conv.taps, n),
-                &saves.iter().map(|v| v.after).collect::<Vec<_>>(),
-                |i, rows| {
-                    let to = saves[i].slot as usize;
-                    states.slot_mut(to)[layer_state.clone()].copy_from_slice(rows);
-                },
+                &mut saves,
             );
-            self.kv.states.slot_mut(slot)[layer_state.clone()].copy_from_slice(&state);
         }
         self.put(Buf::Attn, c);
+        Ok(())
+    }
+
+    fn delta_conv(&mut self, d: &DeltaNet) -> Result<()> {
+        let n = d.shape.channels();
+        let kernel = d.kernel.of(self.w.arena);
+        let state = self.delta_state(d)?;
+        let conv = state.start..state.start + d.shape.conv_floats();
+        let mut mix = self.take(Buf::Mix);
+        for (seq, span) in self.batch.spans().into_iter().enumerate() {
+            let (state, mut saves) = seq_states(self.batch, &mut self.kv.states, seq, &conv)?;
+            conv_silu_span(
+                &mut mix[span.start * n..span.end * n],
+                state,
+                self.batch.positions[span.start] == 0,
+                kernel,
+                (d.shape.taps, n),
+                &mut saves,
+            );
+        }
+        self.put(Buf::Mix, mix);
+        Ok(())
+    }
+
+    fn delta_rule(&mut self, d: &DeltaNet) -> Result<()> {
+        let state = self.delta_state(d)?;
+        let matrices = state.start + d.shape.conv_floats()..state.end;
+        let mut z = self.take(Buf::Z);
+        let mut mix = self.take(Buf::Mix);
+        normalize_qk(&mut mix, &d.shape, d.eps);
+        for (seq, span) in self.batch.spans().into_iter().enumerate() {
+            let (s, mut saves) = seq_states(self.batch, &mut self.kv.states, seq, &matrices)?;
+            if self.batch.positions[span.start] == 0 {
+                s.fill(0.0);
+            }
+            let inputs = DeltaInputs {
+                mix: &mix,
+                beta: &self.bufs.bufs[index(Buf::Beta)],
+                alpha: &self.bufs.bufs[index(Buf::Alpha)],
+                arena: self.w.arena,
+                d,
+            };
+            delta_span(&inputs, span, s, &mut saves, &mut z);
+        }
+        self.put(Buf::Mix, mix);
+        self.put(Buf::Z, z);
         Ok(())
     }
 
@@ -466,4 +552,105 @@ impl Ops for CpuStep<'_> {
         self.put(Buf::Head, head);
         Ok(())
     }
+}
+
+/// One op's part (`part` of each slot) of sequence `seq`'s recurrent state in this step, and
+/// of the snapshots the step writes beside it (each with the span's tokens before it).
+fn seq_states<'s>(
+    batch: &BatchMeta,
+    states: &'s mut StateSlots,
+    seq: usize,
+    part: &std::ops::Range<usize>,
+) -> Result<StateParts<'s>> {
+    let Some(slot) = batch.state_slots[seq] else {
+        anyhow::bail!("a sequence of a hybrid model has no state slot");
+    };
+    let saves: Vec<&StateSaveAt> = batch.state_saves.iter().filter(|v| v.seq == seq).collect();
+    let to: Vec<usize> = saves.iter().map(|v| v.slot as usize).collect();
+    let count = states.count();
+    let Some((state, snapshots)) = states.several_mut(slot as usize, &to) else {
+        anyhow::bail!("state slot {slot} and snapshot slots {to:?} are not distinct slots of the pool's {count}");
+    };
+    let snapshots = saves
+        .iter()
+        .zip(snapshots)
+        .map(|(v, s)| (v.after, &mut s[part.clone()]))
+        .collect();
+    Ok((&mut state[part.clone()], snapshots))
+}
+
+/// A sequence's state (one op's part of it) and the snapshots a step writes beside it.
+type StateParts<'s> = (&'s mut [f32], Vec<(usize, &'s mut [f32])>);
+
+/// L2-normalises every token's q and k heads in a row of convolved channels (the v channels
+/// are left as they are).
+fn normalize_qk(mix: &mut [f32], d: &DeltaNetShape, eps: f32) {
+    let (n, hd, keys) = (d.channels(), d.head_dim, 2 * d.key_dim());
+    for_row_chunks(mix, n, |_, rows| {
+        for row in rows.chunks_exact_mut(n) {
+            row[..keys]
+                .chunks_exact_mut(hd)
+                .for_each(|head| l2_normalize(head, eps));
+        }
+    });
+}
+
+/// What the delta rule of one layer reads for a step.
+struct DeltaInputs<'a> {
+    /// The convolved q, k (L2-normalised) and v channels, one row per token.
+    mix: &'a [f32],
+    /// The β and α logits, one per value head and token.
+    beta: &'a [f32],
+    alpha: &'a [f32],
+    arena: &'a [f32],
+    d: &'a DeltaNet,
+}
+
+/// The delta rule over one sequence's `span` of tokens, from its heads' matrices `s` (left
+/// holding the span's last state; each of `saves`, the span's tokens before a snapshot and its
+/// matrices, gets the state there); each token's gated-normed output written over its z in
+/// `z`. Heads run in parallel: each owns its matrix, its part of every snapshot and of every
+/// output row.
+fn delta_span(
+    x: &DeltaInputs<'_>,
+    span: std::ops::Range<usize>,
+    s: &mut [f32],
+    saves: &mut [(usize, &mut [f32])],
+    z: &mut [f32],
+) {
+    let d = x.d.shape;
+    let (hd, width, n) = (d.head_dim, d.value_dim(), d.channels());
+    let (dt_bias, a) = (x.d.dt_bias.of(x.arena), x.d.a.of(x.arena));
+    let norm = x.d.norm.of(x.arena);
+    let (states, outs) = (SharedSlice::new(s), SharedSlice::new(z));
+    let snapshots: Vec<(usize, SharedSlice<f32>)> = saves
+        .iter_mut()
+        .map(|(t, to)| (span.start + *t, SharedSlice::new(to)))
+        .collect();
+    super::pool::parallel_for(d.v_heads, |h| {
+        // SAFETY: head h's matrix is this task's alone.
+        let s = unsafe { states.slice_mut(h * hd * hd, hd * hd) };
+        let (q, k, v) = head_ranges(&d, h);
+        let mut o = vec![0f32; hd];
+        for t in span.clone() {
+            let row = &x.mix[t * n..(t + 1) * n];
+            let step = DeltaStep {
+                q: &row[q.clone()],
+                k: &row[k.clone()],
+                v: &row[v.clone()],
+                beta: x.beta[t * d.v_heads + h],
+                alpha: x.alpha[t * d.v_heads + h],
+                dt_bias: dt_bias[h],
+                a: a[h],
+            };
+            delta_step(s, &step, &mut o);
+            // SAFETY: head h's values of token t's output row are this task's alone.
+            let z = unsafe { outs.slice_mut(t * width + h * hd, hd) };
+            gated_rmsnorm(&o, norm, x.d.eps, z);
+            for (_, to) in snapshots.iter().filter(|(end, _)| *end == t + 1) {
+                // SAFETY: head h's matrix in a snapshot is this task's alone.
+                unsafe { to.slice_mut(h * hd * hd, hd * hd) }.copy_from_slice(s);
+            }
+        }
+    });
 }

@@ -9,7 +9,8 @@ use super::ops::Kernels;
 use super::weights::DeviceWeights;
 use super::workspace::Workspace;
 use crate::backend::ops::{
-    Activation, Attention, Buf, Experts, Mat, Ops, RopeLayout, Routing, Shape, ShortConv, VecRef,
+    Activation, Attention, Buf, DeltaNet, Experts, Mat, Ops, RopeLayout, Routing, Shape, ShortConv,
+    VecRef,
 };
 use crate::kv::{KvLayout, KvType};
 use crate::quant::GgmlType;
@@ -275,6 +276,23 @@ impl Ops for CudaStep<'_> {
     fn short_conv(&mut self, _: ShortConv) -> Result<()> {
         // `check_supported` refuses such a model before a step runs.
         anyhow::bail!("the CUDA backend has no short-convolution kernels")
+    }
+
+    // Qwen3.5's ops: `check_supported` refuses such a model (it has a recurrent state).
+    fn split_query_gate(&mut self) -> Result<()> {
+        anyhow::bail!("the CUDA backend has no gated attention")
+    }
+
+    fn output_gate(&mut self) -> Result<()> {
+        anyhow::bail!("the CUDA backend has no gated attention")
+    }
+
+    fn delta_conv(&mut self, _: &DeltaNet) -> Result<()> {
+        anyhow::bail!("the CUDA backend has no DeltaNet kernels")
+    }
+
+    fn delta_rule(&mut self, _: &DeltaNet) -> Result<()> {
+        anyhow::bail!("the CUDA backend has no DeltaNet kernels")
     }
 
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()> {

@@ -37,8 +37,8 @@ pub fn check_supported(net: &impl Network) -> Result<(), String> {
     let s = net.shape();
     if s.state_floats > 0 {
         return Err(
-            "layers with a recurrent state (a hybrid's short convolutions: the CUDA backend \
-             has no state slots or convolution kernels yet)"
+            "layers with a recurrent state (a hybrid's short convolutions or gated DeltaNets: \
+             the CUDA backend has no state slots, convolution or delta-rule kernels yet)"
                 .into(),
         );
     }

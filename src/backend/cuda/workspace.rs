@@ -224,6 +224,11 @@ impl Workspace {
             Buf::Up => self.up.ptr(),
             Buf::Head => self.head.ptr(),
             Buf::Logits => self.logits.ptr(),
+            // Qwen3.5's buffers: `check_supported` refuses a model that uses them (it has a
+            // recurrent state) before a workspace is made for it.
+            Buf::Mix | Buf::Z | Buf::Beta | Buf::Alpha => {
+                unreachable!("the CUDA backend has no {buf:?} buffer (Qwen3.5 is refused)")
+            }
         }
     }
 
