@@ -383,6 +383,7 @@ fn sampling_from_the_generator_state_is_the_samplers_next_draw() {
         max_seqs: 1,
         context: 64,
         gpu_reserve_bytes: 0,
+        state_snapshot_bytes: 0,
     };
     let mut exec = Executor::start(&m, &plan).unwrap();
     let params = SamplingParams {

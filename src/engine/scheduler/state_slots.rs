@@ -115,24 +115,20 @@ impl Scheduler {
         let bt = self.pool.block_size();
         let stride = SNAPSHOT_STRIDE_TOKENS.div_ceil(bt) * bt;
         let last = (s.tokens.len().saturating_sub(1) / bt) * bt;
-        p > 0 && p % bt == 0 && (p % stride == 0 || p == last)
+        p > 0 && p.is_multiple_of(bt) && (p.is_multiple_of(stride) || p == last)
     }
 
     /// For each snapshot point a span of `batch` passes (or ends at) that is not kept yet, a
     /// slot for the state there (the least recently used snapshot's, if need be): the
     /// forward pass writes it as it goes, so prompt chunks need not end at the points.
     pub(super) fn plan_state_saves(&mut self, batch: &mut ScheduledBatch) {
-        if !self
-            .slots
-            .as_ref()
-            .is_some_and(|p| p.snapshots.capacity() > 0)
-        {
+        if self.slots.as_ref().is_none_or(|p| p.snapshots.capacity() == 0) {
             return;
         }
         let bt = self.pool.block_size();
         for span in &batch.spans {
             let end = span.start + span.len - span.draft;
-            for p in (span.start + 1..=end).filter(|&p| p % bt == 0) {
+            for p in (span.start + 1..=end).filter(|p| p.is_multiple_of(bt)) {
                 if !self.is_snapshot_point(&self.seqs[&span.seq], p) {
                     continue;
                 }
