@@ -402,3 +402,62 @@ fn resumes_a_cached_prompt_from_a_state_snapshot(arch: &str) {
     );
     assert_eq!(warm[2].2, (warm[2].1 - 1) / block * block);
 }
+
+/// The physics of a hybrid's pool: 16 sequences at once hold the state memory `kv-plan`
+/// predicts (a slot each, and the snapshots' budget), more requests than slots queue and all
+/// finish, and every slot and block is back once the load is done.
+#[test]
+fn sixteen_hybrid_sequences_hold_the_state_memory_kv_plan_predicts() {
+    for arch in ["lfm2", "qwen35"] {
+        let plan = run_ok(
+            edgelm()
+                .args(["kv-plan", "--json", "--state-snapshot-mib", "8", "-m"])
+                .arg(test_model(arch)),
+        );
+        let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+        let per_seq = plan["state_bytes_per_sequence"].as_f64().unwrap();
+        let snapshots = plan["state_snapshot_bytes"].as_f64().unwrap();
+        assert!(per_seq > 0.0 && snapshots > 0.0, "{arch}: {plan}");
+
+        let server = hybrid_server(arch, "max_seqs = 16\nstate_snapshot_mib = 8");
+        let busiest = std::sync::atomic::AtomicU64::new(0);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let used = server.metric("edgelm_state_slots_used") as u64;
+                    busiest.fetch_max(used, std::sync::atomic::Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+            let asks: Vec<_> = (0..20)
+                .map(|i| {
+                    let server = &server;
+                    scope.spawn(move || {
+                        let body = serde_json::json!({
+                            "prompt": format!("Request {i}: the fisherman counted {i} boats and"),
+                            "max_tokens": 24, "ignore_eos": true});
+                        server.request("POST", "/v1/completions", &body.to_string())
+                    })
+                })
+                .collect();
+            for (i, h) in asks.into_iter().enumerate() {
+                let (status, body) = h.join().unwrap();
+                assert_eq!(status, 200, "{arch} request {i}: {body}");
+            }
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let busiest = busiest.into_inner();
+        let pool = server.metric("edgelm_state_pool_bytes");
+        eprintln!("{arch}: {pool} state bytes, at most {busiest} of 16 slots held at once");
+        assert_eq!(
+            pool,
+            16.0 * per_seq + snapshots,
+            "{arch}: kv-plan's prediction"
+        );
+        assert!(busiest <= 16, "{arch}: {busiest} slots held");
+        assert_eq!(server.metric("edgelm_state_slots"), 16.0);
+        assert_eq!(server.settled_metric("edgelm_state_slots_used"), 0.0);
+        assert_eq!(server.settled_metric("edgelm_kv_blocks_used"), 0.0);
+    }
+}

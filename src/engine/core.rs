@@ -95,6 +95,8 @@ struct ModelShape {
     context: usize,
     /// Bytes of the model file (for the stats).
     weight_bytes: usize,
+    /// A hybrid's recurrent state per slot (0 for a model that only attends).
+    state_bytes: usize,
 }
 
 pub struct Engine {
@@ -159,6 +161,7 @@ impl Engine {
             layout: model.layout.clone(),
             context,
             weight_bytes: model.file_bytes(),
+            state_bytes: cfg.state_floats() * 4,
         };
         let exec = Box::new(ModelExecutor { model, exec });
         let (engine, limits) = Engine::new(exec, shape, eog, &config);
@@ -191,6 +194,7 @@ impl Engine {
         };
         let local = EngineStats {
             kv_pool_bytes: exec.kv_bytes(),
+            state_pool_bytes: exec.state_slots() * shape.state_bytes,
             block_size: config.block_size,
             weight_bytes: shape.weight_bytes,
             backend: exec.backend_name(),

@@ -68,6 +68,8 @@ pub struct EngineStats {
     /// A hybrid model's recurrent-state slots: all of them (fixed at start) and those held.
     pub state_slots_total: usize,
     pub state_slots_used: usize,
+    /// Bytes of those slots and the snapshots' (part of `kv_pool_bytes`).
+    pub state_pool_bytes: usize,
     /// Its prefix cache's state snapshots: how many the budget holds, and how many are kept.
     pub state_snapshots_total: usize,
     pub state_snapshots_kept: usize,
@@ -107,6 +109,7 @@ impl Default for EngineStats {
             kv_blocks_cached: 0,
             state_slots_total: 0,
             state_slots_used: 0,
+            state_pool_bytes: 0,
             state_snapshots_total: 0,
             state_snapshots_kept: 0,
             prefix_queried_tokens: 0,

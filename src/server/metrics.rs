@@ -47,7 +47,7 @@ const MEMORY: [Series; 2] = [
 ];
 
 /// The batch and the KV pool as they stand.
-const GAUGES: [Series; 10] = [
+const GAUGES: [Series; 11] = [
     (
         "edgelm_requests_running",
         "gauge",
@@ -97,6 +97,12 @@ const GAUGES: [Series; 10] = [
         "gauge",
         "Recurrent-state slots held by running sequences.",
         |s| s.state_slots_used as f64,
+    ),
+    (
+        "edgelm_state_pool_bytes",
+        "gauge",
+        "Bytes of the recurrent-state slots and snapshots (part of edgelm_kv_pool_bytes).",
+        |s| s.state_pool_bytes as f64,
     ),
     (
         "edgelm_state_snapshots",

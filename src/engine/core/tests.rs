@@ -29,6 +29,7 @@ fn engine() -> (Engine, FakeProbe) {
         layout: KvLayout::full(1),
         context: 256,
         weight_bytes: 0,
+        state_bytes: 0,
     };
     let (engine, _) = Engine::new(Box::new(exec), shape, Vec::new(), &config());
     (engine, probe)
