@@ -461,3 +461,31 @@ fn sixteen_hybrid_sequences_hold_the_state_memory_kv_plan_predicts() {
         assert_eq!(server.settled_metric("edgelm_kv_blocks_used"), 0.0);
     }
 }
+
+/// `bench` on each hybrid, its shared-prefix part included: the second request, which shares
+/// 1,000 prompt tokens with the first, takes all but the last stretch of them from the cache
+/// (a state snapshot every 64 tokens). The TTFT ratio it prints is the acceptance figure
+/// (docs/performance.md); a benchmark's timings are not asserted here.
+#[test]
+fn hybrids_bench_with_their_prefix_cache() {
+    for arch in ["lfm2", "qwen35"] {
+        let out = run_ok(
+            edgelm()
+                .args([
+                    "bench", "-t", "2", "-p", "32", "-n", "8", "-r", "1", "--json",
+                ])
+                .args(["--concurrency", "1,4", "--shared-prefix", "1000", "-m"])
+                .arg(test_model(arch)),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let s = &v["shared_prefix"];
+        eprintln!("{arch}: decode {} tok/s; {s}", v["decode_tok_s"]);
+        assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0, "{arch}: {v}");
+        let cached = s["second_cached_tokens"].as_u64().unwrap();
+        let stride = edgelm::kv::SNAPSHOT_STRIDE_TOKENS as u64;
+        assert!(
+            cached >= 1000 - stride - 16,
+            "{arch}: {cached} tokens cached"
+        );
+    }
+}

@@ -86,6 +86,8 @@ struct SharedPrefix {
     first_ttft_s: f64,
     second_ttft_s: f64,
     ratio: f64,
+    /// Prompt tokens of the second request the prefix cache served (the last repeat's).
+    second_cached_tokens: usize,
 }
 
 /// Timings of one request.
@@ -96,6 +98,8 @@ struct Timing {
     tokens: Vec<Instant>,
     /// The generated tokens.
     ids: Vec<u32>,
+    /// Prompt tokens the prefix cache served.
+    cached_tokens: usize,
 }
 
 impl Timing {
@@ -159,6 +163,7 @@ fn run_with(
                 first: None,
                 tokens: Vec::new(),
                 ids: Vec::new(),
+                cached_tokens: 0,
             };
             for ev in rx {
                 match ev {
@@ -168,7 +173,10 @@ fn run_with(
                         t.tokens.push(now);
                         t.ids.push(token);
                     }
-                    Event::Finished { .. } => break,
+                    Event::Finished { cached_tokens, .. } => {
+                        t.cached_tokens = cached_tokens;
+                        break;
+                    }
                     Event::Error(e) => bail!("benchmark request failed: {e}"),
                     Event::PromptLogprobs(_) => {}
                 }
@@ -554,17 +562,19 @@ fn time_shared_prefix(
     prompts: &mut RandomPrompts,
     args: &BenchArgs,
 ) -> Result<SharedPrefix> {
-    let (mut first, mut second) = (Vec::new(), Vec::new());
+    let (mut first, mut second, mut cached) = (Vec::new(), Vec::new(), 0);
     for i in 0..args.repeats {
         progress("shared prefix", i, args.repeats);
         let system = prompts.next(args.shared_prefix);
-        let ttft = |suffix: Vec<u32>| -> Result<f64> {
+        let ask = |suffix: Vec<u32>| -> Result<Timing> {
             let mut p = system.clone();
             p.extend(suffix);
-            Ok(run_requests(engine, vec![p], 1)?[0].time_to_first_token())
+            Ok(run_requests(engine, vec![p], 1)?.remove(0))
         };
-        first.push(ttft(prompts.next(16))?);
-        second.push(ttft(prompts.next(16))?);
+        first.push(ask(prompts.next(16))?.time_to_first_token());
+        let warm = ask(prompts.next(16))?;
+        second.push(warm.time_to_first_token());
+        cached = warm.cached_tokens;
     }
     progress("shared prefix", args.repeats, args.repeats);
     let (a, b) = (median(first), median(second));
@@ -573,6 +583,7 @@ fn time_shared_prefix(
         first_ttft_s: a,
         second_ttft_s: b,
         ratio: b / a,
+        second_cached_tokens: cached,
     })
 }
 
@@ -640,11 +651,12 @@ impl Report {
         }
         if let Some(s) = &self.shared_prefix {
             println!(
-                "prefix   {} shared tokens: TTFT {:.3} s cold, {:.3} s cached ({:.0}%)",
+                "prefix   {} shared tokens: TTFT {:.3} s cold, {:.3} s cached ({:.0}%; {} tokens from the cache)",
                 s.prefix_tokens,
                 s.first_ttft_s,
                 s.second_ttft_s,
-                s.ratio * 100.0
+                s.ratio * 100.0,
+                s.second_cached_tokens
             );
         }
         if let Some(p) = &self.prompt_lookup {
