@@ -7,7 +7,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 /// Every key of the schema; the device profiles set them all.
-const KEYS: [&str; 27] = [
+const KEYS: [&str; 28] = [
     "model.path",
     "server.host",
     "server.port",
@@ -34,6 +34,7 @@ const KEYS: [&str; 27] = [
     "engine.max_batched_tokens",
     "engine.prefill_pacing",
     "engine.prompt_lookup",
+    "engine.state_snapshot_mib",
     "log.level",
 ];
 
@@ -182,6 +183,7 @@ fn mutations() -> Vec<Mutation> {
         m("engine.prefill_pacing", "prefill_pacing = 0.5"),
         m("engine.prefill_pacing", "prefill_pacing = 1000.0"),
         m("engine.prompt_lookup", "prompt_lookup = 33"),
+        m("engine.state_snapshot_mib", "state_snapshot_mib = -1"),
         m("engine.backend", "backend = \"tpu\""),
         m("log.level", "level = \"loud\""),
         m("server.host", "host = \"\""),
