@@ -6,6 +6,7 @@ mod architectures;
 mod forward;
 mod gemm;
 mod moe;
+mod recurrent;
 mod sample;
 
 use edgelm::backend::cuda::CudaDevice;

@@ -122,7 +122,11 @@ impl Scheduler {
     /// slot for the state there (the least recently used snapshot's, if need be): the
     /// forward pass writes it as it goes, so prompt chunks need not end at the points.
     pub(super) fn plan_state_saves(&mut self, batch: &mut ScheduledBatch) {
-        if self.slots.as_ref().is_none_or(|p| p.snapshots.capacity() == 0) {
+        if self
+            .slots
+            .as_ref()
+            .is_none_or(|p| p.snapshots.capacity() == 0)
+        {
             return;
         }
         let bt = self.pool.block_size();
