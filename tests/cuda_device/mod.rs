@@ -5,6 +5,7 @@
 mod architectures;
 mod forward;
 mod gemm;
+mod hybrid;
 mod moe;
 mod recurrent;
 mod sample;
