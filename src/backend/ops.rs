@@ -359,6 +359,10 @@ pub struct Shape {
     pub experts: Option<ExpertShape>,
     /// f32 values of one sequence's recurrent state (a hybrid's; 0 when every layer attends).
     pub state_floats: usize,
+    /// Taps of the short convolutions (LFM2; 0 without them).
+    pub conv_taps: usize,
+    /// The gated DeltaNets' shape (Qwen3.5; `None` without them).
+    pub delta_net: Option<DeltaNetShape>,
 }
 
 /// The sizes of a model's mixture-of-experts FFNs (every such layer has the same).

@@ -39,6 +39,14 @@ pub struct ExecutorPlan {
     pub state_snapshot_bytes: usize,
 }
 
+impl ExecutorPlan {
+    /// A hybrid's recurrent-state slots (of `floats` values each), on either backend: one
+    /// per sequence that may run at once, then the prefix cache's snapshots.
+    pub fn state_slots(&self, floats: usize) -> usize {
+        self.max_seqs.max(1) + snapshot_count(self.state_snapshot_bytes, floats * 4)
+    }
+}
+
 impl Executor {
     /// The executor for `plan.backend`. A CUDA start-up that fails (no usable device, a weight
     /// type without kernels, too little memory...) falls back to the CPU with one log line.
@@ -51,12 +59,9 @@ impl Executor {
         // Packed now, not on the first request.
         model.cpu_packed();
         let mut pages = KvPages::new(plan.geom, plan.cpu_blocks)?;
-        // A hybrid's recurrent state: one slot per sequence that may run at once, then the
-        // prefix cache's snapshots.
         let floats = model.config.state_floats();
         if floats > 0 {
-            let snapshots = snapshot_count(plan.state_snapshot_bytes, floats * 4);
-            pages.states = StateSlots::new(plan.max_seqs.max(1) + snapshots, floats)?;
+            pages.states = StateSlots::new(plan.state_slots(floats), floats)?;
         }
         Ok(Executor::Cpu(Box::new(CpuExec {
             pages,
@@ -82,7 +87,7 @@ impl Executor {
         match self {
             Executor::Cpu(c) => c.pages.states.count(),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(_) => 0,
+            Executor::Cuda(x) => x.state_slots(),
         }
     }
 
@@ -124,7 +129,7 @@ impl Executor {
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Executor::Cuda(_) => anyhow::bail!("the CUDA executor keeps no recurrent state"),
+            Executor::Cuda(x) => x.copy_state(src, dst).map_err(anyhow::Error::msg),
         }
     }
 
@@ -342,6 +347,7 @@ fn start_cuda(model: &Arc<Model>, plan: &ExecutorPlan) -> Option<Executor> {
         kv: KvBudget::AllBut(plan.gpu_reserve_bytes),
         // EDGELM_CUDA_GRAPHS=0: every step launches its kernels one by one (for comparing).
         graphs: std::env::var_os("EDGELM_CUDA_GRAPHS").is_none_or(|v| v != "0"),
+        state_slots: plan.state_slots(model.config.state_floats()),
     };
     match CudaExecutor::new(0, model.as_ref(), cfg) {
         Ok(x) => Some(Executor::Cuda(Box::new(x))),

@@ -70,6 +70,8 @@ impl Model {
                 ff: m.n_ff_exp,
             }),
             state_floats: config.state_floats(),
+            conv_taps: config.short_conv.unwrap_or(0),
+            delta_net: config.delta_net,
         };
         Ok(Model {
             file,

@@ -85,6 +85,8 @@ pub(super) fn executor(
         context: 2048,
         kv: kv_budget,
         graphs,
+        // A hybrid's: one per sequence, as many again for snapshots.
+        state_slots: 32,
     };
     CudaExecutor::new(0, model.as_ref(), cfg).unwrap_or_else(|e| panic!("no CUDA executor: {e}"))
 }

@@ -5,7 +5,9 @@
 mod architectures;
 mod forward;
 mod gemm;
+mod hybrid;
 mod moe;
+mod recurrent;
 mod sample;
 
 use edgelm::backend::cuda::CudaDevice;

@@ -64,8 +64,14 @@ fn stat(out: &Output, label: &str) -> f64 {
 #[test]
 #[ignore = "needs a CUDA device: packaging/gpu-check.sh runs it"]
 fn cuda_mixtures_of_experts_run_perplexity_and_bench() {
+    MOE_ARCHS.into_iter().for_each(run_perplexity_and_bench);
+}
+
+/// `edgelm run`, `perplexity` (against the CPU's, within twice the CPU q8_0 pages' distance)
+/// and `bench` with `arch`'s test model on the device.
+pub(super) fn run_perplexity_and_bench(arch: &str) {
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/gpl-2.txt");
-    for arch in MOE_ARCHS {
+    {
         let model = test_model(arch);
         let out = run(
             &["run", "--temp", "0", "-n", "2", "-p", "The license says"],
@@ -152,7 +158,12 @@ fn post(port: u16, path: &str, body: &str) -> Option<String> {
 #[test]
 #[ignore = "needs a CUDA device: packaging/gpu-check.sh runs it"]
 fn cuda_mixtures_of_experts_serve_a_completion() {
-    for arch in MOE_ARCHS {
+    MOE_ARCHS.into_iter().for_each(serve_a_completion);
+}
+
+/// `edgelm serve` with `arch`'s test model on the device: one completion over HTTP.
+pub(super) fn serve_a_completion(arch: &str) {
+    {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()

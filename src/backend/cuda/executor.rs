@@ -11,7 +11,7 @@
 
 use super::device::CudaDevice;
 use super::graphs::{bucket, DecodeGraphs};
-use super::kv_pool::{KvBudget, KvPool};
+use super::kv_pool::{KvBudget, KvPool, StateShape};
 use super::launch::SampleRow;
 use super::mem::{download, upload};
 use super::ops::Kernels;
@@ -39,6 +39,9 @@ pub struct ExecutorConfig {
     pub kv: KvBudget,
     /// Capture decode steps as CUDA graphs.
     pub graphs: bool,
+    /// A hybrid model's recurrent-state slots: one per sequence that may run at once, then
+    /// the prefix cache's snapshots (ignored for a model without recurrent state).
+    pub state_slots: usize,
 }
 
 /// What a step returns.
@@ -95,13 +98,16 @@ impl CudaExecutor {
             .map_err(|e| format!("cannot create a CUDA stream: {e:?}"))?;
         let kernels = Kernels::new(&dev, cfg.kv_type, shape.head_dim)?;
         let layout = net.kv_layout();
-        let caps = Caps::new(
+        let mut caps = Caps::new(
             cfg.max_tokens,
             cfg.max_seqs,
             cfg.context,
             cfg.block_size,
             layout.num_groups(),
         );
+        if shape.state_floats > 0 {
+            caps = caps.with_states();
+        }
         let weights = DeviceWeights::new(&ctx, net, dev.info.integrated)?;
         let ws = Workspace::new(&ctx, shape, caps)?;
         let geom = PageGeometry {
@@ -111,10 +117,15 @@ impl CudaExecutor {
             block_size: cfg.block_size,
             kv_type: cfg.kv_type,
         };
-        let pool = KvPool::new(&ctx, geom, cfg.kv)?;
+        let state = StateShape {
+            slots: cfg.state_slots,
+            floats: shape.state_floats,
+        };
+        let pool = KvPool::new(&ctx, geom, cfg.kv, state)?;
         log::info!(
             "CUDA: forward pass on {}: weights {} ({} MiB on the device), workspace {} MiB for \
-             {} tokens, KV pool {} blocks ({} MiB, {}), decode graphs {}; ready in {:.2} s",
+             {} tokens, KV pool {} blocks ({} MiB, {}), {} state slots ({} MiB), decode \
+             graphs {}; ready in {:.2} s",
             dev.info.summary(),
             if weights.zero_copy {
                 "read in place"
@@ -127,6 +138,8 @@ impl CudaExecutor {
             pool.blocks(),
             pool.total_bytes() >> 20,
             cfg.kv_type,
+            pool.state_slots(),
+            pool.state_bytes() >> 20,
             if cfg.graphs { "on" } else { "off" },
             start.elapsed().as_secs_f64()
         );
@@ -192,6 +205,37 @@ impl CudaExecutor {
         )
     }
 
+    /// Recurrent-state slots of the pool (a hybrid model's; 0 otherwise).
+    pub fn state_slots(&self) -> usize {
+        self.pool.state_slots()
+    }
+
+    /// Copies state slot `src` into slot `dst` (a fork, or a prefix-cache snapshot restored):
+    /// queued, ordered before the next step's kernels.
+    pub fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), String> {
+        let slots = self.pool.state_slots();
+        if src >= slots || dst >= slots {
+            return Err(format!("state slots {src} -> {dst}: the pool has {slots}"));
+        }
+        let bytes = self.pool.state_floats() * 4;
+        let base = self.pool.states_ptr();
+        self.bind()?;
+        // SAFETY: both slots are inside the state buffer (checked above); a slot does not
+        // overlap another, and a copy onto itself is skipped.
+        if src != dst {
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    base + (dst * bytes) as u64,
+                    base + (src * bytes) as u64,
+                    bytes,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| format!("device copy of a state slot failed: {e:?}"))?;
+        }
+        Ok(())
+    }
+
     /// Runs `batch` through `net` (the network this executor was built for) and returns what
     /// `want` asks for.
     pub fn forward<N: Network>(
@@ -238,6 +282,7 @@ impl CudaExecutor {
                 net.kv_layout(),
             )
             .map_err(|e| format!("{e:#}"))?;
+        self.check_state_slots(batch)?;
         let m = batch.logits_for.len();
         if !matches!(want, Want::Logits) && m > self.ws.caps.logit_rows {
             return Err(format!(
@@ -251,6 +296,20 @@ impl CudaExecutor {
             }
         }
         Ok(())
+    }
+
+    /// Refuses state slots (a sequence's or a snapshot's) outside the pool: the kernels would
+    /// write past it.
+    fn check_state_slots(&self, batch: &BatchMeta) -> Result<(), String> {
+        let slots = self.pool.state_slots();
+        let used = batch.state_slots.iter().flatten();
+        match used
+            .chain(batch.state_saves.iter().map(|v| &v.slot))
+            .find(|&&s| s as usize >= slots)
+        {
+            Some(s) => Err(format!("state slot {s} is not one of the pool's {slots}")),
+            None => Ok(()),
+        }
     }
 
     /// The decode graph size a plain decode batch is padded to, when graphs are on and one
@@ -275,6 +334,7 @@ impl CudaExecutor {
         let pad = graph_bucket.map(|b| Padding {
             to: b,
             block: self.pool.pad_block(),
+            state_slot: self.pool.pad_state_slot(),
         });
         build_ints(
             batch,
@@ -332,6 +392,7 @@ impl CudaExecutor {
             kv_type: cfg.kv_type,
             block_size: cfg.block_size,
             tokens: b,
+            seqs: b,
             head_rows: 0,
         };
         graphs.launch(stream, b, || {
@@ -351,14 +412,16 @@ impl CudaExecutor {
         rotated: bool,
         want: Want<'_>,
     ) -> Result<StepOutput, String> {
-        net.run_blocks(&mut self.step(net, total), rotated)
+        // Padding tokens (of a graph that could not be captured) are sequences of their own.
+        let seqs = batch.block_tables.len() + total - batch.len();
+        net.run_blocks(&mut self.step(net, total, seqs), rotated)
             .map_err(|e| format!("{e:#}"))?;
         let vocab = net.shape().widths.vocab;
         let m = batch.logits_for.len();
         let mut logits = Vec::new();
         let mut tokens = Vec::new();
         for (c, rows) in batch.logits_for.chunks(self.ws.caps.logit_rows).enumerate() {
-            net.run_head(&mut self.step(net, total), rows)
+            net.run_head(&mut self.step(net, total, seqs), rows)
                 .map_err(|e| format!("{e:#}"))?;
             match self.finish(vocab, c * self.ws.caps.logit_rows, rows.len(), want)? {
                 StepOutput::Logits(l) => {
@@ -376,8 +439,9 @@ impl CudaExecutor {
         })
     }
 
-    /// The op set over this executor's device state, for a step of `tokens` tokens of `net`.
-    fn step<'a, N: Network>(&'a self, net: &'a N, tokens: usize) -> CudaStep<'a> {
+    /// The op set over this executor's device state, for a step of `tokens` tokens in `seqs`
+    /// sequences of `net`.
+    fn step<'a, N: Network>(&'a self, net: &'a N, tokens: usize, seqs: usize) -> CudaStep<'a> {
         CudaStep {
             kernels: &self.kernels,
             ws: &self.ws,
@@ -389,6 +453,7 @@ impl CudaExecutor {
             kv_type: self.cfg.kv_type,
             block_size: self.cfg.block_size,
             tokens,
+            seqs,
             head_rows: 0,
         }
     }

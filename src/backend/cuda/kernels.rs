@@ -97,12 +97,25 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("sample", ["argmax_rows", "sample_rows"]),
+    kernel_file!(
+        "recurrent",
+        [
+            "short_conv",
+            "conv_silu",
+            "l2_norm_heads",
+            "delta_rule_d64",
+            "delta_rule_d128",
+            "split_query",
+            "output_gate"
+        ]
+    ),
 ];
 
-/// The kernels whose speed matters most (matmuls, the experts' included, and attention): CI fails when ptxas reports a
+/// The kernels whose speed matters most (matmuls, the experts' included, attention, and the
+/// delta rule, which keeps a head's state in registers): CI fails when ptxas reports a
 /// register spill in any of them (`scripts/check-kernels.sh`).
 pub fn is_hot(function: &str) -> bool {
-    ["gemv", "gemm", "attention", "moe_gemv"]
+    ["gemv", "gemm", "attention", "moe_gemv", "delta_rule"]
         .iter()
         .any(|p| function.starts_with(p))
 }

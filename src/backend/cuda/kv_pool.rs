@@ -8,6 +8,10 @@
 //! context's own growth, CUDA graphs, and on an integrated board the memory the CPU side
 //! keeps). One block more than the scheduler sees is allocated: the decode graphs pad a batch
 //! up to its size bucket with tokens that write their K/V into that spare block.
+//!
+//! A hybrid model's recurrent-state slots (src/kv/states.rs: one per sequence that may run at
+//! once, then the prefix cache's snapshots) are allocated beside the pages, before the free
+//! memory is measured for them, plus one padding slot that a graph's padding tokens use.
 
 use super::mem::DeviceBuf;
 use crate::kv::PageGeometry;
@@ -41,11 +45,21 @@ pub fn blocks_for(free: usize, reserve: usize, block_bytes: usize) -> Result<usi
     Ok(blocks - 1)
 }
 
+/// A hybrid model's state slots: `slots` of `floats` f32 values each (none: 0 slots).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateShape {
+    pub slots: usize,
+    pub floats: usize,
+}
+
 pub struct KvPool {
     buf: DeviceBuf,
     geom: PageGeometry,
     /// Blocks the scheduler hands out: ids 0..blocks.
     blocks: usize,
+    /// The state slots, then the padding slot (one byte when the model has no state).
+    states: DeviceBuf,
+    state: StateShape,
 }
 
 impl KvPool {
@@ -53,7 +67,17 @@ impl KvPool {
         ctx: &Arc<CudaContext>,
         geom: PageGeometry,
         budget: KvBudget,
+        state: StateShape,
     ) -> Result<KvPool, String> {
+        let state = if state.floats == 0 {
+            StateShape::default()
+        } else {
+            state
+        };
+        let state_bytes = (state.slots + 1)
+            .checked_mul(state.floats * 4)
+            .ok_or("state slots overflow")?;
+        let states = DeviceBuf::zeroed(ctx, state_bytes)?;
         let blocks = match budget {
             KvBudget::Blocks(n) => n.max(1),
             KvBudget::AllBut(reserve) => {
@@ -69,7 +93,13 @@ impl KvPool {
             .checked_mul(blocks + 1)
             .ok_or("KV pool size overflows")?;
         let buf = DeviceBuf::zeroed(ctx, bytes)?;
-        Ok(KvPool { buf, geom, blocks })
+        Ok(KvPool {
+            buf,
+            geom,
+            blocks,
+            states,
+            state,
+        })
     }
 
     pub fn ptr(&self) -> CUdeviceptr {
@@ -97,6 +127,35 @@ impl KvPool {
 
     pub fn total_bytes(&self) -> usize {
         self.buf.bytes()
+    }
+
+    /// The state slots' base address: slot s at `s * state_floats() * 4` bytes.
+    pub fn states_ptr(&self) -> CUdeviceptr {
+        self.states.ptr()
+    }
+
+    /// State slots the scheduler may hand out (0 for a model without recurrent state).
+    pub fn state_slots(&self) -> usize {
+        self.state.slots
+    }
+
+    /// f32 values per state slot.
+    pub fn state_floats(&self) -> usize {
+        self.state.floats
+    }
+
+    /// The padding tokens' state slot.
+    pub fn pad_state_slot(&self) -> usize {
+        self.state.slots
+    }
+
+    /// Device bytes of the state slots (the padding slot included).
+    pub fn state_bytes(&self) -> usize {
+        if self.state.floats == 0 {
+            0
+        } else {
+            self.states.bytes()
+        }
     }
 }
 

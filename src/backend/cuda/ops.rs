@@ -65,6 +65,51 @@ pub struct Kernels {
     moe_combine: CudaFunction,
     /// Expert weight type -> its `moe_gemv_*`.
     moe_gemv: Vec<(GgmlType, CudaFunction)>,
+    short_conv: CudaFunction,
+    conv_silu: CudaFunction,
+    l2_norm_heads: CudaFunction,
+    /// Head size -> its `delta_rule_d*`.
+    delta_rule: Vec<(usize, CudaFunction)>,
+    split_query: CudaFunction,
+    output_gate: CudaFunction,
+}
+
+/// kernels/recurrent.cu CONV_THREADS.
+const CONV_THREADS: usize = 256;
+/// kernels/recurrent.cu CONV_MAX_TAPS: the most positions a convolution kernel spans.
+pub const CONV_MAX_TAPS: usize = 16;
+/// kernels/recurrent.cu DN_ROWS: state rows per warp of `delta_rule_d*`.
+const DN_ROWS: usize = 8;
+/// The DeltaNet head sizes with a `delta_rule_d*` kernel.
+pub const DELTA_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Where a recurrent op's state is: the pool's slots (`slot_floats` f32 each), the op's part
+/// at `offset` floats within a slot, and the step's sequences and saves (workspace `Meta`).
+#[derive(Clone, Copy, Debug)]
+pub struct StateArgs {
+    pub states: Ptr,
+    pub slot_floats: usize,
+    pub offset: usize,
+    pub seqs: Ptr,
+    pub saves: Ptr,
+    /// Sequences of the step (grid rows).
+    pub count: usize,
+}
+
+/// A gated DeltaNet layer's inputs and weights for `delta_rule_d*`.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaRuleArgs {
+    pub mix: Ptr,
+    pub beta: Ptr,
+    pub alpha: Ptr,
+    pub z: Ptr,
+    pub dt_bias: Ptr,
+    pub a: Ptr,
+    pub norm: Ptr,
+    pub eps: f32,
+    pub head_dim: usize,
+    pub k_heads: usize,
+    pub v_heads: usize,
 }
 
 impl Kernels {
@@ -88,7 +133,17 @@ impl Kernels {
                 matmul.push((ty, gemv, f(name)?));
             }
         }
+        let delta_rule = DELTA_HEAD_DIMS
+            .into_iter()
+            .map(|d| Ok((d, f(&format!("delta_rule_d{d}"))?)))
+            .collect::<Result<_, String>>()?;
         Ok(Kernels {
+            short_conv: f("short_conv")?,
+            conv_silu: f("conv_silu")?,
+            l2_norm_heads: f("l2_norm_heads")?,
+            delta_rule,
+            split_query: f("split_query")?,
+            output_gate: f("output_gate")?,
             quantize: f("quantize_q8_1")?,
             rmsnorm: f("rmsnorm")?,
             rope: f("rope")?,
@@ -704,6 +759,194 @@ impl Kernels {
         .map_err(|e| err("moe_combine", e))
     }
 
+    /// c <- c * conv(b * x) per channel (n channels), each sequence's causal convolution over
+    /// its state slot's rows, then its span's (LFM2's short convolution).
+    pub fn short_conv(
+        &self,
+        s: &CudaStream,
+        (b, x, c): (Ptr, Ptr, Ptr),
+        st: StateArgs,
+        kernel: Ptr,
+        taps: usize,
+        n: usize,
+    ) -> Result<(), String> {
+        let (sf, off, t, n32) = (
+            st.slot_floats as i64,
+            st.offset as i64,
+            taps as i32,
+            n as i32,
+        );
+        // SAFETY: short_conv(const float *b, const float *x, float *c, float *states,
+        // long long slot_floats, long long state_off, const int *seqs, const int *saves,
+        // const float *kernel, int taps, int n); grid (ceil(n / CONV_THREADS), sequences).
+        // The step's slots were checked against the pool's.
+        unsafe {
+            s.launch_builder(&self.short_conv)
+                .arg(&b)
+                .arg(&x)
+                .arg(&c)
+                .arg(&st.states)
+                .arg(&sf)
+                .arg(&off)
+                .arg(&st.seqs)
+                .arg(&st.saves)
+                .arg(&kernel)
+                .arg(&t)
+                .arg(&n32)
+                .launch(conv_config(n, st.count))
+        }
+        .map(drop)
+        .map_err(|e| err("short_conv", e))
+    }
+
+    /// mix <- SiLU of each sequence's causal convolution of its n channels over its state
+    /// slot's rows, then its span's (a gated DeltaNet's q, k and v).
+    pub fn conv_silu(
+        &self,
+        s: &CudaStream,
+        mix: Ptr,
+        st: StateArgs,
+        kernel: Ptr,
+        taps: usize,
+        n: usize,
+    ) -> Result<(), String> {
+        let (sf, off, t, n32) = (
+            st.slot_floats as i64,
+            st.offset as i64,
+            taps as i32,
+            n as i32,
+        );
+        // SAFETY: conv_silu(float *mix, float *states, long long slot_floats,
+        // long long state_off, const int *seqs, const int *saves, const float *kernel,
+        // int taps, int n); grid (ceil(n / CONV_THREADS), sequences).
+        unsafe {
+            s.launch_builder(&self.conv_silu)
+                .arg(&mix)
+                .arg(&st.states)
+                .arg(&sf)
+                .arg(&off)
+                .arg(&st.seqs)
+                .arg(&st.saves)
+                .arg(&kernel)
+                .arg(&t)
+                .arg(&n32)
+                .launch(conv_config(n, st.count))
+        }
+        .map(drop)
+        .map_err(|e| err("conv_silu", e))
+    }
+
+    /// The first `heads` heads (of `hd`) of every `stride`-wide row of x L2-normalised.
+    pub fn l2_norm_heads(
+        &self,
+        s: &CudaStream,
+        x: Ptr,
+        (stride, heads, hd): (usize, usize, usize),
+        eps: f32,
+        rows: usize,
+    ) -> Result<(), String> {
+        let (st, h, d, r) = (stride as i32, heads as i32, hd as i32, rows as i64);
+        // SAFETY: l2_norm_heads(float *x, int stride, int heads, int hd, float eps,
+        // long long rows); one warp per (row, head).
+        unsafe {
+            s.launch_builder(&self.l2_norm_heads)
+                .arg(&x)
+                .arg(&st)
+                .arg(&h)
+                .arg(&d)
+                .arg(&eps)
+                .arg(&r)
+                .launch(cfg1(rows * heads * 32, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err("l2_norm_heads", e))
+    }
+
+    /// The gated delta rule of every sequence's span and value head, carried in the state
+    /// slots, each token's output gated-normed over z.
+    pub fn delta_rule(
+        &self,
+        s: &CudaStream,
+        p: &DeltaRuleArgs,
+        st: StateArgs,
+    ) -> Result<(), String> {
+        let f = &self
+            .delta_rule
+            .iter()
+            .find(|(d, _)| *d == p.head_dim)
+            .ok_or_else(|| format!("no delta_rule kernel for heads of {}", p.head_dim))?
+            .1;
+        let (kh, vh, sf, off) = (
+            p.k_heads as i32,
+            p.v_heads as i32,
+            st.slot_floats as i64,
+            st.offset as i64,
+        );
+        // SAFETY: delta_rule_d*(const float *mix, const float *beta, const float *alpha,
+        // float *z, const float *dt_bias, const float *a, const float *norm, float eps,
+        // int k_heads, int v_heads, float *states, long long slot_floats, long long state_off,
+        // const int *seqs, const int *saves); grid (v_heads, sequences), head_dim / DN_ROWS
+        // warps.
+        unsafe {
+            s.launch_builder(f)
+                .arg(&p.mix)
+                .arg(&p.beta)
+                .arg(&p.alpha)
+                .arg(&p.z)
+                .arg(&p.dt_bias)
+                .arg(&p.a)
+                .arg(&p.norm)
+                .arg(&p.eps)
+                .arg(&kh)
+                .arg(&vh)
+                .arg(&st.states)
+                .arg(&sf)
+                .arg(&off)
+                .arg(&st.seqs)
+                .arg(&st.saves)
+                .launch(LaunchConfig {
+                    grid_dim: (p.v_heads as u32, st.count as u32, 1),
+                    block_dim: ((p.head_dim / DN_ROWS * 32) as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+        }
+        .map(drop)
+        .map_err(|e| err("delta_rule", e))
+    }
+
+    /// q (n values) <- the query halves of mix's packed query and gate heads of `hd`
+    /// (`gate` false); or attn (n values) *= σ of the gate halves (`gate` true).
+    pub fn query_gate(
+        &self,
+        s: &CudaStream,
+        gate: bool,
+        mix: Ptr,
+        out: Ptr,
+        hd: usize,
+        n: usize,
+    ) -> Result<(), String> {
+        let (f, name) = if gate {
+            (&self.output_gate, "output_gate")
+        } else {
+            (&self.split_query, "split_query")
+        };
+        let (d, n64) = (hd as i32, n as i64);
+        // SAFETY: split_query(const float *mix, float *q, int hd, long long n) and
+        // output_gate(float *attn, const float *mix, int hd, long long n): one thread per
+        // value of q / attn.
+        unsafe {
+            let mut b = s.launch_builder(f);
+            if gate {
+                b.arg(&out).arg(&mix);
+            } else {
+                b.arg(&mix).arg(&out);
+            }
+            b.arg(&d).arg(&n64).launch(cfg1(n, THREADS))
+        }
+        .map(drop)
+        .map_err(|e| err(name, e))
+    }
+
     /// out[r] <- argmax of logits row r (rows x n).
     pub fn argmax(
         &self,
@@ -752,6 +995,15 @@ impl Kernels {
     }
 }
 
+/// A convolution kernel's grid: channels in blocks of CONV_THREADS, one row per sequence.
+fn conv_config(n: usize, seqs: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(CONV_THREADS) as u32, seqs as u32, 1),
+        block_dim: (CONV_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// kernels/common.cuh KV_F16 / KV_Q8_0 / KV_Q4_0.
 fn kv_type_id(t: KvType) -> i32 {
     match t {
@@ -786,5 +1038,18 @@ mod tests {
         assert!(norm.contains(&format!("#define NORM_THREADS {NORM_THREADS}")));
         let rope = super::super::kernels::file_of("hadamard_64").unwrap().body;
         assert!(rope.contains("#define HAD_WARPS_MAX 32") && THREADS / 32 <= 32);
+        let rec = super::super::kernels::file_of("short_conv").unwrap().body;
+        for (name, v) in [
+            ("CONV_THREADS", CONV_THREADS),
+            ("CONV_MAX_TAPS", CONV_MAX_TAPS),
+            ("DN_ROWS", DN_ROWS),
+            ("SEQ_INTS", super::super::workspace::SEQ_INTS),
+            ("SAVE_INTS", super::super::workspace::SAVE_INTS),
+        ] {
+            assert!(rec.contains(&format!("#define {name} {v}\n")), "{name}");
+        }
+        for d in DELTA_HEAD_DIMS {
+            assert!(rec.contains(&format!("DELTA_RULE_KERNEL(delta_rule_d{d}, {d})")));
+        }
     }
 }

@@ -5,7 +5,7 @@
 
 use super::kv_pool::KvPool;
 use super::mem::DeviceBuf;
-use super::ops::Kernels;
+use super::ops::{DeltaRuleArgs, Kernels, StateArgs};
 use super::weights::DeviceWeights;
 use super::workspace::Workspace;
 use crate::backend::ops::{
@@ -30,6 +30,8 @@ pub struct CudaStep<'a> {
     pub block_size: usize,
     /// Tokens of the step (padding included).
     pub tokens: usize,
+    /// Sequences of the step (padding included: each padding token is one).
+    pub seqs: usize,
     /// Rows gathered into Head by the last `gather`.
     pub head_rows: usize,
 }
@@ -48,6 +50,27 @@ impl CudaStep<'_> {
 
     fn ptr(&self, buf: Buf) -> u64 {
         self.ws.ptr(buf)
+    }
+
+    /// A recurrent op's view of the state slots: its `len` values at `offset` in each slot,
+    /// checked to fit the pool's slots.
+    fn state_args(&self, offset: usize, len: usize) -> Result<StateArgs> {
+        let floats = self.pool.state_floats();
+        if offset + len > floats {
+            return Err(anyhow!(
+                "a recurrent layer needs state values {offset}..{}, past the slot's {floats}",
+                offset + len
+            ));
+        }
+        let meta = self.ws.meta();
+        Ok(StateArgs {
+            states: self.pool.states_ptr(),
+            slot_floats: floats,
+            offset,
+            seqs: meta.seqs,
+            saves: meta.saves,
+            count: self.seqs,
+        })
     }
 }
 
@@ -96,6 +119,21 @@ impl Ops for CudaStep<'_> {
             .quantize(self.stream, self.ptr(x), act, rows, cols)
             .map_err(dev)?;
         for &(m, out) in outs {
+            if m.ty == GgmlType::F32 {
+                // A small f32 matrix (a DeltaNet's β or α): the f32 product over x itself.
+                self.kernels
+                    .moe_router_f32(
+                        self.stream,
+                        self.weights.mat(m),
+                        self.ptr(x),
+                        self.ptr(out),
+                        m.rows,
+                        m.cols,
+                        rows,
+                    )
+                    .map_err(dev)?;
+                continue;
+            }
             self.kernels
                 .matmul(
                     self.stream,
@@ -273,26 +311,68 @@ impl Ops for CudaStep<'_> {
             .map_err(dev)
     }
 
-    fn short_conv(&mut self, _: ShortConv) -> Result<()> {
-        // `check_supported` refuses such a model before a step runs.
-        anyhow::bail!("the CUDA backend has no short-convolution kernels")
+    fn short_conv(&mut self, conv: ShortConv) -> Result<()> {
+        let n = self.shape.widths.embd;
+        let per_layer = (conv.taps - 1) * n;
+        let st = self.state_args(conv.index * per_layer, per_layer)?;
+        let bxc = (self.ptr(Buf::Q), self.ptr(Buf::Proj), self.ptr(Buf::Attn));
+        let kernel = self.weights.vec(conv.kernel);
+        self.kernels
+            .short_conv(self.stream, bxc, st, kernel, conv.taps, n)
+            .map_err(dev)
     }
 
-    // Qwen3.5's ops: `check_supported` refuses such a model (it has a recurrent state).
+    /// Only the queries move: the gates stay in Mix, in the matmul's packed rows, where
+    /// `output_gate` reads them (the CPU packs them; nothing else reads them).
     fn split_query_gate(&mut self) -> Result<()> {
-        anyhow::bail!("the CUDA backend has no gated attention")
+        let (hd, q) = (self.shape.head_dim, self.values(Buf::Q));
+        let (mix, out) = (self.ptr(Buf::Mix), self.ptr(Buf::Q));
+        self.kernels
+            .query_gate(self.stream, false, mix, out, hd, q)
+            .map_err(dev)
     }
 
     fn output_gate(&mut self) -> Result<()> {
-        anyhow::bail!("the CUDA backend has no gated attention")
+        let (hd, n) = (self.shape.head_dim, self.values(Buf::Attn));
+        let (mix, attn) = (self.ptr(Buf::Mix), self.ptr(Buf::Attn));
+        self.kernels
+            .query_gate(self.stream, true, mix, attn, hd, n)
+            .map_err(dev)
     }
 
-    fn delta_conv(&mut self, _: &DeltaNet) -> Result<()> {
-        anyhow::bail!("the CUDA backend has no DeltaNet kernels")
+    fn delta_conv(&mut self, d: &DeltaNet) -> Result<()> {
+        let st = self.state_args(d.index * d.shape.floats(), d.shape.conv_floats())?;
+        let kernel = self.weights.vec(d.kernel);
+        let (taps, n) = (d.shape.taps, d.shape.channels());
+        self.kernels
+            .conv_silu(self.stream, self.ptr(Buf::Mix), st, kernel, taps, n)
+            .map_err(dev)
     }
 
-    fn delta_rule(&mut self, _: &DeltaNet) -> Result<()> {
-        anyhow::bail!("the CUDA backend has no DeltaNet kernels")
+    fn delta_rule(&mut self, d: &DeltaNet) -> Result<()> {
+        let sh = d.shape;
+        let (hd, mix) = (sh.head_dim, self.ptr(Buf::Mix));
+        let heads = (sh.channels(), 2 * sh.k_heads, hd);
+        self.kernels
+            .l2_norm_heads(self.stream, mix, heads, d.eps, self.tokens)
+            .map_err(dev)?;
+        let matrices = sh.floats() - sh.conv_floats();
+        let st = self.state_args(d.index * sh.floats() + sh.conv_floats(), matrices)?;
+        let w = self.weights;
+        let args = DeltaRuleArgs {
+            mix,
+            beta: self.ptr(Buf::Beta),
+            alpha: self.ptr(Buf::Alpha),
+            z: self.ptr(Buf::Z),
+            dt_bias: w.vec(d.dt_bias),
+            a: w.vec(d.a),
+            norm: w.vec(d.norm),
+            eps: d.eps,
+            head_dim: hd,
+            k_heads: sh.k_heads,
+            v_heads: sh.v_heads,
+        };
+        self.kernels.delta_rule(self.stream, &args, st).map_err(dev)
     }
 
     fn add_scaled(&mut self, dst: Buf, src: Buf, scale: f32) -> Result<()> {

@@ -1,19 +1,22 @@
 //! A step's metadata as the kernels read it, built on the host: token ids and positions, then
 //! per KV group (`kv::KvLayout`) each token's KV slot and the offset of its block table, then
-//! the concatenated tables themselves, in one i32 image (laid out as `workspace::Meta` says);
-//! and the RoPE (cos, sin) tables. Pure data, so it is tested without a device.
+//! (a hybrid model's) each sequence's span, state slot and snapshot saves, then the
+//! concatenated tables themselves, in one i32 image (laid out as `workspace::Meta` says); and
+//! the RoPE (cos, sin) tables. Pure data, so it is tested without a device.
 
-use super::workspace::Caps;
+use super::workspace::{Caps, SAVE_INTS, SEQ_INTS};
 use crate::backend::batch::BatchMeta;
 use crate::backend::cpu::ops::rope_cos_sin;
 use crate::backend::ops::Shape;
 
 /// A decode batch padded up to its graph bucket: the extra tokens read and write only the pool's
-/// padding block (in every group).
+/// padding block (in every group) and, in a hybrid model, its padding state slot (each a
+/// one-token sequence of its own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Padding {
     pub to: usize,
     pub block: usize,
+    pub state_slot: usize,
 }
 
 /// Fills `ints` (resized to the used prefix of the image) for `batch` over `groups` KV groups,
@@ -81,6 +84,61 @@ pub fn build_ints(
         }
     }
     ints[head..].copy_from_slice(&tables);
+    if caps.saves > 0 {
+        let section = caps.state_offset(groups);
+        fill_states(batch, caps, pad, &mut ints[section..head])?;
+    }
+    Ok(())
+}
+
+/// A hybrid's sequence section (`out`, laid out as kernels/recurrent.cu reads it): per
+/// sequence its span's first token and length, its state slot, whether the span starts the
+/// sequence (its state then starts at zero), its first save and how many; then per save the
+/// span's tokens before it and its slot. Padding tokens are one-token sequences of the pool's
+/// padding slot.
+fn fill_states(
+    batch: &BatchMeta,
+    caps: &Caps,
+    pad: Option<Padding>,
+    out: &mut [i32],
+) -> Result<(), String> {
+    let (seqs, saves) = out.split_at_mut(SEQ_INTS * caps.tokens);
+    let mut next = 0;
+    let spans = batch.spans();
+    for (s, span) in spans.iter().enumerate() {
+        let Some(slot) = batch.state_slots.get(s).copied().flatten() else {
+            return Err("a sequence of a hybrid model has no state slot".into());
+        };
+        let first = next;
+        for v in batch.state_saves.iter().filter(|v| v.seq == s) {
+            if next == caps.saves || v.after > span.len() {
+                return Err(format!(
+                    "a snapshot after {} of a span's {} tokens (or more than {} saves)",
+                    v.after,
+                    span.len(),
+                    caps.saves
+                ));
+            }
+            saves[SAVE_INTS * next..SAVE_INTS * (next + 1)]
+                .copy_from_slice(&[v.after as i32, v.slot as i32]);
+            next += 1;
+        }
+        let fresh = batch.positions[span.start] == 0;
+        seqs[SEQ_INTS * s..SEQ_INTS * (s + 1)].copy_from_slice(&[
+            span.start as i32,
+            span.len() as i32,
+            slot as i32,
+            fresh as i32,
+            first as i32,
+            (next - first) as i32,
+        ]);
+    }
+    if let Some(p) = pad {
+        for (s, token) in (spans.len()..).zip(batch.len()..p.to) {
+            let pad_seq = [token as i32, 1, p.state_slot as i32, 1, 0, 0];
+            seqs[SEQ_INTS * s..SEQ_INTS * (s + 1)].copy_from_slice(&pad_seq);
+        }
+    }
     Ok(())
 }
 
@@ -140,7 +198,11 @@ mod tests {
         b.push_span_single(&[4], 2, vec![0], Logits::Last);
         assert!(is_plain_decode(&b, 4));
         let mut ints = Vec::new();
-        let pad = Padding { to: 4, block: 6 };
+        let pad = Padding {
+            to: 4,
+            block: 6,
+            state_slot: 0,
+        };
         build_ints(&b, 4, 1, &caps, Some(pad), &mut ints).unwrap();
         let t = caps.tokens;
         assert_eq!(&ints[..4], &[7, 9, 4, 0]);
@@ -181,6 +243,41 @@ mod tests {
         assert!(build_ints(&b, 4, 1, &caps, None, &mut ints).is_err());
     }
 
+    /// A hybrid's sequences: spans, slots, whether each starts its sequence, its saves; and
+    /// the padding tokens' one-token sequences of the padding slot.
+    #[test]
+    fn sequences_carry_their_state_slots_and_saves() {
+        let caps = Caps::new(8, 4, 64, 4, 1).with_states();
+        let mut b = BatchMeta::default();
+        b.push_span_single(&[1, 2, 3], 0, vec![0], Logits::Last);
+        b.set_state_slot(2);
+        b.save_state_after(2, 5);
+        b.save_state_after(3, 6);
+        b.push_span_single(&[4], 7, vec![1, 2], Logits::Last);
+        b.set_state_slot(0);
+        let mut ints = Vec::new();
+        let pad = Padding {
+            to: 6,
+            block: 9,
+            state_slot: 7,
+        };
+        build_ints(&b, 4, 1, &caps, Some(pad), &mut ints).unwrap();
+        let (t, at) = (caps.tokens, caps.state_offset(1));
+        let seq = |s: usize| &ints[at + SEQ_INTS * s..at + SEQ_INTS * (s + 1)];
+        assert_eq!(seq(0), &[0, 3, 2, 1, 0, 2]);
+        assert_eq!(seq(1), &[3, 1, 0, 0, 2, 0]);
+        assert_eq!(seq(2), &[4, 1, 7, 1, 0, 0]);
+        assert_eq!(seq(3), &[5, 1, 7, 1, 0, 0]);
+        let saves = at + SEQ_INTS * t;
+        assert_eq!(&ints[saves..saves + 4], &[2, 5, 3, 6]);
+        assert_eq!(ints.len(), caps.meta_head_ints(1) + 4);
+
+        let mut b = BatchMeta::default();
+        b.push_span_single(&[1], 0, vec![0], Logits::Last);
+        let why = build_ints(&b, 4, 1, &caps, None, &mut ints).unwrap_err();
+        assert!(why.contains("no state slot"), "{why}");
+    }
+
     #[test]
     fn one_cs_table_per_rope_table() {
         let table = |base| RopeTable {
@@ -208,6 +305,8 @@ mod tests {
             ropes: vec![table(10000.0), table(10.0)],
             experts: None,
             state_floats: 0,
+            conv_taps: 0,
+            delta_net: None,
         };
         let mut b = BatchMeta::default();
         b.push_span_single(&[1, 2], 3, vec![0], Logits::Last);

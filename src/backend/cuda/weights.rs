@@ -12,6 +12,7 @@
 
 use super::launch::{matmul_kernel, moe_gemv_kernel};
 use super::mem::DeviceBuf;
+use super::ops::{CONV_MAX_TAPS, DELTA_HEAD_DIMS};
 use crate::backend::ops::{Experts, Mat, Network, VecRef};
 use crate::gguf::GgufFile;
 use crate::quant::GgmlType;
@@ -35,13 +36,7 @@ pub fn max_query_heads_per_kv_head(head_dim: usize) -> usize {
 /// Why `net` cannot run on the CUDA kernels, or `Ok` when it can.
 pub fn check_supported(net: &impl Network) -> Result<(), String> {
     let s = net.shape();
-    if s.state_floats > 0 {
-        return Err(
-            "layers with a recurrent state (a hybrid's short convolutions or gated DeltaNets: \
-             the CUDA backend has no state slots, convolution or delta-rule kernels yet)"
-                .into(),
-        );
-    }
+    check_recurrent(s)?;
     let experts = net.expert_layers();
     for x in &experts {
         check_experts(x)?;
@@ -67,13 +62,14 @@ pub fn check_supported(net: &impl Network) -> Result<(), String> {
             s.n_rot, s.head_dim
         ));
     }
-    // The experts' matrices go through their own kernels (checked above).
+    // The experts' matrices go through their own kernels (checked above); f32 matrices (a
+    // DeltaNet's small β and α projections) through the f32 product of moe.cu.
     let expert_mats: Vec<&Mat> = experts.iter().flat_map(|x| x.matrices()).collect();
     let mut bad: Vec<String> = net
         .matrices()
         .iter()
         .filter(|m| !expert_mats.contains(m))
-        .filter(|m| matmul_kernel(m.ty, 1).is_none())
+        .filter(|m| m.ty != GgmlType::F32 && matmul_kernel(m.ty, 1).is_none())
         .map(|m| format!("{} ({})", m.name, m.ty))
         .collect();
     use GgmlType::*;
@@ -92,6 +88,26 @@ pub fn check_supported(net: &impl Network) -> Result<(), String> {
             "no CUDA kernel for the weight types of {}",
             bad.join(", ")
         ));
+    }
+    Ok(())
+}
+
+/// Why a hybrid's recurrent layers cannot run on kernels/recurrent.cu: a convolution longer
+/// than its registers hold, or DeltaNet heads of a size without a `delta_rule_d*` kernel.
+fn check_recurrent(s: &crate::backend::ops::Shape) -> Result<(), String> {
+    let taps = s.delta_net.map_or(0, |d| d.taps).max(s.conv_taps);
+    if taps > CONV_MAX_TAPS {
+        return Err(format!(
+            "a convolution of {taps} positions (the CUDA kernels take at most {CONV_MAX_TAPS})"
+        ));
+    }
+    if let Some(d) = s.delta_net {
+        if !DELTA_HEAD_DIMS.contains(&d.head_dim) {
+            return Err(format!(
+                "gated DeltaNet heads of {} (the CUDA kernels take {DELTA_HEAD_DIMS:?})",
+                d.head_dim
+            ));
+        }
     }
     Ok(())
 }

@@ -20,7 +20,15 @@ pub struct Caps {
     pub table_entries: usize,
     /// KV groups (`kv::KvLayout`): each has its own slots and tables.
     pub groups: usize,
+    /// A hybrid model's snapshot saves per step (0: the model keeps no recurrent state, and
+    /// the metadata has no sequence section).
+    pub saves: usize,
 }
+
+/// i32 entries per sequence in the metadata's sequence section (kernels/recurrent.cu
+/// `SEQ_INTS`), and per snapshot save (`SAVE_INTS`).
+pub const SEQ_INTS: usize = 6;
+pub const SAVE_INTS: usize = 2;
 
 impl Caps {
     /// `max_tokens` per step, at most `max_seqs` sequences per step, sequences of at most
@@ -45,13 +53,38 @@ impl Caps {
             logit_rows,
             table_entries,
             groups,
+            saves: 0,
+        }
+    }
+
+    /// The caps of a hybrid model's workspace: its metadata says, per sequence, where its
+    /// span lies, its state slot and its snapshot saves (at most one per token: a save is
+    /// taken after a distinct number of a span's tokens).
+    pub fn with_states(self) -> Caps {
+        Caps {
+            saves: self.tokens,
+            ..self
         }
     }
 
     /// i32 entries before the tables: tokens and positions, then each group's slots and table
-    /// offsets, `tokens` entries each.
+    /// offsets, `tokens` entries each; then a hybrid's sequence section.
     pub fn meta_head_ints(&self, groups: usize) -> usize {
+        self.state_offset(groups) + self.state_ints()
+    }
+
+    /// Where the sequence section starts: per sequence (a step has at most `tokens`) its
+    /// [`SEQ_INTS`], then per save its [`SAVE_INTS`].
+    pub fn state_offset(&self, groups: usize) -> usize {
         (2 + 2 * groups) * self.tokens
+    }
+
+    fn state_ints(&self) -> usize {
+        if self.saves == 0 {
+            0
+        } else {
+            SEQ_INTS * self.tokens + SAVE_INTS * self.saves
+        }
     }
 
     /// i32 entries of the per-step metadata image (see [`Meta`]).
@@ -62,12 +95,16 @@ impl Caps {
 
 /// Where each i32 array of a step's metadata lives inside the one `meta` buffer: tokens,
 /// positions, then per KV group the KV slots and block-table offsets (one per token, at fixed
-/// offsets), then the concatenated block tables.
+/// offsets), then a hybrid's sequences and snapshot saves, then the concatenated block tables.
 #[derive(Clone, Copy, Debug)]
 pub struct Meta {
     pub tokens: CUdeviceptr,
     pub positions: CUdeviceptr,
     pub tables: CUdeviceptr,
+    /// Per sequence, its span, state slot and saves (kernels/recurrent.cu `SEQ_*`).
+    pub seqs: CUdeviceptr,
+    /// Per snapshot save, its tokens before it and its slot (`SAVE_*`).
+    pub saves: CUdeviceptr,
     base: CUdeviceptr,
     tokens_cap: usize,
 }
@@ -102,6 +139,11 @@ pub struct Workspace {
     pub up: DeviceBuf,
     /// q8_1 activations of the widest matmul input.
     pub act: DeviceBuf,
+    /// Qwen3.5's buffers (`Buf::Mix`, `Z`, `Beta`, `Alpha`; one byte in other models).
+    pub mix: DeviceBuf,
+    pub z: DeviceBuf,
+    pub beta: DeviceBuf,
+    pub alpha: DeviceBuf,
     /// logit_rows x vocab.
     pub logits: DeviceBuf,
     /// Per-token (cos, sin) pairs of each RoPE table: tables x tokens x n_rot/2 pairs.
@@ -168,7 +210,7 @@ impl Workspace {
         let t = caps.tokens;
         let w = &shape.widths;
         let f32s = |n: usize| DeviceBuf::zeroed(ctx, n * 4);
-        let widest = w.embd.max(w.ff).max(w.q);
+        let widest = w.embd.max(w.ff).max(w.q).max(w.inner);
         // q8_1 rows: every token's widest input, or every pair's expert FFN row.
         let act_blocks = (t * widest.div_ceil(32))
             .max(shape.experts.map_or(0, |e| t * e.used * e.ff.div_ceil(32)));
@@ -189,6 +231,10 @@ impl Workspace {
             gate: f32s(t * w.ff)?,
             up: f32s(t * w.ff)?,
             act: DeviceBuf::zeroed(ctx, act_blocks * 36)?,
+            mix: f32s(t * w.mix)?,
+            z: f32s(t * w.inner)?,
+            beta: f32s(t * w.dt_heads)?,
+            alpha: f32s(t * w.dt_heads)?,
             logits: f32s(caps.logit_rows * w.vocab)?,
             cs: f32s(shape.ropes.len().max(1) * t * shape.n_rot.max(2))?,
             meta_buf: DeviceBuf::zeroed(ctx, caps.meta_ints() * 4)?,
@@ -201,10 +247,13 @@ impl Workspace {
     pub fn meta(&self) -> Meta {
         let base = self.meta_buf.ptr();
         let t = self.caps.tokens;
+        let seqs = self.caps.state_offset(self.caps.groups);
         Meta {
             tokens: base,
             positions: base + (t * 4) as u64,
             tables: base + (self.caps.meta_head_ints(self.caps.groups) * 4) as u64,
+            seqs: base + (seqs * 4) as u64,
+            saves: base + ((seqs + SEQ_INTS * t) * 4) as u64,
             base,
             tokens_cap: t,
         }
@@ -224,11 +273,10 @@ impl Workspace {
             Buf::Up => self.up.ptr(),
             Buf::Head => self.head.ptr(),
             Buf::Logits => self.logits.ptr(),
-            // Qwen3.5's buffers: `check_supported` refuses a model that uses them (it has a
-            // recurrent state) before a workspace is made for it.
-            Buf::Mix | Buf::Z | Buf::Beta | Buf::Alpha => {
-                unreachable!("the CUDA backend has no {buf:?} buffer (Qwen3.5 is refused)")
-            }
+            Buf::Mix => self.mix.ptr(),
+            Buf::Z => self.z.ptr(),
+            Buf::Beta => self.beta.ptr(),
+            Buf::Alpha => self.alpha.ptr(),
         }
     }
 
@@ -246,6 +294,10 @@ impl Workspace {
             &self.gate,
             &self.up,
             &self.act,
+            &self.mix,
+            &self.z,
+            &self.beta,
+            &self.alpha,
             &self.logits,
             &self.cs,
             &self.meta_buf,
@@ -278,5 +330,9 @@ mod tests {
         let c = Caps::new(12, 12, 256, 16, 6);
         assert_eq!(c.table_entries, 12 * 6 * 17 + 1);
         assert_eq!(c.meta_ints(), 14 * 16 + c.table_entries);
+        // A hybrid's sequence section after the groups' arrays, before the tables.
+        let c = Caps::new(12, 12, 256, 16, 1).with_states();
+        assert_eq!(c.state_offset(1), 4 * 16);
+        assert_eq!(c.meta_head_ints(1), 4 * 16 + SEQ_INTS * 16 + SAVE_INTS * 16);
     }
 }
