@@ -143,8 +143,11 @@ impl Session {
             };
             let mut batch = BatchMeta::default();
             batch.push_span(part, self.len, self.blocks.tables().to_vec(), w);
-            // A session's one sequence has the pool's one state slot (a hybrid's).
-            batch.set_state_slot(0);
+            // A session's one sequence has the pool's one state slot (a hybrid's; a model that
+            // only attends has none, and the device refuses a slot outside its pool).
+            if self.exec.state_slots() > 0 {
+                batch.set_state_slot(0);
+            }
             if generated {
                 batch.mark_generated_from(self.len);
             }
