@@ -1,0 +1,199 @@
+//! `/v1/embeddings`' numbers against llama.cpp's `llama-embedding` on the same GGUF: the
+//! reference model with `llama.pooling_type` set (mean, last), 50+ texts (short and long,
+//! several languages and scripts, code; the long ones take several prefill chunks), each
+//! embedded by edgelm's engine (all submitted at once, so they share steps) and by the peer.
+//! Bar: cosine similarity ≥ 0.999 per text, and the same nearest neighbour for every text.
+
+mod common;
+
+use common::{edited_model, model_path, peer_tool, reference_dir};
+use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
+use edgelm::gguf::Value;
+use edgelm::model::Model;
+use edgelm::tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+const MIN_COSINE: f64 = 0.999;
+/// Separates the texts in the peer's prompt file (they hold newlines).
+const SEP: &str = "<#edgelm-sep#>";
+
+/// The reference model with `llama.pooling_type` = `id` (llama.cpp's numbering).
+fn pooled_model(id: u32, name: &str) -> PathBuf {
+    edited_model(name, |kvs, _| {
+        kvs.retain(|(k, _)| k != "llama.pooling_type");
+        kvs.push(("llama.pooling_type".into(), Value::U32(id)));
+    })
+}
+
+/// The texts: the tokenizer cases (many scripts, emoji, code, whitespace), then paragraphs of
+/// the GPL, alone and joined into long texts of over a thousand tokens.
+fn texts() -> Vec<String> {
+    let dir = reference_dir();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    let cases: Vec<String> = serde_json::from_str(&read("tokenize-cases.json")).unwrap();
+    let more: serde_json::Value = serde_json::from_str(&read("cases.json")).unwrap();
+    let more = more["tokenize"].as_array().unwrap().iter();
+    let paragraphs: Vec<String> = read("gpl-3.txt")
+        .split("\n\n")
+        .map(|p| p.trim().to_string())
+        .filter(|p| p.len() > 300)
+        .take(14)
+        .collect();
+    let long: Vec<String> = paragraphs.chunks(5).map(|c| c.join("\n\n")).collect();
+    let mut all: Vec<String> = Vec::new();
+    let candidates = cases
+        .into_iter()
+        .chain(more.map(|v| v.as_str().unwrap().to_string()))
+        .chain(paragraphs)
+        .chain(long);
+    for t in candidates {
+        // The peer's prompt file loses a final newline; no text may be empty.
+        if !t.trim().is_empty() && !all.contains(&t) && !t.contains(SEP) {
+            all.push(t);
+        }
+    }
+    assert!(!all.last().unwrap().ends_with('\n'));
+    all
+}
+
+/// The peer's embeddings of `texts` (L2-normalised, its default).
+fn peer_embeddings(model: &Path, texts: &[String]) -> Vec<Vec<f64>> {
+    let prompts = std::env::temp_dir().join(format!("edgelm-embd-{}.txt", std::process::id()));
+    std::fs::write(&prompts, texts.join(SEP)).unwrap();
+    let out = Command::new(peer_tool("llama-embedding"))
+        .arg("-m")
+        .arg(model)
+        .arg("-f")
+        .arg(&prompts)
+        .args(["--embd-separator", SEP, "--embd-output-format", "json"])
+        .args(["-c", "4096", "-t", "2", "--no-warmup"])
+        .output()
+        .expect("llama-embedding runs");
+    let _ = std::fs::remove_file(&prompts);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "llama-embedding failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let start = stdout.find("{\n  \"object\"").expect("JSON in llama-embedding's output");
+    let mut values = serde_json::Deserializer::from_str(&stdout[start..]).into_iter();
+    let json: serde_json::Value = values.next().unwrap().unwrap();
+    json["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let e = d["embedding"].as_array().unwrap();
+            e.iter().map(|x| x.as_f64().unwrap()).collect()
+        })
+        .collect()
+}
+
+/// edgelm's embeddings of `texts`, all submitted to one engine at once.
+fn edgelm_embeddings(model: &Path, texts: &[String]) -> Vec<Vec<f64>> {
+    let m = Arc::new(Model::load(model).unwrap());
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let (handle, thread) = Engine::start(m, tok.eog_tokens().to_vec(), EngineConfig::default())
+        .expect("the engine starts");
+    let params = GenParams {
+        max_tokens: 0,
+        embed: true,
+        ..GenParams::default()
+    };
+    let rxs: Vec<_> = texts
+        .iter()
+        .map(|t| {
+            let ids = tok.encode(t, true).unwrap();
+            handle.submit(ids, params.clone()).unwrap().1
+        })
+        .collect();
+    let vectors = rxs
+        .into_iter()
+        .map(|rx| loop {
+            match rx.recv().expect("the engine answers") {
+                Event::Embedding { vector, .. } => {
+                    break vector.iter().map(|&x| f64::from(x)).collect()
+                }
+                Event::Error(e) => panic!("embedding failed: {e}"),
+                _ => {}
+            }
+        })
+        .collect();
+    handle.shutdown();
+    thread.join().unwrap();
+    vectors
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let n = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (n(a) * n(b))
+}
+
+/// Each text's nearest other text by cosine, and how far ahead of the runner-up it is.
+fn nearest(v: &[Vec<f64>]) -> Vec<(usize, f64)> {
+    (0..v.len())
+        .map(|i| {
+            let mut sims: Vec<(usize, f64)> = (0..v.len())
+                .filter(|&j| j != i)
+                .map(|j| (j, cosine(&v[i], &v[j])))
+                .collect();
+            sims.sort_by(|a, b| b.1.total_cmp(&a.1));
+            (sims[0].0, sims[0].1 - sims[1].1)
+        })
+        .collect()
+}
+
+/// Compares edgelm with the peer on the model pooled by `id`.
+fn matches_the_peer(id: u32, name: &str) {
+    let model = pooled_model(id, name);
+    let texts = texts();
+    assert!(texts.len() >= 50, "only {} texts", texts.len());
+    let peer = peer_embeddings(&model, &texts);
+    let ours = edgelm_embeddings(&model, &texts);
+    assert_eq!(peer.len(), texts.len());
+    let cos: Vec<f64> = ours.iter().zip(&peer).map(|(a, b)| cosine(a, b)).collect();
+    let worst = cos.iter().cloned().fold(f64::INFINITY, f64::min);
+    let mean = cos.iter().sum::<f64>() / cos.len() as f64;
+    eprintln!(
+        "{name}: {} texts, cosine to llama-embedding: min {worst:.6}, mean {mean:.6}",
+        texts.len()
+    );
+    for (i, c) in cos.iter().enumerate() {
+        assert!(*c >= MIN_COSINE, "text {i} ({:?}): cosine {c}", texts[i]);
+    }
+    // The same nearest neighbour for every text, but where the peer's own top two are a tie
+    // within the bar's noise.
+    let (n_ours, n_peer) = (nearest(&ours), nearest(&peer));
+    let mut same = 0;
+    for (i, (o, p)) in n_ours.iter().zip(&n_peer).enumerate() {
+        if o.0 == p.0 {
+            same += 1;
+        } else {
+            assert!(p.1 < 1e-3, "text {i}: nearest {} here, {} in the peer", o.0, p.0);
+        }
+    }
+    eprintln!("{name}: same nearest neighbour for {same} of {} texts", texts.len());
+}
+
+#[test]
+fn mean_pooling_matches_llama_embedding() {
+    matches_the_peer(1, "smollm2-pooling-mean.gguf");
+}
+
+#[test]
+fn last_token_pooling_matches_llama_embedding() {
+    matches_the_peer(3, "smollm2-pooling-last.gguf");
+}
+
+#[test]
+fn unknown_pooling_types_are_refused_and_none_serves_no_embeddings() {
+    let bad = pooled_model(9, "smollm2-pooling-9.gguf");
+    let err = Model::load(&bad).err().expect("pooling_type 9 is refused");
+    assert!(format!("{err:#}").contains("llama.pooling_type is 9"), "{err:#}");
+    let plain = Model::load(&model_path()).unwrap();
+    assert_eq!(plain.config.pooling, edgelm::model::Pooling::None);
+}
