@@ -39,7 +39,7 @@ fn texts() -> Vec<String> {
         .split("\n\n")
         .map(|p| p.trim().to_string())
         .filter(|p| p.len() > 300)
-        .take(20)
+        .take(16)
         .collect();
     let long: Vec<String> = paragraphs.chunks(8).map(|c| c.join("\n\n")).collect();
     let mut all: Vec<String> = Vec::new();
@@ -73,7 +73,7 @@ fn peer_run(model: &Path, text: &str) -> Vec<f64> {
         .arg(model)
         .args(["-p", text, "--embd-separator", SEP])
         .args(["--embd-output-format", "json"])
-        .args(["-c", "4096", "-t", "2", "--no-warmup"])
+        .args(["-c", "2048", "-t", "2", "--no-warmup"])
         .output()
         .expect("llama-embedding runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -148,8 +148,13 @@ fn nearest(v: &[Vec<f64>]) -> Vec<(usize, f64)> {
         .collect()
 }
 
+/// The comparisons run one at a time: each keeps every core busy (the peer's threads, then
+/// the engine's), and two at once on a small machine take several times as long.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Compares edgelm with the peer on the model pooled by `id`.
 fn matches_the_peer(id: u32, name: &str) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let model = pooled_model(id, name);
     let texts = texts();
     assert!(texts.len() >= 50, "only {} texts", texts.len());
