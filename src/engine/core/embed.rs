@@ -25,6 +25,12 @@ impl Engine {
             let _ = events.send(Event::Error(why));
             return;
         }
+        // Refused here, not by the step: a failed step fails every request it carried.
+        if self.exec.is_cuda() {
+            let why = "the CUDA backend does not compute embeddings yet (serve on the CPU)";
+            let _ = events.send(Event::Error(why.into()));
+            return;
+        }
         let id = self.next_seq;
         self.next_seq += 1;
         self.arrivals += 1;
