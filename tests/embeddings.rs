@@ -1,6 +1,6 @@
 //! `/v1/embeddings`' numbers against llama.cpp's `llama-embedding` on the same GGUF: the
 //! reference model with `llama.pooling_type` set (mean, last), 50+ texts (short and long,
-//! several languages and scripts, code; the long ones take several prefill chunks), each
+//! several languages and scripts, code; the long ones take two prefill chunks), each
 //! embedded by edgelm's engine (all submitted at once, so they share steps) and by the peer.
 //! Bar: cosine similarity ≥ 0.999 per text, and the same nearest neighbour for every text.
 
@@ -28,7 +28,7 @@ fn pooled_model(id: u32, name: &str) -> PathBuf {
 }
 
 /// The texts: the tokenizer cases (many scripts, emoji, code, whitespace), then paragraphs of
-/// the GPL, alone and joined into long texts of over a thousand tokens.
+/// the GPL, alone and joined into long texts (about 900 tokens: two 512-token prefill chunks).
 fn texts() -> Vec<String> {
     let dir = reference_dir();
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
