@@ -5,12 +5,14 @@
 # scripts/compare-peer.sh and scripts/reliability.sh.
 #
 #   scripts/build-peer.sh [TARGET...]
-#       (default: llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize)
+#       (default: llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize
+#       llama-embedding)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize)
+[ ${#targets[@]} -gt 0 ] || targets=(llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize
+    llama-embedding)
 
 peer_pkg="llama-cpp-python"
 peer_version="0.3.36"

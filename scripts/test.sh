@@ -29,9 +29,10 @@ step() {
 step scripts/test-preflight.sh
 step packaging/fetch-model.sh
 step packaging/fetch-model.sh gemma3
-# The suite runs only llama-perplexity (the KL-divergence and perplexity tests); the other peer
-# tools are for scripts/compare-peer.sh and scripts/reliability.sh, which build them on first use.
-step scripts/build-peer.sh llama-perplexity
+# The suite runs llama-perplexity (the KL-divergence and perplexity tests) and llama-embedding
+# (tests/embeddings.rs); the other peer tools are for scripts/compare-peer.sh and
+# scripts/reliability.sh, which build them on first use.
+step scripts/build-peer.sh llama-perplexity llama-embedding
 step cargo fmt --check
 step scripts/check-layers.py
 step scripts/check-docs.py

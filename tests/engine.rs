@@ -88,6 +88,7 @@ fn collect(rx: Receiver<Event>, n: usize) -> Outcome {
             }
             Event::PromptLogprobs(lp) => out.prompt_logprobs = Some(lp),
             Event::Error(e) => panic!("request failed: {e}"),
+            Event::Embedding { .. } => panic!("an embedding for a generation request"),
         }
     }
     out

@@ -25,6 +25,9 @@ pub struct BatchMeta {
     pub block_tables: Vec<Vec<Vec<u32>>>,
     /// Indices (into `tokens`) whose logits the caller wants, in this order.
     pub logits_for: Vec<usize>,
+    /// Indices (into `tokens`) whose final-normed hidden state (the output norm's, before the
+    /// LM head: what an embedding model pools) the caller wants, in this order.
+    pub hidden_for: Vec<usize>,
     /// Per token, whether the model generated it (a decode step's token, its drafts, or a
     /// generated token recomputed after preemption) rather than read it from a prompt. Prompt
     /// tokens follow the peer's arithmetic, which the correctness bar measures on prompts;
@@ -72,6 +75,15 @@ impl BatchMeta {
             }
             Logits::All => self.logits_for.extend(first..first + tokens.len()),
         }
+    }
+
+    /// Asks for the hidden states of the last span's tokens `rows` (offsets into the span).
+    pub fn want_hidden(&mut self, rows: std::ops::Range<usize>) {
+        let Some(&seq) = self.seq_of.last() else {
+            return;
+        };
+        let first = self.seq_of.iter().position(|&s| s == seq).unwrap_or(0);
+        self.hidden_for.extend(rows.map(|r| first + r));
     }
 
     /// Gives the last span's sequence its recurrent-state slot.
@@ -222,6 +234,12 @@ impl BatchMeta {
         if let Some(&i) = self.logits_for.iter().find(|&&i| i >= self.tokens.len()) {
             bail!(
                 "logits requested for token {i} of a batch of {}",
+                self.tokens.len()
+            );
+        }
+        if let Some(&i) = self.hidden_for.iter().find(|&&i| i >= self.tokens.len()) {
+            bail!(
+                "a hidden state requested for token {i} of a batch of {}",
                 self.tokens.len()
             );
         }

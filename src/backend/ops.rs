@@ -401,6 +401,9 @@ pub trait Network {
     /// The embedding and every block for the step's tokens (the residual stream left in X).
     /// `rotated`: the KV pages hold K and V Hadamard-rotated.
     fn run_blocks<O: Ops>(&self, ops: &mut O, rotated: bool) -> Result<()>;
+    /// Head = rows `rows` of the residual stream after the final norm (the hidden states an
+    /// embedding model pools).
+    fn run_final_norm<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()>;
     /// Logits for rows `rows` of the residual stream.
     fn run_head<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()>;
 }

@@ -178,7 +178,8 @@ fn run_with(
                         break;
                     }
                     Event::Error(e) => bail!("benchmark request failed: {e}"),
-                    Event::PromptLogprobs(_) => {}
+                    // Generation requests get no embeddings.
+                    Event::PromptLogprobs(_) | Event::Embedding { .. } => {}
                 }
             }
             Ok(t)

@@ -77,7 +77,8 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
             Event::Finished { .. } => break,
             Event::Error(e) => bail!("generation failed: {e}"),
-            Event::PromptLogprobs(_) => {}
+            // Generation requests get no embeddings.
+            Event::PromptLogprobs(_) | Event::Embedding { .. } => {}
         }
     }
     out.write_all(decoder.finish().as_bytes())?;

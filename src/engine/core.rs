@@ -2,6 +2,7 @@
 //! threads talk to it only through channels (`EngineHandle`). One step is nano-vllm's four
 //! lines: schedule → run → postprocess → emit.
 
+mod embed;
 #[cfg(test)]
 mod fake_executor;
 mod postprocess;
@@ -24,7 +25,7 @@ use crate::backend::select::Backend;
 use crate::grammar::{Constraint, Mask};
 use crate::kv::plan::KvPlan;
 use crate::kv::{BlockPool, KvLayout, KvType, PageGeometry};
-use crate::model::{BatchMeta, Logits, Model, ModelConfig};
+use crate::model::{BatchMeta, Logits, Model, ModelConfig, Pooling};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -97,6 +98,9 @@ struct ModelShape {
     weight_bytes: usize,
     /// A hybrid's recurrent state per slot (0 for a model that only attends).
     state_bytes: usize,
+    /// How embedding requests pool, and the width of a hidden row (n_embd).
+    pooling: Pooling,
+    hidden_width: usize,
 }
 
 pub struct Engine {
@@ -117,6 +121,9 @@ pub struct Engine {
     pacer: PrefillPacer,
     /// `EngineConfig::prompt_lookup`.
     prompt_lookup: usize,
+    /// `ModelShape::pooling` and `ModelShape::hidden_width`.
+    pooling: Pooling,
+    hidden_width: usize,
 }
 
 impl Engine {
@@ -162,6 +169,8 @@ impl Engine {
             context,
             weight_bytes: model.file_bytes(),
             state_bytes: cfg.state_floats() * 4,
+            pooling: cfg.pooling,
+            hidden_width: cfg.n_embd,
         };
         let exec = Box::new(ModelExecutor { model, exec });
         let (engine, limits) = Engine::new(exec, shape, eog, &config);
@@ -191,6 +200,7 @@ impl Engine {
             capacity_tokens: sched.capacity_tokens(),
             vocab_size: shape.vocab_size,
             max_n: config.max_seqs.max(1),
+            embedding_width: shape.pooling.embeds().then_some(shape.hidden_width),
         };
         let local = EngineStats {
             kv_pool_bytes: exec.kv_bytes(),
@@ -215,6 +225,8 @@ impl Engine {
             local,
             pacer: PrefillPacer::new(config.prefill_pacing, PACED_MIN_CHUNK),
             prompt_lookup: config.prompt_lookup,
+            pooling: shape.pooling,
+            hidden_width: shape.hidden_width,
         };
         (engine, limits)
     }
@@ -292,6 +304,9 @@ impl Engine {
     }
 
     fn admit(&mut self, mut req: Request, events: Sender<Event>) {
+        if req.params.embed {
+            return self.admit_embedding(req, events);
+        }
         // The request's compiled constraint moves to its first sequence (forks clone it).
         let constraint = req.params.constraint.take();
         let p = &req.params;
@@ -501,6 +516,7 @@ impl Engine {
                 meta.save_state_after(save.after, save.to);
             }
             meta.mark_generated_from(s.prompt_len);
+            self.want_hidden(&mut meta, s, span.start, span.len);
         }
         meta
     }

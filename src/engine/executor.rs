@@ -153,6 +153,15 @@ impl Executor {
         }
     }
 
+    /// The hidden rows (`BatchMeta::hidden_for`) of the last forward pass, rows × n_embd.
+    pub fn take_hidden(&mut self) -> Vec<f32> {
+        match self {
+            Executor::Cpu(c) => c.bufs.take_hidden(),
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) => Vec::new(),
+        }
+    }
+
     /// `batch.logits_for.len()` rows of logits. The vector is the executor's own buffer: hand
     /// it back with [`Executor::recycle`] so the next step need not allocate one.
     pub fn forward(&mut self, model: &Model, batch: &BatchMeta) -> Result<Vec<f32>> {
@@ -163,6 +172,7 @@ impl Executor {
             }
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => {
+                cuda_computes(batch)?;
                 match x.forward(model, batch, crate::backend::cuda::Want::Logits) {
                     Ok(crate::backend::batch::StepOutput::Logits(l)) => Ok(l),
                     Ok(_) => anyhow::bail!("the CUDA executor returned tokens for logits"),
@@ -192,6 +202,7 @@ impl Executor {
             }),
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => {
+                cuda_computes(batch)?;
                 use crate::backend::cuda::launch::SampleRow;
                 let rows: Vec<SampleRow> = rows
                     .iter()
@@ -211,7 +222,10 @@ impl Executor {
                 super::sampler::argmax(l)
             }),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(x) => cuda_tokens(x, model, batch, crate::backend::cuda::Want::Greedy),
+            Executor::Cuda(x) => {
+                cuda_computes(batch)?;
+                cuda_tokens(x, model, batch, crate::backend::cuda::Want::Greedy)
+            }
         }
     }
 }
@@ -238,6 +252,8 @@ pub trait StepExecutor: Send {
         rows: &[(SamplingParams, u64)],
     ) -> Result<Vec<u32>>;
     fn forward_greedy(&mut self, batch: &BatchMeta) -> Result<Vec<u32>>;
+    /// The last forward pass's hidden rows (`BatchMeta::hidden_for`), rows × n_embd.
+    fn take_hidden(&mut self) -> Vec<f32>;
 }
 
 /// An [`Executor`] with the model it runs.
@@ -298,6 +314,10 @@ impl StepExecutor for ModelExecutor {
     fn forward_greedy(&mut self, batch: &BatchMeta) -> Result<Vec<u32>> {
         self.exec.forward_greedy(&self.model, batch)
     }
+
+    fn take_hidden(&mut self) -> Vec<f32> {
+        self.exec.take_hidden()
+    }
 }
 
 /// The CPU forward pass, then `pick(logits row, its item of per_row)` for each logits row
@@ -317,6 +337,15 @@ fn cpu_tokens<T>(
         .zip(per_row)
         .map(|(l, item)| pick(l, item))
         .collect())
+}
+
+/// Refuses what the CUDA executor does not compute yet: hidden rows (embedding requests).
+#[cfg(feature = "cuda")]
+fn cuda_computes(batch: &BatchMeta) -> Result<()> {
+    if !batch.hidden_for.is_empty() {
+        anyhow::bail!("the CUDA backend does not compute embeddings yet (serve on the CPU)");
+    }
+    Ok(())
 }
 
 /// A CUDA step that returns token ids (`want` is Greedy or Sample).

@@ -24,6 +24,9 @@ pub struct EngineLimits {
     pub capacity_tokens: usize,
     pub vocab_size: usize,
     pub max_n: usize,
+    /// The width of the model's embeddings, where it pools them (`{arch}.pooling_type` mean,
+    /// cls or last); `None` for a model that serves no embeddings.
+    pub embedding_width: Option<usize>,
 }
 
 /// The cloneable way in: submit, cancel, read stats.
@@ -132,6 +135,7 @@ mod tests {
         capacity_tokens: 80,
         vocab_size: 50,
         max_n: 4,
+        embedding_width: None,
     };
 
     /// A handle whose engine is the returned receiver.

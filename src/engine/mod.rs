@@ -6,6 +6,7 @@ mod handle;
 mod heap;
 pub mod metrics;
 mod pacer;
+pub mod pooled;
 mod prompt_lookup;
 pub mod request;
 mod rng;

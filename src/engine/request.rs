@@ -27,6 +27,10 @@ pub struct GenParams {
     /// Speculate with prompt-lookup drafts where the engine allows it
     /// (`EngineConfig::prompt_lookup`): greedy output is unchanged, only faster.
     pub prompt_lookup: bool,
+    /// An embedding request: the prompt is prefilled only (no token is generated, no KV is
+    /// held after it) and its hidden states are pooled as the model says into one
+    /// [`Event::Embedding`].
+    pub embed: bool,
 }
 
 impl Default for GenParams {
@@ -41,6 +45,7 @@ impl Default for GenParams {
             prompt_logprobs: None,
             constraint: None,
             prompt_lookup: false,
+            embed: false,
         }
     }
 }
@@ -101,6 +106,11 @@ pub enum Event {
         prompt_tokens: usize,
         completion_tokens: usize,
         cached_tokens: usize,
+    },
+    /// An embedding request's pooled, L2-normalised vector (nothing more follows).
+    Embedding {
+        vector: Vec<f32>,
+        prompt_tokens: usize,
     },
     /// The request failed as a whole (nothing more follows).
     Error(String),

@@ -480,10 +480,7 @@ impl Scheduler {
         let s = &self.seqs[&id];
         // A hybrid resumes only where a snapshot of its state is kept, which the running
         // sequence's chunks may not reach: it does not wait.
-        if s.num_computed > 0
-            || !s.blocks.is_empty()
-            || s.want_prompt_logits
-            || self.slots.is_some()
+        if s.num_computed > 0 || !s.blocks.is_empty() || !s.reuses_prefix() || self.slots.is_some()
         {
             return false;
         }
@@ -509,7 +506,7 @@ impl Scheduler {
         let reaches_end = s.num_computed + len == s.tokens.len();
         let logits = if s.want_prompt_logits && s.num_computed < s.prompt_len {
             Logits::All
-        } else if reaches_end {
+        } else if reaches_end && !s.embed {
             Logits::Last
         } else {
             Logits::None
@@ -558,7 +555,7 @@ impl Scheduler {
     fn attach_cached_prefix(&mut self, id: SeqId, batch: &mut ScheduledBatch) {
         let bt = self.pool.block_size();
         let s = self.seqs.get_mut(&id).expect("seq exists");
-        if s.num_computed > 0 || !s.blocks.is_empty() || s.want_prompt_logits {
+        if s.num_computed > 0 || !s.blocks.is_empty() || !s.reuses_prefix() {
             return;
         }
         let usable = (s.tokens.len() - 1) / bt;

@@ -31,6 +31,10 @@ pub struct Sequence {
     pub max_len: usize,
     /// Logits for every prompt position are wanted (scoring), so no prefix-cache reuse.
     pub want_prompt_logits: bool,
+    /// An embedding request's: prefilled only, its hidden rows pooled, removed once its
+    /// prompt is done. Every prompt row is computed (no prefix-cache reuse: mean pooling
+    /// reads them all).
+    pub embed: bool,
     /// Completions to fork from this one when its prompt is done (n - 1).
     pub forks_pending: usize,
     pub preemptions: u32,
@@ -68,6 +72,7 @@ impl Sequence {
             block_hashes: Vec::new(),
             max_len,
             want_prompt_logits: false,
+            embed: false,
             forks_pending: 0,
             preemptions: 0,
             progress_since_preempt: 0,
@@ -75,6 +80,12 @@ impl Sequence {
             decoding_since: None,
             draft: Vec::new(),
         }
+    }
+
+    /// Whether the prefix cache may give it leading blocks: not when every prompt row must
+    /// be computed (prompt logprobs, embeddings).
+    pub fn reuses_prefix(&self) -> bool {
+        !self.want_prompt_logits && !self.embed
     }
 
     pub fn generated(&self) -> usize {

@@ -1,8 +1,10 @@
 //! Hyper-parameters read from GGUF metadata (`{arch}.*` keys), with the defaults llama.cpp
 //! applies, resolved per layer: which RoPE table (if any) and which attention window.
 
+mod pooling;
 mod qwen35;
 
+pub use pooling::Pooling;
 pub use qwen35::imrope_turned_pairs;
 
 use super::arch::{Family, SUPPORTED};
@@ -194,6 +196,8 @@ pub struct ModelConfig {
     /// Multi-token-prediction layers stored after the trunk (`nextn_predict_layers`), which
     /// edgelm loads past without running (it does not draft with them).
     pub mtp_layers: usize,
+    /// How an embedding request pools the prompt's hidden states (`pooling_type`).
+    pub pooling: Pooling,
     pub context_length: usize,
     pub vocab_size: usize,
 }
@@ -673,6 +677,7 @@ impl ModelConfig {
             delta_net: qwen35.as_ref().map(|q| q.delta_net),
             rope_sections: qwen35.as_ref().map(|q| q.sections),
             mtp_layers: qwen35.as_ref().map_or(0, |q| q.mtp_layers),
+            pooling: Pooling::read(&k)?,
             context_length,
             vocab_size,
             arch,

@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 impl Model {
     /// Runs `batch` on the CPU over `kv`; its `batch.logits_for.len()` rows of logits are left
-    /// in `bufs` (`CpuBuffers::logits`).
+    /// in `bufs` (`CpuBuffers::logits`), and its `batch.hidden_for.len()` hidden rows beside
+    /// them (`CpuBuffers::take_hidden`).
     pub fn forward(
         &self,
         batch: &BatchMeta,
@@ -42,6 +43,11 @@ impl Model {
         let mut step = CpuStep::new(w, kv, &self.layout, &self.shape, batch, bufs);
         if !batch.is_empty() {
             self.run_blocks(&mut step, geom.kv_type.rotated(cfg.head_dim))?;
+        }
+        // The hidden rows first: the head then gathers its own rows into the same buffer.
+        if !batch.hidden_for.is_empty() {
+            self.run_final_norm(&mut step, &batch.hidden_for)?;
+            step.keep_hidden();
         }
         self.run_head(&mut step, &batch.logits_for)
     }
@@ -207,13 +213,18 @@ impl Network for Model {
         Ok(())
     }
 
+    fn run_final_norm<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()> {
+        ops.gather(rows)?;
+        let norm = self.weights.output_norm;
+        ops.rmsnorm(Buf::Head, norm, self.config.rms_eps, Buf::Head)
+    }
+
     /// The output head for rows `rows` of the residual stream: Logits = their final norm times
     /// the output matrix (+ bias), scaled and soft-capped as the family does.
     fn run_head<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
-        ops.gather(rows)?;
-        ops.rmsnorm(Buf::Head, w.output_norm, c.rms_eps, Buf::Head)?;
+        self.run_final_norm(ops, rows)?;
         ops.matmul(Buf::Head, &[(&w.output, Buf::Logits)])?;
         if let Some(b) = w.output_bias {
             ops.add_bias(Buf::Logits, b)?;

@@ -12,7 +12,7 @@ pub use crate::backend::ops::{
     ExpertShape, Mat, Network, RopeLayout, RopeTable, Shape, VecRef, Widths,
 };
 pub use arch::{Family, SUPPORTED};
-pub use config::{LayerConfig, ModelConfig, MoeConfig, RopeScaling};
+pub use config::{LayerConfig, ModelConfig, MoeConfig, Pooling, RopeScaling};
 pub use weights::{DenseFfn, Ffn, LayerWeights, Weights};
 
 use crate::backend::cpu::packed_weights::PackedWeights;

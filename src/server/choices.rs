@@ -160,6 +160,8 @@ impl Choices {
                 }))
             }
             Event::Error(e) => Err(e),
+            // Only an embedding request gets one, and it is no completion.
+            Event::Embedding { .. } => Err("an embedding came back for a completion".into()),
         }
     }
 

@@ -9,11 +9,13 @@
 mod admission;
 mod answer;
 mod api;
+mod base64;
 mod call_scan;
 mod call_stream;
 mod chat_output;
 mod chat_request;
 mod choices;
+mod embeddings;
 mod error;
 mod fd_limit;
 mod front;

@@ -81,6 +81,7 @@ impl Server {
             "/v1/completions" | "/v1/chat/completions" | "/v1/responses" => {
                 return self.generate(ready, path, body, resp, pending);
             }
+            "/v1/embeddings" => return self.embeddings(ready, body, resp, pending),
             p if p.starts_with(responses::PREFIX) => {
                 self.kept_response(method, &percent_decoded(&p[responses::PREFIX.len()..]))
             }

@@ -20,6 +20,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("/v1/completions", "POST"),
     ("/v1/chat/completions", "POST"),
     ("/v1/responses", "POST"),
+    ("/v1/embeddings", "POST"),
     ("/tokenize", "POST"),
     ("/detokenize", "POST"),
 ];
@@ -129,7 +130,8 @@ impl Server {
                 let (status, state) = self.health();
                 Route::Health(status, json!({ "status": state }).to_string())
             }
-            "/v1/completions" | "/v1/chat/completions" | "/v1/responses" => {
+            // Embeddings run through the engine as prompts do, and are admitted as they are.
+            "/v1/completions" | "/v1/chat/completions" | "/v1/responses" | "/v1/embeddings" => {
                 Route::Dispatch(Lane::Generate)
             }
             _ => Route::Dispatch(Lane::Other),

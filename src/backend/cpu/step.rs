@@ -49,6 +49,8 @@ fn index(b: Buf) -> usize {
 pub struct CpuBuffers {
     bufs: [Vec<f32>; BUFS],
     moe: MoeScratch,
+    /// The final-normed hidden rows the last step was asked for (`BatchMeta::hidden_for`).
+    hidden: Vec<f32>,
 }
 
 impl CpuBuffers {
@@ -60,6 +62,11 @@ impl CpuBuffers {
     /// Moves the logits out (no copy); give the vector back with [`Self::recycle_logits`].
     pub fn take_logits(&mut self) -> Vec<f32> {
         std::mem::take(&mut self.bufs[index(Buf::Logits)])
+    }
+
+    /// Moves the last step's hidden rows out (rows × n_embd; empty if none were asked for).
+    pub fn take_hidden(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.hidden)
     }
 
     pub fn recycle_logits(&mut self, v: Vec<f32>) {
@@ -98,6 +105,14 @@ pub struct CpuStep<'a> {
 }
 
 impl<'a> CpuStep<'a> {
+    /// Copies Head (the final-normed rows `Network::run_final_norm` left there) out as the
+    /// step's hidden rows, before the LM head overwrites it.
+    pub fn keep_hidden(&mut self) {
+        let head = &self.bufs.bufs[index(Buf::Head)];
+        self.bufs.hidden.clear();
+        self.bufs.hidden.extend_from_slice(head);
+    }
+
     /// Prepares a step over `batch` (already validated against the pool and `layout`).
     pub fn new(
         w: CpuWeights<'a>,
@@ -107,6 +122,8 @@ impl<'a> CpuStep<'a> {
         batch: &'a BatchMeta,
         bufs: &'a mut CpuBuffers,
     ) -> CpuStep<'a> {
+        // No hidden rows from an earlier step may pass for this one's.
+        bufs.hidden.clear();
         let n = batch.len();
         let half = shape.n_rot / 2;
         let cs = shape

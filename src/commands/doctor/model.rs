@@ -391,7 +391,8 @@ fn generate(ctx: &Context, mut c: Check) -> anyhow::Result<Check> {
                 }
                 Event::Finished { .. } => break,
                 Event::Error(e) => anyhow::bail!("{e}"),
-                Event::PromptLogprobs(_) => {}
+                // Generation requests get no embeddings.
+                Event::PromptLogprobs(_) | Event::Embedding { .. } => {}
             }
         }
         Ok((n, first, out))

@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex};
 /// The fake vocabulary's size.
 pub const VOCAB: usize = 64;
 
+/// The width of the fake model's hidden rows: token `t`'s is `(t, 1)`.
+pub const HIDDEN: usize = 2;
+
 /// The token the fake model puts after `t`.
 pub fn next_token(t: u32) -> u32 {
     (t + 1) % VOCAB as u32
@@ -60,6 +63,8 @@ pub struct FakeExecutor {
     state: Arc<Mutex<FakeState>>,
     blocks: usize,
     block_size: usize,
+    /// The last step's hidden rows.
+    hidden: Vec<f32>,
 }
 
 impl FakeExecutor {
@@ -77,6 +82,7 @@ impl FakeExecutor {
             state,
             blocks,
             block_size,
+            hidden: Vec::new(),
         };
         (exec, probe)
     }
@@ -96,6 +102,10 @@ impl FakeExecutor {
         };
         for (i, &t) in batch.tokens.iter().enumerate() {
             st.kv[slot(i)] = Some(t);
+        }
+        self.hidden.clear();
+        for &i in &batch.hidden_for {
+            self.hidden.extend([batch.tokens[i] as f32, 1.0]);
         }
         batch
             .logits_for
@@ -167,5 +177,9 @@ impl StepExecutor for FakeExecutor {
     fn forward_greedy(&mut self, batch: &BatchMeta) -> Result<Vec<u32>> {
         let logits = self.forward(batch)?;
         Ok(logits.chunks_exact(VOCAB).map(argmax).collect())
+    }
+
+    fn take_hidden(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.hidden)
     }
 }

@@ -25,6 +25,7 @@ impl Engine {
     ) {
         self.sched.commit(batch);
         self.local.steps += 1;
+        self.pool_hidden(batch);
         match out {
             StepOutput::Logits(logits) => {
                 self.postprocess_logits(batch, &logits);

@@ -27,6 +27,8 @@ pub(super) struct SeqRecord {
     /// because verifying a draft token costs a share of a decode step whether or not it is
     /// kept.
     pub draft_cap: usize,
+    /// An embedding sequence's hidden rows pooled so far.
+    pub pooled: Option<crate::engine::pooled::Pooled>,
 }
 
 impl SeqRecord {
@@ -37,6 +39,7 @@ impl SeqRecord {
             constraint,
             mask: None,
             draft_cap: 0,
+            pooled: None,
         }
     }
 }

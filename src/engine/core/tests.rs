@@ -1,7 +1,7 @@
 //! The engine's steps driven one at a time over the fake executor (`fake_executor`), whose
 //! model counts: every expected output is the prompt's last token counting on.
 
-use super::fake_executor::{next_token, FakeExecutor, FakeProbe, VOCAB};
+use super::fake_executor::{next_token, FakeExecutor, FakeProbe, HIDDEN, VOCAB};
 use super::*;
 use crate::engine::request::GenParams;
 use std::sync::mpsc::Receiver;
@@ -30,6 +30,8 @@ fn engine() -> (Engine, FakeProbe) {
         context: 256,
         weight_bytes: 0,
         state_bytes: 0,
+        pooling: Pooling::Mean,
+        hidden_width: HIDDEN,
     };
     let (engine, _) = Engine::new(Box::new(exec), shape, Vec::new(), &config());
     (engine, probe)
@@ -389,4 +391,59 @@ fn cancelling_a_forked_request_drops_every_record_and_block_and_spares_the_other
     );
     assert_eq!(tokens_of(&events(&r2), 0), count_after(22, 4));
     assert_all_released(&e);
+}
+
+fn embedding() -> GenParams {
+    GenParams {
+        max_tokens: 0,
+        embed: true,
+        ..GenParams::default()
+    }
+}
+
+/// The fake's mean-pooled vector of `prompt`, normalised: the mean of its rows `(t, 1)`.
+fn fake_embedding(prompt: &[u32]) -> Vec<f32> {
+    let mean = prompt.iter().map(|&t| t as f32).sum::<f32>() / prompt.len() as f32;
+    let mut v = vec![mean, 1.0];
+    crate::engine::pooled::l2_normalize(&mut v);
+    v
+}
+
+#[test]
+fn embeddings_pool_every_chunk_batched_with_generation_and_hold_no_blocks() {
+    let (mut engine, probe) = engine();
+    // 40 tokens: three chunks of the 16-token budget, beside a generating request.
+    let long: Vec<u32> = (0..40).map(|i| (i * 7 % 60) as u32).collect();
+    let gen = submit(&mut engine, 1, &[3, 4, 5], greedy(4, false));
+    let emb = submit(&mut engine, 2, &long, embedding());
+    let short = submit(&mut engine, 3, &[9], embedding());
+    run_to_idle(&mut engine, &probe);
+    assert_eq!(tokens_of(&events(&gen), 0), count_after(5, 4));
+    for (rx, prompt) in [(&emb, &long[..]), (&short, &[9][..])] {
+        match &events(rx)[..] {
+            [Event::Embedding {
+                vector,
+                prompt_tokens,
+            }] => {
+                assert_eq!(*prompt_tokens, prompt.len());
+                let want = fake_embedding(prompt);
+                assert!(vector.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6));
+            }
+            other => panic!("expected one embedding, got {other:?}"),
+        }
+    }
+    // The embedding spans asked for no logits, and for a hidden row per prompt token.
+    let hidden: usize = probe.batches().iter().map(|b| b.hidden_for.len()).sum();
+    assert_eq!(hidden, long.len() + 1);
+    assert_eq!(engine.sched.pool.used(), 0);
+    assert!(engine.requests.is_empty() && engine.seqs.is_empty());
+}
+
+#[test]
+fn a_model_without_pooling_refuses_embeddings() {
+    let (mut engine, _) = engine();
+    engine.pooling = Pooling::None;
+    let rx = submit(&mut engine, 1, &[1, 2], embedding());
+    assert_eq!(errors(&events(&rx)), 1);
+    assert!(engine.sched.is_idle());
 }
