@@ -344,17 +344,7 @@ impl Engine {
         self.local.prompt_tokens += req.prompt.len() as u64;
         self.requests.insert(
             req.id,
-            RequestState {
-                events,
-                prompt_len: req.prompt.len(),
-                params: req.params,
-                seqs: vec![id],
-                live: 1,
-                arrived: Instant::now(),
-                first_token: None,
-                last_token: None,
-                prompt_logprobs: Vec::new(),
-            },
+            RequestState::new(events, req.params, req.prompt.len(), id),
         );
     }
 

@@ -12,7 +12,6 @@ use crate::engine::scheduler::ScheduledBatch;
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::model::BatchMeta;
 use std::sync::mpsc::Sender;
-use std::time::Instant;
 
 impl Engine {
     /// Takes in an embedding request: one sequence that computes its prompt and nothing more.
@@ -43,20 +42,8 @@ impl Engine {
         self.seqs.insert(id, rec);
         self.sched.add(seq);
         self.local.prompt_tokens += len as u64;
-        self.requests.insert(
-            req.id,
-            RequestState {
-                events,
-                prompt_len: len,
-                params: req.params,
-                seqs: vec![id],
-                live: 1,
-                arrived: Instant::now(),
-                first_token: None,
-                last_token: None,
-                prompt_logprobs: Vec::new(),
-            },
-        );
+        self.requests
+            .insert(req.id, RequestState::new(events, req.params, len, id));
     }
 
     /// Asks for the hidden rows the pooling of an embedding sequence's span reads.

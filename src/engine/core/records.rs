@@ -60,6 +60,23 @@ pub(super) struct RequestState {
     pub prompt_logprobs: Vec<Option<TokenLogprob>>,
 }
 
+impl RequestState {
+    /// A request just admitted, with its first sequence `seq`.
+    pub fn new(events: Sender<Event>, params: GenParams, prompt_len: usize, seq: SeqId) -> Self {
+        RequestState {
+            events,
+            params,
+            prompt_len,
+            seqs: vec![seq],
+            live: 1,
+            arrived: Instant::now(),
+            first_token: None,
+            last_token: None,
+            prompt_logprobs: Vec::new(),
+        }
+    }
+}
+
 /// Whether a logits row of `seq` is plain: its token is a draw from the row and nothing
 /// more. No grammar masks the row, no logprobs are reported from it, no penalty reshapes it
 /// (penalties read the sequence's history), no forks are still to be made from it (they
