@@ -64,6 +64,10 @@ pub struct EngineConfig {
     pub state_snapshot_bytes: usize,
 }
 
+/// Why the CUDA backend takes no embedding request (the server answers 501 with it).
+const CUDA_EMBEDDINGS: &str =
+    "the CUDA backend does not compute embeddings yet: serve this model with --backend cpu";
+
 /// The default for [`EngineConfig::state_snapshot_bytes`], in MiB.
 pub const DEFAULT_STATE_SNAPSHOT_MIB: usize = 64;
 
@@ -201,6 +205,7 @@ impl Engine {
             vocab_size: shape.vocab_size,
             max_n: config.max_seqs.max(1),
             embedding_width: shape.pooling.embeds().then_some(shape.hidden_width),
+            embeddings_refused: (exec.backend_name() == "cuda").then_some(CUDA_EMBEDDINGS),
         };
         let local = EngineStats {
             kv_pool_bytes: exec.kv_bytes(),

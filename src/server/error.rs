@@ -151,6 +151,18 @@ impl ApiError {
         }
     }
 
+    /// 501: something this server does not do (yet) in its present configuration.
+    pub fn not_implemented(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 501,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("not_implemented"),
+            retry_after: None,
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError {
             status: 500,

@@ -26,8 +26,7 @@ impl Engine {
         }
         // Refused here, not by the step: a failed step fails every request it carried.
         if self.exec.is_cuda() {
-            let why = "the CUDA backend does not compute embeddings yet (serve on the CPU)";
-            let _ = events.send(Event::Error(why.into()));
+            let _ = events.send(Event::Error(super::CUDA_EMBEDDINGS.into()));
             return;
         }
         let id = self.next_seq;
