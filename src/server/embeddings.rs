@@ -10,7 +10,6 @@ use crate::engine::pooled::l2_normalize;
 use crate::engine::{EngineHandle, Event, GenParams, RequestId};
 use crate::tokenizer::Tokenizer;
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -222,21 +221,17 @@ impl Server {
         resp: RawResponse,
         pending: Option<triage::Pending>,
     ) -> Result<(), (ApiError, RawResponse)> {
-        if self.draining.load(Ordering::Relaxed) {
-            return Err((ApiError::unavailable("the server is shutting down"), resp));
-        }
-        let job = match parse(&Served::of(ready), body) {
+        let job = match self
+            .refuse_if_draining()
+            .and_then(|_| parse(&Served::of(ready), body))
+        {
             Ok(j) => j,
             Err(e) => return Err((e, resp)),
         };
         let n_prompt: usize = job.inputs.iter().map(Vec::len).sum();
-        let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let admitted = self.admission.admit(before, n_prompt, Instant::now());
-        drop(pending);
-        let _guard = InFlight(self);
-        let mut ticket = match admitted {
-            Ok(t) => t,
-            Err(r) => return Err((ApiError::overloaded(r.retry_after_s, r.queue_full), resp)),
+        let (mut ticket, _in_flight) = match self.admit_request(n_prompt, pending) {
+            Ok(admitted) => admitted,
+            Err(e) => return Err((e, resp)),
         };
         let started = Instant::now();
         let vectors = match run(&ready.engine, &job) {
@@ -252,15 +247,6 @@ impl Server {
             started.elapsed().as_secs_f64()
         );
         Ok(())
-    }
-}
-
-/// Counts a request in flight until dropped.
-struct InFlight<'a>(&'a Server);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -2,6 +2,7 @@
 //! page, metrics, models and tokenize answer here; a generation request is parsed (`parse`),
 //! admitted (`admission`) and run (`generate`).
 
+use super::admission::Ticket;
 use super::api::{DetokenizeRequest, TokenizeRequest};
 use super::error::ApiError;
 use super::http::RawResponse;
@@ -96,6 +97,33 @@ impl Server {
         }
     }
 
+    /// A 503 once the server drains: no new work is taken.
+    pub(super) fn refuse_if_draining(&self) -> Result<(), ApiError> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        Ok(())
+    }
+
+    /// Back-pressure for a request of `n_prompt` prompt tokens: the running batch plus a queue
+    /// bounded in requests, and a backlog of unstarted requests bounded in expected wait; past
+    /// that, 429. Admitted, it counts in flight until the returned guard is dropped.
+    pub(super) fn admit_request(
+        &self,
+        n_prompt: usize,
+        pending: Option<triage::Pending>,
+    ) -> Result<(Ticket<'_>, InFlight<'_>), ApiError> {
+        let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let in_flight = InFlight(self);
+        let admitted = self.admission.admit(before, n_prompt, Instant::now());
+        // Admission has decided (and `in_flight` counts it if admitted): no longer pending.
+        drop(pending);
+        match admitted {
+            Ok(ticket) => Ok((ticket, in_flight)),
+            Err(r) => Err(ApiError::overloaded(r.retry_after_s, r.queue_full)),
+        }
+    }
+
     fn generate(
         self: &Arc<Self>,
         ready: &Ready,
@@ -104,34 +132,18 @@ impl Server {
         resp: RawResponse,
         pending: Option<triage::Pending>,
     ) -> Result<(), (ApiError, RawResponse)> {
-        if self.draining.load(Ordering::Relaxed) {
-            return Err((ApiError::unavailable("the server is shutting down"), resp));
-        }
-        let job = match self.parse_job(ready, path, body) {
+        let job = match self
+            .refuse_if_draining()
+            .and_then(|_| self.parse_job(ready, path, body))
+        {
             Ok(j) => j,
             Err(e) => return Err((e, resp)),
         };
-        // Back-pressure: the running batch plus a queue bounded in requests, and a backlog of
-        // unstarted requests bounded in expected wait; past that, 429.
-        let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
         let n_prompt: usize = job.prompts.iter().map(|p| p.len()).sum();
-        let admitted = self.admission.admit(before, n_prompt, Instant::now());
-        // Admission has decided (and `in_flight` counts it if admitted): no longer pending.
-        drop(pending);
-        let mut ticket = match admitted {
-            Ok(t) => t,
-            Err(r) => {
-                self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                return Err((ApiError::overloaded(r.retry_after_s, r.queue_full), resp));
-            }
+        let (mut ticket, _in_flight) = match self.admit_request(n_prompt, pending) {
+            Ok(admitted) => admitted,
+            Err(e) => return Err((e, resp)),
         };
-        struct Guard<'a>(&'a Server);
-        impl Drop for Guard<'_> {
-            fn drop(&mut self) {
-                self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        let _guard = Guard(self);
         let started = Instant::now();
         let id = job.id.clone();
         let mut on_first_token = |at: Instant| ticket.first_token(at);
@@ -299,6 +311,15 @@ fn percent_decoded(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
+}
+
+/// Counts an admitted request in flight until dropped.
+pub(super) struct InFlight<'a>(&'a Server);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]
