@@ -76,8 +76,10 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     /// Path to the GGUF model [profile: model.path, default
     /// models/SmolLM2-135M-Instruct.Q4_1.gguf, which packaging/fetch-model.sh downloads].
-    #[arg(short = 'm', long = "model")]
-    pub model: Option<PathBuf>,
+    /// Repeat it to serve several models from one process (`[[models]]` in a profile); write
+    /// ID=PATH to give a model the id requests select it by (default: the file's name).
+    #[arg(short = 'm', long = "model", value_name = "[ID=]PATH")]
+    pub model: Vec<String>,
     /// [profile: server.host, default 127.0.0.1]
     #[arg(long)]
     pub host: Option<String>,
@@ -144,8 +146,10 @@ pub struct ConfigCheckArgs {
 
 #[derive(Args, Debug)]
 pub struct KvPlanArgs {
-    #[command(flatten)]
-    pub model: ModelArg,
+    /// Path to the GGUF model; repeat it (`[ID=]PATH`) for the models one `serve` holds
+    /// together, which share the pool as `serve` divides it.
+    #[arg(short = 'm', long = "model", value_name = "[ID=]PATH", required = true)]
+    pub model: Vec<String>,
     /// Context length each sequence could reach.
     #[arg(long, default_value_t = 8192)]
     pub ctx: usize,
@@ -199,6 +203,16 @@ pub struct BenchArgs {
     pub lookup_task: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
+    /// Time embeddings instead (a model with a pooling type): batches of --embed-texts
+    /// texts of --embed-tokens tokens each, texts per second.
+    #[arg(long)]
+    pub embeddings: bool,
+    /// Texts per embedding batch.
+    #[arg(long = "embed-texts", default_value_t = 32)]
+    pub embed_texts: usize,
+    /// Tokens per text in the embedding batches.
+    #[arg(long = "embed-tokens", default_value_t = 128)]
+    pub embed_tokens: usize,
     #[command(flatten)]
     pub compute: ComputeArgs,
 }

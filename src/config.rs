@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 #[derive(Deserialize, Debug, Clone, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Profile {
+    /// The model served (the first, when `models` names more).
     pub model: ModelSection,
+    /// Further models served from the same process, beside `model` (`[[models]]` tables).
+    pub models: Vec<ModelSection>,
     pub server: ServerSection,
     pub engine: EngineSection,
     pub log: LogSection,
@@ -18,6 +21,27 @@ pub struct Profile {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
     pub path: PathBuf,
+    /// The name requests select it by (`model` in a request); "": the file's name.
+    pub id: String,
+    /// What it answers: "generate", "embed", or "auto" (embed when the GGUF has a pooling
+    /// type, else generate).
+    pub kind: ModelKind,
+    /// Beside other models: its share of `engine.kv_memory_mib` (0 < share ≤ 1), or 0 for
+    /// the default (see `kv::shares`).
+    pub kv_share: f64,
+    /// Beside other models: its KV budget in MiB instead of a share; 0: the default.
+    pub kv_memory_mib: usize,
+}
+
+/// What a served model answers.
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Embeddings if the GGUF has a pooling type, generation otherwise.
+    #[default]
+    Auto,
+    Generate,
+    Embed,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -99,6 +123,10 @@ impl Default for ModelSection {
     fn default() -> Self {
         ModelSection {
             path: PathBuf::from(DEFAULT_MODEL_PATH),
+            id: String::new(),
+            kind: ModelKind::Auto,
+            kv_share: 0.0,
+            kv_memory_mib: 0,
         }
     }
 }
@@ -336,7 +364,65 @@ impl EngineSection {
     }
 }
 
+impl ModelSection {
+    /// A model section's values; `table` is `model` or `models` (for the key names).
+    fn check(&self, table: &'static str) -> Check {
+        let key = |k: [&'static str; 2]| if table == "model" { k[0] } else { k[1] };
+        if self.path.as_os_str().is_empty() {
+            return bad(key(["model.path", "models.path"]), "must not be empty");
+        }
+        if !(self.kv_share >= 0.0 && self.kv_share <= 1.0) {
+            return bad(
+                key(["model.kv_share", "models.kv_share"]),
+                "must be 0 (the default) to 1",
+            );
+        }
+        if self.kv_share > 0.0 && self.kv_memory_mib > 0 {
+            let why = "give kv_share or kv_memory_mib, not both";
+            return bad(key(["model.kv_memory_mib", "models.kv_memory_mib"]), why);
+        }
+        if self.kv_memory_mib > MAX_MIB {
+            let why = format!("must be 0 (the default) to {MAX_MIB}");
+            return bad(key(["model.kv_memory_mib", "models.kv_memory_mib"]), why);
+        }
+        Ok(())
+    }
+
+    /// Whether the model serves embeddings only (else generation), given whether its GGUF
+    /// has a pooling type; an embedding kind without one is an error.
+    pub fn embeds(&self, has_pooling: bool) -> anyhow::Result<bool> {
+        match self.kind {
+            ModelKind::Auto => Ok(has_pooling),
+            ModelKind::Generate => Ok(false),
+            ModelKind::Embed if has_pooling => Ok(true),
+            ModelKind::Embed => anyhow::bail!(
+                "model {}: kind is embed, but its GGUF has no pooling type (pooling_type)",
+                self.served_id()
+            ),
+        }
+    }
+
+    /// The id requests select the model by: `id`, else the file's name.
+    pub fn served_id(&self) -> String {
+        if !self.id.is_empty() {
+            return self.id.clone();
+        }
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    }
+}
+
 impl Profile {
+    /// Every model the profile serves, the first one first.
+    pub fn served_models(&self) -> Vec<ModelSection> {
+        std::iter::once(&self.model)
+            .chain(&self.models)
+            .cloned()
+            .collect()
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Profile> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read profile {}: {e}", path.display()))?;
@@ -359,8 +445,16 @@ impl Profile {
 
     /// The first out-of-range value, as (`section.key`, why).
     fn check(&self) -> Check {
-        if self.model.path.as_os_str().is_empty() {
-            return bad("model.path", "must not be empty");
+        self.model.check("model")?;
+        let mut ids = vec![self.model.served_id()];
+        for m in &self.models {
+            m.check("models")?;
+            let id = m.served_id();
+            if ids.contains(&id) {
+                let why = format!("two models have the id {id:?}: give each its own `id`");
+                return bad("models.id", why);
+            }
+            ids.push(id);
         }
         self.server.check_address()?;
         self.server.check_limits()?;
@@ -544,6 +638,27 @@ mod tests {
     }
 
     #[test]
+    fn several_models_with_ids_kinds_and_shares() {
+        let text = "[model]\npath = \"chat.gguf\"\n\n[[models]]\npath = \"dir/minilm.gguf\"\n\
+                    kind = \"embed\"\nkv_memory_mib = 16\n\n[[models]]\npath = \"other.gguf\"\n\
+                    id = \"small\"\nkv_share = 0.25\n";
+        let p = Profile::parse(text).unwrap();
+        let served = p.served_models();
+        let ids: Vec<String> = served.iter().map(|m| m.served_id()).collect();
+        assert_eq!(ids, ["chat.gguf", "minilm.gguf", "small"]);
+        assert_eq!(served[1].kind, ModelKind::Embed);
+        assert_eq!((served[1].kv_memory_mib, served[2].kv_share), (16, 0.25));
+        assert!(served[1].embeds(true).unwrap());
+        assert!(
+            served[1].embeds(false).is_err(),
+            "embed needs a pooling type"
+        );
+        assert!(!served[0].embeds(false).unwrap() && served[0].embeds(true).unwrap());
+        let e = Profile::parse("[[models]]\npath = \"x.gguf\"\nkind = \"rerank\"\n").unwrap_err();
+        assert!(e.contains("kind") || e.contains("rerank"), "{e}");
+    }
+
+    #[test]
     fn value_checks() {
         for (text, key) in [
             ("[engine]\nblock_size = 24\n", "engine.block_size"),
@@ -556,6 +671,15 @@ mod tests {
             ("[server]\nhost = \"my host\"\n", "server.host"),
             ("[server]\ndrain_seconds = 601\n", "server.drain_seconds"),
             ("[model]\npath = \"\"\n", "model.path"),
+            ("[model]\nkv_share = 1.5\n", "model.kv_share"),
+            (
+                "[[models]]\npath = \"e.gguf\"\nkv_share = 0.2\nkv_memory_mib = 8\n",
+                "models.kv_memory_mib",
+            ),
+            (
+                "[model]\npath = \"a/m.gguf\"\n[[models]]\npath = \"b/m.gguf\"\n",
+                "models.id",
+            ),
             (
                 "[server]\nheader_timeout_s = 0\n",
                 "server.header_timeout_s",

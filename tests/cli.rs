@@ -328,6 +328,53 @@ fn kv_plan_for_the_reference_model() {
     }
 }
 
+/// Models served together: the plan per model over its share of the pool, as `serve` divides
+/// it (an embedding model's default share, the rest to the chat model).
+#[test]
+fn kv_plan_divides_the_pool_among_several_models() {
+    let pooled = edited_model("cli-kv-plan-pooled", |kvs, _| {
+        kvs.push(("llama.pooling_type".into(), edgelm::gguf::Value::U32(1)));
+    });
+    let out = run_ok(
+        edgelm()
+            .args(["kv-plan", "--json", "--memory-mib", "256", "-m"])
+            .arg(format!("chat={}", model_path().display()))
+            .arg("-m")
+            .arg(format!("embed={}", pooled.display())),
+    );
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let models = all["models"].as_array().unwrap();
+    let field = |i: usize, k: &str| models[i][k].clone();
+    assert_eq!(
+        (field(0, "id"), field(0, "kind")),
+        ("chat".into(), "generate".into())
+    );
+    assert_eq!(
+        (field(1, "id"), field(1, "kind")),
+        ("embed".into(), "embed".into())
+    );
+    let bytes = |i: usize| field(i, "memory_bytes").as_u64().unwrap();
+    // 2048 tokens of 23,040 bytes for the embedding model; the chat model has the rest.
+    assert_eq!(bytes(1), 2048 * 23_040);
+    assert_eq!(bytes(0), (256 << 20) - bytes(1));
+    assert!(
+        models[0]["plan"]["pool_blocks"].as_u64().unwrap()
+            > models[1]["plan"]["pool_blocks"].as_u64().unwrap()
+    );
+    let text = run_ok(
+        edgelm()
+            .args(["kv-plan", "--memory-mib", "256", "-m"])
+            .arg(format!("chat={}", model_path().display()))
+            .arg("-m")
+            .arg(format!("embed={}", pooled.display())),
+    );
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("== embed (embeddings, 45 MiB of the pool)"),
+        "{text}"
+    );
+}
+
 #[test]
 fn bench_reports_json_figures() {
     let out = run_ok(

@@ -151,6 +151,34 @@ fn broken_profile_fails_and_exits_non_zero() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// A profile serving several models: each further model has its own check, and a missing one
+/// fails the report.
+#[test]
+fn every_model_a_profile_serves_is_checked() {
+    let dir = scratch("several");
+    let p = dir.join("profile.toml");
+    let text = format!(
+        "[model]\npath = {:?}\n\n[[models]]\npath = {:?}\nid = \"twin\"\n\n[[models]]\n\
+         path = {:?}\nid = \"gone\"\n",
+        model_path(),
+        model_path(),
+        dir.join("missing.gguf")
+    );
+    std::fs::write(&p, text).unwrap();
+    let (out, report) = doctor_json(&["--config".as_ref(), p.as_os_str()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let twin = check(&report, "model twin");
+    assert_eq!(twin["details"]["architecture"], "llama", "{twin}");
+    assert_ne!(twin["status"], "fail", "{twin}");
+    let gone = check(&report, "model gone");
+    assert_eq!(gone["status"], "fail", "{gone}");
+    assert!(
+        gone["reason"].as_str().unwrap().contains("missing.gguf"),
+        "{gone}"
+    );
+    assert!(!out.status.success());
+}
+
 fn link_model(dir: &Path) -> PathBuf {
     let m = dir.join("model.gguf");
     std::os::unix::fs::symlink(model_path(), &m).unwrap();

@@ -195,12 +195,12 @@ fn run_with(
     Ok(out)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-fn progress(label: &str, i: usize, n: usize) {
+pub(super) fn progress(label: &str, i: usize, n: usize) {
     let width = 20;
     let filled = (i * width) / n.max(1);
     eprint!(
@@ -216,6 +216,9 @@ fn progress(label: &str, i: usize, n: usize) {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     super::require_model(&args.model.model)?;
+    if args.embeddings {
+        return super::bench_embeddings::run(&args);
+    }
     let threads = init_threads(&args.compute)?;
     args.compute.backend.resolve("benchmarking");
     if args.repeats == 0 || args.n_gen < 2 || args.n_prompt == 0 {
@@ -301,20 +304,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 /// Random prompts: fresh tokens each time, so that no request finds another's in the prefix
 /// cache (a seeded generator: every run asks for the same tokens).
-struct RandomPrompts {
+pub(super) struct RandomPrompts {
     rng: Rng,
     vocab: u64,
 }
 
 impl RandomPrompts {
-    fn new(vocab: u64) -> RandomPrompts {
+    pub(super) fn new(vocab: u64) -> RandomPrompts {
         RandomPrompts {
             rng: Rng::new(0x5eed),
             vocab,
         }
     }
 
-    fn next(&mut self, n: usize) -> Vec<u32> {
+    pub(super) fn next(&mut self, n: usize) -> Vec<u32> {
         (0..n)
             .map(|_| (self.rng.next_u64() % self.vocab) as u32)
             .collect()

@@ -1,21 +1,86 @@
 //! `edgelm kv-plan`: the numbers an integrator sizes a box with.
 
+use super::model_section;
 use crate::cli::KvPlanArgs;
 use anyhow::{bail, Context, Result};
+use edgelm::config::ModelSection;
 use edgelm::gguf::GgufFile;
 use edgelm::kv::plan::KvPlan;
+use edgelm::kv::shares::{self, ShareRequest};
 use edgelm::model::Model;
+use serde_json::json;
 use std::sync::Arc;
 
 pub fn run(args: KvPlanArgs) -> Result<()> {
-    let path = &args.model.model;
-    super::require_model(path)?;
-    let file = GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let model = Model::from_file(Arc::new(file))?;
-    let cfg = &model.config;
     if args.block_size == 0 || args.ctx == 0 || args.avg_tokens == 0 {
         bail!("--block-size, --ctx and --avg-tokens must be at least 1");
     }
+    let memory = args
+        .memory_mib
+        .checked_mul(1 << 20)
+        .context("--memory-mib is too large")?;
+    let specs: Vec<ModelSection> = args.model.iter().map(|m| model_section(m)).collect();
+    let mut models = Vec::new();
+    for spec in &specs {
+        super::require_model(&spec.path)?;
+        let path = &spec.path;
+        let file =
+            GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let model = Model::from_file(Arc::new(file))?;
+        let embeds = spec.embeds(model.config.pooling.embeds())?;
+        models.push((spec, model, embeds));
+    }
+    // Several models share the pool as `serve` divides it.
+    let budgets = match models.len() {
+        1 => vec![memory],
+        _ => shares::divide(
+            memory,
+            &models
+                .iter()
+                .map(|(spec, model, embeds)| {
+                    let geom = model.config.page_geometry(args.kv_type, args.block_size);
+                    ShareRequest {
+                        id: spec.served_id(),
+                        bytes: None,
+                        fraction: None,
+                        embeds: *embeds,
+                        token_bytes: geom.block_bytes().div_ceil(args.block_size),
+                    }
+                })
+                .collect::<Vec<_>>(),
+        )?,
+    };
+    let mut plans = Vec::new();
+    for ((spec, model, embeds), bytes) in models.iter().zip(budgets) {
+        let plan = plan(&args, model, bytes)?;
+        plans.push(json!({
+            "id": spec.served_id(),
+            "kind": if *embeds { "embed" } else { "generate" },
+            "memory_bytes": bytes,
+            "plan": plan,
+        }));
+        if !args.json {
+            if models.len() > 1 {
+                let kind = if *embeds { "embeddings" } else { "generation" };
+                let id = spec.served_id();
+                println!("== {id} ({kind}, {} MiB of the pool)", bytes >> 20);
+            }
+            print_plan(&args, model, &plan, bytes);
+        }
+    }
+    if args.json {
+        let out = match plans.as_slice() {
+            [one] => one["plan"].clone(),
+            _ => json!({ "models": plans }),
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}
+
+/// The plan for `model` over `memory` bytes of pool.
+fn plan(args: &KvPlanArgs, model: &Model, memory: usize) -> Result<KvPlan> {
+    let cfg = &model.config;
     if args.kv_type.row_bytes(cfg.head_dim).is_none() {
         bail!(
             "KV type {} needs head_dim to be a multiple of 32 (it is {})",
@@ -24,28 +89,26 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         );
     }
     let geom = cfg.page_geometry(args.kv_type, args.block_size);
-    let memory = args
-        .memory_mib
-        .checked_mul(1 << 20)
-        .context("--memory-mib is too large")?;
-    let layout = cfg.kv_layout();
     let snapshot_budget = args
         .state_snapshot_mib
         .checked_mul(1 << 20)
         .context("--state-snapshot-mib is too large")?;
-    let plan = KvPlan::new(
+    Ok(KvPlan::new(
         &geom,
-        &layout,
+        &cfg.kv_layout(),
         cfg.n_head,
         memory,
         args.ctx,
         args.avg_tokens,
     )
-    .with_state(cfg.state_floats() * 4, snapshot_budget);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
-        return Ok(());
-    }
+    .with_state(cfg.state_floats() * 4, snapshot_budget))
+}
+
+/// The plan as text.
+fn print_plan(args: &KvPlanArgs, model: &Model, plan: &KvPlan, memory: usize) {
+    let cfg = &model.config;
+    let geom = cfg.page_geometry(args.kv_type, args.block_size);
+    let layout = cfg.kv_layout();
     println!(
         "model                 {} ({} layers, {} KV heads of {} query heads, head_dim {})",
         cfg.arch, cfg.n_layers, cfg.n_head_kv, cfg.n_head, cfg.head_dim
@@ -72,7 +135,7 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         cfg.n_head_kv,
         geom.row_bytes()
     );
-    print_state(cfg, &plan);
+    print_state(cfg, plan);
     println!(
         "block                 {} tokens, {} bytes ({} KV group{} of {} layers{})",
         plan.block_size,
@@ -93,14 +156,14 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
     );
     println!(
         "memory                {} MiB -> {} blocks",
-        args.memory_mib, plan.pool_blocks
+        memory >> 20,
+        plan.pool_blocks
     );
     println!("sequences at once     {} paged (avg {} tokens) vs {} contiguous (full {}-token context each): {:.1}x", plan.max_seqs_paged, plan.avg_tokens, plan.max_seqs_contiguous, plan.ctx, plan.max_seqs_paged as f64 / plan.max_seqs_contiguous.max(1) as f64);
     println!(
         "without GQA           {} bytes per token; {} paged, {} contiguous",
         plan.no_gqa_kv_bytes_per_token, plan.no_gqa_max_seqs_paged, plan.no_gqa_max_seqs_contiguous
     );
-    Ok(())
 }
 
 /// A hybrid's recurrent state per sequence (nothing for a model that only attends).

@@ -1,6 +1,7 @@
 //! One module per subcommand; each turns validated flags into work and output.
 
 pub mod bench;
+mod bench_embeddings;
 pub mod doctor;
 pub mod generate;
 pub mod inspect;
@@ -30,6 +31,24 @@ pub fn kv_bytes_for(model: &Model, c: &ComputeArgs, tokens: usize) -> usize {
             .peak_blocks(tokens, c.max_batched_tokens, c.block_size)
 }
 
+/// A `-m [ID=]PATH` flag as a model section: a file that exists is a path, whatever it is
+/// called; otherwise an `ID=` prefix (with no `/` in the id) names the model.
+pub fn model_section(arg: &str) -> edgelm::config::ModelSection {
+    let (id, path) = match arg.split_once('=') {
+        Some((id, path))
+            if !id.is_empty() && !id.contains('/') && !std::path::Path::new(arg).exists() =>
+        {
+            (id.to_string(), path)
+        }
+        _ => (String::new(), arg),
+    };
+    edgelm::config::ModelSection {
+        path: path.into(),
+        id,
+        ..Default::default()
+    }
+}
+
 /// Engine settings from the shared compute flags.
 pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
     EngineConfig {
@@ -45,6 +64,7 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
         gpu_reserve_bytes: c.gpu_reserve_mib << 20,
         prompt_lookup: c.prompt_lookup,
         state_snapshot_bytes: c.state_snapshot_mib << 20,
+        turns: None,
     }
 }
 

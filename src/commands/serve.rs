@@ -2,7 +2,7 @@
 //! flags. SIGTERM/SIGINT drain in-flight requests (bounded), then the process exits 0; a second
 //! signal exits at once (status 1).
 
-use super::{engine_config, init_threads};
+use super::{engine_config, init_threads, model_section};
 use crate::cli::{ComputeArgs, ConfigCheckArgs, ServeArgs};
 use anyhow::{Context, Result};
 use edgelm::config::Profile;
@@ -60,7 +60,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             p.server.response_store_count,
             p.server.response_store_mib << 20,
         ),
-        model: p.model.path,
+        models: p.served_models(),
     };
     serve(config, stop, drain)
 }
@@ -69,8 +69,9 @@ impl ServeArgs {
     /// The flags given override the profile's values.
     fn override_profile(&self, p: &mut Profile) {
         let (server, engine) = (&mut p.server, &mut p.engine);
-        if let Some(m) = &self.model {
-            p.model.path = m.clone();
+        if let Some((first, more)) = self.model.split_first() {
+            p.model = model_section(first);
+            p.models = more.iter().map(|m| model_section(m)).collect();
         }
         if let Some(h) = &self.host {
             server.host = h.clone();
@@ -100,13 +101,16 @@ fn set<T>(field: &mut T, value: Option<T>) {
     }
 }
 
-/// The model file and the KV pool must fit in RAM with the profile's reserve left over
+/// The model files and the KV pool must fit in RAM with the profile's reserve left over
 /// (`Profile::check_memory`); a missing model file is the error to report first.
 fn check_memory(p: &Profile) -> Result<()> {
-    let model_bytes = match std::fs::metadata(&p.model.path) {
-        Ok(m) => m.len(),
-        Err(_) => anyhow::bail!("{}", edgelm::config::missing_model(&p.model.path)),
-    };
+    let mut model_bytes = 0;
+    for m in p.served_models() {
+        match std::fs::metadata(&m.path) {
+            Ok(meta) => model_bytes += meta.len(),
+            Err(_) => anyhow::bail!("{}", edgelm::config::missing_model(&m.path)),
+        }
+    }
     if let Some(total) = total_ram_bytes() {
         p.check_memory(model_bytes, total)
             .map_err(|e| anyhow::anyhow!("{e}"))?;

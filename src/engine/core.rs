@@ -20,6 +20,7 @@ use super::request::{Event, FinishReason, Request, RequestId};
 use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
+use super::turns::{StepTurns, TurnSeat};
 use crate::backend::batch::StepOutput;
 use crate::backend::select::Backend;
 use crate::grammar::{Constraint, Mask};
@@ -62,11 +63,10 @@ pub struct EngineConfig {
     pub prompt_lookup: usize,
     /// A hybrid's prefix cache: bytes of recurrent-state snapshots (`kv::StateSnapshots`).
     pub state_snapshot_bytes: usize,
+    /// Shared with the engines of the other models a process serves (`turns`); `None` for
+    /// the only one.
+    pub turns: Option<Arc<StepTurns>>,
 }
-
-/// Why the CUDA backend takes no embedding request (the server answers 501 with it).
-const CUDA_EMBEDDINGS: &str =
-    "the CUDA backend does not compute embeddings yet: serve this model with --backend cpu";
 
 /// The default for [`EngineConfig::state_snapshot_bytes`], in MiB.
 pub const DEFAULT_STATE_SNAPSHOT_MIB: usize = 64;
@@ -88,6 +88,7 @@ impl Default for EngineConfig {
             gpu_reserve_bytes: DEFAULT_GPU_RESERVE_MIB << 20,
             prompt_lookup: 0,
             state_snapshot_bytes: DEFAULT_STATE_SNAPSHOT_MIB << 20,
+            turns: None,
         }
     }
 }
@@ -128,6 +129,8 @@ pub struct Engine {
     /// `ModelShape::pooling` and `ModelShape::hidden_width`.
     pooling: Pooling,
     hidden_width: usize,
+    /// This engine's turns beside other models' engines (`EngineConfig::turns`).
+    seat: Option<TurnSeat>,
 }
 
 impl Engine {
@@ -205,7 +208,6 @@ impl Engine {
             vocab_size: shape.vocab_size,
             max_n: config.max_seqs.max(1),
             embedding_width: shape.pooling.embeds().then_some(shape.hidden_width),
-            embeddings_refused: (exec.backend_name() == "cuda").then_some(CUDA_EMBEDDINGS),
         };
         let local = EngineStats {
             kv_pool_bytes: exec.kv_bytes(),
@@ -232,6 +234,7 @@ impl Engine {
             prompt_lookup: config.prompt_lookup,
             pooling: shape.pooling,
             hidden_width: shape.hidden_width,
+            seat: config.turns.as_ref().map(|t| t.seat()),
         };
         (engine, limits)
     }
@@ -355,9 +358,16 @@ impl Engine {
 
     /// One engine step: schedule → run → postprocess, which emits each request's events.
     fn step(&mut self) {
+        // Beside other models' engines, the step waits for its turn (see `turns`).
+        let turn = self.seat.as_ref().map(|s| s.take());
         if let Some(batch) = self.schedule() {
             self.run_batch(&batch);
         }
+        if let Some(s) = &self.seat {
+            let decoding = self.sched.sequences().filter(|s| s.is_decoding()).count();
+            s.publish(decoding, self.pacer.decode_step_s());
+        }
+        drop(turn);
     }
 
     /// Runs a scheduled batch and postprocesses it, or fails the requests it carried.
@@ -374,9 +384,14 @@ impl Engine {
     fn schedule(&mut self) -> Option<ScheduledBatch> {
         self.propose_drafts();
         let pacer = &self.pacer;
+        let elsewhere = self
+            .seat
+            .as_ref()
+            .map(|s| s.elsewhere())
+            .unwrap_or_default();
         let batch = self
             .sched
-            .schedule_paced(|decodes, left| pacer.prefill_budget(decodes, left));
+            .schedule_paced(|decodes, left| pacer.prefill_budget(decodes, left, elsewhere));
         (!batch.spans.is_empty()).then_some(batch)
     }
 

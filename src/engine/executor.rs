@@ -158,7 +158,7 @@ impl Executor {
         match self {
             Executor::Cpu(c) => c.bufs.take_hidden(),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(_) => Vec::new(),
+            Executor::Cuda(x) => x.take_hidden(),
         }
     }
 
@@ -172,7 +172,6 @@ impl Executor {
             }
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => {
-                cuda_computes(batch)?;
                 match x.forward(model, batch, crate::backend::cuda::Want::Logits) {
                     Ok(crate::backend::batch::StepOutput::Logits(l)) => Ok(l),
                     Ok(_) => anyhow::bail!("the CUDA executor returned tokens for logits"),
@@ -202,7 +201,6 @@ impl Executor {
             }),
             #[cfg(feature = "cuda")]
             Executor::Cuda(x) => {
-                cuda_computes(batch)?;
                 use crate::backend::cuda::launch::SampleRow;
                 let rows: Vec<SampleRow> = rows
                     .iter()
@@ -222,10 +220,7 @@ impl Executor {
                 super::sampler::argmax(l)
             }),
             #[cfg(feature = "cuda")]
-            Executor::Cuda(x) => {
-                cuda_computes(batch)?;
-                cuda_tokens(x, model, batch, crate::backend::cuda::Want::Greedy)
-            }
+            Executor::Cuda(x) => cuda_tokens(x, model, batch, crate::backend::cuda::Want::Greedy),
         }
     }
 }
@@ -337,15 +332,6 @@ fn cpu_tokens<T>(
         .zip(per_row)
         .map(|(l, item)| pick(l, item))
         .collect())
-}
-
-/// Refuses what the CUDA executor does not compute yet: hidden rows (embedding requests).
-#[cfg(feature = "cuda")]
-fn cuda_computes(batch: &BatchMeta) -> Result<()> {
-    if !batch.hidden_for.is_empty() {
-        anyhow::bail!("the CUDA backend does not compute embeddings yet (serve on the CPU)");
-    }
-    Ok(())
 }
 
 /// A CUDA step that returns token ids (`want` is Greedy or Sample).

@@ -27,9 +27,6 @@ pub struct EngineLimits {
     /// The width of the model's embeddings, where it pools them (`{arch}.pooling_type` mean,
     /// cls or last); `None` for a model that serves no embeddings.
     pub embedding_width: Option<usize>,
-    /// Why this engine computes no embeddings although its model pools them (its backend
-    /// does not yet); `None` where it does.
-    pub embeddings_refused: Option<&'static str>,
 }
 
 /// The cloneable way in: submit, cancel, read stats.
@@ -139,7 +136,6 @@ mod tests {
         vocab_size: 50,
         max_n: 4,
         embedding_width: None,
-        embeddings_refused: None,
     };
 
     /// A handle whose engine is the returned receiver.

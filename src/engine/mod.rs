@@ -14,6 +14,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 mod session;
+pub mod turns;
 
 pub use self::core::{
     Engine, EngineConfig, DEFAULT_GPU_RESERVE_MIB, DEFAULT_PREFILL_PACING,

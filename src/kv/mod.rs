@@ -8,6 +8,7 @@ mod page_format;
 mod pages;
 pub mod plan;
 mod seq_blocks;
+pub mod shares;
 mod snapshots;
 mod states;
 

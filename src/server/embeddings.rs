@@ -35,8 +35,6 @@ pub struct Served<'a> {
     pub name: &'a str,
     /// `EngineLimits::embedding_width`.
     pub width: Option<usize>,
-    /// `EngineLimits::embeddings_refused`.
-    pub refused: Option<&'static str>,
     pub context: usize,
 }
 
@@ -47,7 +45,6 @@ impl Served<'_> {
             tokenizer: &ready.tokenizer,
             name: &ready.model_name,
             width: l.embedding_width,
-            refused: l.embeddings_refused,
             context: l.context,
         }
     }
@@ -76,9 +73,6 @@ pub fn parse(m: &Served<'_>, body: &[u8]) -> Result<EmbeddingJob, ApiError> {
         );
         return Err(ApiError::bad_request(e).param("model"));
     };
-    if let Some(why) = m.refused {
-        return Err(ApiError::not_implemented(why));
-    }
     let input = obj
         .get("input")
         .ok_or_else(|| ApiError::bad_request("input is required").param("input"))?;
@@ -264,7 +258,6 @@ mod tests {
             tokenizer: tok,
             name: "m.gguf",
             width,
-            refused: None,
             context: 8,
         }
     }
@@ -330,13 +323,6 @@ mod tests {
             check(&served(&tok, None), r#"{"input":"a"}"#).unwrap_err(),
             "model"
         );
-        // A backend that computes no embeddings: 501, saying why.
-        let refused = Served {
-            refused: Some("not on this backend"),
-            ..served(&tok, Some(4))
-        };
-        let e = parse(&refused, br#"{"input":"a"}"#).err().unwrap();
-        assert_eq!((e.status, e.message.as_str()), (501, "not on this backend"));
     }
 
     #[test]

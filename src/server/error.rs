@@ -151,18 +151,6 @@ impl ApiError {
         }
     }
 
-    /// 501: something this server does not do (yet) in its present configuration.
-    pub fn not_implemented(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: 501,
-            message: message.into(),
-            kind: "server_error",
-            param: None,
-            code: Some("not_implemented"),
-            retry_after: None,
-        }
-    }
-
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError {
             status: 500,
@@ -184,7 +172,6 @@ impl ApiError {
             414 => "target_too_long",
             413 => "too_large",
             431 => "head_too_large",
-            501 => "not_implemented",
             429 if self.code == Some("client_rate_limited") => "client_rate",
             429 => "queue_full",
             503 => "unavailable",

@@ -47,21 +47,23 @@ pub fn serve(
     let loader = {
         let server = server.clone();
         std::thread::spawn(move || match server.load() {
-            Ok(engine_thread) => {
+            Ok(engine_threads) => {
                 log::info!("model loaded; ready");
-                // Listening since before the load, engine running, /health answers 200 now:
+                // Listening since before the load, engines running, /health answers 200 now:
                 // only at this point is the service up for systemd (Type=notify).
-                if server.is_ready() {
-                    let model = server.ready().map(|r| r.model_name.as_str()).unwrap_or("");
-                    systemd::notify(&["READY=1", &format!("STATUS=serving {model} on {addr}")]);
+                if let Some(models) = server.ready().filter(|_| server.is_ready()) {
+                    let ids: Vec<&str> =
+                        models.list.iter().map(|m| m.model_name.as_str()).collect();
+                    let status = format!("STATUS=serving {} on {addr}", ids.join(", "));
+                    systemd::notify(&["READY=1", &status]);
                 }
-                Some(engine_thread)
+                engine_threads
             }
             Err(e) => {
                 log::error!("cannot load the model: {e:#}");
                 server.set_load_error(format!("{e:#}"));
                 systemd::notify(&[&format!("STATUS=cannot load the model: {e:#}")]);
-                None
+                Vec::new()
             }
         })
     };
@@ -108,22 +110,34 @@ pub fn serve(
     front.join();
     // A stop that came while the model was loading waits for the load to end (it cannot be
     // interrupted), then stops the engine it started: only after the join is that certain.
-    let engine_thread = loader.join().ok().flatten();
+    let engine_threads = loader.join().unwrap_or_default();
     if let Some(err) = server.load_error.get() {
         anyhow::bail!("cannot load the model: {err}");
     }
-    if let Some(ready) = server.ready() {
+    stop_engines(&server, engine_threads, cut_short, drain_timeout);
+    Ok(())
+}
+
+/// Stops every model's engine; waits for them unless answers were cut short.
+fn stop_engines(
+    server: &Server,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    cut_short: usize,
+    drain_timeout: std::time::Duration,
+) {
+    for ready in server.ready().iter().flat_map(|m| &m.list) {
         ready.engine.shutdown();
     }
     if cut_short > 0 {
-        // The engine would finish every running request before it stops, however long they
+        // The engines would finish every running request before they stop, however long they
         // are: their answers have ended, so returning ends the process now.
         log::warn!(
             "drain time ({} s) over: {cut_short} in-flight requests cut short",
             drain_timeout.as_secs()
         );
-    } else if let Some(engine_thread) = engine_thread {
-        let _ = engine_thread.join();
+    } else {
+        for thread in threads {
+            let _ = thread.join();
+        }
     }
-    Ok(())
 }

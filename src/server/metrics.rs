@@ -4,14 +4,58 @@ use crate::engine::metrics::{EngineStats, Histogram};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-    for (b, c) in h.bounds.iter().zip(h.cumulative()) {
-        let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+/// One model's series: its stats, and the label that tells it apart from other models'
+/// (empty when the server holds one model, so that single-model series stay unlabelled).
+struct Labelled<'a> {
+    label: String,
+    stats: &'a EngineStats,
+}
+
+/// `{model="id"}` per model, or nothing for the only one.
+fn labelled<'a>(models: &'a [(&str, EngineStats)]) -> Vec<Labelled<'a>> {
+    models
+        .iter()
+        .map(|(id, stats)| Labelled {
+            label: match models.len() {
+                1 => String::new(),
+                _ => format!(
+                    "model=\"{}\"",
+                    id.replace('\\', "\\\\").replace('"', "\\\"")
+                ),
+            },
+            stats,
+        })
+        .collect()
+}
+
+/// `{a,b}` of the non-empty labels, or nothing.
+fn braces(labels: &[&str]) -> String {
+    let set: Vec<&str> = labels.iter().copied().filter(|l| !l.is_empty()).collect();
+    match set.is_empty() {
+        true => String::new(),
+        false => format!("{{{}}}", set.join(",")),
     }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(out, "{name}_sum {}", h.sum);
-    let _ = writeln!(out, "{name}_count {}", h.count);
+}
+
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    models: &[Labelled<'_>],
+    h: fn(&EngineStats) -> &Histogram,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for m in models {
+        let h = h(m.stats);
+        for (b, c) in h.bounds.iter().zip(h.cumulative()) {
+            let le = format!("le=\"{b}\"");
+            let _ = writeln!(out, "{name}_bucket{} {c}", braces(&[&m.label, &le]));
+        }
+        let inf = braces(&[&m.label, "le=\"+Inf\""]);
+        let _ = writeln!(out, "{name}_bucket{inf} {}", h.count);
+        let _ = writeln!(out, "{name}_sum{} {}", braces(&[&m.label]), h.sum);
+        let _ = writeln!(out, "{name}_count{} {}", braces(&[&m.label]), h.count);
+    }
 }
 
 /// One unlabelled sample under its `# HELP` and `# TYPE` lines.
@@ -188,19 +232,29 @@ const COUNTERS: [Series; 11] = [
     ),
 ];
 
-/// Each of `all`, read from `s`.
-fn series(out: &mut String, s: &EngineStats, all: &[Series]) {
+/// Each of `all`, one sample per model.
+fn series(out: &mut String, models: &[Labelled<'_>], all: &[Series]) {
     for (name, kind, help, value) in all {
-        metric(out, name, kind, help, value(s));
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for m in models {
+            let _ = writeln!(out, "{name}{} {}", braces(&[&m.label]), value(m.stats));
+        }
     }
 }
 
-pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f64) -> String {
+/// The exposition: every model's engine series (labelled `model=` when there are several),
+/// the process's, and the server's error counts.
+pub fn render(
+    models: &[(&str, EngineStats)],
+    errors: &BTreeMap<&'static str, u64>,
+    uptime_s: f64,
+) -> String {
     let mut out = String::new();
-    series(&mut out, s, &MEMORY);
+    let models = labelled(models);
+    series(&mut out, &models, &MEMORY);
     process(&mut out);
-    series(&mut out, s, &GAUGES);
-    series(&mut out, s, &COUNTERS);
+    series(&mut out, &models, &GAUGES);
+    series(&mut out, &models, &COUNTERS);
     metric(
         &mut out,
         "edgelm_uptime_seconds",
@@ -211,21 +265,32 @@ pub fn render(s: &EngineStats, errors: &BTreeMap<&'static str, u64>, uptime_s: f
     let _ = writeln!(
         out,
         "# HELP edgelm_cache_config_info The KV cache's geometry (value always 1).\n\
-         # TYPE edgelm_cache_config_info gauge\n\
-         edgelm_cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
-        s.block_size, s.kv_blocks_total
+         # TYPE edgelm_cache_config_info gauge"
     );
+    for m in &models {
+        let geometry = format!(
+            "block_size=\"{}\",num_gpu_blocks=\"{}\"",
+            m.stats.block_size, m.stats.kv_blocks_total
+        );
+        let _ = writeln!(
+            out,
+            "edgelm_cache_config_info{} 1",
+            braces(&[&m.label, &geometry])
+        );
+    }
     histogram(
         &mut out,
         "edgelm_time_to_first_token_seconds",
         "Time from arrival to first token.",
-        &s.ttft,
+        &models,
+        |s| &s.ttft,
     );
     histogram(
         &mut out,
         "edgelm_time_per_output_token_seconds",
         "Time between generated tokens.",
-        &s.tpot,
+        &models,
+        |s| &s.tpot,
     );
     request_errors(&mut out, errors);
     out
@@ -322,7 +387,7 @@ mod tests {
             waiting: 2,
             ..Default::default()
         };
-        let text = render(&s, &BTreeMap::new(), 1.0);
+        let text = render(&[("m.gguf", s)], &BTreeMap::new(), 1.0);
         for (name, value) in [
             ("edgelm_kv_cache_usage_ratio", "0.25"),
             ("edgelm_requests_running", "3"),
@@ -351,5 +416,28 @@ mod tests {
         s.kv_blocks_total = 4;
         s.kv_blocks_used = 4;
         assert_eq!(kv_usage_ratio(&s), 1.0);
+    }
+
+    #[test]
+    fn several_models_label_their_series_and_keep_one_help_line() {
+        let a = EngineStats {
+            running: 2,
+            ..Default::default()
+        };
+        let b = EngineStats {
+            running: 5,
+            ..Default::default()
+        };
+        let text = render(&[("chat", a), ("emb\"ed", b)], &BTreeMap::new(), 1.0);
+        assert!(text.contains("edgelm_requests_running{model=\"chat\"} 2\n"));
+        assert!(text.contains("edgelm_requests_running{model=\"emb\\\"ed\"} 5\n"));
+        assert_eq!(
+            text.matches("# TYPE edgelm_requests_running gauge").count(),
+            1
+        );
+        assert!(text.contains("edgelm_time_to_first_token_seconds_count{model=\"chat\"} 0\n"));
+        assert!(text
+            .contains("edgelm_time_to_first_token_seconds_bucket{model=\"chat\",le=\"+Inf\"} 0\n"));
+        assert!(text.contains("edgelm_cache_config_info{model=\"chat\",block_size="));
     }
 }

@@ -26,6 +26,7 @@ mod harmony_grammar;
 mod http;
 mod listener;
 mod metrics;
+mod models;
 mod parse;
 mod priority;
 mod responses;
@@ -40,23 +41,24 @@ pub use listener::serve;
 pub use parse::fuzz_parse_request;
 pub use priority::compute_nice;
 
-use crate::engine::{Engine, EngineConfig, EngineHandle};
+use crate::config::ModelSection;
+use crate::engine::{EngineConfig, EngineHandle};
 use crate::grammar::Grammars;
-use crate::model::Model;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use admission::Admission;
 use api::Limits;
 use error::ApiError;
+pub use models::{Kind, Models};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
-    pub model: PathBuf,
+    /// The models served, the first one first (each with its id, kind and KV share).
+    pub models: Vec<ModelSection>,
     pub addr: SocketAddr,
     pub engine: EngineConfig,
     pub api_key: Option<String>,
@@ -74,22 +76,24 @@ pub struct ServeConfig {
     pub response_store: (usize, usize),
 }
 
-/// Everything that exists once the model is loaded.
+/// One model, loaded, with its engine running.
 pub struct Ready {
     pub engine: EngineHandle,
     pub tokenizer: Tokenizer,
     pub chat: Option<ChatTemplate>,
     /// Compiles response formats, grammars and tool-call grammars over the vocabulary.
     pub grammars: Grammars,
+    /// The id requests select it by (`ModelSection::served_id`).
     pub model_name: String,
     /// The model file's modification time (seconds since the epoch): `created` in the API.
     pub model_created: u64,
     pub limits: Limits,
+    pub kind: Kind,
 }
 
 pub struct Server {
     config: ServeConfig,
-    ready: OnceLock<Ready>,
+    ready: OnceLock<Models>,
     load_error: OnceLock<String>,
     draining: AtomicBool,
     /// The drain time is over: every answer under way ends now, with an error its client can
@@ -140,7 +144,8 @@ impl Server {
     pub fn new(config: ServeConfig) -> Arc<Server> {
         Arc::new(Server {
             admission: Admission::new(
-                config.engine.max_seqs,
+                // Every model's engine runs this many sequences.
+                config.engine.max_seqs * config.models.len().max(1),
                 config.max_queue,
                 config.max_queue_wait,
                 // Prompts the scheduler serves in its long lane, beside the others.
@@ -166,52 +171,11 @@ impl Server {
         })
     }
 
-    /// Loads the model and starts the engine (the server answers 503 until this is done).
-    pub fn load(&self) -> anyhow::Result<std::thread::JoinHandle<()>> {
-        let model = Arc::new(Model::load(&self.config.model)?);
-        let tokenizer = Tokenizer::from_gguf(&model.file)?;
-        let chat = match tokenizer.chat_template() {
-            Some(src) => match ChatTemplate::new(
-                src,
-                tokenizer.special_text(tokenizer.bos),
-                tokenizer.special_text(tokenizer.eos),
-            ) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    log::warn!("the model's chat template does not compile ({e}); /v1/chat/completions is disabled");
-                    None
-                }
-            },
-            None => None,
-        };
-        let model_name = self
-            .config
-            .model
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        let model_created = std::fs::metadata(&self.config.model)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_secs());
-        let grammars = Grammars::new(&tokenizer)?;
-        let (engine, thread) = Engine::start(
-            model,
-            tokenizer.eog_tokens().to_vec(),
-            self.config.engine.clone(),
-        )?;
-        let limits = Limits::for_engine(self.config.engine.max_seqs);
-        let _ = self.ready.set(Ready {
-            engine,
-            tokenizer,
-            chat,
-            grammars,
-            model_name,
-            model_created,
-            limits,
-        });
-        Ok(thread)
+    /// Loads the models and starts their engines (the server answers 503 until this is done).
+    pub fn load(&self) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+        let (models, threads) = Models::load(&self.config)?;
+        let _ = self.ready.set(models);
+        Ok(threads)
     }
 
     pub fn set_load_error(&self, e: String) {
@@ -222,7 +186,7 @@ impl Server {
         self.ready.get().is_some() && !self.draining.load(Ordering::Relaxed)
     }
 
-    pub fn ready(&self) -> Option<&Ready> {
+    pub fn ready(&self) -> Option<&Models> {
         self.ready.get()
     }
 

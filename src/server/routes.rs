@@ -7,7 +7,8 @@ use super::api::{DetokenizeRequest, TokenizeRequest};
 use super::error::ApiError;
 use super::http::RawResponse;
 use super::{api, chat_request, front, generate, metrics, responses, tools, triage};
-use super::{unix_now, Ready, Request, Server};
+use super::{unix_now, Kind, Models, Ready, Request, Server};
+use crate::engine::metrics::EngineStats;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -52,37 +53,50 @@ impl Server {
             );
             return Ok(());
         }
-        let Some(ready) = self.ready.get() else {
+        let Some(models) = self.ready.get() else {
             return Err((ApiError::unavailable("the model is still loading"), resp));
         };
+        let pick = |task| models.select(requested_model(body).as_deref(), task);
         let result = match path {
             "/metrics" => {
                 let errors = self.errors.lock().map(|e| e.clone()).unwrap_or_default();
-                let mut text = metrics::render(
-                    &ready.engine.stats(),
-                    &errors,
-                    self.started.elapsed().as_secs_f64(),
-                );
+                let stats: Vec<(&str, EngineStats)> = models
+                    .list
+                    .iter()
+                    .map(|m| (m.model_name.as_str(), m.engine.stats()))
+                    .collect();
+                let mut text =
+                    metrics::render(&stats, &errors, self.started.elapsed().as_secs_f64());
                 self.front_stats.render(&mut text);
                 let _ = resp.send(200, "text/plain; version=0.0.4", &[], text.as_bytes());
                 return Ok(());
             }
-            "/api/status" => Ok(self.status_json(ready)),
-            "/v1/models" => Ok(json!({"object": "list", "data": [model_object(ready)]})),
+            "/api/status" => Ok(self.status_json(models)),
+            "/v1/models" => Ok(json!({
+                "object": "list",
+                "data": models.list.iter().map(model_object).collect::<Vec<_>>(),
+            })),
             p if p.starts_with(super::triage::MODEL_PREFIX) => {
                 let id = percent_decoded(&p[super::triage::MODEL_PREFIX.len()..]);
-                if id == ready.model_name {
-                    Ok(model_object(ready))
-                } else {
-                    Err(ApiError::model_not_found(&id))
+                match models.list.iter().find(|m| m.model_name == id) {
+                    Some(m) => Ok(model_object(m)),
+                    None => Err(ApiError::model_not_found(&id)),
                 }
             }
-            "/tokenize" => tokenize(ready, body),
-            "/detokenize" => detokenize(ready, body),
+            "/tokenize" => pick(None).and_then(|m| tokenize(m, body)),
+            "/detokenize" => pick(None).and_then(|m| detokenize(m, body)),
             "/v1/completions" | "/v1/chat/completions" | "/v1/responses" => {
-                return self.generate(ready, path, body, resp, pending);
+                return match pick(Some(Kind::Generate)) {
+                    Ok(m) => self.generate(m, path, body, resp, pending),
+                    Err(e) => Err((e, resp)),
+                };
             }
-            "/v1/embeddings" => return self.embeddings(ready, body, resp, pending),
+            "/v1/embeddings" => {
+                return match pick(Some(Kind::Embed)) {
+                    Ok(m) => self.embeddings(m, body, resp, pending),
+                    Err(e) => Err((e, resp)),
+                };
+            }
             p if p.starts_with(responses::PREFIX) => {
                 self.kept_response(method, &percent_decoded(&p[responses::PREFIX.len()..]))
             }
@@ -206,7 +220,10 @@ impl Server {
         }))
     }
 
-    fn status_json(&self, ready: &Ready) -> serde_json::Value {
+    /// The status page's figures: the process's memory, the first model's engine figures at
+    /// the top level (as with one model), and a line per model under `models`.
+    fn status_json(&self, models: &Models) -> serde_json::Value {
+        let ready = models.first();
         let s = ready.engine.stats();
         let now = unix_now();
         let hit_rate = if s.prefix_queried_tokens > 0 {
@@ -222,11 +239,13 @@ impl Server {
             "version": env!("CARGO_PKG_VERSION"),
             "backend": s.backend,
             "model": ready.model_name,
+            "models": models.list.iter().map(model_status).collect::<Vec<_>>(),
             "profile": self.config.profile,
             "kv_type": self.config.engine.kv_type.name(),
             "resident_bytes": metrics::resident_bytes(),
-            "weight_bytes": s.weight_bytes,
-            "kv_pool_bytes": s.kv_pool_bytes,
+            // The process's memory: every model's weights and pool.
+            "weight_bytes": models.list.iter().map(|m| m.engine.stats().weight_bytes).sum::<usize>(),
+            "kv_pool_bytes": models.list.iter().map(|m| m.engine.stats().kv_pool_bytes).sum::<usize>(),
             "errors": errors.values().sum::<u64>(),
             "errors_by_reason": errors,
             "cancelled": cancelled,
@@ -246,6 +265,31 @@ impl Server {
             "tokens_per_second": s.recent_tokens.iter().map(|&(t, n)| (t, n)).collect::<Vec<_>>(),
             "ttft": s.recent_ttft,
         })
+    }
+}
+
+/// One model's line on the status page.
+fn model_status(m: &Ready) -> serde_json::Value {
+    let s = m.engine.stats();
+    json!({
+        "id": m.model_name, "kind": m.kind.as_str(), "running": s.running, "waiting": s.waiting,
+        "kv_pool_bytes": s.kv_pool_bytes, "kv_total": s.kv_blocks_total, "kv_used": s.kv_blocks_used,
+        "weight_bytes": s.weight_bytes, "prompt_tokens": s.prompt_tokens,
+        "generation_tokens": s.generation_tokens,
+    })
+}
+
+/// The `model` a request body names, when it is a JSON object with a string there (anything
+/// else is for the endpoint's own parser to refuse).
+fn requested_model(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        #[serde(default)]
+        model: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Named>(body).ok()?.model? {
+        serde_json::Value::String(s) => Some(s),
+        _ => None,
     }
 }
 
@@ -297,11 +341,13 @@ fn detokenize(ready: &Ready, body: &[u8]) -> Result<serde_json::Value, ApiError>
     Ok(json!({"prompt": ready.tokenizer.decode(&ids, true)}))
 }
 
-/// The served model as OpenAI describes one: `created` is the model file's modification time.
+/// A served model as OpenAI describes one: `created` is the model file's modification time;
+/// `kind` says which endpoints it answers (generation, or `/v1/embeddings`).
 fn model_object(ready: &Ready) -> serde_json::Value {
     json!({
         "id": ready.model_name, "object": "model", "created": ready.model_created,
         "owned_by": "edgelm", "max_model_len": ready.engine.limits.context,
+        "kind": ready.kind.as_str(),
     })
 }
 

@@ -3,6 +3,7 @@
 //! device and is `#[ignore]`d elsewhere.
 
 mod architectures;
+mod embeddings;
 mod forward;
 mod gemm;
 mod hybrid;

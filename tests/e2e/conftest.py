@@ -67,12 +67,19 @@ class Server:
         raise RuntimeError("server did not become ready")
 
     def metrics(self, headers=None) -> dict:
+        """The unlabelled series; a server holding several models labels each engine series
+        `model="id"`, and those are summed over the models."""
         text = httpx.get(self.base + "/metrics", headers=headers, timeout=5).text
         out = {}
         for line in text.splitlines():
-            if line and not line.startswith("#") and "{" not in line:
-                k, v = line.split()
-                out[k] = float(v)
+            if not line or line.startswith("#"):
+                continue
+            k, v = line.rsplit(" ", 1)
+            if "{" in k:
+                k, labels = k.split("{", 1)
+                if not labels.startswith('model="') or '",' in labels:
+                    continue
+            out[k] = out.get(k, 0.0) + float(v)
         return out
 
     def wait_idle(self, timeout=5.0, headers=None):

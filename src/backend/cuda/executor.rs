@@ -68,6 +68,8 @@ pub struct CudaExecutor {
     ints: Vec<i32>,
     cs: Vec<f32>,
     pairs: Vec<(f32, f32)>,
+    /// The last step's hidden rows (`BatchMeta::hidden_for`), final-normed, rows × n_embd.
+    hidden: Vec<f32>,
     // Dropped last: the context and modules everything above lives in.
     dev: CudaDevice,
 }
@@ -158,6 +160,7 @@ impl CudaExecutor {
             ints: Vec::new(),
             cs: Vec::new(),
             pairs: Vec::new(),
+            hidden: Vec::new(),
             dev,
         })
     }
@@ -316,7 +319,9 @@ impl CudaExecutor {
     /// fits the workspace.
     fn graph_bucket(&self, batch: &BatchMeta) -> Option<usize> {
         let bucket_max = self.cfg.max_seqs.max(1).next_power_of_two();
-        (self.graphs.enabled() && is_plain_decode(batch, bucket_max))
+        // A step that hands back hidden rows (embeddings) runs plainly: graphs read logits only.
+        let plain = is_plain_decode(batch, bucket_max) && batch.hidden_for.is_empty();
+        (self.graphs.enabled() && plain)
             .then(|| bucket(batch.len(), bucket_max))
             .flatten()
             .filter(|&b| b <= self.ws.caps.logit_rows)
@@ -416,6 +421,7 @@ impl CudaExecutor {
         let seqs = batch.block_tables.len() + total - batch.len();
         net.run_blocks(&mut self.step(net, total, seqs), rotated)
             .map_err(|e| format!("{e:#}"))?;
+        self.keep_hidden(net, batch, total, seqs)?;
         let vocab = net.shape().widths.vocab;
         let m = batch.logits_for.len();
         let mut logits = Vec::new();
@@ -460,6 +466,40 @@ impl CudaExecutor {
 
     /// After the head has run over `rows` rows (row `offset` onwards of the request): the
     /// logits, or the tokens sampled from them, back on the host.
+    /// The final-normed hidden rows `batch.hidden_for` asks for, downloaded (a workspace's
+    /// head rows at a time) before the head overwrites them.
+    fn keep_hidden<N: Network>(
+        &mut self,
+        net: &N,
+        batch: &BatchMeta,
+        total: usize,
+        seqs: usize,
+    ) -> Result<(), String> {
+        self.hidden.clear();
+        let embd = net.shape().widths.embd;
+        for rows in batch.hidden_for.chunks(self.ws.caps.logit_rows) {
+            net.run_final_norm(&mut self.step(net, total, seqs), rows)
+                .map_err(|e| format!("{e:#}"))?;
+            let start = self.hidden.len();
+            self.hidden.resize(start + rows.len() * embd, 0.0);
+            // SAFETY: the head buffer holds logit_rows >= rows.len() rows of embd floats, and
+            // the download waits for the norm that wrote them.
+            unsafe {
+                download(
+                    self.stream.cu_stream(),
+                    &mut self.hidden[start..],
+                    self.ws.head.ptr(),
+                )?
+            };
+        }
+        Ok(())
+    }
+
+    /// The last step's hidden rows (`BatchMeta::hidden_for`), rows × n_embd.
+    pub fn take_hidden(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.hidden)
+    }
+
     fn finish(
         &mut self,
         vocab: usize,

@@ -36,7 +36,7 @@ impl Status {
 /// One check's outcome.
 #[derive(Debug, Clone)]
 pub struct Check {
-    pub name: &'static str,
+    pub name: String,
     pub status: Status,
     pub reason: String,
     pub hint: String,
@@ -44,9 +44,9 @@ pub struct Check {
 }
 
 impl Check {
-    pub fn new(name: &'static str) -> Check {
+    pub fn new(name: impl Into<String>) -> Check {
         Check {
-            name,
+            name: name.into(),
             status: Status::Pass,
             reason: String::new(),
             hint: String::new(),
@@ -178,6 +178,15 @@ pub fn diagnose(args: &DoctorArgs) -> (Context, Report) {
     ];
     let (model_check, parsed) = model::model(&ctx);
     checks.push(model_check);
+    // The profile's further models (`[[models]]`), unless --model named the one to check.
+    if ctx.model_path == ctx.profile.model.path {
+        let further = ctx
+            .profile
+            .models
+            .iter()
+            .map(|m| model::further_model(&ctx, m));
+        checks.extend(further.collect::<Vec<_>>());
+    }
     checks.push(service::profile(&ctx));
     checks.push(model::kv_plan(&ctx, parsed.as_ref()));
     checks.push(service::port(&ctx));

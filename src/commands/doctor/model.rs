@@ -115,9 +115,18 @@ fn sha256_file(path: &Path) -> std::io::Result<String> {
         .collect())
 }
 
+/// The check of the first (or only) model the profile serves.
 pub fn model(ctx: &Context) -> (Check, Option<Parsed>) {
-    let mut c = Check::new("model");
-    let path = &ctx.model_path;
+    model_at(ctx, "model".into(), &ctx.model_path)
+}
+
+/// The check of a further model the profile serves (`[[models]]`), named after its id.
+pub fn further_model(ctx: &Context, m: &edgelm::config::ModelSection) -> Check {
+    model_at(ctx, format!("model {}", m.served_id()), &m.path).0
+}
+
+fn model_at(ctx: &Context, name: String, path: &Path) -> (Check, Option<Parsed>) {
+    let mut c = Check::new(name);
     c.detail("path", path.display().to_string());
     if !path.exists() {
         return (
@@ -136,7 +145,7 @@ pub fn model(ctx: &Context) -> (Check, Option<Parsed>) {
     let file_bytes = file.file_size();
     drop(file);
     let parsed = Some(Parsed { config, file_bytes });
-    (verify(c, ctx, &summary), parsed)
+    (verify(c, ctx, path, &summary), parsed)
 }
 
 /// The model's GGUF and the configuration edgelm reads from it, or why not (reason, hint).
@@ -192,8 +201,7 @@ fn describe(c: &mut Check, file: &GgufFile, config: &ModelConfig) -> String {
 
 /// Checks the file against the first SHA256SUMS that names it (under its own or its link
 /// target's name); a warning when no manifest does.
-fn verify(mut c: Check, ctx: &Context, summary: &str) -> Check {
-    let path = &ctx.model_path;
+fn verify(mut c: Check, ctx: &Context, path: &Path, summary: &str) -> Check {
     let names: Vec<String> = [Some(path.to_path_buf()), std::fs::canonicalize(path).ok()]
         .into_iter()
         .flatten()

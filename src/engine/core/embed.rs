@@ -24,11 +24,6 @@ impl Engine {
             let _ = events.send(Event::Error(why));
             return;
         }
-        // Refused here, not by the step: a failed step fails every request it carried.
-        if self.exec.is_cuda() {
-            let _ = events.send(Event::Error(super::CUDA_EMBEDDINGS.into()));
-            return;
-        }
         let id = self.next_seq;
         self.next_seq += 1;
         self.arrivals += 1;

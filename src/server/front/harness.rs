@@ -30,7 +30,10 @@ struct Harness {
 impl Harness {
     fn new() -> Harness {
         let config = ServeConfig {
-            model: "not-loaded.gguf".into(),
+            models: vec![crate::config::ModelSection {
+                path: "not-loaded.gguf".into(),
+                ..Default::default()
+            }],
             addr: ([127, 0, 0, 1], 0).into(),
             engine: EngineConfig::default(),
             api_key: None,
