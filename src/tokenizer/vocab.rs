@@ -1,6 +1,12 @@
 //! The tokenizer description a GGUF file carries (`tokenizer.ggml.*`), as plain data.
 
+use super::wpm::Normalizer;
 use crate::gguf::GgufFile;
+
+const BOS: &str = "tokenizer.ggml.bos_token_id";
+/// (sic: llama.cpp's key is spelled so.)
+const SEP: &str = "tokenizer.ggml.seperator_token_id";
+const UNK: &str = "tokenizer.ggml.unknown_token_id";
 
 /// ggml token types (`tokenizer.ggml.token_type`).
 pub const TOKEN_TYPE_NORMAL: i32 = 1;
@@ -17,6 +23,8 @@ pub enum VocabKind {
     BytePairGpt2,
     /// SentencePiece-style vocabulary with scores and byte-fallback tokens ("llama").
     SentencePiece,
+    /// BERT's WordPiece ("bert"): llama.cpp's WPM tokenizer (see `wpm`).
+    WordPiece,
 }
 
 #[derive(Clone, Debug)]
@@ -31,8 +39,13 @@ pub struct VocabSpec {
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub eot: Option<u32>,
+    /// The separator a WordPiece input ends with (`[SEP]`) and its unknown token (`[UNK]`).
+    pub sep: Option<u32>,
+    pub unk: Option<u32>,
     pub add_bos: bool,
     pub add_space_prefix: bool,
+    /// WordPiece normalisation (`tokenizer.ggml.normalizer.lowercase`, `.strip_accents`).
+    pub normalizer: Normalizer,
     pub chat_template: Option<String>,
 }
 
@@ -46,7 +59,8 @@ impl VocabSpec {
         let kind = match model {
             "gpt2" => VocabKind::BytePairGpt2,
             "llama" => VocabKind::SentencePiece,
-            other => bail!("unsupported tokenizer model '{other}' (supported: gpt2, llama)"),
+            "bert" => VocabKind::WordPiece,
+            other => bail!("unsupported tokenizer model '{other}' (supported: gpt2, llama, bert)"),
         };
         let tokens: Vec<String> = file
             .get("tokenizer.ggml.tokens")
@@ -104,21 +118,39 @@ impl VocabSpec {
             Some(v) => v.as_bool().unwrap_or(default),
             None => default,
         };
+        let wpm = kind == VocabKind::WordPiece;
+        // llama.cpp's defaults for a WordPiece vocabulary: [CLS] 101, [UNK] 100, [SEP] 102.
+        let or_default = |found: Option<u32>, default: u32, key: &str| match found {
+            None if wpm && (default as usize) >= n => {
+                bail!("GGUF has no {key}, and its default {default} is outside the vocabulary of {n} tokens")
+            }
+            None if wpm => Ok(Some(default)),
+            found => Ok(found),
+        };
+        let lowercase = flag("tokenizer.ggml.normalizer.lowercase", true);
         Ok(VocabSpec {
             kind,
             pre: file.get_str("tokenizer.ggml.pre").map(str::to_owned),
-            bos: id("tokenizer.ggml.bos_token_id")?,
+            bos: or_default(id(BOS)?, 101, BOS)?,
             eos: id("tokenizer.ggml.eos_token_id")?,
             eot: id("tokenizer.ggml.eot_token_id")?,
-            // SentencePiece vocabularies add BOS unless told otherwise; BPE ones do not.
-            add_bos: flag(
-                "tokenizer.ggml.add_bos_token",
-                kind == VocabKind::SentencePiece,
-            ),
+            sep: or_default(id(SEP)?, 102, SEP)?,
+            unk: or_default(id(UNK)?, 100, UNK)?,
+            // SentencePiece vocabularies add BOS unless told otherwise; BPE ones do not;
+            // WordPiece always adds [CLS] and [SEP] (llama.cpp's WPM ignores the keys).
+            add_bos: wpm
+                || flag(
+                    "tokenizer.ggml.add_bos_token",
+                    kind == VocabKind::SentencePiece,
+                ),
             add_space_prefix: flag(
                 "tokenizer.ggml.add_space_prefix",
                 kind == VocabKind::SentencePiece,
             ),
+            normalizer: Normalizer {
+                lowercase,
+                strip_accents: flag("tokenizer.ggml.normalizer.strip_accents", lowercase),
+            },
             chat_template: file.get_str("tokenizer.chat_template").map(str::to_owned),
             tokens,
             token_types,
