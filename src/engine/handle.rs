@@ -30,6 +30,9 @@ pub struct EngineLimits {
     /// Why this engine computes no embeddings although its model pools them (its backend
     /// does not yet); `None` where it does.
     pub embeddings_refused: Option<&'static str>,
+    /// Why this engine generates no text (an encoder, which only embeds); `None` where it
+    /// does.
+    pub generation_refused: Option<&'static str>,
 }
 
 /// The cloneable way in: submit, cancel, read stats.
@@ -73,6 +76,9 @@ impl EngineHandle {
         }
         if prompt.is_empty() {
             bail!("the prompt is empty");
+        }
+        if let (false, Some(why)) = (params.embed, l.generation_refused) {
+            bail!("{why}");
         }
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
             bail!(
@@ -140,6 +146,7 @@ mod tests {
         max_n: 4,
         embedding_width: None,
         embeddings_refused: None,
+        generation_refused: None,
     };
 
     /// A handle whose engine is the returned receiver.
