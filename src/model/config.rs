@@ -766,12 +766,27 @@ impl ModelConfig {
 /// requires it), a decoder's RMS-norm ε defaults to 1e-5.
 fn norm_eps(family: Family, k: &Keys<'_>) -> Result<f32> {
     if family.encoder() {
+        bidirectional(k)?;
         let key = "attention.layer_norm_epsilon";
         return k
             .f32(key)?
             .with_context(|| format!("GGUF has no {}", k.name(key)));
     }
     Ok(k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5))
+}
+
+/// An encoder's `attention.causal`, which must be false: llama.cpp reads the attention's
+/// causality from the file (causal without the key), an encoder's converter writes false, and
+/// a causal encoder is not implemented here.
+fn bidirectional(k: &Keys<'_>) -> Result<()> {
+    if k.bool("attention.causal")? != Some(false) {
+        bail!(
+            "{} is not false: edgelm runs an encoder with bidirectional attention only \
+             (llama.cpp's default without the key is causal)",
+            k.name("attention.causal")
+        );
+    }
+    Ok(())
 }
 
 /// An encoder's token-type count (`tokenizer.ggml.token_type_count`), which llama.cpp's
