@@ -107,35 +107,21 @@ impl VocabSpec {
         if kind == VocabKind::BytePairGpt2 && merges.is_empty() {
             bail!("a gpt2 tokenizer needs tokenizer.ggml.merges");
         }
-        let id = |key: &str| -> anyhow::Result<Option<u32>> {
-            match file.get_u32(key) {
-                Some(id) if (id as usize) < n => Ok(Some(id)),
-                Some(id) => bail!("{key} = {id} is outside the vocabulary of {n} tokens"),
-                None => Ok(None),
-            }
-        };
+        let id = |key: &str| special_id(file, key, n, kind);
         let flag = |key: &str, default: bool| match file.get(key) {
             Some(v) => v.as_bool().unwrap_or(default),
             None => default,
         };
         let wpm = kind == VocabKind::WordPiece;
-        // llama.cpp's defaults for a WordPiece vocabulary: [CLS] 101, [UNK] 100, [SEP] 102.
-        let or_default = |found: Option<u32>, default: u32, key: &str| match found {
-            None if wpm && (default as usize) >= n => {
-                bail!("GGUF has no {key}, and its default {default} is outside the vocabulary of {n} tokens")
-            }
-            None if wpm => Ok(Some(default)),
-            found => Ok(found),
-        };
         let lowercase = flag("tokenizer.ggml.normalizer.lowercase", true);
         Ok(VocabSpec {
             kind,
             pre: file.get_str("tokenizer.ggml.pre").map(str::to_owned),
-            bos: or_default(id(BOS)?, 101, BOS)?,
+            bos: id(BOS)?,
             eos: id("tokenizer.ggml.eos_token_id")?,
             eot: id("tokenizer.ggml.eot_token_id")?,
-            sep: or_default(id(SEP)?, 102, SEP)?,
-            unk: or_default(id(UNK)?, 100, UNK)?,
+            sep: id(SEP)?,
+            unk: id(UNK)?,
             // SentencePiece vocabularies add BOS unless told otherwise; BPE ones do not;
             // WordPiece always adds [CLS] and [SEP] (llama.cpp's WPM ignores the keys).
             add_bos: wpm
@@ -157,5 +143,32 @@ impl VocabSpec {
             scores,
             merges,
         })
+    }
+}
+
+/// The special token `key` names, checked to be in the vocabulary of `n` tokens; without the
+/// key, llama.cpp's default for a WordPiece vocabulary ([CLS] 101, [SEP] 102, [UNK] 100), none
+/// for the others.
+fn special_id(
+    file: &GgufFile,
+    key: &str,
+    n: usize,
+    kind: VocabKind,
+) -> anyhow::Result<Option<u32>> {
+    use anyhow::bail;
+    let default = match key {
+        BOS => 101,
+        SEP => 102,
+        UNK => 100,
+        _ => u32::MAX,
+    };
+    match file.get_u32(key) {
+        Some(id) if (id as usize) < n => Ok(Some(id)),
+        Some(id) => bail!("{key} = {id} is outside the vocabulary of {n} tokens"),
+        None if kind != VocabKind::WordPiece || default == u32::MAX => Ok(None),
+        None if (default as usize) < n => Ok(Some(default)),
+        None => bail!(
+            "GGUF has no {key}, and its default {default} is outside the vocabulary of {n} tokens"
+        ),
     }
 }
