@@ -439,3 +439,67 @@ fn hostile_qwen35_models_are_refused_with_a_clear_error() {
     });
     assert!(e.contains("blk.30.nextn.odd.weight"), "{e}");
 }
+
+/// A bert file that does not fit is refused naming what is wrong: a missing post-norm bias,
+/// position embeddings shorter than its context, a token-type table of the wrong width, an
+/// output head or a reranker's classifier (tensors an encoder that only embeds never reads),
+/// causal attention, no token-type count.
+#[test]
+fn hostile_bert_models_are_refused_with_a_clear_error() {
+    use edgelm::gguf::Value;
+    let bert = common::bert_test_model(1);
+    let refused = |name: &str, edit: Edit<'_>| {
+        let path = common::edited_copy(&bert, name, |kvs, tensors| edit(kvs, tensors));
+        match Model::load(&path) {
+            Ok(_) => panic!("{name} loaded"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let e = refused("bert-no-norm-bias.gguf", &|_, t| {
+        t.retain(|x| x.0 != "blk.3.layer_output_norm.bias")
+    });
+    assert!(e.contains("blk.3.layer_output_norm.bias"), "{e}");
+    let e = refused("bert-short-positions.gguf", &|_, t| {
+        let p = t
+            .iter_mut()
+            .find(|x| x.0 == "position_embd.weight")
+            .unwrap();
+        p.1[1] = 256;
+        p.3.truncate(p.3.len() / 2);
+    });
+    assert!(
+        e.contains("position_embd.weight") && e.contains("expected [576, 512]"),
+        "{e}"
+    );
+    let e = refused("bert-token-types.gguf", &|kvs, _| {
+        let k = kvs
+            .iter_mut()
+            .find(|(k, _)| k == "tokenizer.ggml.token_type_count");
+        k.unwrap().1 = Value::U32(3);
+    });
+    assert!(
+        e.contains("token_types.weight") && e.contains("[576, 3]"),
+        "{e}"
+    );
+    for extra in ["output.weight", "cls.weight"] {
+        let e = refused("bert-extra.gguf", &|_, t| {
+            let mut x = t
+                .iter()
+                .find(|x| x.0 == "blk.0.attn_output.weight")
+                .unwrap()
+                .clone();
+            x.0 = extra.into();
+            t.push(x);
+        });
+        assert!(e.contains(extra) && e.contains("not used"), "{e}");
+    }
+    let e = refused("bert-causal.gguf", &|kvs, _| {
+        let k = kvs.iter_mut().find(|(k, _)| k == "bert.attention.causal");
+        k.unwrap().1 = Value::Bool(true);
+    });
+    assert!(e.contains("bert.attention.causal is not false"), "{e}");
+    let e = refused("bert-no-types.gguf", &|kvs, _| {
+        kvs.retain(|(k, _)| k != "tokenizer.ggml.token_type_count")
+    });
+    assert!(e.contains("tokenizer.ggml.token_type_count"), "{e}");
+}

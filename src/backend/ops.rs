@@ -120,6 +120,14 @@ impl VecRef {
     }
 }
 
+/// A layer norm's weight and bias (an encoder's norms: mean-subtracted, scaled to unit
+/// variance, then times the weight plus the bias).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerNorm {
+    pub weight: VecRef,
+    pub bias: VecRef,
+}
+
 /// How RoPE pairs up the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeLayout {
@@ -210,6 +218,9 @@ pub struct Attention {
     /// Per query head, a logit that joins every softmax's denominator and nothing else
     /// (gpt-oss's attention sinks).
     pub sinks: Option<VecRef>,
+    /// A query sees the positions before it (decoders); when false, every position of its
+    /// own span in the step, later ones included (an encoder, whose input is one span).
+    pub causal: bool,
 }
 
 /// One short-convolution layer (LFM2): which of the model's such layers (its state's place in a
@@ -284,6 +295,11 @@ pub trait Ops {
     /// `dst` = RMSNorm of `src` times `w`, over rows of `w.len` values (so a norm over each
     /// head is the same op with a head-sized `w`). `dst` may be `src`.
     fn rmsnorm(&mut self, src: Buf, w: VecRef, eps: f32, dst: Buf) -> Result<()>;
+    /// `buf` = its layer norm (each row less its mean, over the root of its variance plus
+    /// `eps`) times `n.weight` plus `n.bias`, in place (ggml's `norm`, `mul`, `add`).
+    fn layernorm(&mut self, buf: Buf, n: LayerNorm, eps: f32) -> Result<()>;
+    /// X += the rows of `table` at the step's positions (absolute position embeddings).
+    fn add_positions(&mut self, table: &Mat) -> Result<()>;
     /// Each `out` = `x` times its matrix (transposed): matrices that share an input are given
     /// together, so the input is prepared once.
     fn matmul(&mut self, x: Buf, outs: &[(&Mat, Buf)]) -> Result<()>;
@@ -298,6 +314,8 @@ pub trait Ops {
     fn attention(&mut self, a: Attention) -> Result<()>;
     /// Gate = act(Gate) · Up.
     fn glu(&mut self, act: Activation) -> Result<()>;
+    /// `buf` = act(`buf`), ungated (an encoder's FFN).
+    fn activate(&mut self, buf: Buf, act: Activation) -> Result<()>;
     /// Proj = the mixture of `experts` applied to H: the router's logits, the experts each
     /// token picks (`routing`), and their gated FFNs (activation `act`) weighted and summed.
     fn moe(&mut self, experts: &Experts, routing: Routing, act: Activation) -> Result<()>;
@@ -347,6 +365,9 @@ pub struct RopeTable {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shape {
     pub widths: Widths,
+    /// Causal attention (decoders); false for an encoder's bidirectional attention, where a
+    /// step must hold each input whole (see [`Attention::causal`]).
+    pub causal: bool,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,

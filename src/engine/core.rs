@@ -106,6 +106,9 @@ struct ModelShape {
     /// How embedding requests pool, and the width of a hidden row (n_embd).
     pooling: Pooling,
     hidden_width: usize,
+    /// An encoder: its attention is bidirectional, so each input is computed in one step
+    /// (`Sequence::whole`), and it has no output head to generate with.
+    encoder: bool,
 }
 
 pub struct Engine {
@@ -131,7 +134,13 @@ pub struct Engine {
     hidden_width: usize,
     /// This engine's turns beside other models' engines (`EngineConfig::turns`).
     seat: Option<TurnSeat>,
+    /// `ModelShape::encoder`.
+    encoder: bool,
 }
+
+/// Why an encoder takes no generation request.
+const ENCODER_GENERATES: &str =
+    "this model only computes embeddings (an encoder has no output head to generate text with)";
 
 impl Engine {
     /// Allocates the KV pool once and starts the engine thread.
@@ -178,6 +187,7 @@ impl Engine {
             state_bytes: cfg.state_floats() * 4,
             pooling: cfg.pooling,
             hidden_width: cfg.n_embd,
+            encoder: !model.generates(),
         };
         let exec = Box::new(ModelExecutor { model, exec });
         let (engine, limits) = Engine::new(exec, shape, eog, &config);
@@ -203,11 +213,16 @@ impl Engine {
         )
         .with_state_slots(running_slots, exec.state_slots() - running_slots);
         let limits = EngineLimits {
-            context: shape.context,
+            // An encoder's input is computed whole, in one step: no longer than a step holds.
+            context: match shape.encoder {
+                true => shape.context.min(config.max_batched_tokens),
+                false => shape.context,
+            },
             capacity_tokens: sched.capacity_tokens(),
             vocab_size: shape.vocab_size,
             max_n: config.max_seqs.max(1),
             embedding_width: shape.pooling.embeds().then_some(shape.hidden_width),
+            generation_refused: shape.encoder.then_some(ENCODER_GENERATES),
         };
         let local = EngineStats {
             kv_pool_bytes: exec.kv_bytes(),
@@ -235,6 +250,7 @@ impl Engine {
             pooling: shape.pooling,
             hidden_width: shape.hidden_width,
             seat: config.turns.as_ref().map(|t| t.seat()),
+            encoder: shape.encoder,
         };
         (engine, limits)
     }
@@ -314,6 +330,10 @@ impl Engine {
     fn admit(&mut self, mut req: Request, events: Sender<Event>) {
         if req.params.embed {
             return self.admit_embedding(req, events);
+        }
+        if self.encoder {
+            let _ = events.send(Event::Error(ENCODER_GENERATES.into()));
+            return;
         }
         // The request's compiled constraint moves to its first sequence (forks clone it).
         let constraint = req.params.constraint.take();

@@ -27,6 +27,9 @@ pub struct EngineLimits {
     /// The width of the model's embeddings, where it pools them (`{arch}.pooling_type` mean,
     /// cls or last); `None` for a model that serves no embeddings.
     pub embedding_width: Option<usize>,
+    /// Why this engine generates no text (an encoder, which only embeds); `None` where it
+    /// does.
+    pub generation_refused: Option<&'static str>,
 }
 
 /// The cloneable way in: submit, cancel, read stats.
@@ -70,6 +73,9 @@ impl EngineHandle {
         }
         if prompt.is_empty() {
             bail!("the prompt is empty");
+        }
+        if let (false, Some(why)) = (params.embed, l.generation_refused) {
+            bail!("{why}");
         }
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
             bail!(
@@ -136,6 +142,7 @@ mod tests {
         vocab_size: 50,
         max_n: 4,
         embedding_width: None,
+        generation_refused: None,
     };
 
     /// A handle whose engine is the returned receiver.

@@ -373,7 +373,7 @@ impl Scheduler {
         for id in prefilling {
             let long = self.is_long(id);
             let len = lanes.allow(long, self.seqs[&id].pending());
-            if len == 0 {
+            if len == 0 || self.cut_short(id, len) {
                 continue;
             }
             if let Grow::Ok = self.grow(id, len, batch) {
@@ -398,7 +398,11 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            if !lanes.has_room(long) || self.waits_for_prefix(id) {
+            let pending = self.seqs[&id].pending();
+            if !lanes.has_room(long)
+                || self.waits_for_prefix(id)
+                || self.cut_short(id, lanes.allow(long, pending))
+            {
                 lane_closed[usize::from(long)] = true;
                 i += 1;
                 continue;
@@ -428,6 +432,13 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Whether a chunk of `len` tokens would cut sequence `id`'s prompt that must be computed
+    /// whole (`Sequence::whole`): it waits for a step with room for all of it.
+    fn cut_short(&self, id: SeqId, len: usize) -> bool {
+        let s = &self.seqs[&id];
+        s.whole && len < s.pending()
     }
 
     /// Liveness: if nothing at all could run while sequences hold blocks, forces the newest
@@ -689,6 +700,39 @@ mod tests {
             BlockPool::new(blocks, 16),
             KvLayout::full(1),
         )
+    }
+
+    /// An encoder's input of `len` tokens: embedded, computed whole.
+    fn whole(id: SeqId, len: usize) -> Sequence {
+        let mut seq = Sequence::new(id, id, id, vec![7; len], len);
+        seq.embed = true;
+        seq.whole = true;
+        seq
+    }
+
+    #[test]
+    fn a_whole_input_waits_for_a_step_with_room_for_all_of_it() {
+        let mut s = sched(64, 100);
+        s.add(whole(1, 60));
+        s.add(whole(2, 60));
+        s.add(whole(3, 30));
+        // The first fits; the second would be cut: it waits, and so does the third behind it
+        // in its lane (first come, first served).
+        let b = s.schedule();
+        assert_eq!(b.spans.len(), 1);
+        assert_eq!(
+            (b.spans[0].seq, b.spans[0].start, b.spans[0].len),
+            (1, 0, 60)
+        );
+        s.commit(&b);
+        s.remove(1);
+        let b = s.schedule();
+        let spans: Vec<_> = b
+            .spans
+            .iter()
+            .map(|sp| (sp.seq, sp.start, sp.len))
+            .collect();
+        assert_eq!(spans, [(2, 0, 60), (3, 0, 30)]);
     }
 
     /// Runs a step without a model: commit it and give every sequence that reached its end a

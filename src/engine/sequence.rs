@@ -35,6 +35,9 @@ pub struct Sequence {
     /// prompt is done. Every prompt row is computed (no prefix-cache reuse: mean pooling
     /// reads them all).
     pub embed: bool,
+    /// Its prompt is computed in one span, never in chunks: an encoder's input, whose
+    /// attention is bidirectional (every token sees every other one of its step).
+    pub whole: bool,
     /// Completions to fork from this one when its prompt is done (n - 1).
     pub forks_pending: usize,
     pub preemptions: u32,
@@ -73,6 +76,7 @@ impl Sequence {
             max_len,
             want_prompt_logits: false,
             embed: false,
+            whole: false,
             forks_pending: 0,
             preemptions: 0,
             progress_since_preempt: 0,

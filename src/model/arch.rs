@@ -42,12 +42,18 @@ pub enum Family {
     /// others attention whose `attn_q` packs an output gate beside each head's query, with Q/K
     /// norms and M-RoPE over part of each head; the FFN's norm is `post_attention_norm`.
     Qwen35,
+    /// `bert` (all-MiniLM, bge-small/base): an encoder that only embeds. Token, absolute
+    /// position and token-type embeddings (type 0) summed and layer-normed
+    /// (`token_embd_norm`); blocks of bidirectional attention and an ungated GELU FFN, each
+    /// added to the residual and then layer-normed (`attn_output_norm`,
+    /// `layer_output_norm`: post-norm, weight and bias); biases everywhere; no output head.
+    Bert,
 }
 
 /// Architectures edgelm implements in full (the names `general.architecture` carries).
 pub const SUPPORTED: &[&str] = &[
     "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "smollm3", "granite",
-    "gpt-oss", "lfm2", "qwen35",
+    "gpt-oss", "lfm2", "qwen35", "bert",
 ];
 
 impl Family {
@@ -64,13 +70,14 @@ impl Family {
             "gpt-oss" => Family::GptOss,
             "lfm2" => Family::Lfm2,
             "qwen35" => Family::Qwen35,
+            "bert" => Family::Bert,
             _ => return None,
         })
     }
 
     pub fn rope_layout(self) -> RopeLayout {
         match self {
-            Family::Llama | Family::Smollm3 | Family::Granite => RopeLayout::Normal,
+            Family::Llama | Family::Smollm3 | Family::Granite | Family::Bert => RopeLayout::Normal,
             Family::Qwen2
             | Family::Qwen3
             | Family::Qwen3Moe
@@ -84,7 +91,8 @@ impl Family {
 
     pub fn activation(self) -> Activation {
         match self {
-            Family::Gemma3 => Activation::GeluTanh,
+            // ggml's GELU on the CPU is the tanh form, looked up in its f16 table.
+            Family::Gemma3 | Family::Bert => Activation::GeluTanh,
             Family::GptOss => Activation::SwigluOai,
             _ => Activation::Silu,
         }
@@ -152,6 +160,19 @@ impl Family {
         self == Family::Gemma3
     }
 
+    /// The encoder layout (bert): layer norms with biases after each residual add instead of
+    /// RMS norms before each block, absolute position and token-type embeddings, no RoPE,
+    /// an FFN without a gate, and no output head.
+    pub fn encoder(self) -> bool {
+        self == Family::Bert
+    }
+
+    /// Whether a token attends only to the positions before it (decoders); an encoder's
+    /// tokens attend to every token of their input.
+    pub fn causal(self) -> bool {
+        !self.encoder()
+    }
+
     /// Gate and up projections in one tensor (`ffn_up` of 2·n_ff rows, gate first).
     pub fn fused_gate_up(self) -> bool {
         self == Family::Phi3
@@ -168,6 +189,11 @@ impl Family {
         };
         match self {
             Family::Llama | Family::Granite => llama_like,
+            Family::Bert => Optional {
+                attn_out_bias: true,
+                ffn_biases: true,
+                ..Optional::NONE
+            },
             Family::Qwen2 => Optional {
                 output_bias: true,
                 ..Optional::NONE

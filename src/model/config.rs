@@ -168,6 +168,8 @@ pub struct ModelConfig {
     pub rope_original_context: usize,
     pub ropes: Vec<RopeParams>,
     pub layers: Vec<LayerConfig>,
+    /// ε of the norms: RMS norms (`attention.layer_norm_rms_epsilon`), or an encoder's layer
+    /// norms (`attention.layer_norm_epsilon`).
     pub rms_eps: f32,
     pub activation: Activation,
     /// Multiplies Q·K before the softmax.
@@ -198,6 +200,9 @@ pub struct ModelConfig {
     pub mtp_layers: usize,
     /// How an embedding request pools the prompt's hidden states (`pooling_type`).
     pub pooling: Pooling,
+    /// An encoder's token types (`tokenizer.ggml.token_type_count`; every input is type 0);
+    /// 0 in a decoder.
+    pub token_types: usize,
     pub context_length: usize,
     pub vocab_size: usize,
 }
@@ -454,6 +459,8 @@ impl HyperParams {
             Family::Smollm3 => hp.smollm3(),
             Family::Granite => hp.granite(k)?,
             Family::Phi3 => hp.scale_queries(hp.attn_scale),
+            // Absolute position embeddings instead of RoPE.
+            Family::Bert => hp.layers.iter_mut().for_each(|l| l.rope = None),
             Family::GptOss => hp.gpt_oss(k, shape, global)?,
             Family::Llama
             | Family::Qwen2
@@ -637,7 +644,7 @@ impl ModelConfig {
             .map(|t| t.len())
             .context("GGUF has no tokenizer.ggml.tokens")?;
         let context_length = k.u32("context_length")?.unwrap_or(2048);
-        let rms_eps = k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
+        let rms_eps = norm_eps(family, &k)?;
         let rope = GlobalRope::read(&k, context_length)?;
         let moe = MoeConfig::read(family, &k, shape.n_ff)?;
         let short_conv = short_conv(family, &k, &shape)?;
@@ -678,6 +685,7 @@ impl ModelConfig {
             rope_sections: qwen35.as_ref().map(|q| q.sections),
             mtp_layers: qwen35.as_ref().map_or(0, |q| q.mtp_layers),
             pooling: Pooling::read(&k)?,
+            token_types: token_types(family, file)?,
             context_length,
             vocab_size,
             arch,
@@ -751,6 +759,49 @@ impl ModelConfig {
             block_size,
             kv_type,
         }
+    }
+}
+
+/// ε of the family's norms: an encoder's layer-norm ε is required (as llama.cpp's loader
+/// requires it), a decoder's RMS-norm ε defaults to 1e-5.
+fn norm_eps(family: Family, k: &Keys<'_>) -> Result<f32> {
+    if family.encoder() {
+        bidirectional(k)?;
+        let key = "attention.layer_norm_epsilon";
+        return k
+            .f32(key)?
+            .with_context(|| format!("GGUF has no {}", k.name(key)));
+    }
+    Ok(k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5))
+}
+
+/// An encoder's `attention.causal`, which must be false: llama.cpp reads the attention's
+/// causality from the file (causal without the key), an encoder's converter writes false, and
+/// a causal encoder is not implemented here.
+fn bidirectional(k: &Keys<'_>) -> Result<()> {
+    if k.bool("attention.causal")? != Some(false) {
+        bail!(
+            "{} is not false: edgelm runs an encoder with bidirectional attention only \
+             (llama.cpp's default without the key is causal)",
+            k.name("attention.causal")
+        );
+    }
+    Ok(())
+}
+
+/// An encoder's token-type count (`tokenizer.ggml.token_type_count`), which llama.cpp's
+/// loader requires to be there and non-zero; 0 for a decoder.
+fn token_types(family: Family, file: &GgufFile) -> Result<usize> {
+    const KEY: &str = "tokenizer.ggml.token_type_count";
+    if !family.encoder() {
+        return Ok(0);
+    }
+    match file.get_u32(KEY) {
+        Some(0) | None => {
+            bail!("an encoder needs {KEY} (its token-type count), which is 0 or absent")
+        }
+        Some(n) if n > 1024 => bail!("{KEY} = {n} is implausible"),
+        Some(n) => Ok(n as usize),
     }
 }
 

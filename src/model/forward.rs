@@ -4,10 +4,10 @@
 //! `Weights`), read here as switches: which norms exist, Q/K norms, biases, RoPE per layer,
 //! windows, the activation, the scales.
 
-use super::weights::{AttentionWeights, Ffn, MixerWeights};
+use super::weights::{AttentionWeights, DenseFfn, EncoderInput, Ffn, LayerWeights, MixerWeights};
 use super::{BatchMeta, Model};
 use crate::backend::cpu::step::{CpuBuffers, CpuStep, CpuWeights};
-use crate::backend::ops::{Attention, Buf, Experts, Mat, Network, Ops, Shape, VecRef};
+use crate::backend::ops::{Attention, Buf, Experts, LayerNorm, Mat, Network, Ops, Shape, VecRef};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvPages};
 use anyhow::{bail, Result};
@@ -52,21 +52,23 @@ impl Model {
         self.run_head(&mut step, &batch.logits_for)
     }
 
-    /// One layer's attention, from the normed residual in H to its projection in Proj:
-    /// Q/K/V (+ biases), per-head Q/K norms, RoPE, attention over the pages, output (+ bias).
+    /// One layer's attention, from its input (the normed residual in H, or an encoder's
+    /// residual X itself) to its projection in Proj: Q/K/V (+ biases), per-head Q/K norms,
+    /// RoPE, attention over the pages, output (+ bias).
     fn attention_block<O: Ops>(
         &self,
         ops: &mut O,
+        input: Buf,
         li: usize,
         a: &AttentionWeights,
-        rope: Option<usize>,
         rotated: bool,
     ) -> Result<()> {
         let c = &self.config;
+        let rope = c.layers[li].rope;
         let norm = |ops: &mut O, buf, n| opt_norm(ops, buf, n, c.rms_eps);
         // A query that packs an output gate goes through Mix, which keeps the gate.
         let q_out = if a.output_gate { Buf::Mix } else { Buf::Q };
-        ops.matmul(Buf::H, &[(&a.wq, q_out), (&a.wk, Buf::K), (&a.wv, Buf::V)])?;
+        ops.matmul(input, &[(&a.wq, q_out), (&a.wk, Buf::K), (&a.wv, Buf::V)])?;
         if a.output_gate {
             ops.split_query_gate()?;
         }
@@ -94,6 +96,7 @@ impl Model {
             window: c.layers[li].window,
             scale: c.attn_scale,
             sinks: a.sinks,
+            causal: c.family.causal(),
         })?;
         if rotated {
             ops.hadamard(Buf::Attn)?;
@@ -103,6 +106,97 @@ impl Model {
         }
         ops.matmul(Buf::Attn, &[(&a.wo, Buf::Proj)])?;
         opt_bias(ops, Buf::Proj, a.bo)
+    }
+
+    /// A block's mixer, from `input` to its output in Proj.
+    fn mixer<O: Ops>(&self, ops: &mut O, input: Buf, li: usize, rotated: bool) -> Result<()> {
+        match &self.weights.layers[li].mixer {
+            MixerWeights::Attention(a) => self.attention_block(ops, input, li, a, rotated),
+            MixerWeights::ShortConv(sc) => {
+                // B, C and x into three n_embd-wide buffers (the loader checked that Q and
+                // Attn are that wide), then Attn = C ⊙ conv(B ⊙ x).
+                ops.matmul(
+                    input,
+                    &[(&sc.b, Buf::Q), (&sc.c, Buf::Attn), (&sc.x, Buf::Proj)],
+                )?;
+                ops.short_conv(sc.conv)?;
+                ops.matmul(Buf::Attn, &[(&sc.out, Buf::Proj)])
+            }
+            MixerWeights::DeltaNet(d) => {
+                let outs = [
+                    (&d.qkv, Buf::Mix),
+                    (&d.z, Buf::Z),
+                    (&d.beta, Buf::Beta),
+                    (&d.alpha, Buf::Alpha),
+                ];
+                ops.matmul(input, &outs)?;
+                ops.delta_conv(&d.op)?;
+                ops.delta_rule(&d.op)?;
+                ops.matmul(Buf::Z, &[(&d.out, Buf::Proj)])
+            }
+        }
+    }
+
+    /// A block's FFN, from `input` to its output in Proj: gated activation (or an encoder's
+    /// ungated one), down (+ biases); or the experts the router picks.
+    fn ffn<O: Ops>(&self, ops: &mut O, input: Buf, li: usize) -> Result<()> {
+        let c = &self.config;
+        match (&self.weights.layers[li].ffn, &c.moe) {
+            (Ffn::Dense(d), _) => self.dense_ffn(ops, input, d),
+            (Ffn::Experts(x), Some(moe)) => ops.moe(x, moe.routing, c.activation),
+            (Ffn::Experts(_), None) => bail!("layer {li} has experts but no routing"),
+        }
+    }
+
+    fn dense_ffn<O: Ops>(&self, ops: &mut O, input: Buf, d: &DenseFfn) -> Result<()> {
+        let act = self.config.activation;
+        match &d.gate {
+            Some(gate) => {
+                ops.matmul(input, &[(gate, Buf::Gate), (&d.up, Buf::Up)])?;
+                opt_bias(ops, Buf::Gate, d.b_gate)?;
+                opt_bias(ops, Buf::Up, d.b_up)?;
+                ops.glu(act)?;
+            }
+            None => {
+                ops.matmul(input, &[(&d.up, Buf::Gate)])?;
+                opt_bias(ops, Buf::Gate, d.b_up)?;
+                ops.activate(Buf::Gate, act)?;
+            }
+        }
+        ops.matmul(Buf::Gate, &[(&d.down, Buf::Proj)])?;
+        opt_bias(ops, Buf::Proj, d.b_down)
+    }
+
+    /// An encoder's input: the token-type row and the position rows added to the token
+    /// embeddings in X, then their layer norm.
+    fn encoder_input<O: Ops>(&self, ops: &mut O, enc: &EncoderInput) -> Result<()> {
+        opt_bias(ops, Buf::X, enc.token_type)?;
+        ops.add_positions(&enc.positions)?;
+        ops.layernorm(Buf::X, enc.norm, self.config.rms_eps)
+    }
+
+    /// One block: mixer and FFN, each from its pre-norm (decoders) and added to the residual
+    /// (scaled, post-normed where the family says), then layer-normed (encoders).
+    fn block<O: Ops>(
+        &self,
+        ops: &mut O,
+        li: usize,
+        lw: &LayerWeights,
+        rotated: bool,
+    ) -> Result<()> {
+        let c = &self.config;
+        let eps = c.rms_eps;
+        let input = pre_norm(ops, lw.attn_norm, eps)?;
+        self.mixer(ops, input, li, rotated)?;
+        opt_norm(ops, Buf::Proj, lw.post_attn_norm, eps)?;
+        ops.add_scaled(Buf::X, Buf::Proj, c.residual_scale)?;
+        opt_layernorm(ops, lw.attn_out_norm, eps)?;
+
+        let input = pre_norm(ops, lw.ffn_norm, eps)?;
+        self.ffn(ops, input, li)?;
+        opt_norm(ops, Buf::Proj, lw.post_ffn_norm, eps)?;
+        ops.add_scaled(Buf::X, Buf::Proj, c.residual_scale)?;
+        opt_layernorm(ops, lw.out_norm, eps)
     }
 
     /// [`Model::forward`] into a fresh vector (tests and tools; the engine reuses its buffers).
@@ -149,74 +243,38 @@ impl Network for Model {
             .collect()
     }
 
-    /// Far beyond any context the model was trained for: only nonsense is refused.
+    /// Far beyond any context the model was trained for: only nonsense is refused. An
+    /// encoder's positions index its position embeddings: none past them.
     fn max_position(&self) -> usize {
-        self.config.context_length.max(1) * 64
+        match self.weights.encoder {
+            Some(_) => self.config.context_length,
+            None => self.config.context_length.max(1) * 64,
+        }
     }
 
     /// The embedding and every transformer block for the step's tokens: leaves the residual
     /// stream in X. `rotated`: the KV pages hold K and V rotated (`KvType::rotated`).
     fn run_blocks<O: Ops>(&self, ops: &mut O, rotated: bool) -> Result<()> {
-        let c = &self.config;
         let w = &self.weights;
-        let eps = c.rms_eps;
-        let norm = |ops: &mut O, buf, n| opt_norm(ops, buf, n, eps);
-        ops.embed(&w.token_embd, c.embed_scale)?;
-        for (li, (lw, lc)) in w.layers.iter().zip(&c.layers).enumerate() {
-            ops.rmsnorm(Buf::X, lw.attn_norm, eps, Buf::H)?;
-            match &lw.mixer {
-                MixerWeights::Attention(a) => self.attention_block(ops, li, a, lc.rope, rotated)?,
-                MixerWeights::ShortConv(sc) => {
-                    // B, C and x into three n_embd-wide buffers (the loader checked that Q
-                    // and Attn are that wide), then Attn = C ⊙ conv(B ⊙ x).
-                    ops.matmul(
-                        Buf::H,
-                        &[(&sc.b, Buf::Q), (&sc.c, Buf::Attn), (&sc.x, Buf::Proj)],
-                    )?;
-                    ops.short_conv(sc.conv)?;
-                    ops.matmul(Buf::Attn, &[(&sc.out, Buf::Proj)])?;
-                }
-                MixerWeights::DeltaNet(d) => {
-                    let outs = [
-                        (&d.qkv, Buf::Mix),
-                        (&d.z, Buf::Z),
-                        (&d.beta, Buf::Beta),
-                        (&d.alpha, Buf::Alpha),
-                    ];
-                    ops.matmul(Buf::H, &outs)?;
-                    ops.delta_conv(&d.op)?;
-                    ops.delta_rule(&d.op)?;
-                    ops.matmul(Buf::Z, &[(&d.out, Buf::Proj)])?;
-                }
-            }
-            norm(ops, Buf::Proj, lw.post_attn_norm)?;
-            ops.add_scaled(Buf::X, Buf::Proj, c.residual_scale)?;
-
-            // FFN: norm, gated activation, down (+ biases), post-norm; or the experts the
-            // router picks.
-            ops.rmsnorm(Buf::X, lw.ffn_norm, eps, Buf::H)?;
-            match (&lw.ffn, &c.moe) {
-                (Ffn::Dense(d), _) => {
-                    ops.matmul(Buf::H, &[(&d.gate, Buf::Gate), (&d.up, Buf::Up)])?;
-                    opt_bias(ops, Buf::Gate, d.b_gate)?;
-                    opt_bias(ops, Buf::Up, d.b_up)?;
-                    ops.glu(c.activation)?;
-                    ops.matmul(Buf::Gate, &[(&d.down, Buf::Proj)])?;
-                    opt_bias(ops, Buf::Proj, d.b_down)?;
-                }
-                (Ffn::Experts(x), Some(moe)) => ops.moe(x, moe.routing, c.activation)?,
-                (Ffn::Experts(_), None) => bail!("layer {li} has experts but no routing"),
-            }
-            norm(ops, Buf::Proj, lw.post_ffn_norm)?;
-            ops.add_scaled(Buf::X, Buf::Proj, c.residual_scale)?;
+        ops.embed(&w.token_embd, self.config.embed_scale)?;
+        if let Some(enc) = &w.encoder {
+            self.encoder_input(ops, enc)?;
+        }
+        for (li, lw) in w.layers.iter().enumerate() {
+            self.block(ops, li, lw, rotated)?;
         }
         Ok(())
     }
 
+    /// An encoder has no final norm: its last block ends with one.
     fn run_final_norm<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()> {
         ops.gather(rows)?;
-        let norm = self.weights.output_norm;
-        ops.rmsnorm(Buf::Head, norm, self.config.rms_eps, Buf::Head)
+        opt_norm(
+            ops,
+            Buf::Head,
+            self.weights.output_norm,
+            self.config.rms_eps,
+        )
     }
 
     /// The output head for rows `rows` of the residual stream: Logits = their final norm times
@@ -224,8 +282,17 @@ impl Network for Model {
     fn run_head<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()> {
         let c = &self.config;
         let w = &self.weights;
+        let Some(output) = &w.output else {
+            if rows.is_empty() {
+                return Ok(());
+            }
+            bail!(
+                "architecture '{}' has no output head: it only embeds",
+                c.arch
+            );
+        };
         self.run_final_norm(ops, rows)?;
-        ops.matmul(Buf::Head, &[(&w.output, Buf::Logits)])?;
+        ops.matmul(Buf::Head, &[(output, Buf::Logits)])?;
         if let Some(b) = w.output_bias {
             ops.add_bias(Buf::Logits, b)?;
         }
@@ -243,6 +310,26 @@ impl Network for Model {
 fn opt_bias<O: Ops>(ops: &mut O, buf: Buf, b: Option<VecRef>) -> Result<()> {
     match b {
         Some(b) => ops.add_bias(buf, b),
+        None => Ok(()),
+    }
+}
+
+/// The input of a block's mixer or FFN: H = the RMS norm of X where the block has that
+/// pre-norm, else X itself (an encoder, which norms after the residual add).
+fn pre_norm<O: Ops>(ops: &mut O, n: Option<VecRef>, eps: f32) -> Result<Buf> {
+    match n {
+        Some(n) => {
+            ops.rmsnorm(Buf::X, n, eps, Buf::H)?;
+            Ok(Buf::H)
+        }
+        None => Ok(Buf::X),
+    }
+}
+
+/// Layer-normalises the residual X in place, where the block has that norm (an encoder).
+fn opt_layernorm<O: Ops>(ops: &mut O, n: Option<LayerNorm>, eps: f32) -> Result<()> {
+    match n {
+        Some(n) => ops.layernorm(Buf::X, n, eps),
         None => Ok(()),
     }
 }

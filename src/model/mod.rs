@@ -13,7 +13,7 @@ pub use crate::backend::ops::{
 };
 pub use arch::{Family, SUPPORTED};
 pub use config::{LayerConfig, ModelConfig, MoeConfig, Pooling, RopeScaling};
-pub use weights::{DenseFfn, Ffn, LayerWeights, Weights};
+pub use weights::{DenseFfn, EncoderInput, Ffn, LayerWeights, Weights};
 
 use crate::backend::cpu::packed_weights::PackedWeights;
 use crate::gguf::GgufFile;
@@ -48,6 +48,7 @@ impl Model {
         let weights = Weights::load(&file, &config)?;
         let layout = config.kv_layout();
         let shape = Shape {
+            causal: config.family.causal(),
             widths: Widths {
                 embd: config.n_embd,
                 q: config.q_dim(),
@@ -129,14 +130,19 @@ impl Model {
     /// Multiply-add FLOPs (2 per weight) of one token through the transformer blocks (of a
     /// mixture of experts, through the experts it picks).
     pub fn block_flops_per_token(&self) -> f64 {
-        let out = &self.weights.output;
         let (_, active) = self.parameters();
-        2.0 * (active - out.rows * out.cols) as f64
+        2.0 * active as f64 - self.output_flops()
     }
 
-    /// FLOPs of one row of logits (the output projection).
+    /// FLOPs of one row of logits (the output projection; 0 for a model that only embeds).
     pub fn output_flops(&self) -> f64 {
-        2.0 * (self.weights.output.rows * self.weights.output.cols) as f64
+        let out = self.weights.output.as_ref();
+        out.map_or(0.0, |o| 2.0 * (o.rows * o.cols) as f64)
+    }
+
+    /// Whether the model can generate text: it has an output head (an encoder only embeds).
+    pub fn generates(&self) -> bool {
+        self.weights.output.is_some()
     }
 
     /// Attention FLOPs of one query token over `ctx` positions (K·Q and P·V, every layer;

@@ -7,7 +7,7 @@
 use super::arch::Optional;
 use super::config::{imrope_turned_pairs, Mixer, ModelConfig, MoeConfig, RopeScaling};
 use crate::backend::ops::{
-    DeltaNet, DeltaNetShape, ExpertBiases, Experts, Mat, RopeTable, ShortConv, VecRef,
+    DeltaNet, DeltaNetShape, ExpertBiases, Experts, LayerNorm, Mat, RopeTable, ShortConv, VecRef,
 };
 use crate::gguf::GgufFile;
 use crate::quant;
@@ -16,13 +16,19 @@ use anyhow::{bail, Context, Result};
 /// One block's weights. Shapes in (rows × cols) = (out × in).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    /// The norm before the mixer (attention or convolution).
-    pub attn_norm: VecRef, // [n_embd]
+    /// The norm before the mixer (attention or convolution); an encoder has none.
+    pub attn_norm: Option<VecRef>, // [n_embd]
     pub mixer: MixerWeights,
     pub post_attn_norm: Option<VecRef>, // [n_embd] (gemma3)
-    pub ffn_norm: VecRef,               // [n_embd]
+    /// An encoder's layer norm of the residual after the mixer's output is added
+    /// (`attn_output_norm`).
+    pub attn_out_norm: Option<LayerNorm>,
+    pub ffn_norm: Option<VecRef>, // [n_embd]; an encoder has none
     pub ffn: Ffn,
     pub post_ffn_norm: Option<VecRef>, // [n_embd] (gemma3)
+    /// An encoder's layer norm of the residual after the FFN's output is added
+    /// (`layer_output_norm`).
+    pub out_norm: Option<LayerNorm>,
 }
 
 /// What a block mixes positions with (`config::Mixer`).
@@ -87,7 +93,8 @@ pub enum Ffn {
 
 #[derive(Clone, Debug)]
 pub struct DenseFfn {
-    pub gate: Mat, // [n_ff × n_embd]
+    /// [n_ff × n_embd]; `None` in an ungated FFN (an encoder's: act(up) then down).
+    pub gate: Option<Mat>,
     pub up: Mat,   // [n_ff × n_embd]
     pub down: Mat, // [n_embd × n_ff]
     pub b_gate: Option<VecRef>,
@@ -100,7 +107,7 @@ impl Ffn {
     /// `used` experts' (of equal size, so the first `used`), or every expert's when `None`.
     pub fn matrices(&self, used: Option<usize>) -> Vec<&Mat> {
         match self {
-            Ffn::Dense(d) => vec![&d.gate, &d.up, &d.down],
+            Ffn::Dense(d) => d.gate.iter().chain([&d.up, &d.down]).collect(),
             Ffn::Experts(x) => x
                 .matrices()
                 .take(used.map_or(usize::MAX, |k| 1 + 3 * k))
@@ -111,10 +118,14 @@ impl Ffn {
 
 #[derive(Clone, Debug)]
 pub struct Weights {
-    pub token_embd: Mat,     // [vocab × n_embd]
-    pub output_norm: VecRef, // [n_embd]
-    /// The output projection; the embedding matrix itself when the model ties them.
-    pub output: Mat, // [vocab × n_embd]
+    pub token_embd: Mat, // [vocab × n_embd]
+    /// An encoder's position and token-type embeddings and their norm.
+    pub encoder: Option<EncoderInput>,
+    /// [n_embd]; an encoder has none (its last block ends with a norm).
+    pub output_norm: Option<VecRef>,
+    /// The output projection; the embedding matrix itself when the model ties them; `None`
+    /// for an encoder, which only embeds.
+    pub output: Option<Mat>, // [vocab × n_embd]
     pub output_bias: Option<VecRef>, // [vocab]
     /// Per-pair RoPE frequency factors: Llama 3.1's `rope_freqs`, or LongRoPE's long and
     /// short factors (the context picks one: [`Weights::rope_tables`]).
@@ -126,12 +137,25 @@ pub struct Weights {
     pub arena: Vec<f32>,
 }
 
+/// What an encoder adds to its token embeddings before the first block.
+#[derive(Clone, Debug)]
+pub struct EncoderInput {
+    /// Absolute position embeddings (`position_embd`), one row per trained position.
+    pub positions: Mat, // [context_length × n_embd]
+    /// Row 0 of `token_types` (every input is of type 0), where the model has the table.
+    pub token_type: Option<VecRef>, // [n_embd]
+    /// The layer norm of the summed embeddings (`token_embd_norm`).
+    pub norm: LayerNorm,
+}
+
 /// Binds tensors by name and remembers which ones were taken.
 struct Binder<'a> {
     file: &'a GgufFile,
     used: Vec<bool>,
     arena: Vec<f32>,
 }
+
+mod encoder;
 
 impl Binder<'_> {
     fn index(&self, name: &str) -> Option<usize> {
@@ -334,9 +358,12 @@ impl Binder<'_> {
     /// Block `i`'s weights, bound in a fixed order (the arena's layout follows it).
     fn layer(&mut self, cfg: &ModelConfig, opt: &Optional, i: usize) -> Result<LayerWeights> {
         let fam = cfg.family;
+        if fam.encoder() {
+            return self.encoder_layer(cfg, opt, i);
+        }
         let e = cfg.n_embd;
         let n = |s: &str| format!("blk.{i}.{s}");
-        let attn_norm = self.vector(&n("attn_norm.weight"), e)?;
+        let attn_norm = Some(self.vector(&n("attn_norm.weight"), e)?);
         let mixer = match cfg.layers[i].mixer {
             Mixer::Attention => MixerWeights::Attention(self.attention(cfg, opt, i)?),
             Mixer::ShortConv => MixerWeights::ShortConv(self.short_conv(cfg, i)?),
@@ -347,7 +374,7 @@ impl Binder<'_> {
         } else {
             None
         };
-        let ffn_norm = self.vector(&n(&format!("{}.weight", fam.ffn_norm_name())), e)?;
+        let ffn_norm = Some(self.vector(&n(&format!("{}.weight", fam.ffn_norm_name())), e)?);
         let ffn = match cfg.moe {
             Some(moe) => Ffn::Experts(self.moe_ffn(cfg, moe, i)?),
             None => Ffn::Dense(self.dense_ffn(cfg, opt, i)?),
@@ -361,9 +388,11 @@ impl Binder<'_> {
             attn_norm,
             mixer,
             post_attn_norm,
+            attn_out_norm: None,
             ffn_norm,
             ffn,
             post_ffn_norm,
+            out_norm: None,
         })
     }
 
@@ -582,24 +611,28 @@ impl Binder<'_> {
         })
     }
 
-    /// Block `i`'s gated FFN: gate and up fused in one tensor or apart, with their biases.
+    /// Block `i`'s FFN: gate and up fused in one tensor or apart, or (an encoder's) no gate;
+    /// with their biases.
     fn dense_ffn(&mut self, cfg: &ModelConfig, opt: &Optional, i: usize) -> Result<DenseFfn> {
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let n = |s: &str| format!("blk.{i}.{s}");
+        let gated = !cfg.family.encoder();
         let (gate, up) = if cfg.family.fused_gate_up() {
             let up = self.mat(&n("ffn_up.weight"), e, 2 * ff)?;
-            (band(&up, 0, ff, "gate"), band(&up, ff, ff, "up"))
-        } else {
+            (Some(band(&up, 0, ff, "gate")), band(&up, ff, ff, "up"))
+        } else if gated {
             (
-                self.mat(&n("ffn_gate.weight"), e, ff)?,
+                Some(self.mat(&n("ffn_gate.weight"), e, ff)?),
                 self.mat(&n("ffn_up.weight"), e, ff)?,
             )
+        } else {
+            (None, self.mat(&n("ffn_up.weight"), e, ff)?)
         };
         Ok(DenseFfn {
             gate,
             up,
             down: self.mat(&n("ffn_down.weight"), ff, e)?,
-            b_gate: self.allowed_vector(&n("ffn_gate.bias"), opt.ffn_biases, ff)?,
+            b_gate: self.allowed_vector(&n("ffn_gate.bias"), opt.ffn_biases && gated, ff)?,
             b_up: self.allowed_vector(&n("ffn_up.bias"), opt.ffn_biases, ff)?,
             b_down: self.allowed_vector(&n("ffn_down.bias"), opt.ffn_biases, e)?,
         })
@@ -650,12 +683,21 @@ impl Weights {
         let opt: Optional = cfg.family.optional();
         let e = cfg.n_embd;
         let token_embd = b.mat("token_embd.weight", e, cfg.vocab_size)?;
-        let output = match b.opt_mat("output.weight", e, cfg.vocab_size)? {
-            Some(m) => m,
-            None => token_embd.clone(),
+        let encoder = b.encoder_input(cfg)?;
+        let output = if cfg.family.encoder() {
+            b.allowed("output.weight", false)?;
+            None
+        } else {
+            Some(match b.opt_mat("output.weight", e, cfg.vocab_size)? {
+                Some(m) => m,
+                None => token_embd.clone(),
+            })
         };
         let output_bias = b.allowed_vector("output.bias", opt.output_bias, cfg.vocab_size)?;
-        let output_norm = b.vector(cfg.family.output_norm_name(), e)?;
+        let output_norm = match cfg.family.encoder() {
+            true => None,
+            false => Some(b.vector(cfg.family.output_norm_name(), e)?),
+        };
         let rope = b.rope_factors(cfg, &opt)?;
         let layers = (0..cfg.n_layers)
             .map(|i| b.layer(cfg, &opt, i))
@@ -664,6 +706,7 @@ impl Weights {
         let arena = b.finish(&cfg.arch)?;
         Ok(Weights {
             token_embd,
+            encoder,
             output_norm,
             output,
             output_bias,
@@ -740,7 +783,7 @@ impl Weights {
     /// The matrices one token reads: all of a dense model's; of a mixture of experts, the
     /// router and `used` experts per layer (`None`: every expert).
     pub fn active_matrices(&self, used: Option<usize>) -> Vec<&Mat> {
-        let mut all = vec![&self.output];
+        let mut all: Vec<&Mat> = self.output.iter().collect();
         for l in &self.layers {
             match &l.mixer {
                 MixerWeights::Attention(a) => all.extend([&a.wq, &a.wk, &a.wv, &a.wo]),

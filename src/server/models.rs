@@ -124,6 +124,10 @@ impl Loaded {
         let tokenizer = Tokenizer::from_gguf(&model.file)?;
         let kind = match spec.embeds(model.config.pooling.embeds())? {
             true => Kind::Embed,
+            false if !model.generates() => anyhow::bail!(
+                "model {}: kind is generate, but it has no output head (an encoder only embeds)",
+                spec.served_id()
+            ),
             false => Kind::Generate,
         };
         Ok(Loaded {

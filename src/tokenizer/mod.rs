@@ -1,6 +1,7 @@
 //! Tokenizer built from the GGUF's own vocabulary: byte-level BPE vocabularies go through the
 //! `tokenizers` crate (with the pre-tokenizer `pretok` picks), SentencePiece vocabularies
-//! through our own `spm` (llama.cpp's merge-by-score algorithm); special tokens are split out
+//! through our own `spm` (llama.cpp's merge-by-score algorithm), BERT's WordPiece through
+//! `wpm` (llama.cpp's WPM, its normalisation tables included); special tokens are split out
 //! first (`special`) either way. Plus our own token → bytes table for streaming
 //! detokenization and the chat template renderer.
 
@@ -11,6 +12,7 @@ mod pretok;
 mod special;
 mod spm;
 mod vocab;
+mod wpm;
 
 pub use chat::{ChatMessage, ChatTemplate, TemplateInputs};
 pub use detok::StreamDecoder;
@@ -34,6 +36,8 @@ enum Segmenter {
         spm: spm::Spm,
         add_space_prefix: bool,
     },
+    /// WordPiece, greedy longest pieces per word (llama.cpp's WPM, see `wpm`).
+    Wpm(wpm::Wpm),
 }
 
 pub struct Tokenizer {
@@ -45,6 +49,8 @@ pub struct Tokenizer {
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
+    /// Appended where BOS is prepended: a WordPiece input's `[SEP]`.
+    sep_after: Option<u32>,
     /// Tokens that end generation (EOS, EOT and the like).
     eog: Vec<u32>,
     chat_template: Option<String>,
@@ -62,6 +68,12 @@ impl Tokenizer {
                 spm: spm::Spm::new(&spec.tokens, &spec.scores),
                 add_space_prefix: spec.add_space_prefix,
             },
+            VocabKind::WordPiece => {
+                let unk = spec
+                    .unk
+                    .context("a WordPiece vocabulary needs an unknown token")?;
+                Segmenter::Wpm(wpm::Wpm::new(&spec.tokens, unk, spec.normalizer))
+            }
         };
         // Control, user-defined and unknown tokens are matched as whole strings first, the
         // way llama.cpp parses special tokens in prompts.
@@ -94,6 +106,9 @@ impl Tokenizer {
             bos: spec.bos,
             eos: spec.eos,
             add_bos: spec.add_bos,
+            sep_after: (spec.kind == VocabKind::WordPiece)
+                .then_some(spec.sep)
+                .flatten(),
             eog,
             chat_template: spec.chat_template.clone(),
         })
@@ -104,7 +119,7 @@ impl Tokenizer {
     }
 
     /// Token ids for `text`, special tokens parsed; BOS prepended when the vocabulary wants it
-    /// and `add_bos` is set.
+    /// and `add_bos` is set (and then, for WordPiece, `[SEP]` appended).
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
         self.encode_with(text, add_bos, true)
     }
@@ -146,10 +161,14 @@ impl Tokenizer {
                             let escaped = format!("{prefix}{}", t.replace(' ', "\u{2581}"));
                             spm.tokenize(&escaped, &mut ids);
                         }
+                        Segmenter::Wpm(wpm) => wpm.tokenize(t, &mut ids),
                     }
                     after_special = false;
                 }
             }
+        }
+        if add_bos && self.add_bos {
+            ids.extend(self.sep_after);
         }
         Ok(ids)
     }
@@ -209,6 +228,7 @@ fn token_text_bytes(kind: VocabKind, token: &str, ty: i32) -> Vec<u8> {
     }
     match kind {
         VocabKind::BytePairGpt2 => bytelevel::decode_token(token),
+        VocabKind::WordPiece => token.replace('\u{2581}', " ").into_bytes(),
         VocabKind::SentencePiece => {
             if ty == TOKEN_TYPE_BYTE {
                 if let Some(b) = parse_byte_token(token) {
@@ -295,6 +315,11 @@ fn end_of_generation(spec: &VocabSpec) -> Vec<u32> {
 mod tests {
     use super::*;
 
+    const NO_NORMALIZER: wpm::Normalizer = wpm::Normalizer {
+        lowercase: false,
+        strip_accents: false,
+    };
+
     /// A tiny byte-level vocabulary: enough to check merges, digits and special tokens.
     fn tiny_bpe() -> VocabSpec {
         let mut tokens: Vec<String> = (0..=255u8)
@@ -314,8 +339,11 @@ mod tests {
             bos: None,
             eos: Some(tokens.len() as u32 - 1),
             eot: None,
+            sep: None,
+            unk: None,
             add_bos: false,
             add_space_prefix: false,
+            normalizer: NO_NORMALIZER,
             chat_template: None,
             tokens,
         }
@@ -353,8 +381,11 @@ mod tests {
             bos: Some(1),
             eos: Some(2),
             eot: None,
+            sep: None,
+            unk: Some(0),
             add_bos: true,
             add_space_prefix: true,
+            normalizer: NO_NORMALIZER,
             chat_template: None,
             tokens: tokens.clone(),
         };
@@ -366,6 +397,44 @@ mod tests {
         assert_eq!(ids, vec![id("▁h"), id("<0x69>")]);
         assert_eq!(tok.decode(&ids, false), " hi");
         assert!(tok.is_eog(2));
+    }
+
+    /// A WordPiece vocabulary: [CLS] and [SEP] around the input, special tokens parsed in it,
+    /// word starts with "▁".
+    #[test]
+    fn wordpiece_adds_cls_and_sep_and_parses_specials() {
+        let tokens: Vec<String> = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "▁hi", "▁the", "re", "▁!",
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut types = vec![TOKEN_TYPE_CONTROL; 5];
+        types[1] = TOKEN_TYPE_UNKNOWN;
+        types.extend([vocab::TOKEN_TYPE_NORMAL; 4]);
+        let spec = VocabSpec {
+            kind: VocabKind::WordPiece,
+            pre: None,
+            scores: vec![0.0; tokens.len()],
+            token_types: types,
+            merges: Vec::new(),
+            bos: Some(2),
+            eos: None,
+            eot: None,
+            sep: Some(3),
+            unk: Some(1),
+            add_bos: true,
+            add_space_prefix: false,
+            normalizer: wpm::Normalizer {
+                lowercase: true,
+                strip_accents: true,
+            },
+            chat_template: None,
+            tokens,
+        };
+        let tok = Tokenizer::from_spec(&spec).unwrap();
+        assert_eq!(tok.encode("Hi THERE!", true).unwrap(), [2, 5, 6, 7, 8, 3]);
+        assert_eq!(tok.encode("hi [MASK] zz", false).unwrap(), [5, 4, 1]);
+        assert_eq!(tok.decode(&[5, 6, 7], false), " hi there");
     }
 
     #[test]

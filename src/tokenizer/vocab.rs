@@ -1,6 +1,12 @@
 //! The tokenizer description a GGUF file carries (`tokenizer.ggml.*`), as plain data.
 
+use super::wpm::Normalizer;
 use crate::gguf::GgufFile;
+
+const BOS: &str = "tokenizer.ggml.bos_token_id";
+/// (sic: llama.cpp's key is spelled so.)
+const SEP: &str = "tokenizer.ggml.seperator_token_id";
+const UNK: &str = "tokenizer.ggml.unknown_token_id";
 
 /// ggml token types (`tokenizer.ggml.token_type`).
 pub const TOKEN_TYPE_NORMAL: i32 = 1;
@@ -17,6 +23,8 @@ pub enum VocabKind {
     BytePairGpt2,
     /// SentencePiece-style vocabulary with scores and byte-fallback tokens ("llama").
     SentencePiece,
+    /// BERT's WordPiece ("bert"): llama.cpp's WPM tokenizer (see `wpm`).
+    WordPiece,
 }
 
 #[derive(Clone, Debug)]
@@ -31,8 +39,13 @@ pub struct VocabSpec {
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub eot: Option<u32>,
+    /// The separator a WordPiece input ends with (`[SEP]`) and its unknown token (`[UNK]`).
+    pub sep: Option<u32>,
+    pub unk: Option<u32>,
     pub add_bos: bool,
     pub add_space_prefix: bool,
+    /// WordPiece normalisation (`tokenizer.ggml.normalizer.lowercase`, `.strip_accents`).
+    pub normalizer: Normalizer,
     pub chat_template: Option<String>,
 }
 
@@ -46,7 +59,8 @@ impl VocabSpec {
         let kind = match model {
             "gpt2" => VocabKind::BytePairGpt2,
             "llama" => VocabKind::SentencePiece,
-            other => bail!("unsupported tokenizer model '{other}' (supported: gpt2, llama)"),
+            "bert" => VocabKind::WordPiece,
+            other => bail!("unsupported tokenizer model '{other}' (supported: gpt2, llama, bert)"),
         };
         let tokens: Vec<String> = file
             .get("tokenizer.ggml.tokens")
@@ -93,37 +107,68 @@ impl VocabSpec {
         if kind == VocabKind::BytePairGpt2 && merges.is_empty() {
             bail!("a gpt2 tokenizer needs tokenizer.ggml.merges");
         }
-        let id = |key: &str| -> anyhow::Result<Option<u32>> {
-            match file.get_u32(key) {
-                Some(id) if (id as usize) < n => Ok(Some(id)),
-                Some(id) => bail!("{key} = {id} is outside the vocabulary of {n} tokens"),
-                None => Ok(None),
-            }
-        };
+        let id = |key: &str| special_id(file, key, n, kind);
         let flag = |key: &str, default: bool| match file.get(key) {
             Some(v) => v.as_bool().unwrap_or(default),
             None => default,
         };
+        let wpm = kind == VocabKind::WordPiece;
+        let lowercase = flag("tokenizer.ggml.normalizer.lowercase", true);
         Ok(VocabSpec {
             kind,
             pre: file.get_str("tokenizer.ggml.pre").map(str::to_owned),
-            bos: id("tokenizer.ggml.bos_token_id")?,
+            bos: id(BOS)?,
             eos: id("tokenizer.ggml.eos_token_id")?,
             eot: id("tokenizer.ggml.eot_token_id")?,
-            // SentencePiece vocabularies add BOS unless told otherwise; BPE ones do not.
-            add_bos: flag(
-                "tokenizer.ggml.add_bos_token",
-                kind == VocabKind::SentencePiece,
-            ),
+            sep: id(SEP)?,
+            unk: id(UNK)?,
+            // SentencePiece vocabularies add BOS unless told otherwise; BPE ones do not;
+            // WordPiece always adds [CLS] and [SEP] (llama.cpp's WPM ignores the keys).
+            add_bos: wpm
+                || flag(
+                    "tokenizer.ggml.add_bos_token",
+                    kind == VocabKind::SentencePiece,
+                ),
             add_space_prefix: flag(
                 "tokenizer.ggml.add_space_prefix",
                 kind == VocabKind::SentencePiece,
             ),
+            normalizer: Normalizer {
+                lowercase,
+                strip_accents: flag("tokenizer.ggml.normalizer.strip_accents", lowercase),
+            },
             chat_template: file.get_str("tokenizer.chat_template").map(str::to_owned),
             tokens,
             token_types,
             scores,
             merges,
         })
+    }
+}
+
+/// The special token `key` names, checked to be in the vocabulary of `n` tokens; without the
+/// key, llama.cpp's default for a WordPiece vocabulary ([CLS] 101, [SEP] 102, [UNK] 100), none
+/// for the others.
+fn special_id(
+    file: &GgufFile,
+    key: &str,
+    n: usize,
+    kind: VocabKind,
+) -> anyhow::Result<Option<u32>> {
+    use anyhow::bail;
+    let default = match key {
+        BOS => 101,
+        SEP => 102,
+        UNK => 100,
+        _ => u32::MAX,
+    };
+    match file.get_u32(key) {
+        Some(id) if (id as usize) < n => Ok(Some(id)),
+        Some(id) => bail!("{key} = {id} is outside the vocabulary of {n} tokens"),
+        None if kind != VocabKind::WordPiece || default == u32::MAX => Ok(None),
+        None if (default as usize) < n => Ok(Some(default)),
+        None => bail!(
+            "GGUF has no {key}, and its default {default} is outside the vocabulary of {n} tokens"
+        ),
     }
 }

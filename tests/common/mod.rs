@@ -1,9 +1,13 @@
 //! Shared helpers for the end-to-end tests: where the model and the reference data live.
 #![allow(dead_code)]
 
+mod bert_model;
+pub mod embed;
 mod test_models;
 
 // Each test crate uses a part of these.
+#[allow(unused_imports)]
+pub use bert_model::{bert_test_model, BERT_CONTEXT};
 #[allow(unused_imports)]
 pub use test_models::{
     test_model, GEMMA3_TEST_WINDOW, TEST_ARCHS, TEST_EXPERTS, TEST_EXPERTS_USED,

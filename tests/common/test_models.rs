@@ -89,13 +89,13 @@ pub fn test_model(arch: &str) -> PathBuf {
     path
 }
 
-fn is_newer(a: &Path, b: &Path) -> bool {
+pub(super) fn is_newer(a: &Path, b: &Path) -> bool {
     let t = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     matches!((t(a), t(b)), (Some(x), Some(y)) if x >= y)
 }
 
 /// A tensor to write: name, ggml dims, type, bytes.
-type Tensor = (String, Vec<u64>, GgmlType, Vec<u8>);
+pub(super) type Tensor = (String, Vec<u64>, GgmlType, Vec<u8>);
 
 fn build(source: &Path, arch: &str) -> Vec<u8> {
     let file = GgufFile::open(source).unwrap();
@@ -672,7 +672,7 @@ fn to_mxfp4(ty: GgmlType, bytes: &[u8], factor: f32) -> Vec<u8> {
 
 /// Q4_1 blocks (f16 scale d, f16 minimum m, 16 bytes of nibbles) with every value times
 /// `factor`: d and m scaled.
-fn scaled_q4_1(blocks: &[u8], factor: f32) -> Vec<u8> {
+pub(super) fn scaled_q4_1(blocks: &[u8], factor: f32) -> Vec<u8> {
     let mut out = blocks.to_vec();
     for b in out.chunks_exact_mut(20) {
         for at in [0, 2] {
@@ -691,7 +691,7 @@ fn stack(name: &str, parts: &[Tensor]) -> Tensor {
 }
 
 /// An f32 vector of `n` values around `center`, deterministic per name.
-fn vector(name: &str, n: usize, center: f32, spread: f32) -> Tensor {
+pub(super) fn vector(name: &str, n: usize, center: f32, spread: f32) -> Tensor {
     let mut state = name.bytes().fold(0x9e37_79b9_7f4a_7c15u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     });

@@ -28,6 +28,7 @@ use half::f16;
 
 /// Where one token of the batch sits: its sequence's block table (of the layer's KV group), its
 /// position and the first position it sees (after `window` positions, only the last ones).
+#[derive(Clone, Copy)]
 pub struct AttnToken<'a> {
     pub block_table: &'a [u32],
     pub pos: usize,

@@ -38,6 +38,27 @@ fn rms_scale(row: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
+/// Layer norm of each row of `x` in place (rows of `w.len()` values), as ggml's `norm` then
+/// `mul` and `add`: the sum in f64 and its mean rounded to f32, each value less the mean, the
+/// squares of those summed in f64 into the variance, then `· 1/√(var + ε)`, `· w`, `+ b`.
+pub fn layernorm_in_place(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = w.len();
+    for row in x.chunks_exact_mut(n) {
+        let sum: f64 = row.iter().map(|&v| f64::from(v)).sum();
+        let mean = (sum / n as f64) as f32;
+        let mut squares = 0.0f64;
+        for v in row.iter_mut() {
+            *v -= mean;
+            squares += f64::from(*v * *v);
+        }
+        let var = (squares / n as f64) as f32;
+        let scale = 1.0 / (var + eps).sqrt();
+        for ((v, &g), &c) in row.iter_mut().zip(w).zip(b) {
+            *v = *v * scale * g + c;
+        }
+    }
+}
+
 /// Precomputed RoPE rotation angles for one position, in ggml's order of operations
 /// (theta multiplied by theta_scale pair by pair, in f32; then divided by the pair's factor,
 /// times `freq_scale`; cos and sin times `mscale`) so that we match its rounding.
@@ -114,6 +135,22 @@ pub fn gated(act: crate::backend::ops::Activation, gate: &mut [f32], up: &[f32])
         GeluTanh => gelu_mul(gate, up),
         SwigluOai => swiglu_oai_mul(gate, up),
     }
+}
+
+/// `x = act(x)` in place, ungated (an encoder's FFN): GELU as ggml-cpu looks it up (see
+/// [`gelu_mul`]), or SiLU. gpt-oss's SwiGLU has no ungated form.
+pub fn activate(act: crate::backend::ops::Activation, x: &mut [f32]) -> anyhow::Result<()> {
+    use crate::backend::ops::Activation::*;
+    // Checked first, so that a caller may validate `act` on an empty slice.
+    match act {
+        GeluTanh => {
+            let table = gelu_table();
+            x.iter_mut().for_each(|v| *v = gelu_looked_up(*v, table));
+        }
+        Silu => x.iter_mut().for_each(|v| *v /= 1.0 + expf_v(0.0 - *v)),
+        SwigluOai => anyhow::bail!("gpt-oss's SwiGLU has no ungated form"),
+    }
+    Ok(())
 }
 
 /// GeGLU: `gate = gelu(gate) * up`, in place, with GELU's tanh approximation looked up the way
@@ -273,6 +310,26 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layernorm_centres_scales_and_shifts_each_row() {
+        let mut x = [1.0f32, 3.0, 10.0, 10.0];
+        layernorm_in_place(&mut x, &[2.0, 1.0], &[0.5, -0.5], 1e-12);
+        // Row 1: mean 2, deviations ±1, variance 1: (-1·2 + 0.5, 1·1 - 0.5).
+        assert_eq!(x[..2], [-1.5, 0.5]);
+        // Row 2: no variance: the deviations are 0, only the bias is left.
+        assert_eq!(x[2..], [0.5, -0.5]);
+    }
+
+    #[test]
+    fn ungated_gelu_is_the_gated_one_times_one() {
+        let xs: Vec<f32> = (-300..300).map(|i| i as f32 * 0.041).collect();
+        let mut gated = xs.clone();
+        gelu_mul(&mut gated, &vec![1.0; xs.len()]);
+        let mut ungated = xs;
+        activate(crate::backend::ops::Activation::GeluTanh, &mut ungated).unwrap();
+        assert_eq!(gated, ungated);
+    }
 
     #[test]
     fn rmsnorm_unit_rows() {

@@ -6,7 +6,8 @@ use super::delta_net::{conv_silu_span, delta_step, gated_rmsnorm, head_ranges, l
 use super::matmul::{embed, embed_packed, matmul_fused, WeightRef};
 use super::moe::{moe_ffn, ExpertWeights, MoeScratch};
 use super::ops::{
-    add_bias, add_in_place, gated, hadamard_64, rmsnorm, rmsnorm_in_place, rope_apply, rope_cos_sin,
+    activate, add_bias, add_in_place, gated, hadamard_64, layernorm_in_place, rmsnorm,
+    rmsnorm_in_place, rope_apply, rope_cos_sin,
 };
 use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
@@ -14,8 +15,8 @@ use super::parallel::SharedSlice;
 use super::short_conv::conv_span;
 use crate::backend::batch::{BatchMeta, StateSaveAt};
 use crate::backend::ops::{
-    Activation, Attention, Buf, DeltaNet, DeltaNetShape, Experts, Mat, Ops, Routing, Shape,
-    ShortConv, VecRef,
+    Activation, Attention, Buf, DeltaNet, DeltaNetShape, Experts, LayerNorm, Mat, Ops, Routing,
+    Shape, ShortConv, VecRef,
 };
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvPages, Part, StateSlots};
@@ -193,6 +194,20 @@ impl<'a> CpuStep<'a> {
         }
     }
 
+    /// KV group `group`'s tokens as bidirectional attention sees them: each one every position
+    /// of its span (a query's visible range ends at its span's last position, not its own).
+    fn bidirectional(&self, group: usize) -> Vec<AttnToken<'a>> {
+        let spans = self.batch.spans();
+        self.attn_tokens[group]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| AttnToken {
+                pos: self.batch.positions[spans[self.batch.seq_of[i]].end - 1],
+                ..*t
+            })
+            .collect()
+    }
+
     fn buf(&mut self, b: Buf) -> &mut Vec<f32> {
         &mut self.bufs.bufs[index(b)]
     }
@@ -263,6 +278,44 @@ impl Ops for CpuStep<'_> {
             });
             self.put(dst, out);
         }
+        Ok(())
+    }
+
+    fn layernorm(&mut self, buf: Buf, n: LayerNorm, eps: f32) -> Result<()> {
+        let (w, b) = (n.weight.of(self.w.arena), n.bias.of(self.w.arena));
+        let x = &mut self.bufs.bufs[index(buf)];
+        for_row_chunks(x, w.len(), |_, rows| layernorm_in_place(rows, w, b, eps));
+        Ok(())
+    }
+
+    fn add_positions(&mut self, table: &Mat) -> Result<()> {
+        let rows: Vec<u32> = self.batch.positions.iter().map(|&p| p as u32).collect();
+        if let Some(&bad) = rows.iter().find(|&&p| p as usize >= table.rows) {
+            anyhow::bail!(
+                "position {bad} is past the {} position embeddings",
+                table.rows
+            );
+        }
+        let mut pos = vec![0f32; rows.len() * table.cols];
+        embed(
+            table.data(self.w.file),
+            table.ty,
+            table.cols,
+            &rows,
+            &mut pos,
+        );
+        add_in_place(self.buf(Buf::X), &pos);
+        Ok(())
+    }
+
+    fn activate(&mut self, buf: Buf, act: Activation) -> Result<()> {
+        // Refused before any row is touched, so that the rows below cannot fail.
+        activate(act, &mut [])?;
+        let x = &mut self.bufs.bufs[index(buf)];
+        let width = self.shape.widths.of(buf);
+        for_row_chunks(x, width, |_, rows| {
+            activate(act, rows).expect("checked above");
+        });
         Ok(())
     }
 
@@ -357,11 +410,12 @@ impl Ops for CpuStep<'_> {
             scale: a.scale,
         };
         let mut out = self.take(Buf::Attn);
+        let bidirectional = (!a.causal).then(|| self.bidirectional(group));
         paged_attention(
             self.kv,
             layer,
             &shape,
-            &self.attn_tokens[group],
+            bidirectional.as_deref().unwrap_or(&self.attn_tokens[group]),
             &self.bufs.bufs[index(Buf::Q)],
             a.sinks.map(|s| s.of(self.w.arena)),
             &mut out,

@@ -9,8 +9,8 @@ use super::ops::{DeltaRuleArgs, Kernels, StateArgs};
 use super::weights::DeviceWeights;
 use super::workspace::Workspace;
 use crate::backend::ops::{
-    Activation, Attention, Buf, DeltaNet, Experts, Mat, Ops, RopeLayout, Routing, Shape, ShortConv,
-    VecRef,
+    Activation, Attention, Buf, DeltaNet, Experts, LayerNorm, Mat, Ops, RopeLayout, Routing, Shape,
+    ShortConv, VecRef,
 };
 use crate::kv::{KvLayout, KvType};
 use crate::quant::GgmlType;
@@ -74,6 +74,9 @@ impl CudaStep<'_> {
     }
 }
 
+/// Why the CUDA kernels run no encoder.
+const ENCODERS: &str = "the CUDA backend has no encoder ops (layer norms, bidirectional attention)";
+
 fn dev(e: String) -> anyhow::Error {
     anyhow!(e)
 }
@@ -109,6 +112,20 @@ impl Ops for CudaStep<'_> {
                 eps,
             )
             .map_err(dev)
+    }
+
+    // An encoder's ops: `check_supported` refuses an encoder before a step is built, so these
+    // are never reached.
+    fn layernorm(&mut self, _: Buf, _: LayerNorm, _: f32) -> Result<()> {
+        Err(anyhow!(ENCODERS))
+    }
+
+    fn add_positions(&mut self, _: &Mat) -> Result<()> {
+        Err(anyhow!(ENCODERS))
+    }
+
+    fn activate(&mut self, _: Buf, _: Activation) -> Result<()> {
+        Err(anyhow!(ENCODERS))
     }
 
     fn matmul(&mut self, x: Buf, outs: &[(&Mat, Buf)]) -> Result<()> {
@@ -186,6 +203,9 @@ impl Ops for CudaStep<'_> {
     }
 
     fn attention(&mut self, a: Attention) -> Result<()> {
+        if !a.causal {
+            return Err(anyhow!(ENCODERS));
+        }
         let s = self.shape;
         let (group, layer) = self.layout.layer_slot[a.layer];
         let meta = self.ws.meta();

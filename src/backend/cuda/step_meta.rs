@@ -287,6 +287,7 @@ mod tests {
             factors: None,
         };
         let shape = Shape {
+            causal: true,
             widths: Widths {
                 embd: 8,
                 q: 8,

@@ -36,6 +36,13 @@ pub fn max_query_heads_per_kv_head(head_dim: usize) -> usize {
 /// Why `net` cannot run on the CUDA kernels, or `Ok` when it can.
 pub fn check_supported(net: &impl Network) -> Result<(), String> {
     let s = net.shape();
+    if !s.causal {
+        return Err(
+            "an encoder (bert: bidirectional attention, layer norms), which the CUDA kernels do \
+             not implement; serve it with --backend cpu"
+                .into(),
+        );
+    }
     check_recurrent(s)?;
     let experts = net.expert_layers();
     for x in &experts {

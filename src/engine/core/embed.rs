@@ -24,13 +24,20 @@ impl Engine {
             let _ = events.send(Event::Error(why));
             return;
         }
+        let len = req.prompt.len();
+        let step = self.sched.config.max_batched_tokens;
+        if self.encoder && len > step {
+            let why = format!("the input is {len} tokens, more than the {step} one step computes (an encoder's input is computed whole)");
+            let _ = events.send(Event::Error(why));
+            return;
+        }
         let id = self.next_seq;
         self.next_seq += 1;
         self.arrivals += 1;
-        let len = req.prompt.len();
         let mut seq = Sequence::new(id, req.id, self.arrivals, req.prompt, len);
         seq.arrived = req.submitted;
         seq.embed = true;
+        seq.whole = self.encoder;
         let mut rec = SeqRecord::new(req.id, Sampler::new(Default::default()), None);
         rec.pooled = Some(Pooled::default());
         self.seqs.insert(id, rec);

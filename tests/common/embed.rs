@@ -1,0 +1,164 @@
+//! Embeddings from edgelm's engine and from the peer's `llama-embedding`, and the comparison
+//! the embedding tests hold them to: cosine similarity per text, and the same nearest
+//! neighbour for every text.
+
+use super::peer_tool;
+use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
+use edgelm::model::Model;
+use edgelm::tokenizer::Tokenizer;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+pub const MIN_COSINE: f64 = 0.999;
+/// The peer's text separator: one no text holds (they hold newlines, its default).
+pub const SEP: &str = "<#edgelm-sep#>";
+
+/// What `llama-embedding` gives for one text: its tokens and its (L2-normalised) vector.
+pub struct PeerEmbedding {
+    pub tokens: Vec<u32>,
+    pub vector: Vec<f64>,
+}
+
+/// `llama-embedding` on `text` alone, given on the command line (a prompt file would lose a
+/// final newline), with a context of `ctx`; its tokens from `--verbose-prompt`.
+pub fn peer_embedding(model: &Path, text: &str, ctx: usize) -> PeerEmbedding {
+    let out = Command::new(peer_tool("llama-embedding"))
+        .arg("-m")
+        .arg(model)
+        .args(["-p", text, "--embd-separator", SEP])
+        .args(["--embd-output-format", "json", "--verbose-prompt"])
+        .args(["-c", &ctx.to_string(), "-t", "2", "--no-warmup"])
+        .output()
+        .expect("llama-embedding runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "llama-embedding failed: {stderr}");
+    let start = stdout
+        .find("{\n  \"object\"")
+        .expect("JSON in llama-embedding's output");
+    let mut values = serde_json::Deserializer::from_str(&stdout[start..]).into_iter();
+    let json: serde_json::Value = values.next().unwrap().unwrap();
+    let data = json["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1, "llama-embedding split {text:?}");
+    let e = data[0]["embedding"].as_array().unwrap();
+    PeerEmbedding {
+        tokens: verbose_tokens(&stderr, &stdout[..start]),
+        vector: e.iter().map(|x| x.as_f64().unwrap()).collect(),
+    }
+}
+
+/// The ids `--verbose-prompt` lists: "number of tokens in prompt = N" in its log, and N lines
+/// of "  ID -> 'piece'" in its output.
+fn verbose_tokens(log: &str, listing: &str) -> Vec<u32> {
+    const COUNT: &str = "number of tokens in prompt = ";
+    let at = log
+        .find(COUNT)
+        .expect("llama-embedding counts the prompt's tokens");
+    let rest = &log[at + COUNT.len()..];
+    let n: usize = rest.split_whitespace().next().unwrap().parse().unwrap();
+    let ids: Vec<u32> = listing
+        .lines()
+        .filter_map(|l| l.split_once(" -> '")?.0.trim().parse().ok())
+        .take(n)
+        .collect();
+    assert_eq!(ids.len(), n, "could not read the peer's {n} tokens");
+    ids
+}
+
+/// edgelm's tokens of `texts` and their embeddings, all submitted to one engine at once.
+pub fn edgelm_embeddings(model: &Path, texts: &[String]) -> (Vec<Vec<u32>>, Vec<Vec<f64>>) {
+    let m = Arc::new(Model::load(model).unwrap());
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let (handle, thread) = Engine::start(m, tok.eog_tokens().to_vec(), EngineConfig::default())
+        .expect("the engine starts");
+    let params = GenParams {
+        max_tokens: 0,
+        embed: true,
+        ..GenParams::default()
+    };
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true).unwrap()).collect();
+    let rxs: Vec<_> = ids
+        .iter()
+        .map(|p| handle.submit(p.clone(), params.clone()).unwrap().1)
+        .collect();
+    let vectors = rxs
+        .into_iter()
+        .map(|rx| loop {
+            match rx.recv().expect("the engine answers") {
+                Event::Embedding { vector, .. } => {
+                    break vector.iter().map(|&x| f64::from(x)).collect()
+                }
+                Event::Error(e) => panic!("embedding failed: {e}"),
+                _ => {}
+            }
+        })
+        .collect();
+    handle.shutdown();
+    thread.join().unwrap();
+    (ids, vectors)
+}
+
+pub fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let n = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (n(a) * n(b))
+}
+
+/// Each text's nearest other text by cosine, and how far ahead of the runner-up it is.
+pub fn nearest(v: &[Vec<f64>]) -> Vec<(usize, f64)> {
+    (0..v.len())
+        .map(|i| {
+            let mut sims: Vec<(usize, f64)> = (0..v.len())
+                .filter(|&j| j != i)
+                .map(|j| (j, cosine(&v[i], &v[j])))
+                .collect();
+            sims.sort_by(|a, b| b.1.total_cmp(&a.1));
+            (sims[0].0, sims[0].1 - sims[1].1)
+        })
+        .collect()
+}
+
+/// Holds `ours` to `peer` (one vector per text of `texts`): cosine ≥ [`MIN_COSINE`] for every
+/// text, and the same nearest neighbour for every text but where the peer's own top two are
+/// a tie within the bar's noise. Prints the figures under `name` (and every text's cosine
+/// when `EDGELM_DEBUG_COS` is set).
+pub fn assert_close(name: &str, texts: &[String], ours: &[Vec<f64>], peer: &[Vec<f64>]) {
+    assert_eq!(peer.len(), texts.len());
+    let cos: Vec<f64> = ours.iter().zip(peer).map(|(a, b)| cosine(a, b)).collect();
+    let worst = cos.iter().cloned().fold(f64::INFINITY, f64::min);
+    let mean = cos.iter().sum::<f64>() / cos.len() as f64;
+    eprintln!(
+        "{name}: {} texts, cosine to llama-embedding: min {worst:.6}, mean {mean:.6}",
+        texts.len()
+    );
+    if std::env::var_os("EDGELM_DEBUG_COS").is_some() {
+        for (i, c) in cos.iter().enumerate() {
+            eprintln!(
+                "{i}: {c:.6} {:?}",
+                texts[i].chars().take(40).collect::<String>()
+            );
+        }
+    }
+    for (i, c) in cos.iter().enumerate() {
+        assert!(*c >= MIN_COSINE, "text {i} ({:?}): cosine {c}", texts[i]);
+    }
+    let (n_ours, n_peer) = (nearest(ours), nearest(peer));
+    let mut same = 0;
+    for (i, (o, p)) in n_ours.iter().zip(&n_peer).enumerate() {
+        if o.0 == p.0 {
+            same += 1;
+        } else {
+            assert!(
+                p.1 < 1e-3,
+                "text {i}: nearest {} here, {} in the peer",
+                o.0,
+                p.0
+            );
+        }
+    }
+    eprintln!(
+        "{name}: same nearest neighbour for {same} of {} texts",
+        texts.len()
+    );
+}

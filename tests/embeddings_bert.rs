@@ -1,0 +1,157 @@
+//! The `bert` encoder against llama.cpp's `llama-embedding` on the same GGUF (the bert test
+//! model, pooled by mean and by cls): 50+ texts, short and long (up to its 512 positions, one
+//! step each), several languages and scripts, code, accents, control characters, special
+//! tokens written out. Every text's tokens must be the peer's exactly; its embedding within
+//! a cosine of 0.999 of the peer's; every text's nearest neighbour the peer's.
+
+mod common;
+
+use common::embed::{assert_close, cosine, edgelm_embeddings, peer_embedding, SEP};
+use common::{bert_test_model, reference_dir, BERT_CONTEXT};
+use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
+use edgelm::model::Model;
+use edgelm::tokenizer::Tokenizer;
+use std::sync::Arc;
+
+/// Texts whose WordPiece tokens exercise the normalisation: case, accents (precomposed and
+/// combining), punctuation and symbols, CJK and other scripts, control characters,
+/// whitespace runs, special tokens written out, words with no piece.
+const TRICKY: &[&str] = &[
+    "Héllo WÖRLD, naïve café — déjà vu!",
+    "e\u{301}cole e\u{300} la ma\u{303}o",
+    "日本語のテキストと中文混合 text",
+    "Ελληνικά ΚΕΦΑΛΑΙΑ και русский ТЕКСТ",
+    "tab\there\u{7}bell\u{1}soh\r\nnewline   spaces",
+    "[CLS] written [SEP] out [MASK] and [UNK] too",
+    "fn main() { println!(\"{}\", 1 + 2 * 3); } // x^2 $5 ~tilde",
+    "emoji 😀🎉 and ∑∫√ symbols € £ ¥",
+    "don't won't it's U.S.A. e-mail 3.14159 1,000,000",
+    "ǅemal ǈubica Ǳ ß ẞ İstanbul",
+];
+
+/// The texts: the tricky ones, the tokenizer cases, GPL paragraphs, and long texts of joined
+/// paragraphs as long as the context allows (the longest fill most of its 512 positions).
+fn texts(tok: &Tokenizer) -> Vec<String> {
+    let dir = reference_dir();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    let cases: Vec<String> = serde_json::from_str(&read("tokenize-cases.json")).unwrap();
+    let more: serde_json::Value = serde_json::from_str(&read("cases.json")).unwrap();
+    let more = more["tokenize"].as_array().unwrap().iter();
+    let paragraphs: Vec<String> = read("gpl-3.txt")
+        .split("\n\n")
+        .map(|p| p.trim().to_string())
+        .filter(|p| p.len() > 300)
+        .take(16)
+        .collect();
+    let len = |t: &str| tok.encode(t, true).unwrap().len();
+    let mut long: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for p in &paragraphs {
+        let joined = format!("{current}\n\n{p}");
+        if len(&joined) > BERT_CONTEXT - 12 && !current.is_empty() {
+            long.push(std::mem::take(&mut current));
+            current = p.clone();
+        } else {
+            current = joined.trim().to_string();
+        }
+    }
+    let mut all: Vec<String> = Vec::new();
+    let candidates = TRICKY
+        .iter()
+        .map(|t| t.to_string())
+        .chain(cases)
+        .chain(more.map(|v| v.as_str().unwrap().to_string()))
+        .chain(paragraphs)
+        .chain(long);
+    for t in candidates {
+        let fits = len(&t) <= BERT_CONTEXT;
+        if fits && !t.trim().is_empty() && !all.contains(&t) && !t.contains(SEP) {
+            all.push(t);
+        }
+    }
+    all
+}
+
+/// The comparisons run one at a time: each keeps every core busy.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn matches_the_peer(pooling: u32, name: &str) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let model = bert_test_model(pooling);
+    let tok = Tokenizer::from_gguf(&edgelm::gguf::GgufFile::open(&model).unwrap()).unwrap();
+    let texts = texts(&tok);
+    assert!(texts.len() >= 50, "only {} texts", texts.len());
+    let longest = texts
+        .iter()
+        .map(|t| tok.encode(t, true).unwrap().len())
+        .max();
+    eprintln!("{name}: the longest text is {longest:?} tokens");
+    let peer: Vec<_> = texts
+        .iter()
+        .map(|t| peer_embedding(&model, t, BERT_CONTEXT))
+        .collect();
+    let (ids, ours) = edgelm_embeddings(&model, &texts);
+    for (i, (p, o)) in peer.iter().zip(&ids).enumerate() {
+        assert_eq!(&p.tokens, o, "text {i} ({:?}): tokens differ", texts[i]);
+    }
+    eprintln!(
+        "{name}: tokens identical to the peer's for all {} texts",
+        texts.len()
+    );
+    let peer: Vec<Vec<f64>> = peer.into_iter().map(|p| p.vector).collect();
+    assert_close(name, &texts, &ours, &peer);
+}
+
+#[test]
+fn bert_mean_pooling_matches_llama_embedding() {
+    matches_the_peer(1, "bert mean");
+}
+
+#[test]
+fn bert_cls_pooling_matches_llama_embedding() {
+    matches_the_peer(2, "bert cls");
+}
+
+/// Not chaotic: two paraphrases are closer to each other than to unrelated text.
+#[test]
+fn similar_texts_embed_closer_than_unrelated_ones() {
+    let model = bert_test_model(1);
+    let texts: Vec<String> = [
+        "The cat sat on the mat.",
+        "A cat was sitting on the mat.",
+        "Quarterly revenue rose by four percent in Europe.",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (_, v) = edgelm_embeddings(&model, &texts);
+    let (close, far) = (cosine(&v[0], &v[1]), cosine(&v[0], &v[2]));
+    eprintln!("paraphrase {close:.4}, unrelated {far:.4}");
+    assert!(close > far, "paraphrase {close}, unrelated {far}");
+}
+
+/// An encoder generates nothing, and an input longer than one step is refused up front.
+#[test]
+fn an_encoder_refuses_generation_and_inputs_past_one_step() {
+    let model = Arc::new(Model::load(&bert_test_model(1)).unwrap());
+    assert!(!model.generates());
+    let config = EngineConfig {
+        max_batched_tokens: 256,
+        ..EngineConfig::default()
+    };
+    let (handle, thread) = Engine::start(model, Vec::new(), config).unwrap();
+    assert_eq!(handle.limits.context, 256);
+    let err = handle.submit(vec![2, 300, 3], GenParams::default()).err();
+    let err = err.expect("generation is refused").to_string();
+    assert!(err.contains("only computes embeddings"), "{err}");
+    let embed = GenParams {
+        max_tokens: 0,
+        embed: true,
+        ..GenParams::default()
+    };
+    let err = handle.submit(vec![300; 257], embed.clone()).err();
+    assert!(err.expect("too long").to_string().contains("256"));
+    let (_, rx) = handle.submit(vec![300; 256], embed).unwrap();
+    assert!(matches!(rx.recv().unwrap(), Event::Embedding { .. }));
+    handle.shutdown();
+    thread.join().unwrap();
+}
