@@ -1,12 +1,13 @@
 //! `/v1/embeddings`' numbers against llama.cpp's `llama-embedding` on the same GGUF: the
-//! reference model with `llama.pooling_type` set (mean, last), 50+ texts (short and long,
+//! reference model with `llama.pooling_type` set (mean, last; last with EOS added to every
+//! input, as Qwen3-Embedding's GGUFs ask), 50+ texts (short and long,
 //! several languages and scripts, code; the long ones take two prefill chunks), each
 //! embedded by edgelm's engine (all submitted at once, so they share steps) and by the peer.
 //! Bar: cosine similarity ≥ 0.999 per text, and the same nearest neighbour for every text.
 
 mod common;
 
-use common::embed::{assert_close, edgelm_embeddings, peer_embedding, SEP};
+use common::embed::{assert_close, assert_cosines, edgelm_embeddings, peer_embedding, SEP};
 use common::{edited_model, model_path, reference_dir};
 use edgelm::gguf::Value;
 use edgelm::model::Model;
@@ -17,6 +18,17 @@ fn pooled_model(id: u32, name: &str) -> PathBuf {
     edited_model(name, |kvs, _| {
         kvs.retain(|(k, _)| k != "llama.pooling_type");
         kvs.push(("llama.pooling_type".into(), Value::U32(id)));
+    })
+}
+
+/// The reference model as a last-token embedding model is shipped (Qwen3-Embedding's GGUFs):
+/// pooled on its last token, with `tokenizer.ggml.add_eos_token` set, so that every input
+/// ends with EOS and that is the token pooled.
+fn last_token_model(name: &str) -> PathBuf {
+    edited_model(name, |kvs, _| {
+        kvs.retain(|(k, _)| k != "llama.pooling_type" && k != "tokenizer.ggml.add_eos_token");
+        kvs.push(("llama.pooling_type".into(), Value::U32(3)));
+        kvs.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(true)));
     })
 }
 
@@ -50,14 +62,17 @@ fn texts() -> Vec<String> {
     all
 }
 
-/// The peer's embeddings of `texts` (L2-normalised, its default), one run per text: given
-/// several, `llama-embedding` packs them into one batch, and its own vectors then move with
-/// the batch (a text's last-token vector by a cosine of 0.992 from the one it gets alone),
-/// while edgelm's do not.
-fn peer_embeddings(model: &Path, texts: &[String]) -> Vec<Vec<f64>> {
+/// The peer's embeddings of `texts` (L2-normalised, its default) and its tokens, one run per
+/// text: given several, `llama-embedding` packs them into one batch, and its own vectors then
+/// move with the batch (a text's last-token vector by a cosine of 0.992 from the one it gets
+/// alone), while edgelm's do not.
+fn peer_embeddings(model: &Path, texts: &[String]) -> Vec<(Vec<u32>, Vec<f64>)> {
     texts
         .iter()
-        .map(|t| peer_embedding(model, t, 2048).vector)
+        .map(|t| {
+            let p = peer_embedding(model, t, 2048);
+            (p.tokens, p.vector)
+        })
         .collect()
 }
 
@@ -65,25 +80,49 @@ fn peer_embeddings(model: &Path, texts: &[String]) -> Vec<Vec<f64>> {
 /// the engine's), and two at once on a small machine take several times as long.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Compares edgelm with the peer on the model pooled by `id`.
-fn matches_the_peer(id: u32, name: &str) {
+/// Compares edgelm with the peer on `model`: the same tokens, and vectors within the bar
+/// (with `neighbours`, also the same nearest neighbours).
+fn matches_the_peer(model: &Path, name: &str, neighbours: bool) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let model = pooled_model(id, name);
     let texts = texts();
     assert!(texts.len() >= 50, "only {} texts", texts.len());
-    let peer = peer_embeddings(&model, &texts);
-    let (_, ours) = edgelm_embeddings(&model, &texts);
-    assert_close(name, &texts, &ours, &peer);
+    let (peer_tokens, peer): (Vec<_>, Vec<_>) = peer_embeddings(model, &texts).into_iter().unzip();
+    let (tokens, ours) = edgelm_embeddings(model, &texts);
+    for (i, (p, o)) in peer_tokens.iter().zip(&tokens).enumerate() {
+        assert_eq!(p, o, "{name}: text {i} ({:?}): tokens differ", texts[i]);
+    }
+    match neighbours {
+        true => assert_close(name, &texts, &ours, &peer),
+        false => assert_cosines(name, &texts, &ours, &peer),
+    }
 }
 
 #[test]
 fn mean_pooling_matches_llama_embedding() {
-    matches_the_peer(1, "smollm2-pooling-mean.gguf");
+    matches_the_peer(&pooled_model(1, "smollm2-pooling-mean.gguf"), "mean", true);
 }
 
 #[test]
 fn last_token_pooling_matches_llama_embedding() {
-    matches_the_peer(3, "smollm2-pooling-last.gguf");
+    matches_the_peer(&pooled_model(3, "smollm2-pooling-last.gguf"), "last", true);
+}
+
+#[test]
+fn last_token_pooling_after_an_added_eos_matches_llama_embedding() {
+    let model = last_token_model("smollm2-pooling-last-eos.gguf");
+    let tokenizer =
+        edgelm::tokenizer::Tokenizer::from_gguf(&edgelm::gguf::GgufFile::open(&model).unwrap())
+            .unwrap();
+    let ids = tokenizer.encode("hello", true).unwrap();
+    assert_eq!(
+        ids.last().copied(),
+        tokenizer.eos,
+        "every input ends with EOS"
+    );
+    // Every text's vector is the state at the same token (EOS) of a model not trained to
+    // embed: the vectors crowd together, their nearest neighbours are ties within the bar's
+    // noise, and only tokens and cosines are compared (the other two tests hold neighbours).
+    matches_the_peer(&model, "last after EOS", false);
 }
 
 #[test]

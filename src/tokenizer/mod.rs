@@ -49,8 +49,9 @@ pub struct Tokenizer {
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub add_bos: bool,
-    /// Appended where BOS is prepended: a WordPiece input's `[SEP]`.
-    sep_after: Option<u32>,
+    /// Ends an input tokenized with its special tokens: a WordPiece input's `[SEP]`, or EOS
+    /// where the vocabulary asks (`VocabSpec::add_eos`).
+    end: Option<u32>,
     /// Tokens that end generation (EOS, EOT and the like).
     eog: Vec<u32>,
     chat_template: Option<String>,
@@ -106,9 +107,11 @@ impl Tokenizer {
             bos: spec.bos,
             eos: spec.eos,
             add_bos: spec.add_bos,
-            sep_after: (spec.kind == VocabKind::WordPiece)
-                .then_some(spec.sep)
-                .flatten(),
+            // WordPiece ends an input with [SEP], other vocabularies with EOS when they ask.
+            end: match spec.kind {
+                VocabKind::WordPiece => spec.sep,
+                _ => spec.eos.filter(|_| spec.add_eos),
+            },
             eog,
             chat_template: spec.chat_template.clone(),
         })
@@ -167,8 +170,9 @@ impl Tokenizer {
                 }
             }
         }
-        if add_bos && self.add_bos {
-            ids.extend(self.sep_after);
+        // llama.cpp adds the end token with the special tokens, whether or not BOS is one.
+        if add_bos {
+            ids.extend(self.end);
         }
         Ok(ids)
     }
@@ -342,11 +346,29 @@ mod tests {
             sep: None,
             unk: None,
             add_bos: false,
+            add_eos: false,
             add_space_prefix: false,
             normalizer: NO_NORMALIZER,
             chat_template: None,
             tokens,
         }
+    }
+
+    /// A vocabulary that asks for EOS gets it after every input tokenized with its special
+    /// tokens (and only then), as llama.cpp's tokenizer does.
+    #[test]
+    fn add_eos_ends_inputs_with_special_tokens() {
+        let eos = tiny_bpe().eos;
+        let tok = Tokenizer::from_spec(&VocabSpec {
+            add_eos: true,
+            ..tiny_bpe()
+        })
+        .unwrap();
+        let with = tok.encode("hello", true).unwrap();
+        assert_eq!(with.last().copied(), eos);
+        assert_eq!(tok.encode("hello", false).unwrap(), with[..with.len() - 1]);
+        let plain = Tokenizer::from_spec(&tiny_bpe()).unwrap();
+        assert_eq!(plain.encode("hello", true).unwrap(), with[..with.len() - 1]);
     }
 
     /// A tiny SentencePiece-style vocabulary: merges come from scores, unknown characters
@@ -384,6 +406,7 @@ mod tests {
             sep: None,
             unk: Some(0),
             add_bos: true,
+            add_eos: false,
             add_space_prefix: true,
             normalizer: NO_NORMALIZER,
             chat_template: None,
@@ -423,6 +446,7 @@ mod tests {
             sep: Some(3),
             unk: Some(1),
             add_bos: true,
+            add_eos: false,
             add_space_prefix: false,
             normalizer: wpm::Normalizer {
                 lowercase: true,

@@ -43,6 +43,9 @@ pub struct VocabSpec {
     pub sep: Option<u32>,
     pub unk: Option<u32>,
     pub add_bos: bool,
+    /// `tokenizer.ggml.add_eos_token`: EOS ends every input tokenized with its special tokens
+    /// (embedding models pooled on their last token, such as Qwen3-Embedding, set it).
+    pub add_eos: bool,
     pub add_space_prefix: bool,
     /// WordPiece normalisation (`tokenizer.ggml.normalizer.lowercase`, `.strip_accents`).
     pub normalizer: Normalizer,
@@ -129,6 +132,7 @@ impl VocabSpec {
                     "tokenizer.ggml.add_bos_token",
                     kind == VocabKind::SentencePiece,
                 ),
+            add_eos: !wpm && flag("tokenizer.ggml.add_eos_token", false),
             add_space_prefix: flag(
                 "tokenizer.ggml.add_space_prefix",
                 kind == VocabKind::SentencePiece,

@@ -23,7 +23,10 @@ pub struct PeerEmbedding {
 /// `llama-embedding` on `text` alone, given on the command line (a prompt file would lose a
 /// final newline), with a context of `ctx`; its tokens from `--verbose-prompt`.
 pub fn peer_embedding(model: &Path, text: &str, ctx: usize) -> PeerEmbedding {
-    let out = Command::new(peer_tool("llama-embedding"))
+    let tool = peer_tool("llama-embedding");
+    let out = Command::new(&tool)
+        // Its libraries beside it, wherever the build tree was when it was linked.
+        .env("LD_LIBRARY_PATH", tool.parent().expect("in a directory"))
         .arg("-m")
         .arg(model)
         .args(["-p", text, "--embd-separator", SEP])
@@ -124,6 +127,29 @@ pub fn nearest(v: &[Vec<f64>]) -> Vec<(usize, f64)> {
 /// a tie within the bar's noise. Prints the figures under `name` (and every text's cosine
 /// when `EDGELM_DEBUG_COS` is set).
 pub fn assert_close(name: &str, texts: &[String], ours: &[Vec<f64>], peer: &[Vec<f64>]) {
+    assert_cosines(name, texts, ours, peer);
+    let (n_ours, n_peer) = (nearest(ours), nearest(peer));
+    let mut same = 0;
+    for (i, (o, p)) in n_ours.iter().zip(&n_peer).enumerate() {
+        if o.0 == p.0 {
+            same += 1;
+        } else {
+            assert!(
+                p.1 < 1e-3,
+                "text {i}: nearest {} here, {} in the peer",
+                o.0,
+                p.0
+            );
+        }
+    }
+    eprintln!(
+        "{name}: same nearest neighbour for {same} of {} texts",
+        texts.len()
+    );
+}
+
+/// The first half of [`assert_close`]: cosine ≥ [`MIN_COSINE`] for every text.
+pub fn assert_cosines(name: &str, texts: &[String], ours: &[Vec<f64>], peer: &[Vec<f64>]) {
     assert_eq!(peer.len(), texts.len());
     let cos: Vec<f64> = ours.iter().zip(peer).map(|(a, b)| cosine(a, b)).collect();
     let worst = cos.iter().cloned().fold(f64::INFINITY, f64::min);
@@ -143,22 +169,4 @@ pub fn assert_close(name: &str, texts: &[String], ours: &[Vec<f64>], peer: &[Vec
     for (i, c) in cos.iter().enumerate() {
         assert!(*c >= MIN_COSINE, "text {i} ({:?}): cosine {c}", texts[i]);
     }
-    let (n_ours, n_peer) = (nearest(ours), nearest(peer));
-    let mut same = 0;
-    for (i, (o, p)) in n_ours.iter().zip(&n_peer).enumerate() {
-        if o.0 == p.0 {
-            same += 1;
-        } else {
-            assert!(
-                p.1 < 1e-3,
-                "text {i}: nearest {} here, {} in the peer",
-                o.0,
-                p.0
-            );
-        }
-    }
-    eprintln!(
-        "{name}: same nearest neighbour for {same} of {} texts",
-        texts.len()
-    );
 }
