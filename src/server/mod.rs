@@ -76,6 +76,13 @@ pub struct ServeConfig {
     pub response_store: (usize, usize),
 }
 
+impl ServeConfig {
+    /// Sequences the engines run at once: every model's engine runs `engine.max_seqs`.
+    pub fn running_slots(&self) -> usize {
+        self.engine.max_seqs * self.models.len().max(1)
+    }
+}
+
 /// One model, loaded, with its engine running.
 pub struct Ready {
     pub engine: EngineHandle,
@@ -144,8 +151,7 @@ impl Server {
     pub fn new(config: ServeConfig) -> Arc<Server> {
         Arc::new(Server {
             admission: Admission::new(
-                // Every model's engine runs this many sequences.
-                config.engine.max_seqs * config.models.len().max(1),
+                config.running_slots(),
                 config.max_queue,
                 config.max_queue_wait,
                 // Prompts the scheduler serves in its long lane, beside the others.

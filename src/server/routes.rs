@@ -165,7 +165,7 @@ impl Server {
             // Only while there is a queue at all (more in flight than running slots): a
             // request in a running slot is never shed, however slow its first token.
             let shed = waited >= triage::SHED_AFTER
-                && self.in_flight() > self.config.engine.max_seqs
+                && self.in_flight() > self.config.running_slots()
                 && self.flooded(Instant::now());
             if shed {
                 front::stats::bump(&self.front_stats.shed);

@@ -155,7 +155,7 @@ impl Server {
         let in_flight = self.in_flight() + self.pending.load(Ordering::SeqCst);
         let refused = match self.admission.would_refuse(in_flight, now) {
             Some(r) => Some(ApiError::overloaded(r.retry_after_s, r.queue_full)),
-            None if in_flight >= self.config.engine.max_seqs && self.flooded(now) => {
+            None if in_flight >= self.config.running_slots() && self.flooded(now) => {
                 Some(ApiError::overloaded(1, false))
             }
             None => None,
