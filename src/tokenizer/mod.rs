@@ -51,6 +51,10 @@ pub struct Tokenizer {
     pub add_bos: bool,
     /// Appended where BOS is prepended: a WordPiece input's `[SEP]`.
     sep_after: Option<u32>,
+    /// Appended to an input encoded with its special tokens, where the vocabulary asks
+    /// (`tokenizer.ggml.add_eos_token`, as EmbeddingGemma's and Qwen3-Embedding's do): EOS,
+    /// as llama.cpp's SentencePiece and BPE tokenizers append it.
+    eos_after: Option<u32>,
     /// Tokens that end generation (EOS, EOT and the like).
     eog: Vec<u32>,
     chat_template: Option<String>,
@@ -58,7 +62,19 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     pub fn from_gguf(file: &crate::gguf::GgufFile) -> Result<Tokenizer> {
-        Self::from_spec(&VocabSpec::from_gguf(file)?)
+        let spec = VocabSpec::from_gguf(file)?;
+        let mut tok = Self::from_spec(&spec)?;
+        let add_eos = file
+            .get("tokenizer.ggml.add_eos_token")
+            .and_then(|v| v.as_bool());
+        // llama.cpp's WordPiece tokenizer ignores the key (it ends with [SEP]).
+        if add_eos == Some(true) && spec.kind != VocabKind::WordPiece {
+            tok.eos_after = Some(
+                spec.eos
+                    .context("tokenizer.ggml.add_eos_token is set but there is no EOS token")?,
+            );
+        }
+        Ok(tok)
     }
 
     pub fn from_spec(spec: &VocabSpec) -> Result<Tokenizer> {
@@ -109,6 +125,7 @@ impl Tokenizer {
             sep_after: (spec.kind == VocabKind::WordPiece)
                 .then_some(spec.sep)
                 .flatten(),
+            eos_after: None,
             eog,
             chat_template: spec.chat_template.clone(),
         })
@@ -169,6 +186,9 @@ impl Tokenizer {
         }
         if add_bos && self.add_bos {
             ids.extend(self.sep_after);
+        }
+        if add_bos {
+            ids.extend(self.eos_after);
         }
         Ok(ids)
     }
@@ -397,6 +417,51 @@ mod tests {
         assert_eq!(ids, vec![id("▁h"), id("<0x69>")]);
         assert_eq!(tok.decode(&ids, false), " hi");
         assert!(tok.is_eog(2));
+    }
+
+    /// `tokenizer.ggml.add_eos_token`: EOS appended to an input encoded with its special
+    /// tokens (EmbeddingGemma's inputs end with it), not to one encoded without.
+    #[test]
+    fn add_eos_token_appends_eos() {
+        use crate::gguf::{Array, GgufFile, GgufWriter, Value};
+        let tokens: Vec<String> = [
+            "<unk>",
+            "<bos>",
+            "<eos>",
+            "\u{2581}hi",
+            "\u{2581}",
+            "h",
+            "i",
+            "\u{2581}h",
+        ]
+        .map(String::from)
+        .to_vec();
+        // Longer pieces score higher, so they merge first.
+        let scores: Vec<f32> = tokens.iter().map(|t| t.chars().count() as f32).collect();
+        let file = |add_eos: bool| {
+            let bytes = GgufWriter::new()
+                .kv("tokenizer.ggml.model", Value::String("llama".into()))
+                .kv(
+                    "tokenizer.ggml.tokens",
+                    Value::Array(Array::String(tokens.clone())),
+                )
+                .kv(
+                    "tokenizer.ggml.scores",
+                    Value::Array(Array::F32(scores.clone())),
+                )
+                .kv(
+                    "tokenizer.ggml.token_type",
+                    Value::Array(Array::I32(vec![2, 3, 3, 1, 1, 1, 1, 1])),
+                )
+                .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
+                .kv("tokenizer.ggml.eos_token_id", Value::U32(2))
+                .kv("tokenizer.ggml.add_eos_token", Value::Bool(add_eos))
+                .to_bytes();
+            Tokenizer::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap()
+        };
+        assert_eq!(file(true).encode("hi", true).unwrap(), vec![1, 3, 2]);
+        assert_eq!(file(true).encode("hi", false).unwrap(), vec![3]);
+        assert_eq!(file(false).encode("hi", true).unwrap(), vec![1, 3]);
     }
 
     /// A WordPiece vocabulary: [CLS] and [SEP] around the input, special tokens parsed in it,
