@@ -133,6 +133,8 @@ pub struct Weights {
     pub rope_long: Option<VecRef>,
     pub rope_short: Option<VecRef>,
     pub layers: Vec<LayerWeights>,
+    /// The dense projections of a pooled vector (gemma-embedding), where the file has them.
+    pub dense_out: Option<DenseOut>,
     /// Every small vector (norms, biases, factors), dequantized to f32 once.
     pub arena: Vec<f32>,
 }
@@ -148,6 +150,15 @@ pub struct EncoderInput {
     pub norm: LayerNorm,
 }
 
+/// An embedding model's projections of its pooled vector: n_embd → `hidden` → n_embd, both
+/// row-major f32 in the arena (see `dense_out.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct DenseOut {
+    pub hidden: usize,
+    pub dense_2: VecRef, // [hidden × n_embd]
+    pub dense_3: VecRef, // [n_embd × hidden]
+}
+
 /// Binds tensors by name and remembers which ones were taken.
 struct Binder<'a> {
     file: &'a GgufFile,
@@ -155,6 +166,7 @@ struct Binder<'a> {
     arena: Vec<f32>,
 }
 
+mod dense_out;
 mod encoder;
 
 impl Binder<'_> {
@@ -684,7 +696,7 @@ impl Weights {
         let e = cfg.n_embd;
         let token_embd = b.mat("token_embd.weight", e, cfg.vocab_size)?;
         let encoder = b.encoder_input(cfg)?;
-        let output = if cfg.family.encoder() {
+        let output = if cfg.family.embeds_only() {
             b.allowed("output.weight", false)?;
             None
         } else {
@@ -703,6 +715,7 @@ impl Weights {
             .map(|i| b.layer(cfg, &opt, i))
             .collect::<Result<Vec<_>>>()?;
         b.skip_mtp_layers(cfg);
+        let dense_out = b.dense_out(cfg)?;
         let arena = b.finish(&cfg.arch)?;
         Ok(Weights {
             token_embd,
@@ -714,6 +727,7 @@ impl Weights {
             rope_long: rope.long,
             rope_short: rope.short,
             layers,
+            dense_out,
             arena,
         })
     }
