@@ -53,6 +53,10 @@ pub enum Family {
     /// it is more than half the window from the query, either side), no output head, and
     /// optional dense projections of the pooled vector (`dense_2`, `dense_3`).
     GemmaEmbedding,
+    /// `nomic-bert` (nomic-embed-text v1/v1.5): bert's encoder layout without position
+    /// embeddings, NeoX RoPE on Q and K instead, a fused QKV, and a SwiGLU FFN (gate, up,
+    /// down, no FFN biases).
+    NomicBert,
 }
 
 /// Architectures edgelm implements in full (the names `general.architecture` carries).
@@ -89,6 +93,7 @@ impl Family {
             "qwen35" => Family::Qwen35,
             "bert" => Family::Bert,
             "gemma-embedding" => Family::GemmaEmbedding,
+            "nomic-bert" => Family::NomicBert,
             _ => return None,
         })
     }
@@ -101,6 +106,7 @@ impl Family {
             | Family::Qwen3Moe
             | Family::Gemma3
             | Family::GemmaEmbedding
+            | Family::NomicBert
             | Family::Phi3
             | Family::GptOss
             | Family::Lfm2
@@ -184,11 +190,20 @@ impl Family {
         matches!(self, Family::Gemma3 | Family::GemmaEmbedding)
     }
 
-    /// The encoder layout (bert): layer norms with biases after each residual add instead of
-    /// RMS norms before each block, absolute position and token-type embeddings, no RoPE,
-    /// an FFN without a gate, and no output head.
+    /// The encoder layout (bert, nomic-bert): layer norms with biases after each residual add
+    /// instead of RMS norms before each block, token-type embeddings, and no output head.
     pub fn encoder(self) -> bool {
+        matches!(self, Family::Bert | Family::NomicBert)
+    }
+
+    /// Absolute position embeddings (`position_embd`) added to the input, instead of RoPE.
+    pub fn absolute_positions(self) -> bool {
         self == Family::Bert
+    }
+
+    /// A gated FFN (gate, up, down); bert's is ungated (act(up) then down).
+    pub fn gated_ffn(self) -> bool {
+        self != Family::Bert
     }
 
     /// Whether a token attends only to the positions before it (decoders); an encoder's
@@ -227,6 +242,12 @@ impl Family {
             Family::Bert => Optional {
                 attn_out_bias: true,
                 ffn_biases: true,
+                ..Optional::NONE
+            },
+            // llama.cpp loads FFN biases for it but never adds them: a file with them is
+            // refused rather than run without.
+            Family::NomicBert => Optional {
+                attn_out_bias: true,
                 ..Optional::NONE
             },
             Family::Qwen2 => Optional {

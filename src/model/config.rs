@@ -467,6 +467,7 @@ impl HyperParams {
             Family::Phi3 => hp.scale_queries(hp.attn_scale),
             // Absolute position embeddings instead of RoPE.
             Family::Bert => hp.layers.iter_mut().for_each(|l| l.rope = None),
+            Family::NomicBert => {}
             Family::GptOss => hp.gpt_oss(k, shape, global)?,
             Family::Llama
             | Family::Qwen2
@@ -994,6 +995,39 @@ mod tests {
             [64, 128, 96, 64],
             "dense_2's output must be dense_3's input",
         );
+    }
+
+    /// nomic-bert: an encoder (layer-norm ε and bidirectional attention required) that keeps
+    /// its RoPE, NeoX-style, where bert drops it for position embeddings.
+    #[test]
+    fn nomic_bert_is_an_encoder_with_rope() {
+        let arch = "nomic-bert";
+        let bytes = GgufWriter::new()
+            .kv("general.architecture", Value::String(arch.into()))
+            .kv(format!("{arch}.block_count"), Value::U32(2))
+            .kv(format!("{arch}.embedding_length"), Value::U32(64))
+            .kv(format!("{arch}.feed_forward_length"), Value::U32(128))
+            .kv(format!("{arch}.attention.head_count"), Value::U32(4))
+            .kv(
+                format!("{arch}.attention.layer_norm_epsilon"),
+                Value::F32(1e-12),
+            )
+            .kv(format!("{arch}.attention.causal"), Value::Bool(false))
+            .kv("tokenizer.ggml.token_type_count", Value::U32(2))
+            .kv(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(vec!["a".into(); 8])),
+            )
+            .to_bytes();
+        let cfg = ModelConfig::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap();
+        let f = cfg.family;
+        assert!(f.encoder() && !f.causal() && !f.absolute_positions() && f.gated_ffn());
+        assert_eq!(cfg.rope_layout, RopeLayout::Neox);
+        assert!(cfg
+            .layers
+            .iter()
+            .all(|l| l.rope == Some(0) && l.window.is_none()));
+        assert_eq!(cfg.token_types, 2);
     }
 
     /// An LFM2 header: 3 layers whose KV head counts are `kv`, convolutions of `l_cache` taps.

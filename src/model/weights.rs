@@ -142,8 +142,9 @@ pub struct Weights {
 /// What an encoder adds to its token embeddings before the first block.
 #[derive(Clone, Debug)]
 pub struct EncoderInput {
-    /// Absolute position embeddings (`position_embd`), one row per trained position.
-    pub positions: Mat, // [context_length × n_embd]
+    /// Absolute position embeddings (`position_embd`), one row per trained position; none
+    /// where RoPE places the tokens (nomic-bert).
+    pub positions: Option<Mat>, // [context_length × n_embd]
     /// Row 0 of `token_types` (every input is of type 0), where the model has the table.
     pub token_type: Option<VecRef>, // [n_embd]
     /// The layer norm of the summed embeddings (`token_embd_norm`).
@@ -628,7 +629,7 @@ impl Binder<'_> {
     fn dense_ffn(&mut self, cfg: &ModelConfig, opt: &Optional, i: usize) -> Result<DenseFfn> {
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let n = |s: &str| format!("blk.{i}.{s}");
-        let gated = !cfg.family.encoder();
+        let gated = cfg.family.gated_ffn();
         let (gate, up) = if cfg.family.fused_gate_up() {
             let up = self.mat(&n("ffn_up.weight"), e, 2 * ff)?;
             (Some(band(&up, 0, ff, "gate")), band(&up, ff, ff, "up"))
