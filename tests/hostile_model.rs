@@ -585,3 +585,48 @@ fn hostile_gemma_embedding_models_are_refused_with_a_clear_error() {
         "{e}"
     );
 }
+
+/// A nomic-bert file that does not fit is refused naming what is wrong: position embeddings
+/// (it places tokens by RoPE), FFN biases (llama.cpp loads them but never adds them), no
+/// gate, a separate query matrix beside the fused one.
+#[test]
+fn hostile_nomic_bert_models_are_refused_with_a_clear_error() {
+    let nomic = common::nomic_bert_test_model();
+    let refused = |name: &str, edit: Edit<'_>| {
+        let path = common::edited_copy(&nomic, name, |kvs, tensors| edit(kvs, tensors));
+        match Model::load(&path) {
+            Ok(_) => panic!("{name} loaded"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let copy_as = |t: &mut Vec<common::TensorEntry>, from: &str, to: &str| {
+        let mut x = t.iter().find(|x| x.0 == from).unwrap().clone();
+        x.0 = to.into();
+        t.push(x);
+    };
+    let e = refused("nomic-positions.gguf", &|_, t| {
+        copy_as(t, "token_embd_norm.weight", "position_embd.weight")
+    });
+    assert!(
+        e.contains("position_embd.weight") && e.contains("not used"),
+        "{e}"
+    );
+    let e = refused("nomic-ffn-bias.gguf", &|_, t| {
+        copy_as(t, "blk.1.attn_output.bias", "blk.1.ffn_down.bias")
+    });
+    assert!(
+        e.contains("blk.1.ffn_down.bias") && e.contains("not used"),
+        "{e}"
+    );
+    let e = refused("nomic-no-gate.gguf", &|_, t| {
+        t.retain(|x| x.0 != "blk.2.ffn_gate.weight")
+    });
+    assert!(e.contains("blk.2.ffn_gate.weight"), "{e}");
+    let e = refused("nomic-extra-q.gguf", &|_, t| {
+        copy_as(t, "blk.0.attn_output.weight", "blk.0.attn_q.weight")
+    });
+    assert!(
+        e.contains("blk.0.attn_q.weight") && e.contains("not used"),
+        "{e}"
+    );
+}
