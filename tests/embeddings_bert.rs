@@ -6,71 +6,12 @@
 
 mod common;
 
-use common::embed::{assert_close, cosine, edgelm_embeddings, peer_embedding, SEP};
-use common::{bert_test_model, reference_dir, BERT_CONTEXT};
+use common::embed::{assert_close, cosine, edgelm_embeddings, peer_embedding, texts};
+use common::{bert_test_model, BERT_CONTEXT};
 use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
 use edgelm::model::Model;
 use edgelm::tokenizer::Tokenizer;
 use std::sync::Arc;
-
-/// Texts whose WordPiece tokens exercise the normalisation: case, accents (precomposed and
-/// combining), punctuation and symbols, CJK and other scripts, control characters,
-/// whitespace runs, special tokens written out, words with no piece.
-const TRICKY: &[&str] = &[
-    "Héllo WÖRLD, naïve café — déjà vu!",
-    "e\u{301}cole e\u{300} la ma\u{303}o",
-    "日本語のテキストと中文混合 text",
-    "Ελληνικά ΚΕΦΑΛΑΙΑ και русский ТЕКСТ",
-    "tab\there\u{7}bell\u{1}soh\r\nnewline   spaces",
-    "[CLS] written [SEP] out [MASK] and [UNK] too",
-    "fn main() { println!(\"{}\", 1 + 2 * 3); } // x^2 $5 ~tilde",
-    "emoji 😀🎉 and ∑∫√ symbols € £ ¥",
-    "don't won't it's U.S.A. e-mail 3.14159 1,000,000",
-    "ǅemal ǈubica Ǳ ß ẞ İstanbul",
-];
-
-/// The texts: the tricky ones, the tokenizer cases, GPL paragraphs, and long texts of joined
-/// paragraphs as long as the context allows (the longest fill most of its 512 positions).
-fn texts(tok: &Tokenizer) -> Vec<String> {
-    let dir = reference_dir();
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
-    let cases: Vec<String> = serde_json::from_str(&read("tokenize-cases.json")).unwrap();
-    let more: serde_json::Value = serde_json::from_str(&read("cases.json")).unwrap();
-    let more = more["tokenize"].as_array().unwrap().iter();
-    let paragraphs: Vec<String> = read("gpl-3.txt")
-        .split("\n\n")
-        .map(|p| p.trim().to_string())
-        .filter(|p| p.len() > 300)
-        .take(16)
-        .collect();
-    let len = |t: &str| tok.encode(t, true).unwrap().len();
-    let mut long: Vec<String> = Vec::new();
-    let mut current = String::new();
-    for p in &paragraphs {
-        let joined = format!("{current}\n\n{p}");
-        if len(&joined) > BERT_CONTEXT - 12 && !current.is_empty() {
-            long.push(std::mem::take(&mut current));
-            current = p.clone();
-        } else {
-            current = joined.trim().to_string();
-        }
-    }
-    let mut all: Vec<String> = Vec::new();
-    let candidates = TRICKY
-        .iter()
-        .map(|t| t.to_string())
-        .chain(cases)
-        .chain(more.map(|v| v.as_str().unwrap().to_string()))
-        .chain(paragraphs)
-        .chain(long);
-    for t in candidates {
-        let fits = len(&t) <= BERT_CONTEXT;
-        if fits && !t.trim().is_empty() && !all.contains(&t) && !t.contains(SEP) {
-            all.push(t);
-        }
-    }
-    all
-}
 
 /// The comparisons run one at a time: each keeps every core busy.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -79,7 +20,7 @@ fn matches_the_peer(pooling: u32, name: &str) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let model = bert_test_model(pooling);
     let tok = Tokenizer::from_gguf(&edgelm::gguf::GgufFile::open(&model).unwrap()).unwrap();
-    let texts = texts(&tok);
+    let texts = texts(&tok, BERT_CONTEXT);
     assert!(texts.len() >= 50, "only {} texts", texts.len());
     let longest = texts
         .iter()

@@ -503,3 +503,130 @@ fn hostile_bert_models_are_refused_with_a_clear_error() {
     });
     assert!(e.contains("tokenizer.ggml.token_type_count"), "{e}");
 }
+
+/// A gemma-embedding file whose dense projections do not fit is refused naming what is
+/// wrong: one projection without the other, a projection of the wrong shape, widths that do
+/// not chain back to n_embd, tensors without their widths, widths without their tensors, an
+/// output head (it only embeds), no sliding window.
+#[test]
+fn hostile_gemma_embedding_models_are_refused_with_a_clear_error() {
+    use edgelm::gguf::Value;
+    let model = common::gemma_embedding_test_model(true);
+    let refused = |name: &str, edit: Edit<'_>| {
+        let path = common::edited_copy(&model, name, |kvs, tensors| edit(kvs, tensors));
+        let e = match Model::load(&path) {
+            Ok(_) => panic!("{name} loaded"),
+            Err(e) => format!("{e:#}"),
+        };
+        std::fs::remove_file(&path).ok();
+        e
+    };
+    let key = |kvs: &mut Vec<(String, Value)>, k: &str, v: Option<u32>| {
+        let k = format!("gemma-embedding.{k}");
+        kvs.retain(|(name, _)| *name != k);
+        if let Some(v) = v {
+            kvs.push((k, Value::U32(v)));
+        }
+    };
+    let e = refused("gemb-no-dense3.gguf", &|_, t| {
+        t.retain(|x| x.0 != "dense_3.weight")
+    });
+    assert!(e.contains("dense_3.weight") && e.contains("pair"), "{e}");
+    let e = refused("gemb-dense2-shape.gguf", &|_, t| {
+        let d = t.iter_mut().find(|x| x.0 == "dense_2.weight").unwrap();
+        d.1 = vec![1280, 640];
+    });
+    assert!(
+        e.contains("dense_2.weight") && e.contains("expected [640, 1280]"),
+        "{e}"
+    );
+    let e = refused("gemb-dense-widths.gguf", &|kvs, _| {
+        key(kvs, "dense_3_feat_in", Some(1024))
+    });
+    assert!(e.contains("dense_3_feat_in = 1024"), "{e}");
+    let e = refused("gemb-dense-in.gguf", &|kvs, _| {
+        key(kvs, "dense_2_feat_in", Some(1280))
+    });
+    assert!(e.contains("must both be n_embd"), "{e}");
+    let e = refused("gemb-dense-no-widths.gguf", &|kvs, _| {
+        for k in [
+            "dense_2_feat_in",
+            "dense_2_feat_out",
+            "dense_3_feat_in",
+            "dense_3_feat_out",
+        ] {
+            key(kvs, k, None);
+        }
+    });
+    assert!(e.contains("not their widths"), "{e}");
+    let e = refused("gemb-dense-one-width.gguf", &|kvs, _| {
+        key(kvs, "dense_3_feat_out", None)
+    });
+    assert!(e.contains("all four widths"), "{e}");
+    let e = refused("gemb-dense-no-tensors.gguf", &|_, t| {
+        t.retain(|x| !x.0.starts_with("dense_"))
+    });
+    assert!(e.contains("neither"), "{e}");
+    let e = refused("gemb-output.gguf", &|_, t| {
+        let mut x = t
+            .iter()
+            .find(|x| x.0 == "token_embd.weight")
+            .unwrap()
+            .clone();
+        x.0 = "output.weight".into();
+        t.push(x);
+    });
+    assert!(e.contains("output.weight") && e.contains("not used"), "{e}");
+    let e = refused("gemb-no-window.gguf", &|kvs, _| {
+        key(kvs, "attention.sliding_window", None)
+    });
+    assert!(
+        e.contains("gemma-embedding.attention.sliding_window"),
+        "{e}"
+    );
+}
+
+/// A nomic-bert file that does not fit is refused naming what is wrong: position embeddings
+/// (it places tokens by RoPE), FFN biases (llama.cpp loads them but never adds them), no
+/// gate, a separate query matrix beside the fused one.
+#[test]
+fn hostile_nomic_bert_models_are_refused_with_a_clear_error() {
+    let nomic = common::nomic_bert_test_model();
+    let refused = |name: &str, edit: Edit<'_>| {
+        let path = common::edited_copy(&nomic, name, |kvs, tensors| edit(kvs, tensors));
+        match Model::load(&path) {
+            Ok(_) => panic!("{name} loaded"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let copy_as = |t: &mut Vec<common::TensorEntry>, from: &str, to: &str| {
+        let mut x = t.iter().find(|x| x.0 == from).unwrap().clone();
+        x.0 = to.into();
+        t.push(x);
+    };
+    let e = refused("nomic-positions.gguf", &|_, t| {
+        copy_as(t, "token_embd_norm.weight", "position_embd.weight")
+    });
+    assert!(
+        e.contains("position_embd.weight") && e.contains("not used"),
+        "{e}"
+    );
+    let e = refused("nomic-ffn-bias.gguf", &|_, t| {
+        copy_as(t, "blk.1.attn_output.bias", "blk.1.ffn_down.bias")
+    });
+    assert!(
+        e.contains("blk.1.ffn_down.bias") && e.contains("not used"),
+        "{e}"
+    );
+    let e = refused("nomic-no-gate.gguf", &|_, t| {
+        t.retain(|x| x.0 != "blk.2.ffn_gate.weight")
+    });
+    assert!(e.contains("blk.2.ffn_gate.weight"), "{e}");
+    let e = refused("nomic-extra-q.gguf", &|_, t| {
+        copy_as(t, "blk.0.attn_output.weight", "blk.0.attn_q.weight")
+    });
+    assert!(
+        e.contains("blk.0.attn_q.weight") && e.contains("not used"),
+        "{e}"
+    );
+}

@@ -207,12 +207,52 @@ impl Experts {
     }
 }
 
+/// A layer's sliding attention window: which positions near a query it sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// The last `n` positions up to the query, itself included (a decoder's sliding window,
+    /// llama.cpp's `LLAMA_SWA_TYPE_STANDARD`): blocks behind it can be released.
+    Trailing(usize),
+    /// The positions within `n / 2` of the query on either side (gemma-embedding,
+    /// llama.cpp's `LLAMA_SWA_TYPE_SYMMETRIC`): a key is masked when |p_query − p_key| > n / 2.
+    Symmetric(usize),
+}
+
+impl Window {
+    /// The trailing window's length, which bounds the blocks a KV group keeps; `None` for a
+    /// symmetric one, which reads ahead as well (an input computed whole keeps every block).
+    pub fn trailing(self) -> Option<usize> {
+        match self {
+            Window::Trailing(n) => Some(n),
+            Window::Symmetric(_) => None,
+        }
+    }
+
+    /// Narrows a query's visible positions `first..=last` to the window around its position
+    /// `pos` (a trailing window's start is already the KV group's: `KvLayout::first_visible`).
+    pub fn clamp(self, pos: usize, first: usize, last: usize) -> (usize, usize) {
+        match self {
+            Window::Trailing(_) => (first, last),
+            Window::Symmetric(n) => (first.max(pos.saturating_sub(n / 2)), last.min(pos + n / 2)),
+        }
+    }
+
+    /// Positions a query sees at most within a context of `ctx`.
+    pub fn span(self, ctx: usize) -> usize {
+        match self {
+            Window::Trailing(n) => n.min(ctx),
+            Window::Symmetric(n) => (n / 2 * 2 + 1).min(ctx),
+        }
+    }
+}
+
 /// One layer's attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Attention {
     pub layer: usize,
-    /// Positions a query sees, itself included (`None`: all before it).
-    pub window: Option<usize>,
+    /// The positions a query sees near it (`None`: all before it, or with bidirectional
+    /// attention all of its span).
+    pub window: Option<Window>,
     /// Multiplies Q·K before the softmax.
     pub scale: f32,
     /// Per query head, a logit that joins every softmax's denominator and nothing else
@@ -427,4 +467,25 @@ pub trait Network {
     fn run_final_norm<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()>;
     /// Logits for rows `rows` of the residual stream.
     fn run_head<O: Ops>(&self, ops: &mut O, rows: &[usize]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Window;
+
+    #[test]
+    fn a_symmetric_window_sees_half_its_length_either_side() {
+        let w = Window::Symmetric(8);
+        assert_eq!(w.clamp(10, 0, 30), (6, 14));
+        // Clamped to what the query could see without it.
+        assert_eq!(w.clamp(2, 0, 5), (0, 5));
+        assert_eq!(w.span(100), 9);
+        assert_eq!(w.trailing(), None);
+        // A trailing window's start comes from the KV layout: it is left as given.
+        let t = Window::Trailing(8);
+        assert_eq!(
+            (t.clamp(10, 3, 10), t.trailing(), t.span(4)),
+            ((3, 10), Some(8), 4)
+        );
+    }
 }

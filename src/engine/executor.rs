@@ -249,6 +249,11 @@ pub trait StepExecutor: Send {
     fn forward_greedy(&mut self, batch: &BatchMeta) -> Result<Vec<u32>>;
     /// The last forward pass's hidden rows (`BatchMeta::hidden_for`), rows × n_embd.
     fn take_hidden(&mut self) -> Vec<f32>;
+    /// A pooled embedding through the model's projections (`Model::project_pooled`), on the
+    /// host whatever the backend.
+    fn project_pooled(&self, pooled: Vec<f32>) -> Vec<f32> {
+        pooled
+    }
 }
 
 /// An [`Executor`] with the model it runs.
@@ -260,6 +265,10 @@ pub struct ModelExecutor {
 impl StepExecutor for ModelExecutor {
     fn is_cuda(&self) -> bool {
         self.exec.is_cuda()
+    }
+
+    fn project_pooled(&self, pooled: Vec<f32>) -> Vec<f32> {
+        self.model.project_pooled(pooled)
     }
 
     fn backend_name(&self) -> &'static str {

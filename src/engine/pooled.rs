@@ -1,7 +1,8 @@
 //! An embedding request's pooled hidden state, built up over its prompt's chunks: the sum of
 //! the rows its pooling reads (`Pooling::rows`: every row for mean, one for cls or last) and
-//! their count, then the mean, L2-normalised as llama.cpp's `llama-embedding` does by
-//! default (`--embd-normalize 2`).
+//! their count, then the mean, through the model's projections of a pooled vector
+//! (`Model::project_pooled`: gemma-embedding's dense layers) and L2-normalised as llama.cpp's
+//! `llama-embedding` does by default (`--embd-normalize 2`).
 
 #[derive(Clone, Debug, Default)]
 pub struct Pooled {
@@ -26,10 +27,11 @@ impl Pooled {
         }
     }
 
-    /// The mean of the rows added, scaled to unit length (a zero vector stays zero).
-    pub fn finish(&self) -> Vec<f32> {
+    /// The mean of the rows added, through `project` (the model's projections of a pooled
+    /// vector), scaled to unit length (a zero vector stays zero).
+    pub fn finish(&self, project: impl FnOnce(Vec<f32>) -> Vec<f32>) -> Vec<f32> {
         let n = self.rows.max(1) as f32;
-        let mut v: Vec<f32> = self.sum.iter().map(|&s| s / n).collect();
+        let mut v = project(self.sum.iter().map(|&s| s / n).collect());
         l2_normalize(&mut v);
         v
     }
@@ -58,7 +60,7 @@ mod tests {
         p.add(&[1.0, 0.0, 3.0, 0.0], 2, true);
         p.add(&[2.0, 4.0], 2, false);
         // Mean (2, 4/3), normalised.
-        let v = p.finish();
+        let v = p.finish(|v| v);
         let n = (4.0f32 + 16.0 / 9.0).sqrt();
         assert!((v[0] - 2.0 / n).abs() < 1e-6 && (v[1] - 4.0 / 3.0 / n).abs() < 1e-6);
     }
@@ -68,7 +70,15 @@ mod tests {
         let mut p = Pooled::default();
         p.add(&[5.0, 5.0], 2, true);
         p.add(&[1.0, 0.0], 2, true);
-        assert_eq!(p.finish(), vec![1.0, 0.0]);
+        assert_eq!(p.finish(|v| v), vec![1.0, 0.0]);
+    }
+
+    #[test]
+    fn the_projection_comes_before_the_normalisation() {
+        let mut p = Pooled::default();
+        p.add(&[3.0, 0.0], 2, true);
+        // Swapped: (0, 3), then unit length.
+        assert_eq!(p.finish(|v| vec![v[1], v[0]]), vec![0.0, 1.0]);
     }
 
     #[test]

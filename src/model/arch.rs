@@ -48,12 +48,33 @@ pub enum Family {
     /// added to the residual and then layer-normed (`attn_output_norm`,
     /// `layer_output_norm`: post-norm, weight and bias); biases everywhere; no output head.
     Bert,
+    /// `gemma-embedding` (EmbeddingGemma): Gemma 3's blocks as an embedding model only, with
+    /// bidirectional attention, symmetric windows on the sliding layers (a key is masked when
+    /// it is more than half the window from the query, either side), no output head, and
+    /// optional dense projections of the pooled vector (`dense_2`, `dense_3`).
+    GemmaEmbedding,
+    /// `nomic-bert` (nomic-embed-text v1/v1.5): bert's encoder layout without position
+    /// embeddings, NeoX RoPE on Q and K instead, a fused QKV, and a SwiGLU FFN (gate, up,
+    /// down, no FFN biases).
+    NomicBert,
 }
 
 /// Architectures edgelm implements in full (the names `general.architecture` carries).
 pub const SUPPORTED: &[&str] = &[
-    "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "smollm3", "granite",
-    "gpt-oss", "lfm2", "qwen35", "bert",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "gemma3",
+    "phi3",
+    "smollm3",
+    "granite",
+    "gpt-oss",
+    "lfm2",
+    "qwen35",
+    "bert",
+    "gemma-embedding",
 ];
 
 impl Family {
@@ -71,6 +92,8 @@ impl Family {
             "lfm2" => Family::Lfm2,
             "qwen35" => Family::Qwen35,
             "bert" => Family::Bert,
+            "gemma-embedding" => Family::GemmaEmbedding,
+            "nomic-bert" => Family::NomicBert,
             _ => return None,
         })
     }
@@ -82,6 +105,8 @@ impl Family {
             | Family::Qwen3
             | Family::Qwen3Moe
             | Family::Gemma3
+            | Family::GemmaEmbedding
+            | Family::NomicBert
             | Family::Phi3
             | Family::GptOss
             | Family::Lfm2
@@ -92,7 +117,7 @@ impl Family {
     pub fn activation(self) -> Activation {
         match self {
             // ggml's GELU on the CPU is the tanh form, looked up in its f16 table.
-            Family::Gemma3 | Family::Bert => Activation::GeluTanh,
+            Family::Gemma3 | Family::GemmaEmbedding | Family::Bert => Activation::GeluTanh,
             Family::GptOss => Activation::SwigluOai,
             _ => Activation::Silu,
         }
@@ -102,7 +127,12 @@ impl Family {
     pub fn qk_norm(self) -> bool {
         matches!(
             self,
-            Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Lfm2 | Family::Qwen35
+            Family::Qwen3
+                | Family::Qwen3Moe
+                | Family::Gemma3
+                | Family::GemmaEmbedding
+                | Family::Lfm2
+                | Family::Qwen35
         )
     }
 
@@ -157,20 +187,40 @@ impl Family {
     /// RMSNorm of the attention and FFN outputs before each residual add
     /// (`post_attention_norm`, `post_ffw_norm`).
     pub fn post_norms(self) -> bool {
-        self == Family::Gemma3
+        matches!(self, Family::Gemma3 | Family::GemmaEmbedding)
     }
 
-    /// The encoder layout (bert): layer norms with biases after each residual add instead of
-    /// RMS norms before each block, absolute position and token-type embeddings, no RoPE,
-    /// an FFN without a gate, and no output head.
+    /// The encoder layout (bert, nomic-bert): layer norms with biases after each residual add
+    /// instead of RMS norms before each block, token-type embeddings, and no output head.
     pub fn encoder(self) -> bool {
+        matches!(self, Family::Bert | Family::NomicBert)
+    }
+
+    /// Absolute position embeddings (`position_embd`) added to the input, instead of RoPE.
+    pub fn absolute_positions(self) -> bool {
         self == Family::Bert
     }
 
+    /// A gated FFN (gate, up, down); bert's is ungated (act(up) then down).
+    pub fn gated_ffn(self) -> bool {
+        self != Family::Bert
+    }
+
     /// Whether a token attends only to the positions before it (decoders); an encoder's
-    /// tokens attend to every token of their input.
+    /// tokens, and gemma-embedding's, attend to every token of their input.
     pub fn causal(self) -> bool {
-        !self.encoder()
+        !self.encoder() && self != Family::GemmaEmbedding
+    }
+
+    /// A model that only embeds: no output head (an encoder, gemma-embedding).
+    pub fn embeds_only(self) -> bool {
+        self.encoder() || self == Family::GemmaEmbedding
+    }
+
+    /// The pooled vector may go through dense projections (`dense_2`, then `dense_3`) before
+    /// it is normalised, as llama.cpp's `build_dense_out`.
+    pub fn dense_out(self) -> bool {
+        self == Family::GemmaEmbedding
     }
 
     /// Gate and up projections in one tensor (`ffn_up` of 2·n_ff rows, gate first).
@@ -194,6 +244,12 @@ impl Family {
                 ffn_biases: true,
                 ..Optional::NONE
             },
+            // llama.cpp loads FFN biases for it but never adds them: a file with them is
+            // refused rather than run without.
+            Family::NomicBert => Optional {
+                attn_out_bias: true,
+                ..Optional::NONE
+            },
             Family::Qwen2 => Optional {
                 output_bias: true,
                 ..Optional::NONE
@@ -205,6 +261,7 @@ impl Family {
             Family::Qwen3
             | Family::Qwen3Moe
             | Family::Gemma3
+            | Family::GemmaEmbedding
             | Family::Smollm3
             | Family::Lfm2
             | Family::Qwen35 => Optional::NONE,

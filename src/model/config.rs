@@ -1,14 +1,16 @@
 //! Hyper-parameters read from GGUF metadata (`{arch}.*` keys), with the defaults llama.cpp
 //! applies, resolved per layer: which RoPE table (if any) and which attention window.
 
+mod dense_out;
 mod pooling;
 mod qwen35;
 
+pub use dense_out::DenseOutShape;
 pub use pooling::Pooling;
 pub use qwen35::imrope_turned_pairs;
 
 use super::arch::{Family, SUPPORTED};
-use crate::backend::ops::{Activation, DeltaNetShape, RopeLayout, Routing};
+use crate::backend::ops::{Activation, DeltaNetShape, RopeLayout, Routing, Window};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvType, PageGeometry};
 use anyhow::{bail, Context, Result};
@@ -70,8 +72,8 @@ impl RopeParams {
 pub struct LayerConfig {
     /// Index into `ModelConfig::ropes`, or `None` for a layer without RoPE.
     pub rope: Option<usize>,
-    /// Positions a query sees, itself included (`None`: all before it).
-    pub window: Option<usize>,
+    /// The positions near a query it sees (`None`: no sliding window).
+    pub window: Option<Window>,
     pub mixer: Mixer,
 }
 
@@ -200,6 +202,9 @@ pub struct ModelConfig {
     pub mtp_layers: usize,
     /// How an embedding request pools the prompt's hidden states (`pooling_type`).
     pub pooling: Pooling,
+    /// The dense projections of a pooled vector, where the family has them and the file
+    /// gives their widths (gemma-embedding).
+    pub dense_out: Option<DenseOutShape>,
     /// An encoder's token types (`tokenizer.ggml.token_type_count`; every input is type 0);
     /// 0 in a decoder.
     pub token_types: usize,
@@ -455,12 +460,14 @@ impl HyperParams {
     fn read(family: Family, k: &Keys<'_>, shape: &Shape, global: RopeParams) -> Result<Self> {
         let mut hp = HyperParams::llama(shape, global);
         match family {
-            Family::Gemma3 => hp.gemma3(k, shape, global)?,
+            Family::Gemma3 => hp.gemma3(k, shape, global, false)?,
+            Family::GemmaEmbedding => hp.gemma3(k, shape, global, true)?,
             Family::Smollm3 => hp.smollm3(),
             Family::Granite => hp.granite(k)?,
             Family::Phi3 => hp.scale_queries(hp.attn_scale),
             // Absolute position embeddings instead of RoPE.
             Family::Bert => hp.layers.iter_mut().for_each(|l| l.rope = None),
+            Family::NomicBert => {}
             Family::GptOss => hp.gpt_oss(k, shape, global)?,
             Family::Llama
             | Family::Qwen2
@@ -523,20 +530,34 @@ impl HyperParams {
     }
 
     /// Gemma 3: embeddings scaled by √n_embd, an optional logit soft-cap, scaled queries, and
-    /// sliding-window layers with their own RoPE table.
-    fn gemma3(&mut self, k: &Keys<'_>, shape: &Shape, global: RopeParams) -> Result<()> {
+    /// sliding-window layers with their own RoPE table. gemma-embedding (`embedding`) is the
+    /// same stack with symmetric windows (required), the head dimension's query scale at
+    /// every size and no logits to cap, as llama.cpp's `llama_model_gemma_embedding`.
+    fn gemma3(
+        &mut self,
+        k: &Keys<'_>,
+        shape: &Shape,
+        global: RopeParams,
+        embedding: bool,
+    ) -> Result<()> {
         self.embed_scale = (shape.n_embd as f32).sqrt();
-        self.final_softcap = k.f32("final_logit_softcapping")?.filter(|&c| c != 0.0);
+        if !embedding {
+            self.final_softcap = k.f32("final_logit_softcapping")?.filter(|&c| c != 0.0);
+        }
         // Gemma scales the queries: by the model width per head for Gemma 3 27B, by the head
         // dimension for the others (llama.cpp's `f_attention_scale`).
-        let query_scale = if shape.n_layers == GEMMA3_27B_LAYERS {
+        let query_scale = if shape.n_layers == GEMMA3_27B_LAYERS && !embedding {
             1.0 / ((shape.n_embd / shape.n_head) as f32).sqrt()
         } else {
             self.attn_scale
         };
         self.scale_queries(query_scale);
-        let Some(window) = k.u32("attention.sliding_window")?.filter(|&w| w > 0) else {
-            return Ok(());
+        let window = match embedding {
+            true => Window::Symmetric(k.req("attention.sliding_window")?),
+            false => match k.u32("attention.sliding_window")?.filter(|&w| w > 0) {
+                Some(w) => Window::Trailing(w),
+                None => return Ok(()),
+            },
         };
         // Local layers have their own RoPE base and no scaling.
         self.ropes.push(RopeParams {
@@ -579,7 +600,7 @@ impl HyperParams {
             if local {
                 self.layers[l] = LayerConfig {
                     rope: Some(local_rope),
-                    window: Some(window),
+                    window: Some(Window::Trailing(window)),
                     mixer: Mixer::Attention,
                 };
             }
@@ -685,6 +706,10 @@ impl ModelConfig {
             rope_sections: qwen35.as_ref().map(|q| q.sections),
             mtp_layers: qwen35.as_ref().map_or(0, |q| q.mtp_layers),
             pooling: Pooling::read(&k)?,
+            dense_out: match family.dense_out() {
+                true => DenseOutShape::read(&k, shape.n_embd)?,
+                false => None,
+            },
             token_types: token_types(family, file)?,
             context_length,
             vocab_size,
@@ -717,7 +742,7 @@ impl ModelConfig {
         let layers: Vec<_> = self
             .layers
             .iter()
-            .map(|l| (l.mixer == Mixer::Attention).then_some(l.window))
+            .map(|l| (l.mixer == Mixer::Attention).then_some(l.window.and_then(Window::trailing)))
             .collect();
         KvLayout::of_layers(&layers)
     }
@@ -914,6 +939,95 @@ mod tests {
         assert!(err.to_string().contains("implausible model shape"), "{err}");
         let cfg = ModelConfig::from_gguf(&header(2)).unwrap();
         assert_eq!(cfg.layers.len(), 2);
+    }
+
+    /// A gemma-embedding header of 6 layers, with the dense widths `dense` (2 in, 2 out, 3 in,
+    /// 3 out) where given.
+    fn gemma_embedding(dense: Option<[u32; 4]>) -> Result<ModelConfig> {
+        let arch = "gemma-embedding";
+        let mut w = GgufWriter::new()
+            .kv("general.architecture", Value::String(arch.into()))
+            .kv(format!("{arch}.block_count"), Value::U32(6))
+            .kv(format!("{arch}.embedding_length"), Value::U32(64))
+            .kv(format!("{arch}.feed_forward_length"), Value::U32(128))
+            .kv(format!("{arch}.attention.head_count"), Value::U32(4))
+            .kv(format!("{arch}.attention.key_length"), Value::U32(32))
+            .kv(format!("{arch}.attention.sliding_window"), Value::U32(512))
+            .kv(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(vec!["a".into(); 8])),
+            );
+        let names = [
+            "dense_2_feat_in",
+            "dense_2_feat_out",
+            "dense_3_feat_in",
+            "dense_3_feat_out",
+        ];
+        for (k, v) in names.iter().zip(dense.unwrap_or_default()) {
+            if dense.is_some() {
+                w = w.kv(format!("{arch}.{k}"), Value::U32(v));
+            }
+        }
+        ModelConfig::from_gguf(&GgufFile::from_bytes(w.to_bytes()).unwrap())
+    }
+
+    #[test]
+    fn gemma_embedding_has_symmetric_windows_and_no_causal_mask() {
+        let cfg = gemma_embedding(None).unwrap();
+        assert!(!cfg.family.causal() && cfg.family.embeds_only() && !cfg.family.encoder());
+        let windows: Vec<_> = cfg.layers.iter().map(|l| l.window).collect();
+        let local = Some(Window::Symmetric(512));
+        assert_eq!(windows, [local, local, local, local, local, None]);
+        assert_eq!(cfg.layers[0].rope, Some(1));
+        // A symmetric window reads ahead: the KV layout releases nothing behind it.
+        assert_eq!(cfg.kv_layout().num_groups(), 1);
+        assert!((cfg.query_scale - 1.0 / 32f32.sqrt()).abs() < 1e-7);
+        assert_eq!((cfg.attn_scale, cfg.embed_scale), (1.0, 8.0));
+        assert_eq!(cfg.dense_out, None);
+        let cfg = gemma_embedding(Some([64, 128, 128, 64])).unwrap();
+        assert_eq!(cfg.dense_out, Some(DenseOutShape { hidden: 128 }));
+        let refused = |dense, what: &str| {
+            let e = gemma_embedding(Some(dense)).unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        };
+        refused([32, 128, 128, 64], "must both be n_embd");
+        refused(
+            [64, 128, 96, 64],
+            "dense_2's output must be dense_3's input",
+        );
+    }
+
+    /// nomic-bert: an encoder (layer-norm ε and bidirectional attention required) that keeps
+    /// its RoPE, NeoX-style, where bert drops it for position embeddings.
+    #[test]
+    fn nomic_bert_is_an_encoder_with_rope() {
+        let arch = "nomic-bert";
+        let bytes = GgufWriter::new()
+            .kv("general.architecture", Value::String(arch.into()))
+            .kv(format!("{arch}.block_count"), Value::U32(2))
+            .kv(format!("{arch}.embedding_length"), Value::U32(64))
+            .kv(format!("{arch}.feed_forward_length"), Value::U32(128))
+            .kv(format!("{arch}.attention.head_count"), Value::U32(4))
+            .kv(
+                format!("{arch}.attention.layer_norm_epsilon"),
+                Value::F32(1e-12),
+            )
+            .kv(format!("{arch}.attention.causal"), Value::Bool(false))
+            .kv("tokenizer.ggml.token_type_count", Value::U32(2))
+            .kv(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(vec!["a".into(); 8])),
+            )
+            .to_bytes();
+        let cfg = ModelConfig::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap();
+        let f = cfg.family;
+        assert!(f.encoder() && !f.causal() && !f.absolute_positions() && f.gated_ffn());
+        assert_eq!(cfg.rope_layout, RopeLayout::Neox);
+        assert!(cfg
+            .layers
+            .iter()
+            .all(|l| l.rope == Some(0) && l.window.is_none()));
+        assert_eq!(cfg.token_types, 2);
     }
 
     /// An LFM2 header: 3 layers whose KV head counts are `kv`, convolutions of `l_cache` taps.

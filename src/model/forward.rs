@@ -167,11 +167,13 @@ impl Model {
         opt_bias(ops, Buf::Proj, d.b_down)
     }
 
-    /// An encoder's input: the token-type row and the position rows added to the token
-    /// embeddings in X, then their layer norm.
+    /// An encoder's input: the token-type row and the position rows (where it has them)
+    /// added to the token embeddings in X, then their layer norm.
     fn encoder_input<O: Ops>(&self, ops: &mut O, enc: &EncoderInput) -> Result<()> {
         opt_bias(ops, Buf::X, enc.token_type)?;
-        ops.add_positions(&enc.positions)?;
+        if let Some(positions) = &enc.positions {
+            ops.add_positions(positions)?;
+        }
         ops.layernorm(Buf::X, enc.norm, self.config.rms_eps)
     }
 
@@ -244,7 +246,8 @@ impl Network for Model {
     }
 
     /// Far beyond any context the model was trained for: only nonsense is refused. An
-    /// encoder's positions index its position embeddings: none past them.
+    /// encoder's positions index its position embeddings (or stay within its trained
+    /// context): none past them.
     fn max_position(&self) -> usize {
         match self.weights.encoder {
             Some(_) => self.config.context_length,

@@ -9,11 +9,11 @@ mod weights;
 
 pub use crate::backend::batch::{BatchMeta, Logits};
 pub use crate::backend::ops::{
-    ExpertShape, Mat, Network, RopeLayout, RopeTable, Shape, VecRef, Widths,
+    ExpertShape, Mat, Network, RopeLayout, RopeTable, Shape, VecRef, Widths, Window,
 };
 pub use arch::{Family, SUPPORTED};
-pub use config::{LayerConfig, ModelConfig, MoeConfig, Pooling, RopeScaling};
-pub use weights::{DenseFfn, EncoderInput, Ffn, LayerWeights, Weights};
+pub use config::{DenseOutShape, LayerConfig, ModelConfig, MoeConfig, Pooling, RopeScaling};
+pub use weights::{DenseFfn, DenseOut, EncoderInput, Ffn, LayerWeights, Weights};
 
 use crate::backend::cpu::packed_weights::PackedWeights;
 use crate::gguf::GgufFile;
@@ -145,6 +145,15 @@ impl Model {
         self.weights.output.is_some()
     }
 
+    /// A pooled vector as the model hands it out, before it is normalised: through its dense
+    /// projections where it has them (gemma-embedding), else as it is.
+    pub fn project_pooled(&self, pooled: Vec<f32>) -> Vec<f32> {
+        match &self.weights.dense_out {
+            Some(d) => d.apply(&self.weights.arena, &pooled),
+            None => pooled,
+        }
+    }
+
     /// Attention FLOPs of one query token over `ctx` positions (K·Q and P·V, every layer;
     /// a windowed layer reads at most its window).
     pub fn attention_flops(&self, ctx: usize) -> f64 {
@@ -152,7 +161,7 @@ impl Model {
         let positions: usize = c
             .layers
             .iter()
-            .map(|l| l.window.map_or(ctx, |w| w.min(ctx)))
+            .map(|l| l.window.map_or(ctx, |w| w.span(ctx)))
             .sum();
         4.0 * (c.n_head * c.head_dim * positions) as f64
     }

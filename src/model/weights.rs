@@ -133,6 +133,8 @@ pub struct Weights {
     pub rope_long: Option<VecRef>,
     pub rope_short: Option<VecRef>,
     pub layers: Vec<LayerWeights>,
+    /// The dense projections of a pooled vector (gemma-embedding), where the file has them.
+    pub dense_out: Option<DenseOut>,
     /// Every small vector (norms, biases, factors), dequantized to f32 once.
     pub arena: Vec<f32>,
 }
@@ -140,12 +142,22 @@ pub struct Weights {
 /// What an encoder adds to its token embeddings before the first block.
 #[derive(Clone, Debug)]
 pub struct EncoderInput {
-    /// Absolute position embeddings (`position_embd`), one row per trained position.
-    pub positions: Mat, // [context_length × n_embd]
+    /// Absolute position embeddings (`position_embd`), one row per trained position; none
+    /// where RoPE places the tokens (nomic-bert).
+    pub positions: Option<Mat>, // [context_length × n_embd]
     /// Row 0 of `token_types` (every input is of type 0), where the model has the table.
     pub token_type: Option<VecRef>, // [n_embd]
     /// The layer norm of the summed embeddings (`token_embd_norm`).
     pub norm: LayerNorm,
+}
+
+/// An embedding model's projections of its pooled vector: n_embd → `hidden` → n_embd, both
+/// row-major f32 in the arena (see `dense_out.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct DenseOut {
+    pub hidden: usize,
+    pub dense_2: VecRef, // [hidden × n_embd]
+    pub dense_3: VecRef, // [n_embd × hidden]
 }
 
 /// Binds tensors by name and remembers which ones were taken.
@@ -155,6 +167,7 @@ struct Binder<'a> {
     arena: Vec<f32>,
 }
 
+mod dense_out;
 mod encoder;
 
 impl Binder<'_> {
@@ -616,7 +629,7 @@ impl Binder<'_> {
     fn dense_ffn(&mut self, cfg: &ModelConfig, opt: &Optional, i: usize) -> Result<DenseFfn> {
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let n = |s: &str| format!("blk.{i}.{s}");
-        let gated = !cfg.family.encoder();
+        let gated = cfg.family.gated_ffn();
         let (gate, up) = if cfg.family.fused_gate_up() {
             let up = self.mat(&n("ffn_up.weight"), e, 2 * ff)?;
             (Some(band(&up, 0, ff, "gate")), band(&up, ff, ff, "up"))
@@ -684,7 +697,7 @@ impl Weights {
         let e = cfg.n_embd;
         let token_embd = b.mat("token_embd.weight", e, cfg.vocab_size)?;
         let encoder = b.encoder_input(cfg)?;
-        let output = if cfg.family.encoder() {
+        let output = if cfg.family.embeds_only() {
             b.allowed("output.weight", false)?;
             None
         } else {
@@ -703,6 +716,7 @@ impl Weights {
             .map(|i| b.layer(cfg, &opt, i))
             .collect::<Result<Vec<_>>>()?;
         b.skip_mtp_layers(cfg);
+        let dense_out = b.dense_out(cfg)?;
         let arena = b.finish(&cfg.arch)?;
         Ok(Weights {
             token_embd,
@@ -714,6 +728,7 @@ impl Weights {
             rope_long: rope.long,
             rope_short: rope.short,
             layers,
+            dense_out,
             arena,
         })
     }

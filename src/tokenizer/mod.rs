@@ -63,6 +63,9 @@ impl Tokenizer {
     }
 
     pub fn from_spec(spec: &VocabSpec) -> Result<Tokenizer> {
+        if spec.add_eos && spec.eos.is_none() {
+            anyhow::bail!("tokenizer.ggml.add_eos_token is set but there is no EOS token");
+        }
         let segmenter = match spec.kind {
             VocabKind::BytePairGpt2 => Segmenter::Bpe(Box::new(build_bpe(spec)?)),
             VocabKind::SentencePiece => Segmenter::Spm {
@@ -420,6 +423,51 @@ mod tests {
         assert_eq!(ids, vec![id("▁h"), id("<0x69>")]);
         assert_eq!(tok.decode(&ids, false), " hi");
         assert!(tok.is_eog(2));
+    }
+
+    /// `tokenizer.ggml.add_eos_token`: EOS appended to an input encoded with its special
+    /// tokens (EmbeddingGemma's inputs end with it), not to one encoded without.
+    #[test]
+    fn add_eos_token_appends_eos() {
+        use crate::gguf::{Array, GgufFile, GgufWriter, Value};
+        let tokens: Vec<String> = [
+            "<unk>",
+            "<bos>",
+            "<eos>",
+            "\u{2581}hi",
+            "\u{2581}",
+            "h",
+            "i",
+            "\u{2581}h",
+        ]
+        .map(String::from)
+        .to_vec();
+        // Longer pieces score higher, so they merge first.
+        let scores: Vec<f32> = tokens.iter().map(|t| t.chars().count() as f32).collect();
+        let file = |add_eos: bool| {
+            let bytes = GgufWriter::new()
+                .kv("tokenizer.ggml.model", Value::String("llama".into()))
+                .kv(
+                    "tokenizer.ggml.tokens",
+                    Value::Array(Array::String(tokens.clone())),
+                )
+                .kv(
+                    "tokenizer.ggml.scores",
+                    Value::Array(Array::F32(scores.clone())),
+                )
+                .kv(
+                    "tokenizer.ggml.token_type",
+                    Value::Array(Array::I32(vec![2, 3, 3, 1, 1, 1, 1, 1])),
+                )
+                .kv("tokenizer.ggml.bos_token_id", Value::U32(1))
+                .kv("tokenizer.ggml.eos_token_id", Value::U32(2))
+                .kv("tokenizer.ggml.add_eos_token", Value::Bool(add_eos))
+                .to_bytes();
+            Tokenizer::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap()
+        };
+        assert_eq!(file(true).encode("hi", true).unwrap(), vec![1, 3, 2]);
+        assert_eq!(file(true).encode("hi", false).unwrap(), vec![3]);
+        assert_eq!(file(false).encode("hi", true).unwrap(), vec![1, 3]);
     }
 
     /// A WordPiece vocabulary: [CLS] and [SEP] around the input, special tokens parsed in it,

@@ -79,7 +79,7 @@ fn bert_keys(file: &GgufFile, pooling: u32) -> Vec<(&'static str, Value)> {
 }
 
 /// The WordPiece vocabulary's keys (see the module's comment).
-fn vocabulary(file: &GgufFile) -> Vec<(&'static str, Value)> {
+pub(super) fn vocabulary(file: &GgufFile) -> Vec<(&'static str, Value)> {
     let bpe = file
         .get("tokenizer.ggml.tokens")
         .and_then(|v| v.as_string_array())

@@ -2,7 +2,7 @@
 //! the embedding tests hold them to: cosine similarity per text, and the same nearest
 //! neighbour for every text.
 
-use super::peer_tool;
+use super::{peer_tool, reference_dir};
 use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
 use edgelm::model::Model;
 use edgelm::tokenizer::Tokenizer;
@@ -169,4 +169,64 @@ pub fn assert_cosines(name: &str, texts: &[String], ours: &[Vec<f64>], peer: &[V
     for (i, c) in cos.iter().enumerate() {
         assert!(*c >= MIN_COSINE, "text {i} ({:?}): cosine {c}", texts[i]);
     }
+}
+
+/// Texts whose tokens exercise a tokenizer's normalisation: case, accents (precomposed and
+/// combining), punctuation and symbols, CJK and other scripts, control characters,
+/// whitespace runs, special tokens written out, words with no piece.
+pub const TRICKY: &[&str] = &[
+    "Héllo WÖRLD, naïve café — déjà vu!",
+    "e\u{301}cole e\u{300} la ma\u{303}o",
+    "日本語のテキストと中文混合 text",
+    "Ελληνικά ΚΕΦΑΛΑΙΑ και русский ТЕКСТ",
+    "tab\there\u{7}bell\u{1}soh\r\nnewline   spaces",
+    "[CLS] written [SEP] out [MASK] and [UNK] too",
+    "fn main() { println!(\"{}\", 1 + 2 * 3); } // x^2 $5 ~tilde",
+    "emoji 😀🎉 and ∑∫√ symbols € £ ¥",
+    "don't won't it's U.S.A. e-mail 3.14159 1,000,000",
+    "ǅemal ǈubica Ǳ ß ẞ İstanbul",
+];
+
+/// The texts of at most `max_tokens` tokens: the tricky ones, the tokenizer cases, GPL
+/// paragraphs, and long texts of joined paragraphs as long as that allows (the longest fill
+/// most of it).
+pub fn texts(tok: &Tokenizer, max_tokens: usize) -> Vec<String> {
+    let dir = reference_dir();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+    let cases: Vec<String> = serde_json::from_str(&read("tokenize-cases.json")).unwrap();
+    let more: serde_json::Value = serde_json::from_str(&read("cases.json")).unwrap();
+    let more = more["tokenize"].as_array().unwrap().iter();
+    let paragraphs: Vec<String> = read("gpl-3.txt")
+        .split("\n\n")
+        .map(|p| p.trim().to_string())
+        .filter(|p| p.len() > 300)
+        .take(16)
+        .collect();
+    let len = |t: &str| tok.encode(t, true).unwrap().len();
+    let mut long: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for p in &paragraphs {
+        let joined = format!("{current}\n\n{p}");
+        if len(&joined) > max_tokens - 12 && !current.is_empty() {
+            long.push(std::mem::take(&mut current));
+            current = p.clone();
+        } else {
+            current = joined.trim().to_string();
+        }
+    }
+    let mut all: Vec<String> = Vec::new();
+    let candidates = TRICKY
+        .iter()
+        .map(|t| t.to_string())
+        .chain(cases)
+        .chain(more.map(|v| v.as_str().unwrap().to_string()))
+        .chain(paragraphs)
+        .chain(long);
+    for t in candidates {
+        let fits = len(&t) <= max_tokens;
+        if fits && !t.trim().is_empty() && !all.contains(&t) && !t.contains(SEP) {
+            all.push(t);
+        }
+    }
+    all
 }

@@ -3,11 +3,17 @@
 
 mod bert_model;
 pub mod embed;
+mod gemma_embedding_model;
+mod nomic_bert_model;
 mod test_models;
 
 // Each test crate uses a part of these.
 #[allow(unused_imports)]
 pub use bert_model::{bert_test_model, BERT_CONTEXT};
+#[allow(unused_imports)]
+pub use gemma_embedding_model::{gemma_embedding_test_model, GEMMA_EMBEDDING_TEST_WINDOW};
+#[allow(unused_imports)]
+pub use nomic_bert_model::{nomic_bert_test_model, NOMIC_CONTEXT};
 #[allow(unused_imports)]
 pub use test_models::{
     test_model, GEMMA3_TEST_WINDOW, TEST_ARCHS, TEST_EXPERTS, TEST_EXPERTS_USED,

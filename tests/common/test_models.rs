@@ -684,7 +684,7 @@ pub(super) fn scaled_q4_1(blocks: &[u8], factor: f32) -> Vec<u8> {
 }
 
 /// Tensors of the same type and row length, their rows stacked in order.
-fn stack(name: &str, parts: &[Tensor]) -> Tensor {
+pub(super) fn stack(name: &str, parts: &[Tensor]) -> Tensor {
     let rows: u64 = parts.iter().map(|p| p.1[1]).sum();
     let bytes = parts.iter().flat_map(|p| p.3.iter().copied()).collect();
     (name.into(), vec![parts[0].1[0], rows], parts[0].2, bytes)

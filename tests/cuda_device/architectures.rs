@@ -16,7 +16,7 @@ use super::forward::{cpu_logits, executor, limit, logits, Agreement, BT};
 use crate::common::{test_model, TEST_ARCHS};
 use edgelm::backend::cuda::KvBudget;
 use edgelm::kv::{KvType, NO_BLOCK};
-use edgelm::model::{BatchMeta, Logits, Model};
+use edgelm::model::{BatchMeta, Logits, Model, Window};
 use std::sync::Arc;
 
 /// Tokens of sequence `s`: a fixed, spread-out walk through the vocabulary.
@@ -61,7 +61,7 @@ fn check(arch: &str) {
     let mut model = Model::load(&test_model(arch)).unwrap();
     for layer in &mut model.config.layers {
         if layer.window.is_some() {
-            layer.window = Some(WINDOW);
+            layer.window = Some(Window::Trailing(WINDOW));
         }
     }
     model.layout = model.config.kv_layout();

@@ -194,18 +194,27 @@ impl<'a> CpuStep<'a> {
         }
     }
 
-    /// KV group `group`'s tokens as bidirectional attention sees them: each one every position
-    /// of its span (a query's visible range ends at its span's last position, not its own).
-    fn bidirectional(&self, group: usize) -> Vec<AttnToken<'a>> {
+    /// KV group `group`'s tokens as layer attention `a` sees them where that is not the
+    /// group's causal view: with bidirectional attention, each one every position of its span
+    /// (a query's visible range ends at its span's last position, not its own); with a
+    /// symmetric window, only those within half the window of it. `None`: the group's view.
+    fn visible(&self, group: usize, a: &Attention) -> Option<Vec<AttnToken<'a>>> {
+        if a.causal && a.window.is_none_or(|w| w.trailing().is_some()) {
+            return None;
+        }
         let spans = self.batch.spans();
-        self.attn_tokens[group]
-            .iter()
-            .enumerate()
-            .map(|(i, t)| AttnToken {
-                pos: self.batch.positions[spans[self.batch.seq_of[i]].end - 1],
-                ..*t
-            })
-            .collect()
+        let tokens = self.attn_tokens[group].iter().enumerate().map(|(i, t)| {
+            let last = match a.causal {
+                true => t.pos,
+                false => self.batch.positions[spans[self.batch.seq_of[i]].end - 1],
+            };
+            let (first, pos) = match a.window {
+                Some(w) => w.clamp(t.pos, t.first, last),
+                None => (t.first, last),
+            };
+            AttnToken { pos, first, ..*t }
+        });
+        Some(tokens.collect())
     }
 
     fn buf(&mut self, b: Buf) -> &mut Vec<f32> {
@@ -410,12 +419,12 @@ impl Ops for CpuStep<'_> {
             scale: a.scale,
         };
         let mut out = self.take(Buf::Attn);
-        let bidirectional = (!a.causal).then(|| self.bidirectional(group));
+        let visible = self.visible(group, &a);
         paged_attention(
             self.kv,
             layer,
             &shape,
-            bidirectional.as_deref().unwrap_or(&self.attn_tokens[group]),
+            visible.as_deref().unwrap_or(&self.attn_tokens[group]),
             &self.bufs.bufs[index(Buf::Q)],
             a.sinks.map(|s| s.of(self.w.arena)),
             &mut out,

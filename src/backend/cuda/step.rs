@@ -10,7 +10,7 @@ use super::weights::DeviceWeights;
 use super::workspace::Workspace;
 use crate::backend::ops::{
     Activation, Attention, Buf, DeltaNet, Experts, LayerNorm, Mat, Ops, RopeLayout, Routing, Shape,
-    ShortConv, VecRef,
+    ShortConv, VecRef, Window,
 };
 use crate::kv::{KvLayout, KvType};
 use crate::quant::GgmlType;
@@ -76,6 +76,8 @@ impl CudaStep<'_> {
 
 /// Why the CUDA kernels run no encoder.
 const ENCODERS: &str = "the CUDA backend has no encoder ops (layer norms, bidirectional attention)";
+/// Why the CUDA kernels run no symmetric window.
+const SYMMETRIC: &str = "the CUDA attention kernel has no symmetric window (gemma-embedding)";
 
 fn dev(e: String) -> anyhow::Error {
     anyhow!(e)
@@ -206,6 +208,12 @@ impl Ops for CudaStep<'_> {
         if !a.causal {
             return Err(anyhow!(ENCODERS));
         }
+        // The kernel's window is a trailing one (0: none).
+        let window = match a.window {
+            None => 0,
+            Some(Window::Trailing(n)) => n,
+            Some(Window::Symmetric(_)) => return Err(anyhow!(SYMMETRIC)),
+        };
         let s = self.shape;
         let (group, layer) = self.layout.layer_slot[a.layer];
         let meta = self.ws.meta();
@@ -243,7 +251,7 @@ impl Ops for CudaStep<'_> {
                 s.n_head_kv,
                 self.block_size,
                 a.scale,
-                a.window.unwrap_or(0),
+                window,
                 a.sinks.map_or(0, |v| self.weights.vec(v)),
             )
             .map_err(dev)

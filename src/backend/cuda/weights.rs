@@ -38,8 +38,9 @@ pub fn check_supported(net: &impl Network) -> Result<(), String> {
     let s = net.shape();
     if !s.causal {
         return Err(
-            "an encoder (bert: bidirectional attention, layer norms), which the CUDA kernels do \
-             not implement; serve it with --backend cpu"
+            "bidirectional attention (an encoder such as bert, or gemma-embedding with its \
+             symmetric windows), which the CUDA kernels do not implement; serve it with \
+             --backend cpu"
                 .into(),
         );
     }

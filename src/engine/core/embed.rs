@@ -93,7 +93,11 @@ impl Engine {
         let Some(st) = self.requests.remove(&rec.request) else {
             return;
         };
-        let vector = rec.pooled.map(|p| p.finish()).unwrap_or_default();
+        let exec = &self.exec;
+        let vector = rec
+            .pooled
+            .map(|p| p.finish(|v| exec.project_pooled(v)))
+            .unwrap_or_default();
         let _ = st.events.send(Event::Embedding {
             vector,
             prompt_tokens: s.prompt_len,

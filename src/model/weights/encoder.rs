@@ -1,6 +1,7 @@
-//! An encoder's tensors (bert), as llama.cpp's `llama_model_bert::load_arch_tensors` creates
-//! them: position and token-type embeddings with their layer norm, and per block the
-//! attention (the decoders' binding), two post-norms with biases and an ungated FFN.
+//! An encoder's tensors (bert, nomic-bert), as llama.cpp's `load_arch_tensors` creates them:
+//! position (bert) and token-type embeddings with their layer norm, and per block the
+//! attention (the decoders' binding), two post-norms with biases and the FFN (ungated in
+//! bert, SwiGLU in nomic-bert).
 
 use super::{slice, Binder, EncoderInput, Ffn, LayerWeights, MixerWeights};
 use crate::backend::ops::{LayerNorm, VecRef};
@@ -15,7 +16,10 @@ impl Binder<'_> {
             return Ok(None);
         }
         let e = cfg.n_embd;
-        let positions = self.mat("position_embd.weight", e, cfg.context_length)?;
+        let positions = match cfg.family.absolute_positions() {
+            true => Some(self.mat("position_embd.weight", e, cfg.context_length)?),
+            false => None,
+        };
         Ok(Some(EncoderInput {
             positions,
             token_type: self.token_type_row(cfg)?,
@@ -47,8 +51,7 @@ impl Binder<'_> {
         })
     }
 
-    /// Block `i` of an encoder: attention, `attn_output_norm`, the ungated FFN,
-    /// `layer_output_norm`.
+    /// Block `i` of an encoder: attention, `attn_output_norm`, the FFN, `layer_output_norm`.
     pub(super) fn encoder_layer(
         &mut self,
         cfg: &ModelConfig,
