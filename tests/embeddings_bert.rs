@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::embed::{assert_close, cosine, edgelm_embeddings, peer_embedding, texts};
+use common::embed::{assert_matches_peer, assert_paraphrases_closer, texts};
 use common::{bert_test_model, BERT_CONTEXT};
 use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
 use edgelm::model::Model;
@@ -21,26 +21,7 @@ fn matches_the_peer(pooling: u32, name: &str) {
     let model = bert_test_model(pooling);
     let tok = Tokenizer::from_gguf(&edgelm::gguf::GgufFile::open(&model).unwrap()).unwrap();
     let texts = texts(&tok, BERT_CONTEXT);
-    assert!(texts.len() >= 50, "only {} texts", texts.len());
-    let longest = texts
-        .iter()
-        .map(|t| tok.encode(t, true).unwrap().len())
-        .max();
-    eprintln!("{name}: the longest text is {longest:?} tokens");
-    let peer: Vec<_> = texts
-        .iter()
-        .map(|t| peer_embedding(&model, t, BERT_CONTEXT))
-        .collect();
-    let (ids, ours) = edgelm_embeddings(&model, &texts);
-    for (i, (p, o)) in peer.iter().zip(&ids).enumerate() {
-        assert_eq!(&p.tokens, o, "text {i} ({:?}): tokens differ", texts[i]);
-    }
-    eprintln!(
-        "{name}: tokens identical to the peer's for all {} texts",
-        texts.len()
-    );
-    let peer: Vec<Vec<f64>> = peer.into_iter().map(|p| p.vector).collect();
-    assert_close(name, &texts, &ours, &peer);
+    assert_matches_peer(name, &model, &texts, BERT_CONTEXT, true);
 }
 
 #[test]
@@ -56,18 +37,7 @@ fn bert_cls_pooling_matches_llama_embedding() {
 /// Not chaotic: two paraphrases are closer to each other than to unrelated text.
 #[test]
 fn similar_texts_embed_closer_than_unrelated_ones() {
-    let model = bert_test_model(1);
-    let texts: Vec<String> = [
-        "The cat sat on the mat.",
-        "A cat was sitting on the mat.",
-        "Quarterly revenue rose by four percent in Europe.",
-    ]
-    .map(String::from)
-    .to_vec();
-    let (_, v) = edgelm_embeddings(&model, &texts);
-    let (close, far) = (cosine(&v[0], &v[1]), cosine(&v[0], &v[2]));
-    eprintln!("paraphrase {close:.4}, unrelated {far:.4}");
-    assert!(close > far, "paraphrase {close}, unrelated {far}");
+    assert_paraphrases_closer("bert", &bert_test_model(1));
 }
 
 /// An encoder generates nothing, and an input longer than one step is refused up front.

@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::embed::{assert_close, cosine, edgelm_embeddings, peer_embedding, texts};
+use common::embed::{
+    assert_matches_peer, assert_paraphrases_closer, cosine, edgelm_embeddings, texts,
+};
 use common::{gemma_embedding_test_model, GEMMA_EMBEDDING_TEST_WINDOW};
 use edgelm::engine::{Engine, EngineConfig, GenParams};
 use edgelm::model::Model;
@@ -76,38 +78,16 @@ fn gemma_embedding_matches_llama_embedding() {
         crossing >= 20 && past >= 6,
         "{crossing} and {past} texts cross the window"
     );
-    let peer: Vec<_> = texts
-        .iter()
-        .map(|t| peer_embedding(&model, t, MAX_TOKENS))
-        .collect();
-    let (ids, ours) = edgelm_embeddings(&model, &texts);
-    for (i, (p, o)) in peer.iter().zip(&ids).enumerate() {
-        assert_eq!(&p.tokens, o, "text {i} ({:?}): tokens differ", texts[i]);
-    }
-    eprintln!(
-        "gemma-embedding: tokens identical to the peer's for all {} texts",
-        texts.len()
-    );
-    let peer: Vec<Vec<f64>> = peer.into_iter().map(|p| p.vector).collect();
-    assert_close("gemma-embedding", &texts, &ours, &peer);
+    assert_matches_peer("gemma-embedding", &model, &texts, MAX_TOKENS, true);
 }
 
 /// Not chaotic: two paraphrases are closer to each other than to unrelated text, with the
 /// dense projections and without them.
 #[test]
 fn similar_texts_embed_closer_than_unrelated_ones() {
-    let texts: Vec<String> = [
-        "The cat sat on the mat.",
-        "A cat was sitting on the mat.",
-        "Quarterly revenue rose by four percent in Europe.",
-    ]
-    .map(String::from)
-    .to_vec();
     for dense in [true, false] {
-        let (_, v) = edgelm_embeddings(&gemma_embedding_test_model(dense), &texts);
-        let (close, far) = (cosine(&v[0], &v[1]), cosine(&v[0], &v[2]));
-        eprintln!("dense {dense}: paraphrase {close:.4}, unrelated {far:.4}");
-        assert!(close > far, "paraphrase {close}, unrelated {far}");
+        let name = format!("gemma-embedding, dense projections {dense}");
+        assert_paraphrases_closer(&name, &gemma_embedding_test_model(dense));
     }
 }
 

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::embed::{assert_close, cosine, edgelm_embeddings, peer_embedding, texts};
+use common::embed::{assert_matches_peer, assert_paraphrases_closer, texts};
 use common::nomic_bert_test_model;
 use edgelm::model::Model;
 use edgelm::tokenizer::Tokenizer;
@@ -20,26 +20,7 @@ fn nomic_bert_matches_llama_embedding() {
     let model = nomic_bert_test_model();
     let tok = Tokenizer::from_gguf(&edgelm::gguf::GgufFile::open(&model).unwrap()).unwrap();
     let texts = texts(&tok, MAX_TOKENS);
-    assert!(texts.len() >= 50, "only {} texts", texts.len());
-    let longest = texts
-        .iter()
-        .map(|t| tok.encode(t, true).unwrap().len())
-        .max();
-    eprintln!("nomic-bert: the longest text is {longest:?} tokens");
-    let peer: Vec<_> = texts
-        .iter()
-        .map(|t| peer_embedding(&model, t, MAX_TOKENS))
-        .collect();
-    let (ids, ours) = edgelm_embeddings(&model, &texts);
-    for (i, (p, o)) in peer.iter().zip(&ids).enumerate() {
-        assert_eq!(&p.tokens, o, "text {i} ({:?}): tokens differ", texts[i]);
-    }
-    eprintln!(
-        "nomic-bert: tokens identical to the peer's for all {} texts",
-        texts.len()
-    );
-    let peer: Vec<Vec<f64>> = peer.into_iter().map(|p| p.vector).collect();
-    assert_close("nomic-bert", &texts, &ours, &peer);
+    assert_matches_peer("nomic-bert", &model, &texts, MAX_TOKENS, true);
 }
 
 /// Not chaotic: two paraphrases are closer to each other than to unrelated text; and it
@@ -48,15 +29,5 @@ fn nomic_bert_matches_llama_embedding() {
 fn similar_texts_embed_closer_than_unrelated_ones() {
     let model = nomic_bert_test_model();
     assert!(!Model::load(&model).unwrap().generates());
-    let texts: Vec<String> = [
-        "The cat sat on the mat.",
-        "A cat was sitting on the mat.",
-        "Quarterly revenue rose by four percent in Europe.",
-    ]
-    .map(String::from)
-    .to_vec();
-    let (_, v) = edgelm_embeddings(&model, &texts);
-    let (close, far) = (cosine(&v[0], &v[1]), cosine(&v[0], &v[2]));
-    eprintln!("paraphrase {close:.4}, unrelated {far:.4}");
-    assert!(close > far, "paraphrase {close}, unrelated {far}");
+    assert_paraphrases_closer("nomic-bert", &model);
 }

@@ -140,7 +140,7 @@ pub struct Engine {
 
 /// Why an encoder takes no generation request.
 const ENCODER_GENERATES: &str =
-    "this model only computes embeddings (an encoder has no output head to generate text with)";
+    "this model only computes embeddings (it has no output head to generate text with)";
 
 impl Engine {
     /// Allocates the KV pool once and starts the engine thread.

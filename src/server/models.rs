@@ -125,7 +125,7 @@ impl Loaded {
         let kind = match spec.embeds(model.config.pooling.embeds())? {
             true => Kind::Embed,
             false if !model.generates() => anyhow::bail!(
-                "model {}: kind is generate, but it has no output head (an encoder only embeds)",
+                "model {}: kind is generate, but it has no output head (it only embeds)",
                 spec.served_id()
             ),
             false => Kind::Generate,

@@ -69,6 +69,58 @@ fn verbose_tokens(log: &str, listing: &str) -> Vec<u32> {
     ids
 }
 
+/// Holds edgelm to `llama-embedding` on `model` (run with a context of `ctx`) for `texts`:
+/// the same tokens for every text, then [`assert_close`] (or, without `neighbours`, only
+/// [`assert_cosines`]). Prints the figures under `name`.
+pub fn assert_matches_peer(
+    name: &str,
+    model: &Path,
+    texts: &[String],
+    ctx: usize,
+    neighbours: bool,
+) {
+    assert!(texts.len() >= 50, "{name}: only {} texts", texts.len());
+    let peer: Vec<_> = texts
+        .iter()
+        .map(|t| peer_embedding(model, t, ctx))
+        .collect();
+    let (ids, ours) = edgelm_embeddings(model, texts);
+    for (i, (p, o)) in peer.iter().zip(&ids).enumerate() {
+        assert_eq!(
+            &p.tokens, o,
+            "{name}: text {i} ({:?}): tokens differ",
+            texts[i]
+        );
+    }
+    let longest = ids.iter().map(Vec::len).max().unwrap_or(0);
+    eprintln!(
+        "{name}: tokens identical to the peer's for all {} texts (the longest {longest})",
+        texts.len()
+    );
+    let peer: Vec<Vec<f64>> = peer.into_iter().map(|p| p.vector).collect();
+    match neighbours {
+        true => assert_close(name, texts, &ours, &peer),
+        false => assert_cosines(name, texts, &ours, &peer),
+    }
+}
+
+/// That `model` is not chaotic (the comparison with the peer would then prove nothing): two
+/// paraphrases embed closer to each other than to an unrelated sentence. Prints both cosines
+/// under `name`.
+pub fn assert_paraphrases_closer(name: &str, model: &Path) {
+    let texts: Vec<String> = [
+        "The cat sat on the mat.",
+        "A cat was sitting on the mat.",
+        "Quarterly revenue rose by four percent in Europe.",
+    ]
+    .map(String::from)
+    .to_vec();
+    let (_, v) = edgelm_embeddings(model, &texts);
+    let (close, far) = (cosine(&v[0], &v[1]), cosine(&v[0], &v[2]));
+    eprintln!("{name}: paraphrase {close:.4}, unrelated {far:.4}");
+    assert!(close > far, "{name}: paraphrase {close}, unrelated {far}");
+}
+
 /// edgelm's tokens of `texts` and their embeddings, all submitted to one engine at once.
 pub fn edgelm_embeddings(model: &Path, texts: &[String]) -> (Vec<Vec<u32>>, Vec<Vec<f64>>) {
     let m = Arc::new(Model::load(model).unwrap());

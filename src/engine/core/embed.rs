@@ -27,7 +27,7 @@ impl Engine {
         let len = req.prompt.len();
         let step = self.sched.config.max_batched_tokens;
         if self.encoder && len > step {
-            let why = format!("the input is {len} tokens, more than the {step} one step computes (an encoder's input is computed whole)");
+            let why = format!("the input is {len} tokens, more than the {step} one step computes (with bidirectional attention an input is computed whole)");
             let _ = events.send(Event::Error(why));
             return;
         }
