@@ -66,3 +66,47 @@ fn an_encoder_refuses_generation_and_inputs_past_one_step() {
     handle.shutdown();
     thread.join().unwrap();
 }
+
+/// Beside another model's engine that streams (the two taking turns, `engine::turns`), a
+/// whole input still gets a step: the paced budget grows to hold it rather than leave it
+/// waiting for as long as the other model decodes.
+#[test]
+fn a_whole_input_runs_while_another_model_streams() {
+    let turns = Arc::new(edgelm::engine::turns::StepTurns::default());
+    let shared = |kv_memory_bytes| EngineConfig {
+        kv_memory_bytes,
+        turns: Some(turns.clone()),
+        ..EngineConfig::default()
+    };
+    let chat = Arc::new(Model::load(&common::model_path()).unwrap());
+    let (chat, chat_thread) = Engine::start(chat, Vec::new(), shared(64 << 20)).unwrap();
+    let bert = Arc::new(Model::load(&bert_test_model(1)).unwrap());
+    let (bert, bert_thread) = Engine::start(bert, Vec::new(), shared(16 << 20)).unwrap();
+    let stream = GenParams {
+        max_tokens: 400,
+        ignore_eos: true,
+        ..GenParams::default()
+    };
+    let (_, tokens) = chat.submit(vec![1, 2, 3, 4], stream).unwrap();
+    // The stream is under way (its engine's decode steps publish their time) before the input
+    // of 200 tokens arrives, far more than a paced step carries beside it.
+    let first = tokens.recv().unwrap();
+    assert!(matches!(first, Event::Token { .. }), "{first:?}");
+    let embed = GenParams {
+        max_tokens: 0,
+        embed: true,
+        ..GenParams::default()
+    };
+    let (_, vector) = bert.submit(vec![300; 200], embed).unwrap();
+    let embedded = vector.recv().unwrap();
+    assert!(matches!(embedded, Event::Embedding { .. }), "{embedded:?}");
+    // The stream's events so far are buffered: none may be its end.
+    let ended = tokens
+        .try_iter()
+        .any(|e| matches!(e, Event::Finished { .. }));
+    assert!(!ended, "the embedding waited for the whole stream to end");
+    for (h, t) in [(chat, chat_thread), (bert, bert_thread)] {
+        h.shutdown();
+        t.join().unwrap();
+    }
+}

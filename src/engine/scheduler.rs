@@ -293,7 +293,14 @@ impl Scheduler {
         } else {
             0
         };
-        budget = prefill_budget(protected, budget).min(budget);
+        let left = budget;
+        budget = prefill_budget(protected, left).min(left);
+        // An input computed whole is never cut, so a paced budget smaller than the oldest
+        // such input would leave it waiting for as long as streams decode: the budget grows
+        // to hold it, as a paced chunk never shrinks below its minimum.
+        if let Some(id) = candidates().find(|id| self.seqs[id].whole) {
+            budget = budget.max(self.seqs[&id].pending().min(left));
+        }
         let mut lanes = Lanes::new(
             budget,
             self.long_turn,
@@ -733,6 +740,22 @@ mod tests {
             .map(|sp| (sp.seq, sp.start, sp.len))
             .collect();
         assert_eq!(spans, [(2, 0, 60), (3, 0, 30)]);
+    }
+
+    /// However small the paced prefill budget (another model's streams decoding), the oldest
+    /// whole input gets a step with room for all of it.
+    #[test]
+    fn a_paced_budget_grows_to_hold_a_whole_input() {
+        let mut s = sched(64, 100);
+        s.add(whole(1, 60));
+        s.add(whole(2, 30));
+        let b = s.schedule_paced(|_, _| 4);
+        let spans: Vec<_> = b.spans.iter().map(|sp| (sp.seq, sp.len)).collect();
+        assert_eq!(
+            spans,
+            [(1, 60)],
+            "the first whole, the second waits its turn"
+        );
     }
 
     /// Runs a step without a model: commit it and give every sequence that reached its end a
