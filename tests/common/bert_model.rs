@@ -48,16 +48,32 @@ fn build(source: &Path, pooling: u32) -> Vec<u8> {
     let file = GgufFile::open(source).unwrap();
     let u32_key = |k: &str| file.get_u32(&format!("llama.{k}")).unwrap();
     let n_embd = u32_key("embedding_length") as usize;
+    encoder_gguf(
+        &file,
+        "bert",
+        bert_keys(&file, pooling),
+        tensors(&file, n_embd),
+    )
+}
+
+/// An encoder test model's file: `arch`, its `keys` (under `{arch}.`), the reference model's
+/// vocabulary as WordPiece, and `tensors`.
+pub(super) fn encoder_gguf(
+    file: &GgufFile,
+    arch: &str,
+    keys: Vec<(&'static str, Value)>,
+    tensors: Vec<Tensor>,
+) -> Vec<u8> {
     let mut w = GgufWriter::new()
-        .kv("general.architecture", Value::String("bert".into()))
+        .kv("general.architecture", Value::String(arch.into()))
         .kv("general.name", Value::String("edgelm test model".into()));
-    for (k, v) in bert_keys(&file, pooling) {
-        w = w.kv(format!("bert.{k}"), v);
+    for (k, v) in keys {
+        w = w.kv(format!("{arch}.{k}"), v);
     }
-    for (k, v) in vocabulary(&file) {
+    for (k, v) in vocabulary(file) {
         w = w.kv(k, v);
     }
-    for (name, dims, ty, bytes) in tensors(&file, n_embd) {
+    for (name, dims, ty, bytes) in tensors {
         w = w.tensor(name, &dims, ty, bytes);
     }
     w.to_bytes()

@@ -7,10 +7,10 @@
 //! (NeoX RoPE instead); the bert test model's WordPiece vocabulary. It is no good encoder; it
 //! is one whose every part matters, run by edgelm and by llama.cpp on one file.
 
-use super::bert_model::vocabulary;
+use super::bert_model::encoder_gguf;
 use super::test_models::{is_newer, scaled_q4_1, stack, vector, Tensor};
 use super::{model_path, repo_root};
-use edgelm::gguf::{GgufFile, GgufWriter, Value};
+use edgelm::gguf::{GgufFile, Value};
 use std::path::{Path, PathBuf};
 
 const ARCH: &str = "nomic-bert";
@@ -50,9 +50,6 @@ fn build(source: &Path) -> Vec<u8> {
     let file = GgufFile::open(source).unwrap();
     let copy = |k: &str| Value::U32(file.get_u32(&format!("llama.{k}")).unwrap());
     let n_embd = file.get_u32("llama.embedding_length").unwrap() as usize;
-    let mut w = GgufWriter::new()
-        .kv("general.architecture", Value::String(ARCH.into()))
-        .kv("general.name", Value::String("edgelm test model".into()));
     let keys = [
         ("block_count", Value::U32(NOMIC_LAYERS as u32)),
         ("context_length", Value::U32(NOMIC_CONTEXT as u32)),
@@ -65,16 +62,7 @@ fn build(source: &Path) -> Vec<u8> {
         ("rope.freq_base", Value::F32(1000.0)),
         ("pooling_type", Value::U32(1)),
     ];
-    for (k, v) in keys {
-        w = w.kv(format!("{ARCH}.{k}"), v);
-    }
-    for (k, v) in vocabulary(&file) {
-        w = w.kv(k, v);
-    }
-    for (name, dims, ty, bytes) in tensors(&file, n_embd) {
-        w = w.tensor(name, &dims, ty, bytes);
-    }
-    w.to_bytes()
+    encoder_gguf(&file, ARCH, keys.to_vec(), tensors(&file, n_embd))
 }
 
 /// The tensors (see the module's comment).
