@@ -80,10 +80,21 @@ pub(super) fn encoder_gguf(
 }
 
 fn bert_keys(file: &GgufFile, pooling: u32) -> Vec<(&'static str, Value)> {
+    encoder_keys(file, BERT_LAYERS, BERT_CONTEXT, pooling)
+}
+
+/// An encoder test model's hyper-parameters: `layers` blocks over `context` positions, the
+/// reference model's widths and heads, bidirectional, pooled by `pooling`.
+pub(super) fn encoder_keys(
+    file: &GgufFile,
+    layers: usize,
+    context: usize,
+    pooling: u32,
+) -> Vec<(&'static str, Value)> {
     let copy = |k: &str| Value::U32(file.get_u32(&format!("llama.{k}")).unwrap());
     vec![
-        ("block_count", Value::U32(BERT_LAYERS as u32)),
-        ("context_length", Value::U32(BERT_CONTEXT as u32)),
+        ("block_count", Value::U32(layers as u32)),
+        ("context_length", Value::U32(context as u32)),
         ("embedding_length", copy("embedding_length")),
         ("feed_forward_length", copy("feed_forward_length")),
         ("attention.head_count", copy("attention.head_count")),

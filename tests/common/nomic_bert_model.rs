@@ -7,7 +7,7 @@
 //! (NeoX RoPE instead); the bert test model's WordPiece vocabulary. It is no good encoder; it
 //! is one whose every part matters, run by edgelm and by llama.cpp on one file.
 
-use super::bert_model::encoder_gguf;
+use super::bert_model::{encoder_gguf, encoder_keys};
 use super::test_models::{is_newer, scaled_q4_1, stack, vector, Tensor};
 use super::{model_path, repo_root};
 use edgelm::gguf::{GgufFile, Value};
@@ -48,21 +48,11 @@ pub fn nomic_bert_test_model() -> PathBuf {
 
 fn build(source: &Path) -> Vec<u8> {
     let file = GgufFile::open(source).unwrap();
-    let copy = |k: &str| Value::U32(file.get_u32(&format!("llama.{k}")).unwrap());
     let n_embd = file.get_u32("llama.embedding_length").unwrap() as usize;
-    let keys = [
-        ("block_count", Value::U32(NOMIC_LAYERS as u32)),
-        ("context_length", Value::U32(NOMIC_CONTEXT as u32)),
-        ("embedding_length", copy("embedding_length")),
-        ("feed_forward_length", copy("feed_forward_length")),
-        ("attention.head_count", copy("attention.head_count")),
-        ("attention.head_count_kv", copy("attention.head_count_kv")),
-        ("attention.layer_norm_epsilon", Value::F32(1e-12)),
-        ("attention.causal", Value::Bool(false)),
-        ("rope.freq_base", Value::F32(1000.0)),
-        ("pooling_type", Value::U32(1)),
-    ];
-    encoder_gguf(&file, ARCH, keys.to_vec(), tensors(&file, n_embd))
+    let mut keys = encoder_keys(&file, NOMIC_LAYERS, NOMIC_CONTEXT, 1);
+    // nomic-bert rotates its queries and keys: RoPE's base, among the hyper-parameters.
+    keys.insert(keys.len() - 1, ("rope.freq_base", Value::F32(1000.0)));
+    encoder_gguf(&file, ARCH, keys, tensors(&file, n_embd))
 }
 
 /// The tensors (see the module's comment).
