@@ -7,8 +7,8 @@
 //! [PAD], [UNK], [CLS], [SEP] and [MASK] in place of the first five tokens. It is no good
 //! encoder; it is one whose every part matters, run by edgelm and by llama.cpp on one file.
 
-use super::test_models::{is_newer, scaled_q4_1, vector, Tensor};
-use super::{model_path, repo_root};
+use super::model_path;
+use super::test_models::{made_once, scaled_q4_1, vector, Tensor};
 use edgelm::gguf::{Array, GgufFile, GgufWriter, Value};
 use std::path::{Path, PathBuf};
 
@@ -29,19 +29,8 @@ const SPECIALS: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 /// The `bert` test model pooled by `pooling` (llama.cpp's number: 1 mean, 2 cls), made on
 /// first use beside the other test models.
 pub fn bert_test_model(pooling: u32) -> PathBuf {
-    let dir = std::env::var_os("EDGELM_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/test-models"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("test-bert-pool{pooling}.r{RECIPE}.gguf"));
-    let source = model_path();
-    if !is_newer(&path, &source) {
-        let bytes = build(&source, pooling);
-        let tmp = dir.join(format!(".test-bert.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, bytes).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    let name = format!("test-bert-pool{pooling}.r{RECIPE}.gguf");
+    made_once(&name, &model_path(), |source| build(source, pooling))
 }
 
 fn build(source: &Path, pooling: u32) -> Vec<u8> {

@@ -6,8 +6,8 @@
 //! (it ties its output to the embeddings); the sliding window, symmetric, is narrowed to
 //! `GEMMA_EMBEDDING_TEST_WINDOW`.
 
-use super::test_models::{is_newer, vector, Tensor};
-use super::{gemma3_path, repo_root};
+use super::gemma3_path;
+use super::test_models::{made_once, vector, Tensor};
 use edgelm::gguf::{GgufFile, GgufWriter, Value};
 use std::path::{Path, PathBuf};
 
@@ -29,23 +29,12 @@ const RECIPE: u32 = 7;
 /// The test model, with dense projections or without, made on first use beside the other
 /// test models.
 pub fn gemma_embedding_test_model(dense: bool) -> PathBuf {
-    let dir = std::env::var_os("EDGELM_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/test-models"));
-    std::fs::create_dir_all(&dir).unwrap();
     let kind = if dense { "dense" } else { "plain" };
-    let path = dir.join(format!("test-gemma-embedding-{kind}.r{RECIPE}.gguf"));
-    let source = gemma3_path();
+    let name = format!("test-gemma-embedding-{kind}.r{RECIPE}.gguf");
     // One builder at a time: the tests of one binary ask for it at once.
     static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
-    if !is_newer(&path, &source) {
-        let bytes = build(&source, dense);
-        let tmp = dir.join(format!(".test-gemma-embedding.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, bytes).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    made_once(&name, &gemma3_path(), |source| build(source, dense))
 }
 
 fn build(source: &Path, dense: bool) -> Vec<u8> {

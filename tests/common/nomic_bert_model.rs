@@ -8,8 +8,8 @@
 //! is one whose every part matters, run by edgelm and by llama.cpp on one file.
 
 use super::bert_model::{encoder_gguf, encoder_keys};
-use super::test_models::{is_newer, scaled_q4_1, stack, vector, Tensor};
-use super::{model_path, repo_root};
+use super::model_path;
+use super::test_models::{made_once, scaled_q4_1, stack, vector, Tensor};
 use edgelm::gguf::{GgufFile, Value};
 use std::path::{Path, PathBuf};
 
@@ -29,21 +29,13 @@ const RECIPE: u32 = 6;
 
 /// The `nomic-bert` test model, mean-pooled, made on first use beside the other test models.
 pub fn nomic_bert_test_model() -> PathBuf {
-    let dir = std::env::var_os("EDGELM_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/test-models"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("test-nomic-bert.r{RECIPE}.gguf"));
-    let source = model_path();
     static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
-    if !is_newer(&path, &source) {
-        let bytes = build(&source);
-        let tmp = dir.join(format!(".test-nomic-bert.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, bytes).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    made_once(
+        &format!("test-nomic-bert.r{RECIPE}.gguf"),
+        &model_path(),
+        build,
+    )
 }
 
 fn build(source: &Path) -> Vec<u8> {

@@ -73,16 +73,29 @@ pub const GEMMA3_TEST_WINDOW: u32 = 96;
 /// target/test-models) and remade when the reference model is newer.
 pub fn test_model(arch: &str) -> PathBuf {
     assert!(TEST_ARCHS.contains(&arch), "no test model for {arch}");
+    made_once(
+        &format!("test-{arch}.r{RECIPE}.gguf"),
+        &model_path(),
+        |source| build(source, arch),
+    )
+}
+
+/// The test model file `name` (in `EDGELM_TEST_MODELS`, default target/test-models), made
+/// from `source` by `build` on first use and again when `source` is newer.
+pub(super) fn made_once(
+    name: &str,
+    source: &Path,
+    build: impl FnOnce(&Path) -> Vec<u8>,
+) -> PathBuf {
     let dir = std::env::var_os("EDGELM_TEST_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target/test-models"));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("test-{arch}.r{RECIPE}.gguf"));
-    let source = model_path();
-    if !is_newer(&path, &source) {
-        let bytes = build(&source, arch);
+    let path = dir.join(name);
+    if !is_newer(&path, source) {
+        let bytes = build(source);
         // Written beside and renamed, so a test running at the same time never reads half.
-        let tmp = dir.join(format!(".test-{arch}.{}.tmp", std::process::id()));
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
         std::fs::write(&tmp, bytes).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
     }
