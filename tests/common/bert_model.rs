@@ -8,7 +8,7 @@
 //! encoder; it is one whose every part matters, run by edgelm and by llama.cpp on one file.
 
 use super::model_path;
-use super::test_models::{made_once, scaled_q4_1, vector, Tensor};
+use super::test_models::{made_once, raw_tensor, scaled_q4_1, vector, Tensor};
 use edgelm::gguf::{Array, GgufFile, GgufWriter, Value};
 use std::path::{Path, PathBuf};
 
@@ -160,15 +160,7 @@ fn byte_of(c: char) -> Option<u8> {
 
 /// The tensors (see the module's comment).
 fn tensors(file: &GgufFile, n_embd: usize) -> Vec<Tensor> {
-    let raw = |name: &str| -> Tensor {
-        let t = file.tensors().iter().find(|t| t.name == name).unwrap();
-        (
-            name.into(),
-            t.dims.clone(),
-            t.ty,
-            file.tensor_data(t).to_vec(),
-        )
-    };
+    let raw = |name: &str| raw_tensor(file, name);
     let table = |name: &str, rows: usize, spread: f32| {
         let mut t = vector(name, n_embd * rows, 0.0, spread);
         t.1 = vec![n_embd as u64, rows as u64];

@@ -9,7 +9,7 @@
 
 use super::bert_model::{encoder_gguf, encoder_keys};
 use super::model_path;
-use super::test_models::{made_once, scaled_q4_1, stack, vector, Tensor};
+use super::test_models::{made_once, raw_tensor, scaled_q4_1, stack, vector, Tensor};
 use edgelm::gguf::{GgufFile, Value};
 use std::path::{Path, PathBuf};
 
@@ -49,15 +49,7 @@ fn build(source: &Path) -> Vec<u8> {
 
 /// The tensors (see the module's comment).
 fn tensors(file: &GgufFile, n_embd: usize) -> Vec<Tensor> {
-    let raw = |name: &str| -> Tensor {
-        let t = file.tensors().iter().find(|t| t.name == name).unwrap();
-        (
-            name.into(),
-            t.dims.clone(),
-            t.ty,
-            file.tensor_data(t).to_vec(),
-        )
-    };
+    let raw = |name: &str| raw_tensor(file, name);
     let mut types = vector("token_types.weight", n_embd * TOKEN_TYPES, 0.0, 0.03);
     types.1 = vec![n_embd as u64, TOKEN_TYPES as u64];
     // A layer norm's weight: the reference model's RMS norm before what the normed stream

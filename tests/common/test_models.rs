@@ -102,6 +102,21 @@ pub(super) fn made_once(
     path
 }
 
+/// Tensor `name` of `file`, as it is there.
+pub(super) fn raw_tensor(file: &GgufFile, name: &str) -> Tensor {
+    let t = file
+        .tensors()
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no {name} in the source model"));
+    (
+        t.name.clone(),
+        t.dims.clone(),
+        t.ty,
+        file.tensor_data(t).to_vec(),
+    )
+}
+
 pub(super) fn is_newer(a: &Path, b: &Path) -> bool {
     let t = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     matches!((t(a), t(b)), (Some(x), Some(y)) if x >= y)
@@ -151,19 +166,7 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
         }
     };
 
-    let raw = |name: &str| -> Tensor {
-        let t = file
-            .tensors()
-            .iter()
-            .find(|t| t.name == name)
-            .unwrap_or_else(|| panic!("no {name} in the reference model"));
-        (
-            t.name.clone(),
-            t.dims.clone(),
-            t.ty,
-            file.tensor_data(t).to_vec(),
-        )
-    };
+    let raw = |name: &str| raw_tensor(&file, name);
     let mut out: Vec<Tensor> = Vec::new();
     for t in file.tensors() {
         let parts: Vec<&str> = t.name.split('.').collect();
