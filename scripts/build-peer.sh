@@ -4,9 +4,19 @@
 # binaries and return at once. Used by scripts/test.sh (the KL-divergence and tokenizer tests),
 # scripts/compare-peer.sh and scripts/reliability.sh.
 #
-#   scripts/build-peer.sh [TARGET...]
+#   [PEER_FLAVOUR=F] scripts/build-peer.sh [TARGET...]
 #       (default: llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize
 #       llama-embedding)
+#
+# PEER_FLAVOUR picks a build for the CPU-kernel comparisons (scripts/compare-cpu.sh), each in
+# target/peer-F/build/bin:
+#   native     (default, target/peer) llama.cpp for this CPU (-march=native, AMX off);
+#   avx2-vnni  llama.cpp for AVX2 + AVX-VNNI, AVX-512 off (Intel N100/N305, Core Ultra);
+#   avx2       llama.cpp for AVX2 alone;
+#   ik         ik_llama.cpp, the CPU-speed fork, from its PyPI sdist ik-llama-cpp-python
+#              (-march=native, AMX off; run it with -rtr 1 -fa 1);
+#   aarch64-CPU  llama.cpp cross-built for aarch64 with -mcpu=CPU (neoverse-n1, neoverse-v1,
+#              cortex-a72: qemu's CPU models), statically linked, to run under qemu-aarch64.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -14,12 +24,41 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize
     llama-embedding)
 
+flavour="${PEER_FLAVOUR:-native}"
 peer_pkg="llama-cpp-python"
 peer_version="0.3.36"
 peer_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+vendored="llama.cpp"
+if [ "$flavour" = ik ]; then
+    peer_pkg="ik-llama-cpp-python"
+    peer_version="0.1.5"
+    peer_sha256="33c67eb99e4dcab5e611050433243815709b8b3067753f9ce18375013cf002ad"
+    vendored="ik_llama.cpp"
+fi
+peer_dist="${peer_pkg//-/_}-$peer_version"
 peer_dir="$root/target/peer"
-peer_src="$peer_dir/src/llama_cpp_python-$peer_version"
+[ "$flavour" = native ] || peer_dir="$root/target/peer-$flavour"
+peer_src="$peer_dir/src/$peer_dist"
 peer_build="$peer_dir/build"
+
+# Some VMs report AMX in cpuid but fault on it (SIGILL in ggml's AMX matmul), so AMX is kept
+# out of -march=native (GCC lets explicit -mno-* flags win over -march).
+no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+case "$flavour" in
+    native|ik) isa=(-DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx") ;;
+    avx2-vnni) isa=(-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON
+        -DGGML_AVX512=OFF) ;;
+    avx2) isa=(-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF) ;;
+    aarch64-*)
+        cpu="${flavour#aarch64-}"
+        isa=(-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64
+            -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++
+            -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF
+            -DCMAKE_C_FLAGS="-mcpu=$cpu" -DCMAKE_CXX_FLAGS="-mcpu=$cpu"
+            -DCMAKE_EXE_LINKER_FLAGS="-static")
+        ;;
+    *) echo "build-peer: error: unknown PEER_FLAVOUR $flavour" >&2; exit 2 ;;
+esac
 
 log() { echo "build-peer: $*" >&2; }
 die() { echo "build-peer: error: $*" >&2; exit 1; }
@@ -30,6 +69,7 @@ build_peer() {
     command -v cmake >/dev/null || tools+=(cmake)
     command -v c++ >/dev/null || tools+=(g++)
     command -v make >/dev/null || tools+=(make)
+    case "$flavour" in aarch64-*) command -v aarch64-linux-gnu-g++ >/dev/null || tools+=(g++-aarch64-linux-gnu) ;; esac
     if [ ${#tools[@]} -gt 0 ]; then
         log "installing ${tools[*]}"
         apt-get update -qq
@@ -37,7 +77,7 @@ build_peer() {
     fi
 
     mkdir -p "$peer_dir/dl" "$peer_dir/src"
-    local tarball="$peer_dir/dl/llama_cpp_python-$peer_version.tar.gz"
+    local tarball="$peer_dir/dl/$peer_dist.tar.gz"
     if [ ! -f "$tarball" ] || [ "$(sha256sum "$tarball" | cut -d' ' -f1)" != "$peer_sha256" ]; then
         rm -f "$tarball"
         log "downloading the $peer_pkg==$peer_version sdist"
@@ -51,24 +91,28 @@ build_peer() {
         got="$(sha256sum "$tarball" | cut -d' ' -f1)"
         [ "$got" = "$peer_sha256" ] || die "$tarball has SHA-256 $got, expected $peer_sha256"
     fi
-    if [ ! -f "$peer_src/vendor/llama.cpp/CMakeLists.txt" ]; then
+    if [ ! -f "$peer_src/vendor/$vendored/CMakeLists.txt" ]; then
         log "unpacking $(basename "$tarball")"
         rm -rf "$peer_src"
         tar -xzf "$tarball" -C "$peer_dir/src"
-        [ -f "$peer_src/vendor/llama.cpp/CMakeLists.txt" ] || die "no vendor/llama.cpp in the sdist"
+        [ -f "$peer_src/vendor/$vendored/CMakeLists.txt" ] || die "no vendor/$vendored in the sdist"
     fi
 
-    log "building ${targets[*]} into $peer_build (log: $peer_dir/build.log; ~10 min on 2 cores)"
+    if [ "$flavour" = ik ] && [ ! -f "$peer_src/vendor/$vendored/common/build-info.cpp" ]; then
+        # The sdist leaves out the file its CMake would generate from git metadata.
+        sed -e 's/@BUILD_NUMBER@/0/' -e 's/@BUILD_COMMIT@/sdist-'"$peer_version"'/' \
+            -e 's/@BUILD_COMPILER@/gcc/' -e 's/@BUILD_TARGET@/x86_64/' \
+            "$peer_src/vendor/$vendored/common/build-info.cpp.in" \
+            >"$peer_src/vendor/$vendored/common/build-info.cpp"
+    fi
+
+    log "building ${targets[*]} ($flavour) into $peer_build (log: $peer_dir/build.log; ~10 min on 2 cores)"
     local t0=$SECONDS
-    # Some VMs report AMX in cpuid but fault on it (SIGILL in ggml's AMX matmul), so AMX is
-    # kept out of -march=native (GCC lets explicit -mno-* flags win over -march).
-    local no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     # Tests, OpenSSL and curl are off, and so is the server's web UI (its prebuilt assets
     # would be fetched from the network at configure time); llama-server still builds.
     if ! {
-        cmake -S "$peer_src/vendor/llama.cpp" -B "$peer_build" \
-            -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CCACHE=OFF \
-            -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx" \
+        cmake -S "$peer_src/vendor/$vendored" -B "$peer_build" \
+            -DCMAKE_BUILD_TYPE=Release -DGGML_CCACHE=OFF "${isa[@]}" \
             -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
             -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF &&
