@@ -3,7 +3,7 @@
 //! with llama-perplexity's KL-divergence method and file format. The bar is what llama.cpp's
 //! own q8_0 KV cache costs against its f16 cache on the same model and text: edgelm must be
 //! at least that close (mean KLD no larger, "same top p" no smaller) and its perplexity within
-//! 1% of the peer's.
+//! 1% of the peer's or no farther than the q8_0 cache's.
 //!
 //! Needs the peer (scripts/build-peer.sh builds llama-perplexity into target/peer) and the
 //! models: the reference model, Gemma 3 270M (packaging/fetch-model.sh gemma3) and the test
@@ -24,6 +24,8 @@ struct Kld {
     /// The standard error llama-perplexity prints beside "same top p" (`± x %`).
     same_top_err: f64,
     ppl: f64,
+    /// `Mean PPL(Q)/PPL(base)`'s standard error.
+    ppl_ratio_err: f64,
 }
 
 fn parse(out: &str) -> Kld {
@@ -43,6 +45,7 @@ fn parse(out: &str) -> Kld {
         same_top: number("Same top p:", ':'),
         same_top_err: number("Same top p:", '±'),
         ppl: number("Mean PPL(Q)  ", ':'),
+        ppl_ratio_err: number("Mean PPL(Q)/PPL(base)", '±'),
     }
 }
 
@@ -164,11 +167,18 @@ fn check_as(name: &str, ours_model: &Path, peer_model: &Path, chunks: usize) {
         got.same_top_err,
         yard.same_top
     );
-    let ratio = got.ppl / peer_ppl;
+    // Perplexity within 1% of the peer's, or no farther than the peer's own q8_0 cache is
+    // (less one standard error of ours, as above): on a chaotic test model such as phi3's
+    // (perplexity 370 ± 34) the q8_0 cache itself lands 1.5% away.
+    let (ours_off, yard_off) = (
+        (got.ppl / peer_ppl - 1.0).abs(),
+        (yard.ppl / peer_ppl - 1.0).abs(),
+    );
     assert!(
-        (ratio - 1.0).abs() < 0.01,
-        "{name}: perplexity {} vs the peer's {peer_ppl}",
-        got.ppl
+        ours_off < 0.01 || ours_off - got.ppl_ratio_err <= yard_off,
+        "{name}: perplexity {} vs the peer's {peer_ppl} (its q8_0 cache: {})",
+        got.ppl,
+        yard.ppl
     );
 }
 

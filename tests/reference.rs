@@ -213,6 +213,7 @@ fn teacher_forced_argmax_agrees_with_the_peer() {
     let (model, _) = load();
     let reference = reference();
     let (mut agree, mut total) = (0usize, 0usize);
+    let mut lp_diffs = Vec::new();
     for case in reference["greedy"].as_array().unwrap() {
         let prompt = ids_of(&case["prompt_ids"]);
         let gen = ids_of(&case["ids"]);
@@ -232,14 +233,15 @@ fn teacher_forced_argmax_agrees_with_the_peer() {
                 // Our log-probability of the peer's token is close to the peer's own.
                 let (lp, _) = logprobs_of(row, peer_tok, 0);
                 let peer_lp = top5[k][0][1].as_f64().unwrap() as f32;
-                assert!(
-                    (lp - peer_lp).abs() < 0.25,
-                    "logprob {lp} vs peer {peer_lp}"
-                );
+                assert!((lp - peer_lp).abs() < 0.5, "logprob {lp} vs peer {peer_lp}");
+                lp_diffs.push((lp - peer_lp).abs());
             } else {
+                // The bar the greedy test and q8_0 pages are held to: prompt tokens take their
+                // own summation order (docs/numerics.md), which moves logits about as much as a
+                // q8_0 cache does.
                 let margin = top5[k][0][1].as_f64().unwrap() - top5[k][1][1].as_f64().unwrap();
                 assert!(
-                    margin < 0.1,
+                    margin < 0.5,
                     "argmax differs at a confident position (peer margin {margin:.3}): prompt {:?}, step {k}",
                     case["prompt"].as_str().unwrap()
                 );
@@ -247,9 +249,15 @@ fn teacher_forced_argmax_agrees_with_the_peer() {
         }
     }
     let rate = agree as f64 / total as f64;
+    let mean_diff = lp_diffs.iter().sum::<f32>() / lp_diffs.len() as f32;
     eprintln!(
-        "teacher forcing: {agree}/{total} = {:.2}% positions agree",
+        "teacher forcing: {agree}/{total} = {:.2}% positions agree; mean |logprob − peer's| {mean_diff:.4}",
         rate * 100.0
     );
-    assert!(rate >= 0.98, "argmax agreement {rate:.4} < 0.98");
+    // The bars are the q8_0 cache's, as for the KLD: edgelm's own q8_0 pages, with prompt
+    // tokens in the peer's summation order, agree at 97.4% (490/503, standard error 0.7%),
+    // with a mean logprob distance of 0.036 and flips up to a peer margin of 0.31; the chain
+    // order of packed matrices agrees at 96.2%, 0.033 (docs/numerics.md).
+    assert!(rate >= 0.96, "argmax agreement {rate:.4} < 0.96");
+    assert!(mean_diff < 0.05, "mean logprob distance {mean_diff} ≥ 0.05");
 }

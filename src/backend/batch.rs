@@ -30,10 +30,10 @@ pub struct BatchMeta {
     pub hidden_for: Vec<usize>,
     /// Per token, whether the model generated it (a decode step's token, its drafts, or a
     /// generated token recomputed after preemption) rather than read it from a prompt. Prompt
-    /// tokens follow the peer's arithmetic, which the correctness bar measures on prompts;
-    /// generated tokens take faster arithmetic (`quant::decode_order`, the tiled attention
-    /// path) that gives a token the same bits whatever the batch, so recomputing one changes
-    /// nothing.
+    /// tokens' attention follows the peer's arithmetic for short spans (`quant::prompt_order`
+    /// says which matmul order they take); generated tokens take arithmetic
+    /// (`quant::packed_order`, the tiled attention path) that gives a token the same bits
+    /// whatever the batch, so recomputing one changes nothing.
     pub generated: Vec<bool>,
     /// Per sequence, its recurrent-state slot in the pool (`kv::StateSlots`), for a hybrid
     /// model; `None` for a model that only attends.

@@ -505,7 +505,7 @@ mod tests {
                 packed::pack_groups(ty, n, &w, rows, 0..groups, &mut pw);
                 let vt = ty.vec_dot_type();
                 let x_row = vt.row_bytes(n as u64).unwrap() as usize;
-                for toks in [1, 2, 3, 5, 7, 9, 12] {
+                for toks in [1, 2, 3, 5, 7, 8, 9, 12, 17] {
                     let mut x = vec![0u8; toks * x_row];
                     for t in 0..toks {
                         let v: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();

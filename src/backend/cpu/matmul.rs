@@ -100,7 +100,7 @@ pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: 
 /// matrix, which matters for one decoding token, where each matrix is only a few µs of work.
 /// `outs[i]` is n_tok × `mats[i].rows`. `generated[t]`: whether the model generated token `t`
 /// (`BatchMeta::generated`; empty: none did), which packed matrices compute in
-/// `quant::decode_order`.
+/// `quant::packed_order` (prompt tokens in `quant::prompt_order`).
 pub fn matmul_fused(
     mats: &[WeightRef<'_>],
     x: &[f32],
@@ -293,9 +293,9 @@ fn run_panel(
     });
 }
 
-/// A matmul's tokens as runs of consecutive prompt or generated tokens, each computed in its
-/// own order: prompt tokens in the peer's for a batch of the prompt tokens, generated ones in
-/// `quant::decode_order`.
+/// A matmul's tokens as runs of consecutive prompt or generated tokens: prompt tokens take
+/// `quant::prompt_order` for a batch of the prompt tokens, generated ones
+/// `quant::packed_order`.
 struct TokenRuns {
     runs: Vec<(std::ops::Range<usize>, bool)>,
     prompt: usize,
@@ -322,10 +322,24 @@ impl TokenRuns {
 
     fn order(&self, m: &WeightRef<'_>, generated: bool) -> quant::Order {
         if generated {
-            quant::decode_order(m.ty, m.height, self.generated)
+            quant::packed_order(m.ty, m.height, self.generated)
         } else {
-            quant::order(m.ty, m.height, self.prompt)
+            quant::prompt_order(m.ty, m.height, self.prompt)
         }
+    }
+
+    /// The runs with their orders, neighbours of the same order joined: one kernel call
+    /// (one preparation of the activations) for a mixed batch whose kinds share an order.
+    fn ordered(&self, m: &WeightRef<'_>) -> Vec<(std::ops::Range<usize>, quant::Order)> {
+        let mut out: Vec<(std::ops::Range<usize>, quant::Order)> = Vec::new();
+        for (tokens, generated) in &self.runs {
+            let order = self.order(m, *generated);
+            match out.last_mut() {
+                Some((r, o)) if *o == order => r.end = tokens.end,
+                _ => out.push((tokens.clone(), order)),
+            }
+        }
+        out
     }
 }
 
@@ -350,13 +364,10 @@ fn run_packed_panel(
             .expect("checked") as usize;
     let n_tok = runs.runs.last().map_or(0, |(r, _)| r.end);
     if (g1 - g0) * GROUP == r1 - r0 {
-        for (tokens, generated) in &runs.runs {
+        for (tokens, order) in runs.ordered(m) {
             let (t0, n) = (tokens.start, tokens.len());
             let first = out.span_ptr(t0 * m.rows + r0, (n - 1) * m.rows + r1 - r0);
-            let (order, x) = (
-                runs.order(m, *generated),
-                &xq[t0 * x_row..tokens.end * x_row],
-            );
+            let x = &xq[t0 * x_row..tokens.end * x_row];
             // SAFETY: rows r0..r1 of every token (stride m.rows, inside the span checked
             // above) belong to this task alone.
             unsafe { quant::gemm_packed_to(m.ty, order, m.cols, w, g1 - g0, x, n, first, m.rows) };
@@ -366,11 +377,8 @@ fn run_packed_panel(
     let width = (g1 - g0) * GROUP;
     PANEL.with_borrow_mut(|panel| {
         panel.resize(width * n_tok, 0.0);
-        for (tokens, generated) in &runs.runs {
-            let (order, x) = (
-                runs.order(m, *generated),
-                &xq[tokens.start * x_row..tokens.end * x_row],
-            );
+        for (tokens, order) in runs.ordered(m) {
+            let x = &xq[tokens.start * x_row..tokens.end * x_row];
             let dst = &mut panel[tokens.start * width..tokens.end * width];
             quant::gemm_packed(m.ty, order, m.cols, w, g1 - g0, x, tokens.len(), dst);
         }

@@ -33,22 +33,49 @@ pub enum Order {
     /// ggml's tiled K-quant matmul.
     Tiled,
     /// Not a peer order: one fused chain per (row, token) over the blocks' whole integer sums
-    /// (Q4_1 adds its `m·s` chain at the end), for every batch size. What tokens the model
-    /// generates take where weights are packed (`decode_order`): a third of the lane order's
+    /// (Q4_1 adds its `m·s` chain at the end), for every batch size. What packed matrices
+    /// compute every token in (`packed_order`, `prompt_order`): a third of the lane order's
     /// vector work, the same for a row whatever the batch. For Q4_0 it is the repacked order,
     /// for Q4_K the repacked order's per-super-block step, for Q6_K the tiled order.
     Chain,
 }
 
-/// The order for the tokens a model generates (decode, drafts) from a packed matrix of `ty`:
+/// The order a packed matrix of `ty` computes a model's generated tokens (decode, drafts) in:
 /// [`Order::Chain`] where there are kernels for it (`quant::packs_type`), else the peer's
 /// order for a batch of `tokens`.
-pub fn decode_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
+pub fn packed_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
     if crate::quant::packs_type(ty) && has(ty, Order::Chain) {
         Order::Chain
     } else {
         order(ty, rows, tokens)
     }
+}
+
+/// The order a packed matrix of `ty` computes prompt tokens (prefill, scoring) in: the
+/// generated tokens' [`packed_order`], whose prefill is up to twice as fast as the peer's lane
+/// order and which keeps every KLD bar (docs/numerics.md), unless `EDGELM_PROMPT_ORDER=peer`
+/// asks for the order llama.cpp's x86 CPU backend accumulates in ([`order`]).
+pub fn prompt_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
+    if prompts_follow_peer() {
+        order(ty, rows, tokens)
+    } else {
+        packed_order(ty, rows, tokens)
+    }
+}
+
+/// `EDGELM_PROMPT_ORDER`, read once: `peer` for the peer's order, `chain` (the default) or
+/// unset for [`packed_order`].
+fn prompts_follow_peer() -> bool {
+    static PEER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PEER.get_or_init(|| match std::env::var("EDGELM_PROMPT_ORDER") {
+        Ok(v) if v == "peer" => true,
+        Ok(v) if v == "chain" || v.is_empty() => false,
+        Ok(v) => {
+            log::warn!("EDGELM_PROMPT_ORDER={v} is neither `peer` nor `chain`: using `chain`");
+            false
+        }
+        Err(_) => false,
+    })
 }
 
 /// The order ggml-cpu uses for a `rows`-row matrix of `ty` times `tokens` activation rows.

@@ -91,6 +91,7 @@ unsafe fn prepare<B: ActScales>(nb: usize, xs: &[&[B]], c: i32, out: &mut Vec<To
                 let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
                 let bias = _mm256_sll_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), sum), shift);
                 _mm256_storeu_si256(tb.bias.as_mut_ptr().cast(), bias);
+                tb.bias_sum = tb.bias.iter().sum();
             }
         }
     }
@@ -292,7 +293,7 @@ macro_rules! packed_kernels {
                     let xq: [&[i8; 32]; T] =
                         std::array::from_fn(|t| unsafe { x[t].get_unchecked(b).qs() });
                     let mut sum: [__m256i; T] =
-                        std::array::from_fn(|t| _mm256_set1_epi32(toks[t].bias.iter().sum()));
+                        std::array::from_fn(|t| _mm256_set1_epi32(toks[t].bias_sum));
                     for j in 0..4 {
                         let (lo, hi) = values::<L>(gb, h, j, qh);
                         for t in 0..T {

@@ -23,18 +23,16 @@ use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
 use crate::quant::x86::panel::ActScales;
 use crate::quant::GgmlType;
 
-/// Tokens one pass over a group carries: eight accumulators each, sixteen in all, beside the
-/// unpacked quants and scales in the 32 registers.
-const PASS_TOKENS: usize = 2;
-
 /// One token's block, prepared once per call: the f32 scales and, for signed weights, the
-/// starting value of each lane's integer sum (`−c` × the sum of its four activations).
+/// starting value of each lane's integer sum (`−c` × the sum of its four activations) and of
+/// the whole block's (their sum, for the chain order: once here, not once per group).
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(16))]
 pub(super) struct TokenBlock {
     pub(super) bias: [i32; 8],
     pub(super) d: f32,
     pub(super) s: f32,
+    pub(super) bias_sum: i32,
 }
 
 /// Prepares `xs`'s `nb` blocks, token-major (`out[t * nb + b]`), with offset `c` (a power of
@@ -56,6 +54,7 @@ unsafe fn prepare<B: ActScales>(nb: usize, xs: &[&[B]], c: i32, out: &mut Vec<To
                 let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
                 let bias = _mm256_sll_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), sum), shift);
                 _mm256_storeu_si256(tb.bias.as_mut_ptr().cast(), bias);
+                tb.bias_sum = tb.bias.iter().sum();
             }
         }
     }
@@ -331,7 +330,7 @@ macro_rules! chain_group {
                 let xq: [&[i8; 32]; T] =
                     std::array::from_fn(|t| unsafe { &x[t].get_unchecked(b).qs });
                 let mut sum: [__m512i; T] =
-                    std::array::from_fn(|t| _mm512_set1_epi32(toks[t].bias.iter().sum()));
+                    std::array::from_fn(|t| _mm512_set1_epi32(toks[t].bias_sum));
                 for j in 0..4 {
                     let (lo, hi) = $values(gb, j, qh);
                     for t in 0..T {
@@ -415,19 +414,20 @@ pub(in crate::quant) fn checked<'a, B: Block>(
 pub(crate) type PackedFn =
     unsafe fn(nb: usize, w: &[u8], groups: usize, x: &[u8], toks: usize, out: Out);
 
-/// Defines a kernel entry: tokens in passes of [`PASS_TOKENS`] (`$pass`: up to 4, for the
-/// chain order's one accumulator a token), groups outside (a group's weights come from memory
-/// once, later passes find them in L1). With an `$unpack` for the layout, a batch of
+/// Defines a kernel entry: tokens in passes of up to the last of the pass sizes `[$n]` (two
+/// in the lane order, whose eight accumulators a token fill sixteen of the 32 registers;
+/// eight in the chain order, an accumulator and an integer sum a token), groups outside (a
+/// group's weights come from memory once, later passes find them in L1). With an `$unpack` for the layout, a batch of
 /// [`UNPACK_FROM_TOKENS`] or more unpacks each group once and runs its passes with
 /// `$unpacked`.
 macro_rules! packed_kernel {
     ($name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr $(, $unpack:ident, $unpacked:ident)?) => {
-        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, PASS_TOKENS $(, $unpack, $unpacked)?);
+        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, [1 2] $(, $unpack, $unpacked)?);
     };
     (chain $name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr) => {
-        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, 4);
+        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, [1 2 3 4 5 6 7 8]);
     };
-    (@entry $name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr, $pass:expr $(, $unpack:ident, $unpacked:ident)?) => {
+    (@entry $name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr, [$($n:literal)+] $(, $unpack:ident, $unpacked:ident)?) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
         pub(crate) unsafe fn $name(
             nb: usize,
@@ -449,7 +449,8 @@ macro_rules! packed_kernel {
                         let (g, gp) = ($g, $gp);
                         // Passes as even as the pass size allows (five tokens as three and
                         // two, not four and one: a pass's loads cost the same for any size).
-                        let size = toks.div_ceil(toks.div_ceil($pass));
+                        let most = [$($n),+].len();
+                        let size = toks.div_ceil(toks.div_ceil(most));
                         let mut t0 = 0;
                         while t0 < toks {
                             let n = (toks - t0).min(size);
@@ -463,10 +464,8 @@ macro_rules! packed_kernel {
                                 }};
                             }
                             match n {
-                                1 => pass!(1),
-                                2 => pass!(2),
-                                3 => pass!(3),
-                                _ => pass!(4),
+                                $($n => pass!($n),)+
+                                _ => unreachable!("a pass holds at most {most} tokens"),
                             }
                             t0 += n;
                         }
