@@ -89,7 +89,7 @@ pub use formats::{packed, types};
 pub use reference::order;
 
 pub use gemm::{gemm, gemm_level, gemm_packed, gemm_packed_to, packs, packs_type};
-pub use order::{decode_order, order, Order};
+pub use order::{decode_order, order, prompt_order, Order};
 pub use types::GgmlType;
 
 impl GgmlType {

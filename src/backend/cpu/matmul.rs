@@ -293,9 +293,9 @@ fn run_panel(
     });
 }
 
-/// A matmul's tokens as runs of consecutive prompt or generated tokens, each computed in its
-/// own order: prompt tokens in the peer's for a batch of the prompt tokens, generated ones in
-/// `quant::decode_order`.
+/// A packed matrix's tokens as runs of consecutive prompt or generated tokens, each computed
+/// in its own order: prompt tokens in `quant::prompt_order` (the peer's for a batch of the
+/// prompt tokens; the chain order on aarch64), generated ones in `quant::decode_order`.
 struct TokenRuns {
     runs: Vec<(std::ops::Range<usize>, bool)>,
     prompt: usize,
@@ -324,7 +324,7 @@ impl TokenRuns {
         if generated {
             quant::decode_order(m.ty, m.height, self.generated)
         } else {
-            quant::order(m.ty, m.height, self.prompt)
+            quant::prompt_order(m.ty, m.height, self.prompt)
         }
     }
 }

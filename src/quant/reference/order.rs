@@ -51,6 +51,18 @@ pub fn decode_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
     }
 }
 
+/// The order for prompt tokens from a packed matrix of `ty`: the peer's order for a batch of
+/// `tokens` on x86-64; on aarch64, where no peer order is followed and the packed kernels
+/// compute the chain order alone, [`Order::Chain`] (where there are kernels for `ty`) as for
+/// generated tokens. Unpacked matrices take [`order`] everywhere.
+pub fn prompt_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
+    if cfg!(target_arch = "aarch64") && crate::quant::packs_type(ty) && has(ty, Order::Chain) {
+        Order::Chain
+    } else {
+        order(ty, rows, tokens)
+    }
+}
+
 /// The order ggml-cpu uses for a `rows`-row matrix of `ty` times `tokens` activation rows.
 pub fn order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
     use GgmlType::*;

@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::formats::blocks::*;
-use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
+use crate::quant::formats::packed::{checked, group_block_bytes, offsets, Out, GROUP};
 use crate::quant::x86::panel::ActScales;
 use crate::quant::GgmlType;
 
@@ -373,14 +373,6 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Where a packed kernel writes row `r` (of the groups it computes, padding rows included) for
-/// token `t`: `ptr + t * stride + r`.
-#[derive(Clone, Copy)]
-pub(crate) struct Out {
-    pub ptr: *mut f32,
-    pub stride: usize,
-}
-
 impl Out {
     /// Stores the sixteen rows of group `g` for token `t`.
     #[inline]
@@ -389,31 +381,6 @@ impl Out {
         _mm512_storeu_ps(self.ptr.add(t * self.stride + g * GROUP), v)
     }
 }
-
-/// The activation blocks of a call, checked against the matrix: `toks` tokens of `nb` blocks,
-/// `groups` groups of packed `ty`. Every entry starts here, so the kernels may index the
-/// blocks unchecked.
-pub(in crate::quant) fn checked<'a, B: Block>(
-    ty: GgmlType,
-    nb: usize,
-    w: &[u8],
-    groups: usize,
-    x: &'a [u8],
-    toks: usize,
-) -> &'a [B] {
-    let x = cast::<B>(x);
-    assert!(w.len() >= groups * (nb * group_block_bytes(ty)) && x.len() >= toks * nb);
-    x
-}
-
-/// A packed kernel: row `i` of group `g` (padding rows included) against token `t`, for a
-/// packed matrix of `groups` groups of `nb` blocks.
-///
-/// # Safety
-/// The CPU has the kernel's features, and `out` may be written for every token and row: no
-/// other access to those floats while the kernel runs.
-pub(crate) type PackedFn =
-    unsafe fn(nb: usize, w: &[u8], groups: usize, x: &[u8], toks: usize, out: Out);
 
 /// Defines a kernel entry: tokens in passes of [`PASS_TOKENS`] (`$pass`: up to 4, for the
 /// chain order's one accumulator a token), groups outside (a group's weights come from memory
