@@ -14,8 +14,8 @@ use super::arm;
 use super::x86::{self, panel::PanelFn};
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2-vnni" (its EVEX stand-in
-/// "avx2-vnni-evex"), "avx2", "avx2-unpacked", "avx512-vnni-256", on aarch64 "neon-dotprod"
-/// or "neon" (packed kernels, per-pair dots for what is not packed), or "none" (per-pair
+/// "avx2-vnni-evex"), "avx2", "avx2-unpacked", "avx512-vnni-256", on aarch64 "neon-i8mm",
+/// "neon-dotprod" or "neon" (packed kernels, per-pair dots for what is not packed), or "none" (per-pair
 /// dots).
 pub fn gemm_level() -> &'static str {
     panels().name
@@ -73,6 +73,14 @@ const NEON: Panels = Panels {
 const NEON_DOTPROD: Panels = Panels {
     name: "neon-dotprod",
     packed: Some(arm::packed::dotprod::kernel),
+};
+
+/// NEON with `smmla` (i8mm): two tokens' passes over the legacy quants with `smmla`, the
+/// `sdot` kernels for the rest.
+#[cfg(target_arch = "aarch64")]
+const NEON_I8MM: Panels = Panels {
+    name: "neon-i8mm",
+    packed: Some(arm::packed::i8mm::kernel),
 };
 
 /// AVX2 on row-major weights (`EDGELM_SIMD=avx2-unpacked`, for comparison): the 4 × 2 tiles
@@ -173,6 +181,9 @@ fn detect() -> &'static Panels {
     #[cfg(target_arch = "aarch64")]
     {
         let cpu = crate::cpu_features::enabled();
+        if cpu.neon_i8mm {
+            return &NEON_I8MM;
+        }
         if cpu.neon_dotprod {
             return &NEON_DOTPROD;
         }
@@ -578,7 +589,7 @@ mod tests {
     const ALL_PACKED: [GgmlType; 6] = packed::TYPES;
 
     /// The Arm packed kernels at every level this CPU has: plain NEON always, `sdot` where
-    /// the CPU has dotprod (one aarch64 test binary runs under several emulated CPUs;
+    /// the CPU has dotprod, `smmla` where it has i8mm (one aarch64 test binary runs under several emulated CPUs;
     /// scripts/test-aarch64.sh checks the lines printed here against what each CPU has).
     #[cfg(target_arch = "aarch64")]
     #[test]
@@ -588,6 +599,10 @@ mod tests {
         if crate::cpu_features::hardware().neon_dotprod {
             check_packed(&NEON_DOTPROD, &ALL_PACKED);
             eprintln!("packed level checked: neon-dotprod");
+        }
+        if crate::cpu_features::hardware().neon_i8mm {
+            check_packed(&NEON_I8MM, &ALL_PACKED);
+            eprintln!("packed level checked: neon-i8mm");
         }
     }
 

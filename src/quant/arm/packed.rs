@@ -23,6 +23,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
+use crate::quant::arm::packed_i8mm::mmla_chains;
 use crate::quant::formats::blocks::*;
 use crate::quant::formats::packed::{offsets, Out, GROUP};
 use crate::quant::GgmlType;
@@ -274,15 +275,74 @@ impl Legacy for Q8_0 {
     }
 }
 
+/// The float chains of a pass: per token and quarter one register of four rows' `acc` (and
+/// Q4_1's `summs`), stepped as `order::chain_step` (and `m·s`, fused) once per block.
+pub(super) struct Chains<const T: usize> {
+    acc: [[float32x4_t; 4]; T],
+    summs: [[float32x4_t; 4]; T],
+}
+
+impl<const T: usize> Chains<T> {
+    #[inline(always)]
+    pub(super) unsafe fn new() -> Self {
+        let zero = [[vdupq_n_f32(0.0); 4]; T];
+        Chains {
+            acc: zero,
+            summs: zero,
+        }
+    }
+
+    /// One block's step for quarter `q` of group block `gb`: each token's integer sums and
+    /// scales (`[d, s]`).
+    #[inline(always)]
+    pub(super) unsafe fn step<L: Legacy>(
+        &mut self,
+        gb: *const u8,
+        q: usize,
+        sum: [int32x4_t; T],
+        xs: &[[f32; 2]; T],
+    ) {
+        let dw = halves4(gb.add(offsets::D + 8 * q));
+        for t in 0..T {
+            let dd = vmulq_n_f32(dw, xs[t][0]);
+            self.acc[t][q] = vfmaq_f32(self.acc[t][q], vcvtq_f32_s32(sum[t]), dd);
+        }
+        if L::MINIMUMS {
+            let m = halves4(gb.add(offsets::M + 8 * q));
+            for t in 0..T {
+                self.summs[t][q] = vfmaq_n_f32(self.summs[t][q], m, xs[t][1]);
+            }
+        }
+    }
+
+    /// The rows' results: `acc`, plus `summs` where the layout has minimums.
+    #[inline(always)]
+    pub(super) unsafe fn finish<L: Legacy>(self) -> [[float32x4_t; 4]; T] {
+        let mut acc = self.acc;
+        if L::MINIMUMS {
+            for t in 0..T {
+                for q in 0..4 {
+                    acc[t][q] = vaddq_f32(acc[t][q], self.summs[t][q]);
+                }
+            }
+        }
+        acc
+    }
+}
+
 thread_local! {
     /// Per-thread scratch for the activation blocks' f32 scales (reused, never shrunk).
     static SCALES: std::cell::RefCell<Vec<[f32; 2]>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The packed kernels of one level, `$dot` its integer step ([`sdot_lane`] or
-/// [`mull_lane`]), compiled for `$features`.
+/// [`mull_lane`]), compiled for `$features`; `$pair`, where given, computes passes of two
+/// tokens (the i8mm level's `smmla`).
 macro_rules! level {
     ($module:ident, $features:literal, $dot:ident) => {
+        level!($module, $features, $dot, chains);
+    };
+    ($module:ident, $features:literal, $dot:ident, $pair:ident) => {
         pub(in crate::quant) mod $module {
             use super::*;
             use crate::quant::formats::packed::{checked, group_block_bytes, PackedFn};
@@ -333,8 +393,7 @@ macro_rules! level {
                 scales: [&[[f32; 2]]; T],
             ) -> [[float32x4_t; 4]; T] {
                 let gbb = group_block_bytes(L::TY);
-                let mut acc = [[vdupq_n_f32(0.0); 4]; T];
-                let mut summs = [[vdupq_n_f32(0.0); 4]; T];
+                let mut chains = Chains::<T>::new();
                 for b in 0..nb {
                     let gb = g.add(b * gbb);
                     // SAFETY (get_unchecked): the entry checked every token holds nb blocks.
@@ -345,28 +404,22 @@ macro_rules! level {
                     let xs: [[f32; 2]; T] =
                         std::array::from_fn(|t| unsafe { *scales[t].get_unchecked(b) });
                     for q in 0..4 {
-                        let sum = block_sums::<L, T>(gb, q, &xq);
-                        let dw = halves4(gb.add(offsets::D + 8 * q));
-                        for t in 0..T {
-                            let dd = vmulq_n_f32(dw, xs[t][0]);
-                            acc[t][q] = vfmaq_f32(acc[t][q], vcvtq_f32_s32(sum[t]), dd);
-                        }
-                        if L::MINIMUMS {
-                            let m = halves4(gb.add(offsets::M + 8 * q));
-                            for t in 0..T {
-                                summs[t][q] = vfmaq_n_f32(summs[t][q], m, xs[t][1]);
-                            }
-                        }
+                        chains.step::<L>(gb, q, block_sums::<L, T>(gb, q, &xq), &xs);
                     }
                 }
-                if L::MINIMUMS {
-                    for t in 0..T {
-                        for q in 0..4 {
-                            acc[t][q] = vaddq_f32(acc[t][q], summs[t][q]);
-                        }
-                    }
-                }
-                acc
+                chains.finish::<L>()
+            }
+
+            /// Two tokens' pass ([`chains`], or `$pair` where the level has its own).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn chains_2<L: Legacy>(
+                nb: usize,
+                g: *const u8,
+                x: [&[L::X]; 2],
+                scales: [&[[f32; 2]]; 2],
+            ) -> [[float32x4_t; 4]; 2] {
+                $pair::<L, 2>(nb, g, x, scales)
             }
 
             /// A legacy layout in the chain order (see [`PackedFn`]): groups outside, tokens in
@@ -389,14 +442,20 @@ macro_rules! level {
                     for g in 0..groups {
                         let gp = w.as_ptr().add(g * gb);
                         macro_rules! pass {
-                            ($t0:expr, $t:literal) => {{
-                                let xt: [&[L::X]; $t] =
-                                    std::array::from_fn(|i| &x[($t0 + i) * nb..][..nb]);
-                                let st: [&[[f32; 2]]; $t] =
-                                    std::array::from_fn(|i| &sc[($t0 + i) * nb..][..nb]);
-                                out.put_pass($t0, g, chains::<L, $t>(nb, gp, xt, st));
-                            }};
-                        }
+                                    ($t0:expr, $t:tt) => {{
+                                        let xt: [&[L::X]; $t] =
+                                            std::array::from_fn(|i| &x[($t0 + i) * nb..][..nb]);
+                                        let st: [&[[f32; 2]]; $t] =
+                                            std::array::from_fn(|i| &sc[($t0 + i) * nb..][..nb]);
+                                        out.put_pass($t0, g, pass!(@run $t, xt, st));
+                                    }};
+                                    (@run 1, $xt:ident, $st:ident) => {
+                                        chains::<L, 1>(nb, gp, $xt, $st)
+                                    };
+                                    (@run 2, $xt:ident, $st:ident) => {
+                                        chains_2::<L>(nb, gp, $xt, $st)
+                                    };
+                                }
                         in_passes!(toks, pass);
                     }
                 });
@@ -407,3 +466,4 @@ macro_rules! level {
 
 level!(neon, "neon", mull_lane);
 level!(dotprod, "neon,dotprod", sdot_lane);
+level!(i8mm, "neon,dotprod,i8mm", sdot_lane, mmla_chains);

@@ -237,3 +237,5 @@ macro_rules! level {
 
 level!(neon, "neon", mull_lane);
 level!(dotprod, "neon,dotprod", sdot_lane);
+// The i8mm level's K-quant kernels: the `sdot` ones, compiled in its feature set.
+level!(i8mm, "neon,dotprod,i8mm", sdot_lane);

@@ -34,7 +34,8 @@ pub enum Order {
     Tiled,
     /// Not a peer order: one fused chain per (row, token) over the blocks' whole integer sums
     /// (Q4_1 adds its `m·s` chain at the end), for every batch size. What tokens the model
-    /// generates take where weights are packed (`decode_order`): a third of the lane order's
+    /// generates take where weights are packed (`decode_order`), and on aarch64 prompt tokens
+    /// too (`prompt_order`): a third of the lane order's
     /// vector work, the same for a row whatever the batch. For Q4_0 it is the repacked order,
     /// for Q4_K the repacked order's per-super-block step, for Q6_K the tiled order.
     Chain,
