@@ -20,7 +20,8 @@
 //!   AVX-512 VNNI's 256-bit form, or AVX2 alone with `vpdpbusd` emulated exactly);
 //! - `arm/` — `dot` (NEON and NEON `sdot`, ggml-cpu's arch/arm/quants.c), `packed` and
 //!   `packed_k` (over packed groups in the chain order, legacy quants and K-quants, each at
-//!   both levels: by-element `sdot`, or `vmull_s8` and pairwise adds);
+//!   every level: by-element `sdot`, or `vmull_s8` and pairwise adds), `packed_i8mm` (`smmla`
+//!   for two-token passes of the legacy quants);
 //! - `gemm` — matrix-multiply panels (rows × tokens per call), bit-identical to the per-pair dot
 //!   of the product's order; picks the panel kernels for this CPU;
 //! - this file — the public API and the per-process choice of dot kernels;
@@ -47,7 +48,8 @@
 //! | packed groups, Q4_0 Q4_1 Q5_0 Q8_0 | AVX2 + AVX-VNNI (`vex`), AVX-512 VNNI-256 (`evex`), AVX2 alone (`plain`, `vpdpbusd` emulated) | `x86/packed_avx2.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::avx2_vnni_packed_products_…`, `avx2_vnni_evex_packed_products_…`, `avx2_packed_products_…` |
 //! | packed groups, Q4_K Q6_K | AVX2 + AVX-VNNI (`vex`), AVX-512 VNNI-256 (`evex`), AVX2 alone (`plain`, `vpdpbusd` emulated) | `x86/packed_k_avx2.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::avx2_vnni_packed_products_…`, `avx2_vnni_evex_packed_products_…`, `avx2_packed_products_…` |
 //! | packed groups, Q4_0 Q4_1 Q5_0 Q8_0 (chain order) | NEON `sdot` (`dotprod`), NEON (`neon`) | `arm/packed.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::arm_packed_products_…` (each level the CPU has) |
-//! | packed groups, Q4_K Q6_K (chain order) | NEON `sdot` (`dotprod`), NEON (`neon`) | `arm/packed_k.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::arm_packed_products_…` (each level the CPU has) |
+//! | packed groups, Q4_0 Q4_1 Q5_0 Q8_0, two-token passes (chain order) | NEON `smmla` (`i8mm`) | `arm/packed_i8mm.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::arm_packed_products_…` (where the CPU has i8mm) |
+//! | packed groups, Q4_K Q6_K (chain order) | NEON `sdot` (`dotprod`, `i8mm`), NEON (`neon`) | `arm/packed_k.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::arm_packed_products_…` (each level the CPU has) |
 //! | dequantize a row | scalar | `formats/dequant.rs` | gguf-py oracle vectors, bits | `formats::dequant::tests::matches_gguf_py_oracle_bitwise` |
 //! | quantize activations | scalar | `formats/quantize.rs` | oracle vectors, bytes | `formats::quantize::tests::matches_oracle_bytes` |
 //! | quantize a Q8 block | AVX2 | `formats/quantize.rs` (`q8_block_avx2`) | its scalar twin, bits | `formats::quantize::tests::q8_block_avx2_matches_scalar` |

@@ -309,8 +309,8 @@ impl<const T: usize> Chains<T> {
         }
         if L::MINIMUMS {
             let m = halves4(gb.add(offsets::M + 8 * q));
-            for t in 0..T {
-                self.summs[t][q] = vfmaq_n_f32(self.summs[t][q], m, xs[t][1]);
+            for (summs, x) in self.summs.iter_mut().zip(xs) {
+                summs[q] = vfmaq_n_f32(summs[q], m, x[1]);
             }
         }
     }
@@ -320,9 +320,9 @@ impl<const T: usize> Chains<T> {
     pub(super) unsafe fn finish<L: Legacy>(self) -> [[float32x4_t; 4]; T] {
         let mut acc = self.acc;
         if L::MINIMUMS {
-            for t in 0..T {
-                for q in 0..4 {
-                    acc[t][q] = vaddq_f32(acc[t][q], self.summs[t][q]);
+            for (rows, summs) in acc.iter_mut().zip(&self.summs) {
+                for (r, &m) in rows.iter_mut().zip(summs) {
+                    *r = vaddq_f32(*r, m);
                 }
             }
         }
