@@ -15,8 +15,8 @@ use super::x86::{self, panel::PanelFn};
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2-vnni" (its EVEX stand-in
 /// "avx2-vnni-evex"), "avx2", "avx2-unpacked", "avx512-vnni-256", on aarch64 "neon-i8mm",
-/// "neon-dotprod" or "neon" (packed kernels, per-pair dots for what is not packed), or "none" (per-pair
-/// dots).
+/// "neon-dotprod" or "neon" (packed kernels, per-pair dots for what is not packed), or
+/// "none" (per-pair dots).
 pub fn gemm_level() -> &'static str {
     panels().name
 }
@@ -201,8 +201,8 @@ fn panels() -> &'static Panels {
 
 /// Whether this CPU computes from packed matrices (`quant::packed`): it has kernels for them
 /// (AVX-512 VNNI, AVX2 with a 256-bit `vpdpbusd`, or AVX2 alone, which emulates it; not
-/// `EDGELM_SIMD=avx2-unpacked`; on aarch64 NEON, with `sdot` or without). Elsewhere matrices
-/// stay as the file has them.
+/// `EDGELM_SIMD=avx2-unpacked`; on aarch64 NEON, with `sdot`, `smmla` or neither). Elsewhere
+/// matrices stay as the file has them.
 pub fn packs() -> bool {
     panels().packed.is_some()
 }
