@@ -589,8 +589,9 @@ mod tests {
     const ALL_PACKED: [GgmlType; 6] = packed::TYPES;
 
     /// The Arm packed kernels at every level this CPU has: plain NEON always, `sdot` where
-    /// the CPU has dotprod, `smmla` where it has i8mm (one aarch64 test binary runs under several emulated CPUs;
-    /// scripts/test-aarch64.sh checks the lines printed here against what each CPU has).
+    /// the CPU has dotprod, `smmla` where it has i8mm (one aarch64 test binary runs under
+    /// several emulated CPUs; scripts/test-aarch64.sh checks the lines printed here against
+    /// what each CPU has).
     #[cfg(target_arch = "aarch64")]
     #[test]
     fn arm_packed_products_match_per_pair_dots_bit_for_bit() {

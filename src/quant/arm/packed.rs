@@ -332,7 +332,8 @@ impl<const T: usize> Chains<T> {
 
 thread_local! {
     /// Per-thread scratch for the activation blocks' f32 scales (reused, never shrunk).
-    static SCALES: std::cell::RefCell<Vec<[f32; 2]>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCALES: std::cell::RefCell<Vec<[f32; 2]>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The packed kernels of one level, `$dot` its integer step ([`sdot_lane`] or
