@@ -3,16 +3,21 @@
 # aarch64-unknown-linux-gnu with the `cuda` feature (Debian's cross gcc links; no dependency
 # compiles C, as Cargo.lock has no `cc` crate; cudarc loads libcuda/libnvrtc at run time, so
 # the cuda build needs nothing CUDA here) and runs the `quant::` tests under qemu-user, once
-# per emulated CPU model in EDGELM_QEMU_CPUS (default "max neoverse-n1 cortex-a72"): `max` has
-# every extension qemu knows (NEON dotprod, i8mm, SVE2, ...); neoverse-n1 is the closest model
-# to the Jetson Orin's Cortex-A78AE (NEON dotprod and fp16, no i8mm, no SVE); cortex-a72 has
-# plain NEON only, so the kernels chosen at run time without dotprod are covered too. The same
+# per emulated CPU model in EDGELM_QEMU_CPUS (default "max neoverse-n1 neoverse-v1
+# cortex-a72"): `max` has every extension qemu knows (NEON dotprod, i8mm, SVE2, ...);
+# neoverse-n1 is the closest model to the Jetson Orin's Cortex-A78AE (NEON dotprod and fp16, no
+# i8mm, no SVE); neoverse-v1 adds i8mm and SVE (qemu 8 and later; an older qemu-user skips
+# it with a note); cortex-a72 has plain NEON only, so the kernels
+# chosen at run time without dotprod are covered too. On each, the packed-weight test
+# (`arm_packed_products_...`) runs once more to show which levels it checked: every level whose
+# feature the CPU reports must be among them (PACKED_LEVELS below). The same
 # binary then runs the `backend::cuda::` tests once (kernel list, PTX cache, launch shapes), and
 # `cargo clippy --features cuda --all-targets` lints the aarch64 cuda build (the Jetson's
 # target; EDGELM_AARCH64_CLIPPY=0 skips it). The tests take about a second per CPU under
 # emulation; the cross-build is the slow part.
 # Installs the rustup target and the apt packages when absent. Exits non-zero when a test fails
-# or when no quant test ran.
+# or when no quant test ran, or when a packed Arm level was not checked on a CPU that has its
+# feature.
 #
 # The build goes to target/aarch64-cross/ (CARGO_TARGET_DIR overrides), so it never waits on
 # or invalidates the native build in target/.
@@ -22,7 +27,11 @@ cd "$root"
 
 triple="aarch64-unknown-linux-gnu"
 sysroot="/usr/aarch64-linux-gnu"
-cpus="${EDGELM_QEMU_CPUS:-max neoverse-n1 cortex-a72}"
+cpus="${EDGELM_QEMU_CPUS:-max neoverse-n1 neoverse-v1 cortex-a72}"
+# The packed-weight kernel levels, each as "feature:level": the level the test must report as
+# checked on every CPU whose runtime detection sees the feature (plain NEON: every CPU).
+PACKED_LEVELS="neon:neon dotprod:neon-dotprod i8mm:neon-i8mm"
+packed_test="quant::gemm::tests::arm_packed_products_match_per_pair_dots_bit_for_bit"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/aarch64-cross}"
 
 log() { echo "test-aarch64: $*" >&2; }
@@ -85,9 +94,35 @@ for line in sys.stdin:
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 failed=()
+
+# Runs the packed-weight test alone on CPU model $1 (whose features are the probe's line $2)
+# and fails the CPU unless it reports every level PACKED_LEVELS expects there.
+check_packed_levels() {
+    local cpu="$1" present="$2" levels spec feature level
+    set +e
+    levels="$(qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$bin" "$packed_test" --exact --nocapture 2>&1)"
+    set -e
+    for spec in $PACKED_LEVELS; do
+        feature="${spec%%:*}" level="${spec#*:}"
+        [[ " ${present#*present:} " == *" $feature "* ]] || continue
+        if grep -qx "packed level checked: $level" <<<"$levels"; then
+            log "ok: packed kernels checked at level $level on -cpu $cpu"
+        else
+            log "FAILED: -cpu $cpu has $feature but the packed test did not check level $level"
+            failed+=("$cpu:$level")
+        fi
+    done
+}
+known_cpus="$(qemu-aarch64 -cpu help || true)" # it exits 1 after listing them
 for cpu in $cpus; do
+    # neoverse-v1 came with qemu 8; an older qemu-user skips it (`max` still has i8mm).
+    if ! grep -qw -- "$cpu" <<<"$known_cpus"; then
+        log "note: $(qemu-aarch64 --version | head -1) has no CPU model '$cpu': skipped"
+        continue
+    fi
     log "qemu-aarch64 -cpu $cpu: CPU features seen by the crate's runtime detection"
     qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$probe" | tee "$out" >&2
+    present="$(grep 'present:' "$out")"
     grep -q "present:.* dotprod" "$out" \
         || log "note: CPU model '$cpu' has no NEON dotprod: this run covers the plain NEON kernels"
 
@@ -106,6 +141,7 @@ for cpu in $cpus; do
     else
         log "ok: $ran quant:: tests passed on emulated aarch64 (-cpu $cpu)"
     fi
+    check_packed_levels "$cpu" "$present"
 done
 
 # The cuda feature's library tests need no GPU (no test here opens libcuda or libnvrtc).

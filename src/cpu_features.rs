@@ -61,6 +61,8 @@ pub struct Features {
     pub neon: bool,
     /// AArch64 `sdot` (dotprod, on top of `neon`).
     pub neon_dotprod: bool,
+    /// AArch64 `smmla` (i8mm, on top of `neon_dotprod`).
+    pub neon_i8mm: bool,
 }
 
 /// `EDGELM_SIMD`, read and parsed on the first call. An unrecognised value is logged once
@@ -102,6 +104,7 @@ pub fn enabled() -> Features {
             },
             SimdOverride::Neon => Features {
                 neon_dotprod: false,
+                neon_i8mm: false,
                 ..hw
             },
             SimdOverride::Auto | SimdOverride::Avx512In256 => hw,
@@ -146,6 +149,7 @@ fn detect_hardware() -> Features {
     Features {
         neon,
         neon_dotprod: neon && has!("dotprod"),
+        neon_i8mm: neon && has!("dotprod") && has!("i8mm"),
         ..Features::default()
     }
 }
@@ -229,5 +233,7 @@ mod tests {
         assert!(!on.neon_dotprod || hw.neon_dotprod);
         assert!(!hw.avx512_vnni || hw.avx2);
         assert!(!hw.neon_dotprod || hw.neon);
+        assert!(!on.neon_i8mm || hw.neon_i8mm);
+        assert!(!hw.neon_i8mm || hw.neon_dotprod);
     }
 }

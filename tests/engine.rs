@@ -319,6 +319,8 @@ fn scoring_the_peer_tokens_agrees_with_its_argmax() {
     let (engine, thread) = start(64 << 20, 16, 512);
     let reference = reference();
     let (mut agree, mut total) = (0, 0);
+    // Logit gaps between the engine's top token and the peer's where they differ.
+    let mut gaps: Vec<f32> = Vec::new();
     for case in reference["greedy"].as_array().unwrap().iter().take(4) {
         let (prompt, gen) = (ids_of(&case["prompt_ids"]), ids_of(&case["ids"]));
         let mut all = prompt.clone();
@@ -337,9 +339,18 @@ fn scoring_the_peer_tokens_agrees_with_its_argmax() {
             assert_eq!(entry.token, t);
             total += 1;
             agree += usize::from(entry.top[0].0 == t);
+            if entry.top[0].0 != t {
+                gaps.push(entry.top[0].1 - entry.logprob);
+            }
         }
     }
-    assert!(agree * 100 >= total * 98, "{agree}/{total}");
+    // Packed matrices compute prompt tokens in the chain order, not in the peer's
+    // (docs/numerics.md): the argmax may differ from the peer's where the two are near a tie,
+    // as a q8_0 cache's does (tests/reference.rs has the figures).
+    assert!(
+        agree * 100 >= total * 95 && gaps.iter().all(|&g| g < 0.5),
+        "{agree}/{total}, gaps {gaps:?}"
+    );
     wait_idle(&engine);
     engine.shutdown();
     thread.join().unwrap();

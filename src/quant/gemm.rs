@@ -5,18 +5,18 @@
 //! changes the speed, never the numbers.
 
 use super::order::Order;
-use super::packed::{self, GROUP};
+use super::packed::{self, Out, PackedFn, GROUP};
 use super::{vec_dot, GgmlType};
 
+#[cfg(target_arch = "aarch64")]
+use super::arm;
 #[cfg(target_arch = "x86_64")]
-use super::x86::{
-    self,
-    packed_avx512::{Out, PackedFn},
-    panel::PanelFn,
-};
+use super::x86::{self, panel::PanelFn};
 
 /// Which panel kernels this CPU runs: "avx512-vnni", "avx2-vnni" (its EVEX stand-in
-/// "avx2-vnni-evex"), "avx2", "avx2-unpacked", "avx512-vnni-256" or "none" (per-pair dots).
+/// "avx2-vnni-evex"), "avx2", "avx2-unpacked", "avx512-vnni-256", on aarch64 "neon-i8mm",
+/// "neon-dotprod" or "neon" (packed kernels, per-pair dots for what is not packed), or
+/// "none" (per-pair dots).
 pub fn gemm_level() -> &'static str {
     panels().name
 }
@@ -35,12 +35,10 @@ struct Panels {
     #[cfg(target_arch = "x86_64")]
     order: Option<OrderFn>,
     /// The packed kernels by type and order, where this level computes from packed matrices.
-    #[cfg(target_arch = "x86_64")]
     packed: Option<PackedKernels>,
 }
 
 /// A level's packed kernel for a type in an order, where it has one.
-#[cfg(target_arch = "x86_64")]
 type PackedKernels = fn(GgmlType, Order) -> Option<PackedFn>;
 
 /// `x86::order::panel`'s signature: `gemm`'s, one `order` kernel for every type.
@@ -59,8 +57,30 @@ const NONE: Panels = Panels {
     mxfp4: None,
     #[cfg(target_arch = "x86_64")]
     order: None,
-    #[cfg(target_arch = "x86_64")]
     packed: None,
+};
+
+/// NEON: the packed kernels in the chain order (`vmull_s8` and pairwise adds), the per-pair
+/// dots for what is not packed.
+#[cfg(target_arch = "aarch64")]
+const NEON: Panels = Panels {
+    name: "neon",
+    packed: Some(arm::packed::neon::kernel),
+};
+
+/// NEON with `sdot` (dotprod): the same kernels with the by-element `sdot`.
+#[cfg(target_arch = "aarch64")]
+const NEON_DOTPROD: Panels = Panels {
+    name: "neon-dotprod",
+    packed: Some(arm::packed::dotprod::kernel),
+};
+
+/// NEON with `smmla` (i8mm): two tokens' passes over the legacy quants with `smmla`, the
+/// `sdot` kernels for the rest.
+#[cfg(target_arch = "aarch64")]
+const NEON_I8MM: Panels = Panels {
+    name: "neon-i8mm",
+    packed: Some(arm::packed::i8mm::kernel),
 };
 
 /// AVX2 on row-major weights (`EDGELM_SIMD=avx2-unpacked`, for comparison): the 4 × 2 tiles
@@ -158,6 +178,19 @@ fn detect() -> &'static Panels {
             return &AVX2;
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let cpu = crate::cpu_features::enabled();
+        if cpu.neon_i8mm {
+            return &NEON_I8MM;
+        }
+        if cpu.neon_dotprod {
+            return &NEON_DOTPROD;
+        }
+        if cpu.neon {
+            return &NEON;
+        }
+    }
     &NONE
 }
 
@@ -168,25 +201,18 @@ fn panels() -> &'static Panels {
 
 /// Whether this CPU computes from packed matrices (`quant::packed`): it has kernels for them
 /// (AVX-512 VNNI, AVX2 with a 256-bit `vpdpbusd`, or AVX2 alone, which emulates it; not
-/// `EDGELM_SIMD=avx2-unpacked`). Elsewhere matrices stay as the file has
-/// them.
+/// `EDGELM_SIMD=avx2-unpacked`; on aarch64 NEON, with `sdot`, `smmla` or neither). Elsewhere
+/// matrices stay as the file has them.
 pub fn packs() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if panels().packed.is_some() {
-        return true;
-    }
-    false
+    panels().packed.is_some()
 }
 
 /// Whether this CPU computes matrices of `ty` from packed copies: [`packs`], with kernels for
 /// `ty` (a level may cover fewer types than the layout does).
 pub fn packs_type(ty: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(kernels) = panels().packed {
-        return kernels(ty, Order::Chain).is_some();
-    }
-    let _ = ty;
-    false
+    panels()
+        .packed
+        .is_some_and(|kernels| kernels(ty, Order::Chain).is_some())
 }
 
 /// The AVX-512 VNNI packed kernels.
@@ -271,7 +297,6 @@ unsafe fn gemm_packed_with(
     stride: usize,
 ) {
     assert!(w.len() >= groups * packed::group_bytes(ty, n) && stride >= groups * GROUP);
-    #[cfg(target_arch = "x86_64")]
     if let Some(f) = p.packed.and_then(|kernels| kernels(ty, order)) {
         // SAFETY: `p` is `detect`'s choice, made where the CPU has the features its kernels
         // are compiled for, or a test's, which checked; the kernels check the other lengths;
@@ -288,7 +313,6 @@ unsafe fn gemm_packed_with(
         };
         return;
     }
-    let _ = p;
     // No kernel here (matrices are packed only where there are: this serves the tests on
     // other CPUs): the rows back in ggml's layout for the row-major panels.
     let rows = groups * GROUP;
@@ -468,19 +492,17 @@ mod tests {
     }
 
     /// `p` has a packed kernel for `ty` in `order` wherever a matrix of `height` rows would be
-    /// packed, when `ty` is among the types it `covers` (only x86 has packed kernels).
-    #[cfg(target_arch = "x86_64")]
+    /// packed and computed in that order, when `ty` is among the types it `covers` (aarch64
+    /// computes packed matrices in the chain order alone: `order::prompt_order`).
     fn require_kernel(p: &Panels, covers: &[GgmlType], ty: GgmlType, order: Order, height: usize) {
+        let used = cfg!(target_arch = "x86_64") || order == Order::Chain;
         assert!(
-            !(covers.contains(&ty) && packed::packable(ty, height))
+            !(used && covers.contains(&ty) && packed::packable(ty, height))
                 || p.packed.and_then(|k| k(ty, order)).is_some(),
             "{}: no packed kernel for {ty} in {order:?}",
             p.name
         );
     }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    fn require_kernel(_: &Panels, _: &[GgmlType], _: GgmlType, _: Order, _: usize) {}
 
     /// `p`'s packed kernels (the unpacking fallback where it has none) against [`gemm`] on the
     /// unpacked rows, bit for bit, for every small batch and ragged group; `covers` are the
@@ -505,7 +527,7 @@ mod tests {
                 packed::pack_groups(ty, n, &w, rows, 0..groups, &mut pw);
                 let vt = ty.vec_dot_type();
                 let x_row = vt.row_bytes(n as u64).unwrap() as usize;
-                for toks in [1, 2, 3, 5, 7, 8, 9, 12, 17] {
+                for toks in (1..=9).chain([12, 16, 17]) {
                     let mut x = vec![0u8; toks * x_row];
                     for t in 0..toks {
                         let v: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
@@ -564,8 +586,26 @@ mod tests {
         check_packed(&NONE, &[]);
     }
 
-    #[cfg(target_arch = "x86_64")]
     const ALL_PACKED: [GgmlType; 6] = packed::TYPES;
+
+    /// The Arm packed kernels at every level this CPU has: plain NEON always, `sdot` where
+    /// the CPU has dotprod, `smmla` where it has i8mm (one aarch64 test binary runs under
+    /// several emulated CPUs; scripts/test-aarch64.sh checks the lines printed here against
+    /// what each CPU has).
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn arm_packed_products_match_per_pair_dots_bit_for_bit() {
+        check_packed(&NEON, &ALL_PACKED);
+        eprintln!("packed level checked: neon");
+        if crate::cpu_features::hardware().neon_dotprod {
+            check_packed(&NEON_DOTPROD, &ALL_PACKED);
+            eprintln!("packed level checked: neon-dotprod");
+        }
+        if crate::cpu_features::hardware().neon_i8mm {
+            check_packed(&NEON_I8MM, &ALL_PACKED);
+            eprintln!("packed level checked: neon-i8mm");
+        }
+    }
 
     #[cfg(target_arch = "x86_64")]
     #[test]

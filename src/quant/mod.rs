@@ -18,7 +18,10 @@
 //!   `packed_avx512` and `packed_k_avx512` (VNNI over packed groups: legacy quants, K-quants),
 //!   `packed_avx2` and `packed_k_avx2` (the same at 256 bits: AVX2 with AVX-VNNI, with
 //!   AVX-512 VNNI's 256-bit form, or AVX2 alone with `vpdpbusd` emulated exactly);
-//! - `arm/` — `dot` (NEON and NEON `sdot`, ggml-cpu's arch/arm/quants.c);
+//! - `arm/` — `dot` (NEON and NEON `sdot`, ggml-cpu's arch/arm/quants.c), `packed` and
+//!   `packed_k` (over packed groups in the chain order, legacy quants and K-quants, each at
+//!   every level: by-element `sdot`, or `vmull_s8` and pairwise adds), `packed_i8mm` (`smmla`
+//!   for two-token passes of the legacy quants);
 //! - `gemm` — matrix-multiply panels (rows × tokens per call), bit-identical to the per-pair dot
 //!   of the product's order; picks the panel kernels for this CPU;
 //! - this file — the public API and the per-process choice of dot kernels;
@@ -32,10 +35,10 @@
 //! |---|---|---|---|---|
 //! | row dot, all weight types | scalar | `reference/dot.rs` | dequantized f64 dot | `reference::dot::tests::reference_equals_dequantized_dot` |
 //! | row dot, all weight types | AVX2 | `x86/dot.rs` (`AVX2` table) | `reference/dot.rs`, ulp | `tests::fast_paths_match_reference` |
-//! | row dot, Q4_0 Q4_1 Q8_0 | NEON, NEON `sdot` | `arm/dot.rs` (`NEON`, `NEON_DOTPROD`) | `reference/dot.rs`, ulp | `tests::fast_paths_match_reference` |
+//! | row dot, Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K | NEON, NEON `sdot` | `arm/dot.rs` (`NEON`, `NEON_DOTPROD`) | `reference/dot.rs`, ulp | `tests::fast_paths_match_reference` |
 //! | `vpdpbusd` emulated (`dpbusd_u7`, `dpbusd_u8`) | AVX2 | `x86/packed_avx2.rs` | the plain i32 sums, bits | `x86::packed_avx2::tests::emulated_dpbusd_is_exact` |
 //! | row dot, MXFP4 | AVX2, NEON, NEON `sdot` | `x86/dot.rs`, `arm/dot.rs` (a byte shuffle or `tbl` looks the nibbles up) | `reference/dot.rs`, ulp | `tests::fast_paths_match_reference`; the format: `reference::dot::tests::mxfp4_blocks_decode_…` |
-//! | row dot, Q5_0 Q5_1 K-quants F16 BF16 F32 | NEON | not written: the Arm tables take `reference/dot.rs`'s | — | — |
+//! | row dot, Q5_1 Q5_K F16 BF16 F32 | NEON | not written: the Arm tables take `reference/dot.rs`'s | — | — |
 //! | panel, Q4_1 Q8_0 Q5_0 (lane order) | AVX2 (`avx2-unpacked`, and what is not packed), VNNI-256 | `x86/panel.rs` | `vec_dot`, bits | `gemm::tests::avx2_panels_…`, `avx512_vnni_panels_…` |
 //! | panel, Q4_1 Q8_0 Q5_0 (lane order) | AVX-512 VNNI | `x86/panel_avx512.rs` | `vec_dot`, bits | `gemm::tests::avx512_vnni_panels_…` |
 //! | peer orders (repacked, tiled, chain) | scalar | `reference/order.rs` | dequantized product | `reference::order::tests::orders_agree_with_the_dequantized_product` |
@@ -44,13 +47,16 @@
 //! | packed groups, Q4_K Q6_K | AVX-512 VNNI | `x86/packed_k_avx512.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::packed_products_…` |
 //! | packed groups, Q4_0 Q4_1 Q5_0 Q8_0 | AVX2 + AVX-VNNI (`vex`), AVX-512 VNNI-256 (`evex`), AVX2 alone (`plain`, `vpdpbusd` emulated) | `x86/packed_avx2.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::avx2_vnni_packed_products_…`, `avx2_vnni_evex_packed_products_…`, `avx2_packed_products_…` |
 //! | packed groups, Q4_K Q6_K | AVX2 + AVX-VNNI (`vex`), AVX-512 VNNI-256 (`evex`), AVX2 alone (`plain`, `vpdpbusd` emulated) | `x86/packed_k_avx2.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::avx2_vnni_packed_products_…`, `avx2_vnni_evex_packed_products_…`, `avx2_packed_products_…` |
+//! | packed groups, Q4_0 Q4_1 Q5_0 Q8_0 (chain order) | NEON `sdot` (`dotprod`), NEON (`neon`) | `arm/packed.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::arm_packed_products_…` (each level the CPU has) |
+//! | packed groups, Q4_0 Q4_1 Q5_0 Q8_0, two-token passes (chain order) | NEON `smmla` (`i8mm`) | `arm/packed_i8mm.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::arm_packed_products_…` (where the CPU has i8mm) |
+//! | packed groups, Q4_K Q6_K (chain order) | NEON `sdot` (`dotprod`, `i8mm`), NEON (`neon`) | `arm/packed_k.rs` | `gemm` on the unpacked rows, bits | `gemm::tests::arm_packed_products_…` (each level the CPU has) |
 //! | dequantize a row | scalar | `formats/dequant.rs` | gguf-py oracle vectors, bits | `formats::dequant::tests::matches_gguf_py_oracle_bitwise` |
 //! | quantize activations | scalar | `formats/quantize.rs` | oracle vectors, bytes | `formats::quantize::tests::matches_oracle_bytes` |
 //! | quantize a Q8 block | AVX2 | `formats/quantize.rs` (`q8_block_avx2`) | its scalar twin, bits | `formats::quantize::tests::q8_block_avx2_matches_scalar` |
 //! | f16 row → f32 | AVX2 | `x86/dot.rs` (`f16_row`) | `blocks::f16_to_f32`, bits | `tests::f16_rows_convert_exactly` |
 //!
-//! A new kernel goes in its ISA's folder, in the file of its operation: a Q6_K dot for Arm is
-//! a `q6_k_q8_k` in `arm/dot.rs`'s `kernels!` (once per variant, NEON and `sdot`), named in
+//! A new kernel goes in its ISA's folder, in the file of its operation: a Q5_K dot for Arm is
+//! a `q5_k_q8_k` in `arm/dot.rs`'s `kernels!` (once per variant, NEON and `sdot`), named in
 //! its `table!` (which today takes the scalar one); `tests::fast_paths_match_reference` then
 //! holds it to `reference/dot.rs` on every Arm CPU model, with no new test. Another level of an ISA
 //! is a file beside its siblings (an SVE dot: `arm/dot_sve.rs`); another architecture is a new

@@ -272,8 +272,8 @@ mod tests {
     /// its pages were dropped round by round.
     #[test]
     #[cfg_attr(
-        not(host_avx512vnni),
-        ignore = "this CPU has no packed kernels (AVX-512 VNNI)"
+        not(any(host_avx512vnni, target_arch = "aarch64")),
+        ignore = "this CPU has no packed kernels (AVX-512 VNNI, or any aarch64 CPU)"
     )]
     fn packed_matrices_unpack_to_the_file_bytes_after_release() {
         let file = GgufFile::open(test_model_path()).unwrap();

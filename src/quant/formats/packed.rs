@@ -31,7 +31,7 @@
 //! bit `4 + j` of byte `p` that of value `16 + 4j + p`. A shift by a constant then lines them
 //! up with bit 4 of each byte.
 
-use crate::quant::formats::blocks::{pack_scale_min_k4, unpack_scale_min_k4};
+use crate::quant::formats::blocks::{cast, pack_scale_min_k4, unpack_scale_min_k4, Block};
 use crate::quant::GgmlType;
 
 /// Rows per group: one 512-bit register of f32 or i32 lanes.
@@ -48,13 +48,18 @@ pub const TYPES: [GgmlType; 6] = [
 ];
 
 /// Whether a matrix of `ty` that is part of a tensor `height` rows high can be packed: there
-/// are kernels for every order the peer would compute it in (`order::order`). Q4_K is packed
-/// where the peer repacks it (heights a multiple of 8), its only order there.
+/// are kernels for every order the peer would compute it in (`order::order`). On x86-64 Q4_K
+/// is packed where the peer repacks it (heights a multiple of 8), its only order there; on
+/// aarch64 packed matrices take the chain order alone (`order::prompt_order`), whatever the
+/// height.
 pub fn packable(ty: GgmlType, height: usize) -> bool {
     use GgmlType::*;
     match ty {
         Q4_0 | Q4_1 | Q5_0 | Q8_0 | Q6_K => true,
-        Q4_K => crate::quant::order(ty, height, 1) == crate::quant::Order::Repacked,
+        Q4_K => {
+            cfg!(target_arch = "aarch64")
+                || crate::quant::order(ty, height, 1) == crate::quant::Order::Repacked
+        }
         _ => false,
     }
 }
@@ -355,6 +360,39 @@ fn restore_qh(w: u32) -> u32 {
         }
     }
     qh
+}
+
+/// Where a packed kernel writes row `r` (of the groups it computes, padding rows included) for
+/// token `t`: `ptr + t * stride + r`. Each architecture's kernels add their own stores.
+#[derive(Clone, Copy)]
+pub(crate) struct Out {
+    pub ptr: *mut f32,
+    pub stride: usize,
+}
+
+/// A packed kernel: row `i` of group `g` (padding rows included) against token `t`, for a
+/// packed matrix of `groups` groups of `nb` blocks.
+///
+/// # Safety
+/// The CPU has the kernel's features, and `out` may be written for every token and row: no
+/// other access to those floats while the kernel runs.
+pub(crate) type PackedFn =
+    unsafe fn(nb: usize, w: &[u8], groups: usize, x: &[u8], toks: usize, out: Out);
+
+/// The activation blocks of a call, checked against the matrix: `toks` tokens of `nb` blocks,
+/// `groups` groups of packed `ty`. Every entry starts here, so the kernels may index the
+/// blocks unchecked.
+pub(in crate::quant) fn checked<'a, B: Block>(
+    ty: GgmlType,
+    nb: usize,
+    w: &[u8],
+    groups: usize,
+    x: &'a [u8],
+    toks: usize,
+) -> &'a [B] {
+    let x = cast::<B>(x);
+    assert!(w.len() >= groups * (nb * group_block_bytes(ty)) && x.len() >= toks * nb);
+    x
 }
 
 /// Unpacks through [`unpack_rows`] for the types without packed kernels on this CPU: the

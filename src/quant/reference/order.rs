@@ -54,9 +54,10 @@ pub fn packed_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
 /// The order a packed matrix of `ty` computes prompt tokens (prefill, scoring) in: the
 /// generated tokens' [`packed_order`], whose prefill is up to twice as fast as the peer's lane
 /// order and which keeps every KLD bar (docs/numerics.md), unless `EDGELM_PROMPT_ORDER=peer`
-/// asks for the order llama.cpp's x86 CPU backend accumulates in ([`order`]).
+/// asks for the order llama.cpp's x86 CPU backend accumulates in ([`order`]) on x86-64.
 pub fn prompt_order(ty: GgmlType, rows: usize, tokens: usize) -> Order {
-    if prompts_follow_peer() {
+    // aarch64 has packed kernels for the chain order alone (and no peer order to follow).
+    if prompts_follow_peer() && cfg!(target_arch = "x86_64") {
         order(ty, rows, tokens)
     } else {
         packed_order(ty, rows, tokens)

@@ -24,9 +24,9 @@
 use std::arch::x86_64::*;
 
 use crate::quant::formats::blocks::*;
-use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
+use crate::quant::formats::packed::{checked, group_block_bytes, offsets, Out, PackedFn, GROUP};
 use crate::quant::order::Order;
-use crate::quant::x86::packed_avx512::{checked, Out, PackedFn, TokenBlock};
+use crate::quant::x86::packed_avx512::TokenBlock;
 use crate::quant::x86::panel::ActScales;
 use crate::quant::GgmlType;
 

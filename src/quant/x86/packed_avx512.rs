@@ -19,7 +19,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::formats::blocks::*;
-use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
+use crate::quant::formats::packed::{checked, group_block_bytes, offsets, Out, GROUP};
 use crate::quant::x86::panel::ActScales;
 use crate::quant::GgmlType;
 
@@ -381,14 +381,6 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Where a packed kernel writes row `r` (of the groups it computes, padding rows included) for
-/// token `t`: `ptr + t * stride + r`.
-#[derive(Clone, Copy)]
-pub(crate) struct Out {
-    pub ptr: *mut f32,
-    pub stride: usize,
-}
-
 impl Out {
     /// Stores the sixteen rows of group `g` for token `t`.
     #[inline]
@@ -398,35 +390,11 @@ impl Out {
     }
 }
 
-/// The activation blocks of a call, checked against the matrix: `toks` tokens of `nb` blocks,
-/// `groups` groups of packed `ty`. Every entry starts here, so the kernels may index the
-/// blocks unchecked.
-pub(in crate::quant) fn checked<'a, B: Block>(
-    ty: GgmlType,
-    nb: usize,
-    w: &[u8],
-    groups: usize,
-    x: &'a [u8],
-    toks: usize,
-) -> &'a [B] {
-    let x = cast::<B>(x);
-    assert!(w.len() >= groups * (nb * group_block_bytes(ty)) && x.len() >= toks * nb);
-    x
-}
-
-/// A packed kernel: row `i` of group `g` (padding rows included) against token `t`, for a
-/// packed matrix of `groups` groups of `nb` blocks.
-///
-/// # Safety
-/// The CPU has the kernel's features, and `out` may be written for every token and row: no
-/// other access to those floats while the kernel runs.
-pub(crate) type PackedFn =
-    unsafe fn(nb: usize, w: &[u8], groups: usize, x: &[u8], toks: usize, out: Out);
-
 /// Defines a kernel entry: tokens in passes of up to the last of the pass sizes `[$n]` (two
 /// in the lane order, whose eight accumulators a token fill sixteen of the 32 registers;
 /// eight in the chain order, an accumulator and an integer sum a token), groups outside (a
-/// group's weights come from memory once, later passes find them in L1). With an `$unpack` for the layout, a batch of
+/// group's weights come from memory once, later passes find them in L1). With an `$unpack`
+/// for the layout, a batch of
 /// [`UNPACK_FROM_TOKENS`] or more unpacks each group once and runs its passes with
 /// `$unpacked`.
 macro_rules! packed_kernel {

@@ -9,10 +9,9 @@
 use std::arch::x86_64::*;
 
 use crate::quant::formats::blocks::*;
-use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
+use crate::quant::formats::packed::{checked, group_block_bytes, offsets, Out, PackedFn, GROUP};
 use crate::quant::order::Order;
 use crate::quant::x86::packed_avx2::dpbusd_u7;
-use crate::quant::x86::packed_avx512::{checked, Out, PackedFn};
 use crate::quant::GgmlType;
 
 /// Rows per register: half a group.

@@ -10,8 +10,8 @@
 use std::arch::x86_64::*;
 
 use crate::quant::formats::blocks::*;
-use crate::quant::formats::packed::{group_block_bytes, offsets, GROUP};
-use crate::quant::x86::packed_avx512::{checked, halves_at, Out};
+use crate::quant::formats::packed::{checked, group_block_bytes, offsets, Out, GROUP};
+use crate::quant::x86::packed_avx512::halves_at;
 use crate::quant::GgmlType;
 
 /// Sixteen bytes at `p` (one per row) as i32 lanes, zero- or sign-extended.
@@ -312,7 +312,7 @@ macro_rules! in_pairs {
     }};
 }
 
-/// Q4_K in the repacked order (see `packed_avx512::PackedFn`).
+/// Q4_K in the repacked order (see `packed::PackedFn`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
 pub(crate) unsafe fn q4_k_repacked(
     nb: usize,
