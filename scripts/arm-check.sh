@@ -95,7 +95,7 @@ report="$out/report.txt"
     else
         echo "$(uname -m), $(nproc) cores, $(grep -m1 -E '^(model name|Model)' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //' || true)"
         grep -m1 '^CPU part' /proc/cpuinfo || true
-        [ -r /proc/device-tree/model ] && echo "board: $(tr -d '\0' </proc/device-tree/model)"
+        if [ -r /proc/device-tree/model ]; then echo "board: $(tr -d '\0' </proc/device-tree/model)"; fi
     fi
 } | tee "$report"
 if [ -n "$qemu_cpu" ]; then

@@ -93,8 +93,9 @@ if [ ! -f "$plugin" ] || [ "$plugin" -ot scripts/qemu-insn-count.c ]; then
         if [ -f /etc/apt/sources.list ]; then
             sed -n 's/^deb /deb-src /p' /etc/apt/sources.list >"$apt_dir/parts/main.list"
         fi
+        # Sandbox::User=root: the private cache is root's, which apt's _apt user cannot write.
         apt_opts=(-o Dir::Etc::SourceList="$apt_dir/none.list" -o Dir::Etc::SourceParts="$apt_dir/parts"
-            -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache")
+            -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache" -o APT::Sandbox::User=root)
         apt-get -qq "${apt_opts[@]}" update || die "apt-get update (source lists) failed"
         (cd "$apt_dir/src" && apt-get -qq "${apt_opts[@]}" source --download-only "qemu=$qemu_version" >&2) \
             || die "apt-get source qemu=$qemu_version failed"
