@@ -141,7 +141,7 @@ tokens() {
     "${qemu[@]}" "$edgelm" tokenize -m "$model" "$1" 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))'
 }
 dp=$(($(tokens "$(words "$p_hi")") - $(tokens "$(words "$p_lo")")))
-[ "$dp" -eq $((p_hi - p_lo)) ] || die "the prompts differ by $dp tokens, not $((p_hi - p_lo)): pick another word"
+[ "$dp" -eq $((p_hi - p_lo)) ] || die "the prompts differ by $dp tokens, not $((p_hi - p_lo)): \" the\" is not one token per word in this vocabulary"
 
 tag="$(basename "$model" .gguf)-$cpu${EDGELM_SIMD:+-$EDGELM_SIMD}"
 log "$tag: edgelm"
