@@ -7,7 +7,8 @@
 #   scripts/arm-insns.sh [-m MODEL.gguf] [-c CPU] [-p LO,HI] [-n LO,HI]
 #       -m  the model (default models/SmolLM2-135M-Instruct.Q4_1.gguf)
 #       -c  qemu's CPU model, also llama.cpp's -mcpu (default neoverse-n1: the Jetson Orin's
-#           level, NEON dotprod, no i8mm; neoverse-v1 has i8mm; cortex-a72 plain NEON)
+#           level, NEON dotprod, no i8mm; cortex-a72 plain NEON; neoverse-v1, with i8mm,
+#           needs qemu 8.1 or later: Debian 12's qemu-user 7.2 lacks it)
 #       -p  prompt lengths of the two prefill runs (default 64,128)
 #       -n  generated tokens of the two decode runs (default 16,48)
 #   EDGELM_SIMD=neon scripts/arm-insns.sh ...   edgelm's plain NEON kernels (passed through)
@@ -59,6 +60,11 @@ done
 aarch64_install c++
 aarch64_rust
 command -v gcc >/dev/null || die "no host gcc to compile the qemu plugin"
+# qemu 7.2 (Debian 12) knows neoverse-n1 and cortex-a72 but not neoverse-v1 (qemu 8.1+).
+# (`-cpu help` exits 1 after listing them, hence the || true.)
+cpu_models="$(qemu-aarch64 -cpu help 2>&1 | awk 'NR > 1 { print $1 }' || true)"
+grep -qx -- "$cpu" <<<"$cpu_models" \
+    || die "this qemu-aarch64 ($(qemu-aarch64 --version | head -1)) has no CPU model $cpu (qemu-aarch64 -cpu help)"
 
 work="$root/target/arm-insns"
 mkdir -p "$work"
@@ -138,9 +144,12 @@ count() {
 # words N: a prompt of N repeated words, one token each in both models' vocabularies (checked).
 words() { local i s=""; for ((i = 0; i < $1; i++)); do s+=" the"; done; echo "${s# }"; }
 tokens() {
-    "${qemu[@]}" "$edgelm" tokenize -m "$model" "$1" 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))'
+    "${qemu[@]}" "$edgelm" tokenize -m "$model" "$1" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))' \
+        || die "edgelm tokenize failed on $model"
 }
-dp=$(($(tokens "$(words "$p_hi")") - $(tokens "$(words "$p_lo")")))
+n_p_lo="$(tokens "$(words "$p_lo")")"
+n_p_hi="$(tokens "$(words "$p_hi")")"
+dp=$((n_p_hi - n_p_lo))
 [ "$dp" -eq $((p_hi - p_lo)) ] || die "the prompts differ by $dp tokens, not $((p_hi - p_lo)): \" the\" is not one token per word in this vocabulary"
 
 tag="$(basename "$model" .gguf)-$cpu${EDGELM_SIMD:+-$EDGELM_SIMD}"
