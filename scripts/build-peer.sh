@@ -42,8 +42,11 @@ peer_src="$peer_dir/src/$peer_dist"
 peer_build="$peer_dir/build"
 
 # Some VMs report AMX in cpuid but fault on it (SIGILL in ggml's AMX matmul), so AMX is kept
-# out of -march=native (GCC lets explicit -mno-* flags win over -march).
-no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+# out of -march=native (GCC lets explicit -mno-* flags win over -march). The flags are x86's:
+# on an aarch64 host (a Jetson, a Raspberry Pi, a Graviton) GCC would reject them, and ggml's
+# native build there is -mcpu=native.
+no_amx=""
+case "$(uname -m)" in x86_64|i?86) no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" ;; esac
 case "$flavour" in
     native|ik) isa=(-DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$no_amx" -DCMAKE_CXX_FLAGS="$no_amx") ;;
     avx2-vnni) isa=(-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON
@@ -69,12 +72,18 @@ build_peer() {
     command -v cmake >/dev/null || tools+=(cmake)
     command -v c++ >/dev/null || tools+=(g++)
     command -v make >/dev/null || tools+=(make)
-    case "$flavour" in aarch64-*) command -v aarch64-linux-gnu-g++ >/dev/null || tools+=(g++-aarch64-linux-gnu) ;; esac
     if [ ${#tools[@]} -gt 0 ]; then
         log "installing ${tools[*]}"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tools[@]}" >/dev/null
     fi
+    case "$flavour" in
+        aarch64-*)
+            # shellcheck source=scripts/aarch64-toolchain.sh
+            . "$root/scripts/aarch64-toolchain.sh"
+            aarch64_install c++
+            ;;
+    esac
 
     mkdir -p "$peer_dir/dl" "$peer_dir/src"
     local tarball="$peer_dir/dl/$peer_dist.tar.gz"

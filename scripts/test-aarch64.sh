@@ -25,8 +25,6 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-triple="aarch64-unknown-linux-gnu"
-sysroot="/usr/aarch64-linux-gnu"
 cpus="${EDGELM_QEMU_CPUS:-max neoverse-n1 neoverse-v1 cortex-a72}"
 # The packed-weight kernel levels, each as "feature:level": the level the test must report as
 # checked on every CPU whose runtime detection sees the feature (plain NEON: every CPU).
@@ -37,50 +35,21 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/aarch64-cross}"
 log() { echo "test-aarch64: $*" >&2; }
 
 # --- toolchain -----------------------------------------------------------------------------
-if ! rustup target list --installed | grep -qx "$triple"; then
-    log "rustup target add $triple"
-    rustup --quiet target add "$triple"
-fi
-if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null \
-        || [ ! -f "$sysroot/include/stdio.h" ] || [ ! -e "$sysroot/lib/ld-linux-aarch64.so.1" ]; then
-    log "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null
-fi
-
-# The linker comes from .cargo/config.toml (repeated here so that the script stands alone);
-# CC/AR name the cross compiler too, for any build script that compiles C (none in Cargo.lock does).
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
+# shellcheck source=scripts/aarch64-toolchain.sh
+. "$root/scripts/aarch64-toolchain.sh"
+aarch64_install
+aarch64_rust
 unset EDGELM_SIMD # the tests must see the NEON kernels, not the forced scalar path
 
 # --- what the emulated CPU reports -----------------------------------------------------------
-# The same runtime detection the crate uses (std's is_aarch64_feature_detected!).
-mkdir -p "$CARGO_TARGET_DIR"
+aarch64_probe "$CARGO_TARGET_DIR"
 probe="$CARGO_TARGET_DIR/cpu-features"
-if [ ! -x "$probe" ]; then
-    cat >"$probe.rs" <<'RS'
-fn main() {
-    macro_rules! report { ($($f:tt),*) => {{
-        let (mut have, mut lack) = (Vec::new(), Vec::new());
-        $( if std::arch::is_aarch64_feature_detected!($f) { have.push($f) } else { lack.push($f) } )*
-        println!("  present: {}", have.join(" "));
-        println!("  absent:  {}", if lack.is_empty() { "-".to_string() } else { lack.join(" ") });
-    }} }
-    report!("neon", "dotprod", "i8mm", "fp16", "fhm", "rdm", "bf16", "sve", "sve2", "lse",
-            "crc", "aes", "sha2", "sha3", "rcpc");
-}
-RS
-    rustc --edition 2021 -O --target "$triple" -C linker=aarch64-linux-gnu-gcc \
-        -o "$probe" "$probe.rs"
-fi
+
 # Build once, then run the same test binary under each CPU model (the cargo runner in
 # .cargo/config.toml does the same for a plain `cargo test --target aarch64-unknown-linux-gnu`).
 # With `--features cuda`: one cross-build covers the quant kernels and the cuda feature.
-log "cargo test --profile suite --target $triple --features cuda --lib --no-run"
-bin="$(cargo test --profile suite --target "$triple" --features cuda --lib --no-run \
+log "cargo test --profile suite --target $aarch64_triple --features cuda --lib --no-run"
+bin="$(cargo test --profile suite --target "$aarch64_triple" --features cuda --lib --no-run \
     --message-format=json-render-diagnostics \
     | python3 -c '
 import json, sys
@@ -100,7 +69,7 @@ failed=()
 check_packed_levels() {
     local cpu="$1" present="$2" levels spec feature level
     set +e
-    levels="$(qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$bin" "$packed_test" --exact --nocapture 2>&1)"
+    levels="$(qemu-aarch64 -cpu "$cpu" -L "$aarch64_sysroot" "$bin" "$packed_test" --exact --nocapture 2>&1)"
     set -e
     for spec in $PACKED_LEVELS; do
         feature="${spec%%:*}" level="${spec#*:}"
@@ -121,14 +90,14 @@ for cpu in $cpus; do
         continue
     fi
     log "qemu-aarch64 -cpu $cpu: CPU features seen by the crate's runtime detection"
-    qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$probe" | tee "$out" >&2
+    qemu-aarch64 -cpu "$cpu" -L "$aarch64_sysroot" "$probe" | tee "$out" >&2
     present="$(grep 'present:' "$out")"
     grep -q "present:.* dotprod" "$out" \
         || log "note: CPU model '$cpu' has no NEON dotprod: this run covers the plain NEON kernels"
 
     log "qemu-aarch64 -cpu $cpu ${bin#"$root"/} quant::"
     set +e
-    qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$bin" quant:: 2>&1 | tee "$out"
+    qemu-aarch64 -cpu "$cpu" -L "$aarch64_sysroot" "$bin" quant:: 2>&1 | tee "$out"
     status=${PIPESTATUS[0]}
     set -e
     ran="$(grep -c '^test quant::.* \.\.\. ok$' "$out" || true)"
@@ -147,7 +116,7 @@ done
 # The cuda feature's library tests need no GPU (no test here opens libcuda or libnvrtc).
 log "qemu-aarch64 -cpu max ${bin#"$root"/} backend::cuda::"
 set +e
-qemu-aarch64 -cpu max -L "$sysroot" "$bin" backend::cuda:: 2>&1 | tee "$out"
+qemu-aarch64 -cpu max -L "$aarch64_sysroot" "$bin" backend::cuda:: 2>&1 | tee "$out"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -ne 0 ] || ! grep -q '^test result: ok\. [1-9][0-9]* passed' "$out"; then
@@ -156,8 +125,8 @@ if [ "$status" -ne 0 ] || ! grep -q '^test result: ok\. [1-9][0-9]* passed' "$ou
 fi
 
 if [ "${EDGELM_AARCH64_CLIPPY:-1}" != 0 ]; then
-    log "cargo clippy --target $triple --features cuda --all-targets -- -D warnings"
-    cargo clippy --quiet --target "$triple" --features cuda --all-targets -- -D warnings \
+    log "cargo clippy --target $aarch64_triple --features cuda --all-targets -- -D warnings"
+    cargo clippy --quiet --target "$aarch64_triple" --features cuda --all-targets -- -D warnings \
         || failed+=("clippy")
 fi
 
