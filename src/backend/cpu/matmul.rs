@@ -141,23 +141,29 @@ pub fn matmul_fused(
                 .1;
             &xq[at][..]
         };
-        // Tasks are panels of rows × all tokens: a panel's weights stay in cache while every
-        // token passes over them.
+        // Tasks are panels of rows × all tokens (a panel's weights stay in cache while every
+        // token passes over them), or for a long prompt through packed matrices, tall panels
+        // × chunks of tokens (`token_chunks`).
         let rows_per_task = panel_rows(mats, n_tok, pool::threads());
-        let tasks: Vec<(usize, usize)> = mats
-            .iter()
-            .zip(&rows_per_task)
-            .enumerate()
-            .flat_map(|(i, (m, &step))| (0..m.rows).step_by(step).map(move |r0| (i, r0)))
+        let chunk = token_chunks(mats, n_tok);
+        let rows_of = |i: usize| chunk.map_or(rows_per_task[i], |_| TALL_PANEL_ROWS);
+        let tasks: Vec<(usize, usize, usize)> = (0..mats.len())
+            .flat_map(|i| (0..mats[i].rows).step_by(rows_of(i)).map(move |r0| (i, r0)))
+            .flat_map(|(i, r0)| {
+                (0..n_tok)
+                    .step_by(chunk.unwrap_or(n_tok.max(1)))
+                    .map(move |t0| (i, r0, t0))
+            })
             .collect();
         let shared: Vec<SharedSlice<f32>> = outs.iter_mut().map(|o| SharedSlice::new(o)).collect();
         let runs = TokenRuns::of(generated, n_tok);
         pool::parallel_for(tasks.len(), |task| {
-            let (i, r0) = tasks[task];
+            let (i, r0, t0) = tasks[task];
             let m = &mats[i];
-            let r1 = (r0 + rows_per_task[i]).min(m.rows);
+            let r1 = (r0 + rows_of(i)).min(m.rows);
             if m.packed {
-                run_packed_panel(m, xq_of(m.ty), &runs, r0..r1, shared[i]);
+                let t1 = (t0 + chunk.unwrap_or(n_tok)).min(n_tok);
+                run_packed_panel(m, xq_of(m.ty), &runs, r0..r1, t0..t1, shared[i]);
             } else {
                 run_panel(m, xq_of(m.ty), n_tok, r0..r1, shared[i]);
             }
@@ -217,11 +223,35 @@ pub fn matmul_each(
         let (m, xq) = (&mats[i], &quantized[which[i]][..]);
         let r1 = (r0 + step).min(m.rows);
         if m.packed {
-            run_packed_panel(m, xq, &runs[i], r0..r1, shared[i]);
+            run_packed_panel(m, xq, &runs[i], r0..r1, 0..n_of(i), shared[i]);
         } else {
             run_panel(m, xq, n_of(i), r0..r1, shared[i]);
         }
     });
+}
+
+/// Rows per task where the tasks are also split by tokens (`token_chunks`): a multiple of
+/// every packed granule, a few hundred KiB of weights at most, which the task's token passes
+/// find in L2.
+const TALL_PANEL_ROWS: usize = 256;
+
+/// Tokens per task for a fused matmul over `n_tok` tokens, where tasks split the tokens too:
+/// a long prompt through packed matrices only. A packed kernel prepares its tokens'
+/// activation blocks once per call, so panels of a few rows × every token prepared them once
+/// per panel (a tenth of a 512-token prefill); tall panels × token chunks prepare them about
+/// once per matrix, with as many tasks for the balance (+6% on a 512-token prefill of either
+/// real model). Only where every token takes the chain order, whose numbers do not depend on
+/// how the tokens are split (the peer's Q4_K GEMM treats a batch's last `n mod 4` tokens
+/// apart). `None`: panels of rows × all tokens.
+fn token_chunks(mats: &[WeightRef<'_>], n_tok: usize) -> Option<usize> {
+    /// Tokens per chunk (four AVX-512 chain passes).
+    const CHUNK: usize = 32;
+    let tall = mats.iter().all(|m| {
+        m.packed
+            && TALL_PANEL_ROWS.is_multiple_of(m.granule())
+            && quant::prompt_order(m.ty, m.height, n_tok) == quant::Order::Chain
+    });
+    (tall && n_tok >= 4 * CHUNK).then_some(CHUNK)
 }
 
 /// Rows per task for each matrix of a fused matmul over `n_tok` tokens on `threads` threads.
@@ -328,15 +358,24 @@ impl TokenRuns {
         }
     }
 
-    /// The runs with their orders, neighbours of the same order joined: one kernel call
-    /// (one preparation of the activations) for a mixed batch whose kinds share an order.
-    fn ordered(&self, m: &WeightRef<'_>) -> Vec<(std::ops::Range<usize>, quant::Order)> {
+    /// The runs within `tokens` with their orders, neighbours of the same order joined: one
+    /// kernel call (one preparation of the activations) for a mixed batch whose kinds share an
+    /// order.
+    fn ordered(
+        &self,
+        m: &WeightRef<'_>,
+        tokens: std::ops::Range<usize>,
+    ) -> Vec<(std::ops::Range<usize>, quant::Order)> {
         let mut out: Vec<(std::ops::Range<usize>, quant::Order)> = Vec::new();
-        for (tokens, generated) in &self.runs {
+        for (run, generated) in &self.runs {
+            let span = run.start.max(tokens.start)..run.end.min(tokens.end);
+            if span.is_empty() {
+                continue;
+            }
             let order = self.order(m, *generated);
             match out.last_mut() {
-                Some((r, o)) if *o == order => r.end = tokens.end,
-                _ => out.push((tokens.clone(), order)),
+                Some((r, o)) if *o == order => r.end = span.end,
+                _ => out.push((span, order)),
             }
         }
         out
@@ -351,6 +390,7 @@ fn run_packed_panel(
     xq: &[u8],
     runs: &TokenRuns,
     r: std::ops::Range<usize>,
+    tokens: std::ops::Range<usize>,
     out: SharedSlice<f32>,
 ) {
     let (r0, r1) = (r.start, r.end);
@@ -362,12 +402,12 @@ fn run_packed_panel(
         m.ty.vec_dot_type()
             .row_bytes(m.cols as u64)
             .expect("checked") as usize;
-    let n_tok = runs.runs.last().map_or(0, |(r, _)| r.end);
+    let spans = runs.ordered(m, tokens.clone());
     if (g1 - g0) * GROUP == r1 - r0 {
-        for (tokens, order) in runs.ordered(m) {
-            let (t0, n) = (tokens.start, tokens.len());
+        for (span, order) in spans {
+            let (t0, n) = (span.start, span.len());
             let first = out.span_ptr(t0 * m.rows + r0, (n - 1) * m.rows + r1 - r0);
-            let x = &xq[t0 * x_row..tokens.end * x_row];
+            let x = &xq[t0 * x_row..span.end * x_row];
             // SAFETY: rows r0..r1 of every token (stride m.rows, inside the span checked
             // above) belong to this task alone.
             unsafe { quant::gemm_packed_to(m.ty, order, m.cols, w, g1 - g0, x, n, first, m.rows) };
@@ -375,17 +415,19 @@ fn run_packed_panel(
         return;
     }
     let width = (g1 - g0) * GROUP;
+    let t_first = tokens.start;
     PANEL.with_borrow_mut(|panel| {
-        panel.resize(width * n_tok, 0.0);
-        for (tokens, order) in runs.ordered(m) {
-            let x = &xq[tokens.start * x_row..tokens.end * x_row];
-            let dst = &mut panel[tokens.start * width..tokens.end * width];
-            quant::gemm_packed(m.ty, order, m.cols, w, g1 - g0, x, tokens.len(), dst);
+        panel.resize(width * tokens.len(), 0.0);
+        for (span, order) in spans {
+            let x = &xq[span.start * x_row..span.end * x_row];
+            let dst = &mut panel[(span.start - t_first) * width..(span.end - t_first) * width];
+            quant::gemm_packed(m.ty, order, m.cols, w, g1 - g0, x, span.len(), dst);
         }
-        for t in 0..n_tok {
-            // SAFETY: rows r0..r1 of every token belong to this task alone.
+        for t in tokens {
+            // SAFETY: rows r0..r1 of these tokens belong to this task alone.
             let dst = unsafe { out.slice_mut(t * m.rows + r0, r1 - r0) };
-            dst.copy_from_slice(&panel[t * width..t * width + (r1 - r0)]);
+            let at = (t - t_first) * width;
+            dst.copy_from_slice(&panel[at..at + (r1 - r0)]);
         }
     });
 }
