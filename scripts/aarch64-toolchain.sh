@@ -9,6 +9,9 @@
 #   aarch64_rust            adds the rustup target and exports the cross linker for cargo
 #   aarch64_probe DIR       builds DIR/cpu-features, which prints the CPU features std's runtime
 #                           detection sees (run it under qemu-aarch64 -cpu MODEL -L $aarch64_sysroot)
+#   aarch64_qemu_for MODEL DIR
+#                           prints a qemu-aarch64 that emulates CPU MODEL: the installed one, or
+#                           else Debian 13's (qemu 10, static binaries), fetched once into DIR
 
 aarch64_triple="aarch64-unknown-linux-gnu"
 aarch64_sysroot="/usr/aarch64-linux-gnu"
@@ -61,4 +64,34 @@ fn main() {
 RS
     rustc --edition 2021 -O --target "$aarch64_triple" -C linker=aarch64-linux-gnu-gcc \
         -o "$dir/cpu-features" "$dir/cpu-features.rs"
+}
+
+# Debian 12's qemu-user is 7.2, which lacks CPU models that came later (neoverse-v1, the i8mm
+# model, came in 8.1). Debian 13's qemu-user package holds static binaries of qemu 10 that run
+# here; apt fetches it with a sources list and state of its own under DIR, so the system's apt
+# setup is never touched.
+aarch64_qemu_for() {
+    local model="$1" dir="$2" apt_opts
+    # `-cpu help` exits 1 after listing the models.
+    if (qemu-aarch64 -cpu help || true) | grep -qw -- "$model"; then
+        command -v qemu-aarch64
+        return 0
+    fi
+    if [ ! -x "$dir/usr/bin/qemu-aarch64" ]; then
+        echo "aarch64-toolchain: qemu-user from Debian 13 into $dir (this qemu lacks -cpu $model)" >&2
+        mkdir -p "$dir/apt/lists/partial" "$dir/apt/cache/archives/partial"
+        echo "deb [arch=amd64] http://deb.debian.org/debian trixie main" >"$dir/apt/sources.list"
+        apt_opts=(-o "Dir::Etc::SourceList=$dir/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+            -o "Dir::State::Lists=$dir/apt/lists" -o "Dir::Cache=$dir/apt/cache"
+            -o APT::Sandbox::User=root)
+        apt-get "${apt_opts[@]}" update -qq >&2
+        (cd "$dir/apt" && apt-get "${apt_opts[@]}" download qemu-user/trixie >&2)
+        dpkg-deb -x "$dir"/apt/qemu-user_*.deb "$dir"
+        rm -rf "$dir/apt"
+    fi
+    ("$dir/usr/bin/qemu-aarch64" -cpu help || true) | grep -qw -- "$model" || {
+        echo "aarch64-toolchain: no qemu-aarch64 here emulates -cpu $model" >&2
+        return 1
+    }
+    echo "$dir/usr/bin/qemu-aarch64"
 }

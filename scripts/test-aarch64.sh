@@ -6,12 +6,12 @@
 # per emulated CPU model in EDGELM_QEMU_CPUS (default "max neoverse-n1 neoverse-v1
 # cortex-a72"): `max` has every extension qemu knows (NEON dotprod, i8mm, SVE2, ...);
 # neoverse-n1 is the closest model to the Jetson Orin's Cortex-A78AE (NEON dotprod and fp16, no
-# i8mm, no SVE); neoverse-v1 adds i8mm and SVE (qemu 8 and later; an older qemu-user skips
-# it with a note); cortex-a72 has plain NEON only, so the kernels
-# chosen at run time without dotprod are covered too. On each, the packed-weight test
-# (`arm_packed_products_...`) runs once more to show which levels it checked: every level whose
-# feature the CPU reports must be among them (PACKED_LEVELS below). The same
-# binary then runs the `backend::cuda::` tests once (kernel list, PTX cache, launch shapes), and
+# i8mm, no SVE); neoverse-v1 adds i8mm and SVE (qemu 8.1 and later: where the installed
+# qemu-user is older, Debian 13's is fetched for it, `aarch64_qemu_for`); cortex-a72 has plain
+# NEON only, so the kernels chosen at run time without dotprod are covered too. On each, the
+# packed-weight test (`arm_packed_products_...`) runs once more to show which levels it
+# checked: every level whose feature the CPU reports must be among them (PACKED_LEVELS below).
+# The same binary then runs the `backend::cuda::` tests once (kernel list, PTX cache, launch shapes), and
 # `cargo clippy --features cuda --all-targets` lints the aarch64 cuda build (the Jetson's
 # target; EDGELM_AARCH64_CLIPPY=0 skips it). The tests take about a second per CPU under
 # emulation; the cross-build is the slow part.
@@ -64,12 +64,12 @@ out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 failed=()
 
-# Runs the packed-weight test alone on CPU model $1 (whose features are the probe's line $2)
-# and fails the CPU unless it reports every level PACKED_LEVELS expects there.
+# Runs the packed-weight test alone under qemu $1 on CPU model $2 (whose features are the
+# probe's line $3) and fails the CPU unless it reports every level PACKED_LEVELS expects there.
 check_packed_levels() {
-    local cpu="$1" present="$2" levels spec feature level
+    local qemu="$1" cpu="$2" present="$3" levels spec feature level
     set +e
-    levels="$(qemu-aarch64 -cpu "$cpu" -L "$aarch64_sysroot" "$bin" "$packed_test" --exact --nocapture 2>&1)"
+    levels="$("$qemu" -cpu "$cpu" -L "$aarch64_sysroot" "$bin" "$packed_test" --exact --nocapture 2>&1)"
     set -e
     for spec in $PACKED_LEVELS; do
         feature="${spec%%:*}" level="${spec#*:}"
@@ -82,22 +82,17 @@ check_packed_levels() {
         fi
     done
 }
-known_cpus="$(qemu-aarch64 -cpu help || true)" # it exits 1 after listing them
 for cpu in $cpus; do
-    # neoverse-v1 came with qemu 8; an older qemu-user skips it (`max` still has i8mm).
-    if ! grep -qw -- "$cpu" <<<"$known_cpus"; then
-        log "note: $(qemu-aarch64 --version | head -1) has no CPU model '$cpu': skipped"
-        continue
-    fi
-    log "qemu-aarch64 -cpu $cpu: CPU features seen by the crate's runtime detection"
-    qemu-aarch64 -cpu "$cpu" -L "$aarch64_sysroot" "$probe" | tee "$out" >&2
+    qemu="$(aarch64_qemu_for "$cpu" "$root/target/qemu-user")" || { failed+=("$cpu"); continue; }
+    log "$qemu -cpu $cpu: CPU features seen by the crate's runtime detection"
+    "$qemu" -cpu "$cpu" -L "$aarch64_sysroot" "$probe" | tee "$out" >&2
     present="$(grep 'present:' "$out")"
     grep -q "present:.* dotprod" "$out" \
         || log "note: CPU model '$cpu' has no NEON dotprod: this run covers the plain NEON kernels"
 
-    log "qemu-aarch64 -cpu $cpu ${bin#"$root"/} quant::"
+    log "${qemu#"$root"/} -cpu $cpu ${bin#"$root"/} quant::"
     set +e
-    qemu-aarch64 -cpu "$cpu" -L "$aarch64_sysroot" "$bin" quant:: 2>&1 | tee "$out"
+    "$qemu" -cpu "$cpu" -L "$aarch64_sysroot" "$bin" quant:: 2>&1 | tee "$out"
     status=${PIPESTATUS[0]}
     set -e
     ran="$(grep -c '^test quant::.* \.\.\. ok$' "$out" || true)"
@@ -110,7 +105,7 @@ for cpu in $cpus; do
     else
         log "ok: $ran quant:: tests passed on emulated aarch64 (-cpu $cpu)"
     fi
-    check_packed_levels "$cpu" "$present"
+    check_packed_levels "$qemu" "$cpu" "$present"
 done
 
 # The cuda feature's library tests need no GPU (no test here opens libcuda or libnvrtc).

@@ -2,8 +2,9 @@
 //! made from Gemma 3 270M, mean-pooled, with dense projections): 50+ texts, short and long
 //! (up to the 512 tokens one step computes: most cross the test model's symmetric window of
 //! 64 positions either side, several even Gemma 3's 256), several languages and scripts,
-//! code, control characters, special tokens written out. Every text's tokens must be the peer's exactly; its embedding within a
-//! cosine of 0.999 of the peer's; every text's nearest neighbour the peer's.
+//! code, control characters, special tokens written out. Every text's tokens must be the
+//! peer's exactly; its embedding as close to the peer's as the peer's own variants are
+//! (`common::embed`).
 
 mod common;
 

@@ -630,12 +630,15 @@ fn normalize(outs: &mut [&mut [f32]], sum: &[f32], rep: usize, hd: usize) {
 }
 
 /// `kt[d * TILE + i] = rows[i * hd + d]` for the rows `range` of a tile: K transposed for
-/// [`kq_tile`] (16 × 16 blocks in AVX-512 registers where the CPU has it).
+/// [`kq_tile`] (16 × 16 blocks in AVX-512 registers where the CPU has it, 8 × 8 in AVX2 ones).
 fn transpose_rows(rows: &[f32], range: std::ops::Range<usize>, hd: usize, kt: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     let done = if crate::cpu_features::avx512() && hd.is_multiple_of(16) {
         // SAFETY: AVX-512F was detected; the bounds are checked inside.
         unsafe { super::attention_avx512::transpose_rows(rows, range.clone(), hd, kt) }
+    } else if crate::cpu_features::avx2() && hd.is_multiple_of(8) {
+        // SAFETY: AVX2 was detected; the bounds are checked inside.
+        unsafe { super::attention_avx2::transpose_rows(rows, range.clone(), hd, kt) }
     } else {
         range.start
     };
@@ -653,12 +656,17 @@ const HEADS_AT_ONCE: usize = 4;
 
 /// `rows[h][i] = Σ_d q[h][d] · kt[d * TILE + i]`: each position's chain over the dimensions in
 /// order, from 0 (ggml's `simd_gemm`), for up to [`HEADS_AT_ONCE`] query heads at once (each
-/// K value loaded once for all of them).
+/// K value loaded once for all of them): AVX-512 or AVX2 registers where the CPU has them.
 fn kq_tile(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; TILE]]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu_features::avx512() {
         // SAFETY: AVX-512F was detected; the shapes are the tiled path's (checked inside).
         return unsafe { super::attention_avx512::kq_tile(kt, q, hd, rows) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu_features::avx2() {
+        // SAFETY: AVX2 and FMA were detected; the shapes are the tiled path's (checked inside).
+        return unsafe { super::attention_avx2::kq_tile(kt, q, hd, rows) };
     }
     kq_tile_portable(kt, q, hd, rows)
 }
@@ -693,6 +701,11 @@ fn accumulate_v(
     if crate::cpu_features::avx512() {
         // SAFETY: AVX-512F was detected; the bounds are checked inside.
         return unsafe { super::attention_avx512::accumulate_v(p, range, v, hd, acc) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu_features::avx2() {
+        // SAFETY: AVX2 and FMA were detected; the bounds are checked inside.
+        return unsafe { super::attention_avx2::accumulate_v(p, range, v, hd, acc) };
     }
     accumulate_v_portable(p, range, v, hd, acc)
 }
@@ -812,10 +825,34 @@ unsafe fn dot_f16_ggml_avx2(x: &[f32], y: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
-    /// The tiled path's inner loops on this CPU (AVX-512 where it has it) against their
-    /// portable forms, bit for bit, on ragged shapes.
+    /// The tiled path's inner loops on this CPU (AVX-512 where it has it), and their AVX2
+    /// forms where the CPU has AVX2, against their portable forms, bit for bit, on ragged
+    /// shapes.
     #[test]
     fn tile_loops_match_their_portable_forms_bit_for_bit() {
+        // The AVX2 forms join on x86-64 only.
+        #[allow(unused_mut)]
+        let mut forms: Vec<(&str, KqTile, AccumulateV)> =
+            vec![("dispatched", kq_tile, accumulate_v)];
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu_features::avx2() {
+            use super::super::attention_avx2 as avx2;
+            // SAFETY (both): AVX2 and FMA were detected.
+            forms.push((
+                "avx2",
+                |kt, q, hd, rows| unsafe { avx2::kq_tile(kt, q, hd, rows) },
+                |p, range, v, hd, acc| unsafe { avx2::accumulate_v(p, range, v, hd, acc) },
+            ));
+        }
+        for (form, kq_tile, accumulate_v) in forms {
+            tile_loops_match(form, kq_tile, accumulate_v);
+        }
+    }
+
+    type KqTile = fn(&[f32], &[&[f32]], usize, &mut [[f32; TILE]]);
+    type AccumulateV = fn(&[[f32; TILE]], std::ops::Range<usize>, &[f32], usize, &mut [f32]);
+
+    fn tile_loops_match(form: &str, kq_tile: KqTile, accumulate_v: AccumulateV) {
         let mut x = 0x2545_f491u32;
         let mut rnd = move || {
             x ^= x << 13;
@@ -823,7 +860,7 @@ mod tests {
             x ^= x << 5;
             (x % 2001) as f32 / 1000.0 - 1.0
         };
-        for hd in [64, 80, 128, 256] {
+        for hd in [64, 72, 80, 128, 256] {
             let kt: Vec<f32> = (0..hd * TILE).map(|_| rnd()).collect();
             let q: Vec<Vec<f32>> = (0..HEADS_AT_ONCE)
                 .map(|_| (0..hd).map(|_| rnd()).collect())
@@ -839,7 +876,7 @@ mod tests {
                 assert_eq!(
                     bits(&got[..heads]),
                     bits(&want[..heads]),
-                    "hd {hd}, {heads} heads"
+                    "{form}: hd {hd}, {heads} heads"
                 );
             }
             let v: Vec<f32> = (0..TILE * hd).map(|_| rnd()).collect();
@@ -853,7 +890,8 @@ mod tests {
                 accumulate_v_portable(&p[..heads], range, &v, hd, &mut want);
                 assert_eq!(
                     got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{form}: hd {hd}, {heads} heads"
                 );
             }
         }
@@ -946,6 +984,33 @@ mod tests {
 
     #[test]
     fn tile_transpose_puts_every_value_in_its_column() {
+        type Transpose = fn(&[f32], std::ops::Range<usize>, usize, &mut [f32]);
+        // The AVX2 forms join on x86-64 only.
+        #[allow(unused_mut)]
+        let mut forms: Vec<(&str, Transpose)> = vec![("dispatched", transpose_rows)];
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu_features::avx2() {
+            forms.push(("avx2", |rows, range, hd, kt| {
+                // SAFETY: AVX2 was detected. Rows it leaves stay as they were.
+                let done = unsafe {
+                    super::super::attention_avx2::transpose_rows(rows, range.clone(), hd, kt)
+                };
+                for i in done..range.end {
+                    for d in 0..hd {
+                        kt[d * TILE + i] = rows[i * hd + d];
+                    }
+                }
+            }));
+        }
+        for (form, transpose_rows) in forms {
+            transpose_puts_every_value_in_its_column(form, transpose_rows);
+        }
+    }
+
+    fn transpose_puts_every_value_in_its_column(
+        form: &str,
+        transpose_rows: fn(&[f32], std::ops::Range<usize>, usize, &mut [f32]),
+    ) {
         for hd in [16, 64, 80, 256] {
             let rows: Vec<f32> = (0..TILE * hd).map(|i| i as f32).collect();
             for range in [0..TILE, 5..37, 16..32, 3..3] {
@@ -958,7 +1023,11 @@ mod tests {
                         } else {
                             -1.0
                         };
-                        assert_eq!(kt[d * TILE + i], want, "hd {hd} {range:?} ({d}, {i})");
+                        assert_eq!(
+                            kt[d * TILE + i],
+                            want,
+                            "{form}: hd {hd} {range:?} ({d}, {i})"
+                        );
                     }
                 }
             }

@@ -7,8 +7,10 @@
 //! (`sdot vd.4s, vn.16b, vm.4b[lane]`) multiplies each row's four bytes by the token's dword
 //! `lane` of the sixteen activation bytes in `vm`, adding each row's four products to its i32
 //! lane. Without dotprod, `vmull_s8` and pairwise adds compute the same four sums. Both are
-//! exact, and the weights enter as signed bytes (Q4_0: nibble − 8, Q5_0: value − 16, Q8_0 as
-//! is, Q4_1's nibbles 0..15 as they are), so a block's integer sum is exactly the reference's.
+//! exact. The weights enter as stored (Q4_0's nibbles 0..15, Q5_0's values 0..31, Q8_0's
+//! signed bytes, Q4_1's nibbles), and each block's integer sum starts at −offset × the sum of
+//! the token's 32 quants (Q4_0: 8, Q5_0: 16; computed once per call), so it is exactly the
+//! reference's Σ (value − offset)·x without a subtraction per weight byte.
 //!
 //! The float epilogue is `order::chain_step` for four rows at a time: per (row, token) one
 //! fused chain `acc + int·(d_w·d_x)` over the blocks (`vfmaq_f32` is the same fused operation
@@ -176,6 +178,26 @@ pub(super) trait ActBlock: Block {
     fn scales(&self) -> [f32; 2];
 }
 
+/// What a pass needs of a token's activation block beside its quants, prepared once per call:
+/// its scales as f32 and where each row's integer sum starts (−offset × Σ quants).
+#[derive(Clone, Copy)]
+pub(super) struct BlockScales {
+    pub d: f32,
+    pub s: f32,
+    pub start: i32,
+}
+
+impl BlockScales {
+    pub(super) fn of<L: Legacy>(x: &L::X) -> Self {
+        let [d, s] = x.scales();
+        let start = match L::OFFSET {
+            0 => 0,
+            o => -o * x.qs().iter().map(|&q| i32::from(q)).sum::<i32>(),
+        };
+        BlockScales { d, s, start }
+    }
+}
+
 impl ActBlock for BlockQ8_0 {
     fn qs(&self) -> &[i8; 32] {
         &self.qs
@@ -194,13 +216,16 @@ impl ActBlock for BlockQ8_1 {
     }
 }
 
-/// A legacy layout: its type, activation block, and the signed quants of quarter `q` of dword
+/// A legacy layout: its type, activation block, and the stored quants of quarter `q` of dword
 /// `j` of a group block: `(values 4j.., values 16 + 4j..)` (for Q8_0, dwords `j` and `j + 4`),
 /// which pair with the token's dwords `j` and `j + 4`.
 pub(super) trait Legacy {
     const TY: GgmlType;
     /// Whether the rows have minimums (Q4_1's `m`, times the token's `s`).
     const MINIMUMS: bool = false;
+    /// What the format subtracts from every stored value (`BlockScales::start` takes it off
+    /// each block's integer sum at once).
+    const OFFSET: i32 = 0;
     type X: ActBlock;
     unsafe fn values(gb: *const u8, j: usize, q: usize) -> (int8x16_t, int8x16_t);
 }
@@ -212,12 +237,6 @@ unsafe fn nibbles(qs: *const u8, j: usize, q: usize) -> (uint8x16_t, uint8x16_t)
     (vandq_u8(v, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(v))
 }
 
-/// `v − c` as signed bytes.
-#[inline(always)]
-unsafe fn less(v: uint8x16_t, c: i8) -> int8x16_t {
-    vsubq_s8(vreinterpretq_s8_u8(v), vdupq_n_s8(c))
-}
-
 pub(super) struct Q4_0;
 pub(super) struct Q4_1;
 pub(super) struct Q5_0;
@@ -225,11 +244,12 @@ pub(super) struct Q8_0;
 
 impl Legacy for Q4_0 {
     const TY: GgmlType = GgmlType::Q4_0;
+    const OFFSET: i32 = 8;
     type X = BlockQ8_0;
     #[inline(always)]
     unsafe fn values(gb: *const u8, j: usize, q: usize) -> (int8x16_t, int8x16_t) {
         let (lo, hi) = nibbles(gb.add(offsets::Q4_0_QS), j, q);
-        (less(lo, 8), less(hi, 8))
+        (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
     }
 }
 
@@ -247,21 +267,19 @@ impl Legacy for Q4_1 {
 
 impl Legacy for Q5_0 {
     const TY: GgmlType = GgmlType::Q5_0;
+    const OFFSET: i32 = 16;
     type X = BlockQ8_0;
     /// The nibbles with their fifth bits from the rearranged `qh` words (`packed`): bit `j`
     /// of a byte belongs to its low value, bit `4 + j` to its high one; byte shifts move
-    /// each to bit 4.
+    /// each to bit 4, and a bit select (`bsl`) puts it beside the nibble.
     #[inline(always)]
     unsafe fn values(gb: *const u8, j: usize, q: usize) -> (int8x16_t, int8x16_t) {
         let (lo, hi) = nibbles(gb.add(offsets::Q5_0_QS), j, q);
         let qh = vld1q_u8(gb.add(offsets::QH + 16 * q));
         let bit4 = vdupq_n_u8(0x10);
-        let lo_bits = vandq_u8(vshlq_u8(qh, vdupq_n_s8(4 - j as i8)), bit4);
-        let hi_bits = vandq_u8(vshlq_u8(qh, vdupq_n_s8(-(j as i8))), bit4);
-        (
-            less(vorrq_u8(lo, lo_bits), 16),
-            less(vorrq_u8(hi, hi_bits), 16),
-        )
+        let lo = vbslq_u8(bit4, vshlq_u8(qh, vdupq_n_s8(4 - j as i8)), lo);
+        let hi = vbslq_u8(bit4, vshlq_u8(qh, vdupq_n_s8(-(j as i8))), hi);
+        (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
     }
 }
 
@@ -300,17 +318,17 @@ impl<const T: usize> Chains<T> {
         gb: *const u8,
         q: usize,
         sum: [int32x4_t; T],
-        xs: &[[f32; 2]; T],
+        xs: &[BlockScales; T],
     ) {
         let dw = halves4(gb.add(offsets::D + 8 * q));
         for t in 0..T {
-            let dd = vmulq_n_f32(dw, xs[t][0]);
+            let dd = vmulq_n_f32(dw, xs[t].d);
             self.acc[t][q] = vfmaq_f32(self.acc[t][q], vcvtq_f32_s32(sum[t]), dd);
         }
         if L::MINIMUMS {
             let m = halves4(gb.add(offsets::M + 8 * q));
             for (summs, x) in self.summs.iter_mut().zip(xs) {
-                summs[q] = vfmaq_n_f32(summs[q], m, x[1]);
+                summs[q] = vfmaq_n_f32(summs[q], m, x.s);
             }
         }
     }
@@ -331,8 +349,8 @@ impl<const T: usize> Chains<T> {
 }
 
 thread_local! {
-    /// Per-thread scratch for the activation blocks' f32 scales (reused, never shrunk).
-    static SCALES: std::cell::RefCell<Vec<[f32; 2]>> =
+    /// Per-thread scratch for the activation blocks' [`BlockScales`] (reused, never shrunk).
+    static SCALES: std::cell::RefCell<Vec<BlockScales>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -364,15 +382,17 @@ macro_rules! level {
                 })
             }
 
-            /// Quarter `q` of group block `gb`: each token's whole-block integer sums.
+            /// Quarter `q` of group block `gb`: each token's whole-block integer sums, from
+            /// `start`.
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn block_sums<L: Legacy, const T: usize>(
                 gb: *const u8,
                 q: usize,
                 x: &[[int8x16_t; 2]; T],
+                start: [int32x4_t; T],
             ) -> [int32x4_t; T] {
-                let mut sum = [vdupq_n_s32(0); T];
+                let mut sum = start;
                 for j in 0..4 {
                     let (lo, hi) = L::values(gb, j, q);
                     for t in 0..T {
@@ -391,7 +411,7 @@ macro_rules! level {
                 nb: usize,
                 g: *const u8,
                 x: [&[L::X]; T],
-                scales: [&[[f32; 2]]; T],
+                scales: [&[BlockScales]; T],
             ) -> [[float32x4_t; 4]; T] {
                 let gbb = group_block_bytes(L::TY);
                 let mut chains = Chains::<T>::new();
@@ -402,10 +422,12 @@ macro_rules! level {
                         let qs = unsafe { x[t].get_unchecked(b) }.qs().as_ptr().cast::<u8>();
                         unsafe { [load_i8(qs), load_i8(qs.add(16))] }
                     });
-                    let xs: [[f32; 2]; T] =
+                    let xs: [BlockScales; T] =
                         std::array::from_fn(|t| unsafe { *scales[t].get_unchecked(b) });
+                    let start = xs.map(|x| vdupq_n_s32(x.start));
                     for q in 0..4 {
-                        chains.step::<L>(gb, q, block_sums::<L, T>(gb, q, &xq), &xs);
+                        let sums = block_sums::<L, T>(gb, q, &xq, start);
+                        chains.step::<L>(gb, q, sums, &xs);
                     }
                 }
                 chains.finish::<L>()
@@ -418,7 +440,7 @@ macro_rules! level {
                 nb: usize,
                 g: *const u8,
                 x: [&[L::X]; 2],
-                scales: [&[[f32; 2]]; 2],
+                scales: [&[BlockScales]; 2],
             ) -> [[float32x4_t; 4]; 2] {
                 $pair::<L, 2>(nb, g, x, scales)
             }
@@ -439,14 +461,14 @@ macro_rules! level {
                 let gb = nb * group_block_bytes(L::TY);
                 SCALES.with_borrow_mut(|sc| {
                     sc.clear();
-                    sc.extend(x[..toks * nb].iter().map(|b| b.scales()));
+                    sc.extend(x[..toks * nb].iter().map(BlockScales::of::<L>));
                     for g in 0..groups {
                         let gp = w.as_ptr().add(g * gb);
                         macro_rules! pass {
                                     ($t0:expr, $t:tt) => {{
                                         let xt: [&[L::X]; $t] =
                                             std::array::from_fn(|i| &x[($t0 + i) * nb..][..nb]);
-                                        let st: [&[[f32; 2]]; $t] =
+                                        let st: [&[BlockScales]; $t] =
                                             std::array::from_fn(|i| &sc[($t0 + i) * nb..][..nb]);
                                         out.put_pass($t0, g, pass!(@run $t, xt, st));
                                     }};

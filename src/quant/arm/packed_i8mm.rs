@@ -9,7 +9,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use crate::quant::arm::packed::{load_i8, ActBlock, Chains, Legacy};
+use crate::quant::arm::packed::{load_i8, ActBlock, BlockScales, Chains, Legacy};
 use crate::quant::formats::packed::group_block_bytes;
 
 /// `acc + a·bᵀ`: `a` two rows of 8 signed bytes, `b` two tokens' 8 bytes, the result
@@ -63,7 +63,7 @@ pub(super) unsafe fn mmla_chains<L: Legacy, const T: usize>(
     nb: usize,
     g: *const u8,
     x: [&[L::X]; 2],
-    scales: [&[[f32; 2]]; 2],
+    scales: [&[BlockScales]; 2],
 ) -> [[float32x4_t; 4]; 2] {
     let gbb = group_block_bytes(L::TY);
     let mut chains = Chains::<2>::new();
@@ -73,9 +73,12 @@ pub(super) unsafe fn mmla_chains<L: Legacy, const T: usize>(
         let (x0, x1) = unsafe { (x[0].get_unchecked(b), x[1].get_unchecked(b)) };
         let bj = token_pairs(x0.qs(), x1.qs());
         let xs = unsafe { [*scales[0].get_unchecked(b), *scales[1].get_unchecked(b)] };
+        // Each (row, token) sum's start, in `smmla`'s order: [r·t0, r·t1] for two rows.
+        let start = [xs[0].start, xs[1].start, xs[0].start, xs[1].start];
+        let start = vld1q_s32(start.as_ptr());
         for q in 0..4 {
             // Rows 4q, 4q + 1 and rows 4q + 2, 4q + 3, each against both tokens.
-            let (mut s01, mut s23) = (vdupq_n_s32(0), vdupq_n_s32(0));
+            let (mut s01, mut s23) = (start, start);
             for (j, &bj) in bj.iter().enumerate() {
                 let (lo, hi) = L::values(gb, j, q);
                 let (lo, hi) = (vreinterpretq_s32_s8(lo), vreinterpretq_s32_s8(hi));

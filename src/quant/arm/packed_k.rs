@@ -23,21 +23,25 @@ use crate::quant::formats::packed::{checked, group_block_bytes, offsets, Out, GR
 use crate::quant::GgmlType;
 
 /// The 6-bit quants of quarter `q` of lane group `l` of half `h` (quarters `c` = 0..4 of the
-/// half: values `128h + 32c + 4l..`), from the group block's `ql` and `qh` dwords, as ggml
-/// assembles them.
+/// half: values `128h + 32c + 4l..`), from the group block's `ql` and `qh` dwords: the values
+/// ggml assembles, each from a nibble of `ql` and two bits of `qh`, here with shift-and-insert
+/// steps (`sli`, `sri`: a shift and an or in one), 8 steps for the 4 vectors instead of 15.
+/// Those insert two bits too many from `qh` into three of them, cleared by the mask.
 #[inline(always)]
 unsafe fn q6_k_values(gb: *const u8, h: usize, l: usize, q: usize) -> [int8x16_t; 4] {
-    let m15 = vdupq_n_u8(15);
+    let m63 = vdupq_n_u8(63);
     let at = |base: usize, dword: usize| unsafe { vld1q_u8(gb.add(base + 64 * dword + 16 * q)) };
     let ql1 = at(offsets::Q6_K_QL, 16 * h + l);
     let ql2 = at(offsets::Q6_K_QL, 16 * h + 8 + l);
     let qh = at(offsets::Q6_K_QH, 8 * h + l);
-    let bits = |mask: u8| vandq_u8(qh, vdupq_n_u8(mask));
+    // qh's bit pairs (0,1), (2,3), (4,5), (6,7) are the high bits of values 0, 1, 2, 3.
+    let qh2 = vshrq_n_u8::<2>(qh);
     [
-        vorrq_u8(vandq_u8(ql1, m15), vshlq_n_u8::<4>(bits(3))),
-        vorrq_u8(vandq_u8(ql2, m15), vshlq_n_u8::<2>(bits(12))),
-        vorrq_u8(vshrq_n_u8::<4>(ql1), bits(48)),
-        vorrq_u8(vshrq_n_u8::<4>(ql2), vshrq_n_u8::<2>(bits(192))),
+        vandq_u8(vsliq_n_u8::<4>(ql1, qh), m63),
+        vandq_u8(vsliq_n_u8::<4>(ql2, qh2), m63),
+        vandq_u8(vsriq_n_u8::<4>(qh, ql1), m63),
+        // qh2's top two bits are zero: nothing to clear.
+        vsriq_n_u8::<4>(qh2, ql2),
     ]
     .map(|v| vreinterpretq_s8_u8(v))
 }
@@ -78,13 +82,20 @@ macro_rules! level {
                     });
                     let mut dl = [vdupq_n_s32(0); T];
                     let mut dh = [vdupq_n_s32(0); T];
-                    for w in 0..8 {
-                        let v = vld1q_u8(gb.add(offsets::Q4_K_QS + 64 * (8 * j + w) + 16 * q));
-                        let lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F)));
-                        let hi = vreinterpretq_s8_u8(vshrq_n_u8::<4>(v));
+                    // Quant dwords 8j + 4·half + lane against the token's dwords 4·half + lane.
+                    // Each lane is written out: a loop over them was left rolled, with the
+                    // lane a run-time branch and the token's registers on the stack.
+                    for half in 0..2 {
+                        let at = offsets::Q4_K_QS + 64 * (8 * j + 4 * half) + 16 * q;
+                        let v = [0, 1, 2, 3].map(|l| unsafe { vld1q_u8(gb.add(at + 64 * l)) });
+                        let lo = v.map(|v| vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0F))));
+                        let hi = v.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
                         for t in 0..T {
-                            dl[t] = $dot(dl[t], lo, xr[t][w / 4], w % 4);
-                            dh[t] = $dot(dh[t], hi, xr[t][2 + w / 4], w % 4);
+                            let (xl, xh) = (xr[t][half], xr[t][2 + half]);
+                            dl[t] = $dot($dot(dl[t], lo[0], xl, 0), lo[1], xl, 1);
+                            dl[t] = $dot($dot(dl[t], lo[2], xl, 2), lo[3], xl, 3);
+                            dh[t] = $dot($dot(dh[t], hi[0], xh, 0), hi[1], xh, 1);
+                            dh[t] = $dot($dot(dh[t], hi[2], xh, 2), hi[3], xh, 3);
                         }
                     }
                     let sc = |k: usize| unsafe {
@@ -150,15 +161,27 @@ macro_rules! level {
                         })
                     })
                 });
-                for l in 0..8 {
-                    let v = q6_k_values(gb, h, l, q);
-                    for (c, &vc) in v.iter().enumerate() {
-                        for t in 0..T {
-                            let at = 128 * h + 32 * c + 16 * (l / 4);
-                            let xr = load_i8(x[t].qs.as_ptr().cast::<u8>().add(at));
-                            sub[t][c][l / 4] = $dot(sub[t][c][l / 4], vc, xr, l % 4);
-                        }
+                // Lane groups 4k + lane against the token's dwords `lane` of its 16 values
+                // 128h + 32c + 16k; each lane written out (see `q4_k_sums`).
+                for k in 0..2 {
+                    let xr: [[int8x16_t; 4]; T] = std::array::from_fn(|t| {
+                        let qs = x[t].qs.as_ptr().cast::<u8>();
+                        [0, 1, 2, 3].map(|c| unsafe { load_i8(qs.add(128 * h + 32 * c + 16 * k)) })
+                    });
+                    macro_rules! lane {
+                        ($lane:literal) => {
+                            let v = q6_k_values(gb, h, 4 * k + $lane, q);
+                            for c in 0..4 {
+                                for t in 0..T {
+                                    sub[t][c][k] = $dot(sub[t][c][k], v[c], xr[t][c], $lane);
+                                }
+                            }
+                        };
                     }
+                    lane!(0);
+                    lane!(1);
+                    lane!(2);
+                    lane!(3);
                 }
                 let mut s = [vdupq_n_s32(0); T];
                 for k in 0..8 {

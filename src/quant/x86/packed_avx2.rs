@@ -287,38 +287,47 @@ macro_rules! packed_kernels {
                     let gb = g.add(b * gbb);
                     let dw = halves_at(gb.add(offsets::D + 2 * HALF * h));
                     let qh = fifth_bits::<L>(gb, h);
+                    // Plain loops and macros, not `array::from_fn` or closures: those were not
+                    // inlined here (as in `packed_avx512`'s chain groups).
                     // SAFETY (get_unchecked): the entry checked both hold nb blocks per token.
-                    let toks: [&TokenBlock; T] =
-                        std::array::from_fn(|t| unsafe { tb[t].get_unchecked(b) });
-                    let xq: [&[i8; 32]; T] =
-                        std::array::from_fn(|t| unsafe { x[t].get_unchecked(b).qs() });
-                    let mut sum: [__m256i; T] =
-                        std::array::from_fn(|t| _mm256_set1_epi32(toks[t].bias_sum));
+                    macro_rules! toks {
+                        ($t:expr) => {
+                            unsafe { tb[$t].get_unchecked(b) }
+                        };
+                    }
+                    macro_rules! xq {
+                        ($t:expr) => {
+                            unsafe { x[$t].get_unchecked(b).qs() }
+                        };
+                    }
+                    let mut sum = [_mm256_setzero_si256(); T];
+                    for t in 0..T {
+                        sum[t] = _mm256_set1_epi32(toks!(t).bias_sum);
+                    }
                     for j in 0..4 {
                         let (lo, hi) = values::<L>(gb, h, j, qh);
                         for t in 0..T {
-                            sum[t] = dpbusd::<L>(sum[t], lo, x_dword(xq[t], j));
-                            sum[t] = dpbusd::<L>(sum[t], hi, x_dword(xq[t], j + 4));
+                            sum[t] = dpbusd::<L>(sum[t], lo, x_dword(xq!(t), j));
+                            sum[t] = dpbusd::<L>(sum[t], hi, x_dword(xq!(t), j + 4));
                         }
                     }
                     if L == layout::Q4_1 {
                         let m = halves_at(gb.add(offsets::M + 2 * HALF * h));
                         for t in 0..T {
-                            summs[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(toks[t].s), summs[t]);
+                            summs[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(toks!(t).s), summs[t]);
                         }
                     }
                     for t in 0..T {
-                        let dd = _mm256_mul_ps(dw, _mm256_set1_ps(toks[t].d));
+                        let dd = _mm256_mul_ps(dw, _mm256_set1_ps(toks!(t).d));
                         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), dd, acc[t]);
                     }
                 }
-                std::array::from_fn(|t| {
-                    if L == layout::Q4_1 {
-                        _mm256_add_ps(acc[t], summs[t])
-                    } else {
-                        acc[t]
+                if L == layout::Q4_1 {
+                    for t in 0..T {
+                        acc[t] = _mm256_add_ps(acc[t], summs[t]);
                     }
-                })
+                }
+                acc
             }
 
             /// Tokens `t0..t0 + T` against half `h` of group `g` (at `gp`), stored.
