@@ -83,7 +83,7 @@ macro_rules! level {
                     let mut dl = [vdupq_n_s32(0); T];
                     let mut dh = [vdupq_n_s32(0); T];
                     // Quant dwords 8j + 4·half + lane against the token's dwords 4·half + lane.
-                    // Each lane is written out: a loop over them was left rolled, with the
+                    // Each lane is written out: the compiler leaves a loop over them rolled, the
                     // lane a run-time branch and the token's registers on the stack.
                     for half in 0..2 {
                         let at = offsets::Q4_K_QS + 64 * (8 * j + 4 * half) + 16 * q;
