@@ -227,25 +227,31 @@ macro_rules! packed_k_kernels {
                 let mut acc = [_mm256_setzero_ps(); T];
                 for b in 0..nb {
                     let gb = g.add(b * gbb);
+                    // Plain loops and a macro, not `array::from_fn` closures (as in
+                    // `packed_avx2`'s chains).
                     // SAFETY: the entry checked every token holds nb super-blocks.
-                    let xb: [&BlockQ8K; T] =
-                        std::array::from_fn(|t| unsafe { x[t].get_unchecked(b) });
+                    macro_rules! xb {
+                        ($t:expr) => {
+                            unsafe { x[$t].get_unchecked(b) }
+                        };
+                    }
                     let mut s = [_mm256_setzero_si256(); T];
                     for h in 0..2 {
                         // Per quarter c, its two sub-blocks' sums, started at −32·bsum.
-                        let mut sub: [[[__m256i; 2]; 4]; T] = std::array::from_fn(|t| {
-                            std::array::from_fn(|c| {
-                                std::array::from_fn(|k| {
-                                    let bsum = xb[t].bsum(8 * h + 2 * c + k) as i32;
-                                    _mm256_set1_epi32(-32 * bsum)
-                                })
-                            })
-                        });
+                        let mut sub = [[[_mm256_setzero_si256(); 2]; 4]; T];
+                        for t in 0..T {
+                            for c in 0..4 {
+                                for k in 0..2 {
+                                    let bsum = xb!(t).bsum(8 * h + 2 * c + k) as i32;
+                                    sub[t][c][k] = _mm256_set1_epi32(-32 * bsum);
+                                }
+                            }
+                        }
                         for l in 0..8 {
                             let q = q6_k_quarters(gb, half, h, l);
                             for (c, &qc) in q.iter().enumerate() {
                                 for t in 0..T {
-                                    let x4 = x_dword(xb[t], 128 * h + 32 * c + 4 * l);
+                                    let x4 = x_dword(xb!(t), 128 * h + 32 * c + 4 * l);
                                     sub[t][c][l / 4] = dpbusd(sub[t][c][l / 4], qc, x4);
                                 }
                             }
@@ -263,7 +269,7 @@ macro_rules! packed_k_kernels {
                     let dw = halves_at(gb.add(offsets::D), half);
                     for t in 0..T {
                         let r = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(s[t]));
-                        acc[t] = _mm256_fmadd_ps(r, _mm256_set1_ps(xb[t].d()), acc[t]);
+                        acc[t] = _mm256_fmadd_ps(r, _mm256_set1_ps(xb!(t).d()), acc[t]);
                     }
                 }
                 acc
