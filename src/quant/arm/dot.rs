@@ -139,6 +139,22 @@ macro_rules! kernels {
         mod $module {
             use super::*;
 
+            /// One block of a legacy dot: `acc + (Σ xl·y[..16] + Σ xh·y[16..])·d`, the
+            /// integer sum exact and the fused step ggml's.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn block_step(
+                acc: float32x4_t,
+                (xl, xh): (int8x16_t, int8x16_t),
+                y: &[i8; 32],
+                d: f32,
+            ) -> float32x4_t {
+                let yl = vld1q_s8(y.as_ptr());
+                let yh = vld1q_s8(y.as_ptr().add(16));
+                let p = vaddq_s32($dot(xl, yl), $dot(xh, yh));
+                vfmaq_n_f32(acc, vcvtq_f32_s32(p), d)
+            }
+
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn q4_0_q8_0(_n: usize, w: &[u8], x: &[u8]) -> f32 {
                 let (w, x) = (cast::<BlockQ4_0>(w), cast::<BlockQ8_0>(x));
@@ -148,11 +164,8 @@ macro_rules! kernels {
                     let (lo, hi) = nibbles(&a.qs);
                     let xl = vsubq_s8(vreinterpretq_s8_u8(lo), s8b);
                     let xh = vsubq_s8(vreinterpretq_s8_u8(hi), s8b);
-                    let yl = vld1q_s8(b.qs.as_ptr());
-                    let yh = vld1q_s8(b.qs.as_ptr().add(16));
-                    let p = vaddq_s32($dot(xl, yl), $dot(xh, yh));
                     let d = f16_to_f32(a.d) * f16_to_f32(b.d);
-                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                    acc = block_step(acc, (xl, xh), &b.qs, d);
                 }
                 vaddvq_f32(acc)
             }
@@ -166,14 +179,9 @@ macro_rules! kernels {
                     summs += f16_to_f32(a.m) * f16_to_f32(b.s);
                     // Nibbles are 0..15, so reinterpreting them as signed is exact.
                     let (lo, hi) = nibbles(&a.qs);
-                    let yl = vld1q_s8(b.qs.as_ptr());
-                    let yh = vld1q_s8(b.qs.as_ptr().add(16));
-                    let p = vaddq_s32(
-                        $dot(vreinterpretq_s8_u8(lo), yl),
-                        $dot(vreinterpretq_s8_u8(hi), yh),
-                    );
+                    let x = (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi));
                     let d = f16_to_f32(a.d) * f16_to_f32(b.d);
-                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                    acc = block_step(acc, x, &b.qs, d);
                 }
                 vaddvq_f32(acc) + summs
             }
@@ -186,13 +194,9 @@ macro_rules! kernels {
                 let mut acc = vdupq_n_f32(0.0);
                 for (a, b) in w.iter().zip(x) {
                     let (lo, hi) = nibbles(&a.qs);
-                    let xl = vqtbl1q_s8(table, lo);
-                    let xh = vqtbl1q_s8(table, hi);
-                    let yl = vld1q_s8(b.qs.as_ptr());
-                    let yh = vld1q_s8(b.qs.as_ptr().add(16));
-                    let p = vaddq_s32($dot(xl, yl), $dot(xh, yh));
+                    let x = (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi));
                     let d = f16_to_f32(b.d) * e8m0_to_f32_half(a.e);
-                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                    acc = block_step(acc, x, &b.qs, d);
                 }
                 vaddvq_f32(acc)
             }
@@ -210,11 +214,8 @@ macro_rules! kernels {
                     let hi = vorrq_u8(hi, fifth_bits((qh >> 16) as u16));
                     let xl = vsubq_s8(vreinterpretq_s8_u8(lo), s16);
                     let xh = vsubq_s8(vreinterpretq_s8_u8(hi), s16);
-                    let yl = vld1q_s8(b.qs.as_ptr());
-                    let yh = vld1q_s8(b.qs.as_ptr().add(16));
-                    let p = vaddq_s32($dot(xl, yl), $dot(xh, yh));
                     let d = f16_to_f32(a.d) * f16_to_f32(b.d);
-                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                    acc = block_step(acc, (xl, xh), &b.qs, d);
                 }
                 vaddvq_f32(acc)
             }
@@ -279,15 +280,9 @@ macro_rules! kernels {
                 let (w, x) = (cast::<BlockQ8_0>(w), cast::<BlockQ8_0>(x));
                 let mut acc = vdupq_n_f32(0.0);
                 for (a, b) in w.iter().zip(x) {
-                    let p = vaddq_s32(
-                        $dot(vld1q_s8(a.qs.as_ptr()), vld1q_s8(b.qs.as_ptr())),
-                        $dot(
-                            vld1q_s8(a.qs.as_ptr().add(16)),
-                            vld1q_s8(b.qs.as_ptr().add(16)),
-                        ),
-                    );
+                    let x = (vld1q_s8(a.qs.as_ptr()), vld1q_s8(a.qs.as_ptr().add(16)));
                     let d = f16_to_f32(a.d) * f16_to_f32(b.d);
-                    acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+                    acc = block_step(acc, x, &b.qs, d);
                 }
                 vaddvq_f32(acc)
             }
