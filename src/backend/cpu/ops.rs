@@ -249,28 +249,20 @@ pub fn expf_v(x: f32) -> f32 {
             f32::from_bits(0x3E2A_AF33).mul_add(b, f32::from_bits(0x3EFF_FEDB)), // 0x1.555e66p-3, 0x1.fffdb6p-2
         )
         .mul_add(u, f32::from_bits(0x3F7F_FFF6).mul_add(b, 1.0)); // 0x1.ffffecp-1
+                                                                  // j · 2^n. For |n| ≤ 192 (the rest saturates below), n is z's low mantissa bits (z lies
+                                                                  // in [2^23, 2^24), where floats are the integers), and 2^n is two normal powers of two, so
+                                                                  // neither factor overflows on its own: integer and select steps only, which vectorise
+                                                                  // (a float-to-int cast and branches did not, which made this loop scalar per lane).
+    let ni = (z.to_bits() as i32).wrapping_sub(r.to_bits() as i32);
+    let half = ni / 2;
+    let pow2 = |e: i32| f32::from_bits((e.wrapping_add(127) as u32) << 23);
+    let scaled = j * pow2(half) * pow2(ni.wrapping_sub(half));
+    let saturated = if n <= 0.0 { 0.0 } else { f32::INFINITY };
     if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+        saturated
+    } else {
+        scaled
     }
-    scalef(j, n)
-}
-
-/// `j · 2^n` for integral `n` (AVX-512's `scalef`), exact unless it over/underflows.
-#[inline(always)]
-fn scalef(j: f32, n: f32) -> f32 {
-    let n = n as i32;
-    // Split the exponent so neither factor overflows on its own.
-    let half = n / 2;
-    j * pow2(half) * pow2(n - half)
-}
-
-#[inline(always)]
-fn pow2(e: i32) -> f32 {
-    if e < -126 {
-        // Subnormal powers of two.
-        return f32::from_bits(1u32 << (e + 149).clamp(0, 22));
-    }
-    f32::from_bits(((e.clamp(-126, 127) + 127) as u32) << 23)
 }
 
 /// Rotates every 64-value chunk of `x` by the orthonormal Walsh-Hadamard matrix (a fast
@@ -412,6 +404,23 @@ mod tests {
         assert_eq!(expf_v(0.0), 1.0);
         assert_eq!(expf_v(-200.0), 0.0);
         assert_eq!(expf_v(200.0), f32::INFINITY);
+        // Where 2^n takes both factors: subnormal results, and overflow. The bits of the
+        // earlier form (a float-to-int cast, checked equal on every f32).
+        for (x, bits) in [
+            (-103.0f32, 0x0000_0001),
+            (-100.0, 0x0000_001b),
+            (-88.5, 0x0027_fce2),
+            (-87.0, 0x00b3_3686),
+            (88.0, 0x7ef8_82b7),
+            (88.7, 0x7f7a_37fc),
+            (89.0, 0x7f80_0000),
+            (133.0, 0x7f80_0000),
+            (-133.0, 0x0000_0000),
+        ] {
+            assert_eq!(expf_v(x).to_bits(), bits, "{x}");
+        }
+        assert!(expf_v(f32::NAN).is_nan());
+        assert_eq!(expf_v(f32::NEG_INFINITY), 0.0);
     }
 
     #[test]
