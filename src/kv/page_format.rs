@@ -41,11 +41,7 @@ impl KvType {
     /// Stores `src` (one head's K or V for one token) into `dst` (`row_bytes` long).
     pub fn encode_row(self, src: &[f32], dst: &mut [u8]) {
         match self {
-            KvType::F16 => {
-                for (d, &v) in dst.chunks_exact_mut(2).zip(src) {
-                    d.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
-                }
-            }
+            KvType::F16 => quant::f32_row_to_f16(src, dst),
             KvType::Q8_0 => quant::quantize_row(GgmlType::Q8_0, src, dst),
             KvType::Q4_0 => quantize_row_q4_0(src, dst),
         }

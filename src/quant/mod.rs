@@ -54,6 +54,7 @@
 //! | quantize activations | scalar | `formats/quantize.rs` | oracle vectors, bytes | `formats::quantize::tests::matches_oracle_bytes` |
 //! | quantize a Q8 block | AVX2 | `formats/quantize.rs` (`q8_block_avx2`) | its scalar twin, bits | `formats::quantize::tests::q8_block_avx2_matches_scalar` |
 //! | f16 row → f32 | AVX2 | `x86/dot.rs` (`f16_row`) | `blocks::f16_to_f32`, bits | `tests::f16_rows_convert_exactly` |
+//! | f32 row → f16 | AVX2 (F16C) | `x86/dot.rs` (`f32_row_to_f16`) | `half::f16::from_f32`, bits | `tests::f32_rows_round_to_f16_exactly` |
 //!
 //! A new kernel goes in its ISA's folder, in the file of its operation: a Q5_K dot for Arm is
 //! a `q5_k_q8_k` in `arm/dot.rs`'s `kernels!` (once per variant, NEON and `sdot`), named in
@@ -353,6 +354,24 @@ pub fn f16_row_to_f32(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// f32 to f16 values (little-endian bytes), `src.len()` of them, rounded to nearest even: how
+/// K/V rows go into f16 pages.
+///
+/// # Panics
+/// If `dst` has room for fewer than `src.len()` values.
+#[inline]
+pub fn f32_row_to_f16(src: &[f32], dst: &mut [u8]) {
+    assert!(dst.len() >= src.len() * 2, "f16 row too short");
+    #[cfg(target_arch = "x86_64")]
+    if kernels().name == "avx2" {
+        // SAFETY: the avx2 table is only chosen when cpu_features saw avx2, fma and f16c.
+        return unsafe { x86::dot::f32_row_to_f16(src, dst) };
+    }
+    for (d, &v) in dst.chunks_exact_mut(2).zip(src) {
+        d.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+    }
+}
+
 /// Which implementation `vec_dot` uses on this machine: "avx2", "neon" or
 /// "scalar" (for logs/diagnostics).
 pub fn simd_level() -> &'static str {
@@ -466,6 +485,37 @@ mod tests {
             for (i, g) in got.iter().enumerate() {
                 let want = blocks::f16_to_f32([src[2 * i], src[2 * i + 1]]);
                 assert!(g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()));
+            }
+        }
+    }
+
+    #[test]
+    fn f32_rows_round_to_f16_exactly() {
+        let mut rng = Rng::new(11);
+        for n in [0usize, 1, 7, 8, 9, 64, 67] {
+            // Random bit patterns: every exponent, subnormals, infinities and NaNs among them.
+            let mut bytes = vec![0u8; 4 * n];
+            rng.fill(&mut bytes);
+            let mut src: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            // And values at f16's halfway points and edges, where the rounding shows.
+            for (v, x) in src
+                .iter_mut()
+                .zip([1.0 + 1.0 / 2048.0, 65520.0, 6.0e-8, -2.9e-8, 0.1])
+            {
+                *v = x;
+            }
+            let mut got = vec![0u8; 2 * n];
+            f32_row_to_f16(&src, &mut got);
+            for (i, &x) in src.iter().enumerate() {
+                let want = half::f16::from_f32(x);
+                let g = half::f16::from_le_bytes([got[2 * i], got[2 * i + 1]]);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "{x:e}"
+                );
             }
         }
     }

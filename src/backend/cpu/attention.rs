@@ -478,9 +478,12 @@ fn attend_chunk_tiled(
     let lo = toks.iter().map(|t| t.first).min().unwrap_or(0);
     // K transposed ([dim][position]) so K·Q runs across positions: each position is its own
     // sequential FMA chain over dimensions, as in ggml's simd_gemm, and the lanes vectorise.
-    let mut k_tile_t = vec![0f32; hd * TILE];
-    let mut k_rows = vec![0f32; TILE * hd];
-    let mut v_tile = vec![0f32; TILE * hd];
+    // The tiles come from a per-thread scratch, not fresh zeroed vectors (48 KiB zeroed a
+    // call, thousands of calls a prompt); no row is read before this call writes it.
+    let mut scratch = TILE_SCRATCH.take();
+    scratch.resize(3 * TILE * hd, 0.0);
+    let (k_tile_t, rest) = scratch.split_at_mut(TILE * hd);
+    let (k_rows, v_tile) = rest.split_at_mut(TILE * hd);
     let mut kq = [[0f32; TILE]; HEADS_AT_ONCE];
     let n_q = toks.len();
     let mut max = vec![f32::NEG_INFINITY; n_q * rep];
@@ -490,8 +493,8 @@ fn attend_chunk_tiled(
         let tile_len = (max_ctx - start).min(TILE);
         // Rows before `lo` are never read (their block may be gone).
         let first_row = lo.saturating_sub(start);
-        head.decode_tile(start, first_row..tile_len, hd, &mut k_rows, &mut v_tile);
-        transpose_rows(&k_rows, first_row..tile_len, hd, &mut k_tile_t);
+        head.decode_tile(start, first_row..tile_len, hd, k_rows, v_tile);
+        transpose_rows(k_rows, first_row..tile_len, hd, k_tile_t);
         for (j, tok) in toks.iter().enumerate() {
             let n_ctx = tok.pos + 1;
             if n_ctx <= start || tok.first >= start + TILE {
@@ -507,7 +510,7 @@ fn attend_chunk_tiled(
                 let rows = &mut kq[..heads];
                 let q_heads: Vec<&[f32]> =
                     (r0..r0 + heads).map(|r| &qs[j][r * hd..(r + 1) * hd]).collect();
-                kq_tile(&k_tile_t, &q_heads, hd, rows);
+                kq_tile(k_tile_t, &q_heads, hd, rows);
                 for (h, row) in rows.iter_mut().enumerate() {
                     let r = r0 + h;
                     softmax_tile(
@@ -522,7 +525,7 @@ fn attend_chunk_tiled(
                 // V: each output dimension its own chain over the positions in order, the
                 // heads together (each V value loaded once for all of them).
                 let acc = &mut outs[j][r0 * hd..(r0 + heads) * hd];
-                accumulate_v(rows, seen.start..len, &v_tile, hd, acc);
+                accumulate_v(rows, seen.start..len, v_tile, hd, acc);
             }
         }
     }
@@ -536,7 +539,13 @@ fn attend_chunk_tiled(
         }
     }
     normalize(outs, &sum, rep, hd);
+    TILE_SCRATCH.set(scratch);
 }
+}
+
+thread_local! {
+    /// [`attend_chunk_tiled`]'s K and V tiles (reused, never shrunk).
+    static TILE_SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// One KV head's rows of one layer, through a sequence's block table.

@@ -100,7 +100,8 @@ pub fn matmul(w: &[u8], ty: GgmlType, rows: usize, cols: usize, x: &[f32], out: 
 /// matrix, which matters for one decoding token, where each matrix is only a few µs of work.
 /// `outs[i]` is n_tok × `mats[i].rows`. `generated[t]`: whether the model generated token `t`
 /// (`BatchMeta::generated`; empty: none did), which packed matrices compute in
-/// `quant::packed_order` (prompt tokens in `quant::prompt_order`).
+/// `quant::packed_order` (prompt tokens in `quant::prompt_order`). Every value of `outs` is
+/// written (whatever they held before).
 pub fn matmul_fused(
     mats: &[WeightRef<'_>],
     x: &[f32],

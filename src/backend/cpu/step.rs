@@ -335,7 +335,8 @@ impl Ops for CpuStep<'_> {
             .iter()
             .map(|&(m, b)| {
                 let mut v = self.take(b);
-                v.clear();
+                // Not cleared: `matmul_fused` writes every value, and zeroing a prompt's
+                // outputs first was a serial pass over megabytes per matrix.
                 v.resize(rows * m.rows, 0.0);
                 v
             })

@@ -521,6 +521,25 @@ pub(crate) unsafe fn f16_row(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// f32 → f16 (little-endian bytes) for a whole row, 8 values per instruction, rounding to
+/// nearest even as `half::f16::from_f32` does (K/V rows written into f16 pages).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f32_row_to_f16(src: &[f32], dst: &mut [u8]) {
+    let n = src.len().min(dst.len() / 2);
+    let main = n / 8 * 8;
+    for i in (0..main).step_by(8) {
+        // SAFETY: floats i..i+8 and bytes 2i..2i+16 are in bounds (i + 8 <= main <= n).
+        unsafe {
+            let h =
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+            _mm_storeu_si128(dst.as_mut_ptr().add(2 * i).cast(), h);
+        }
+    }
+    for i in main..n {
+        dst[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(src[i]).to_le_bytes());
+    }
+}
+
 /// The whole sixteens of [`f16_row`] (`dst.len()` values, which `src` holds): how many it did.
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
 unsafe fn f16_row_avx512(src: &[u8], dst: &mut [f32]) -> usize {
