@@ -148,31 +148,37 @@ pub unsafe fn transpose_rows(
 unsafe fn transpose_8x8(r: [__m256; 8]) -> [__m256; 8] {
     // Pairs of rows interleaved by elements (within each 128-bit half), then by pairs of
     // elements: 4 × 4 blocks transposed within each half.
-    let t: [__m256; 8] = std::array::from_fn(|k| {
+    // Loops, not `array::from_fn`, whose closures (without this function's target features)
+    // were not inlined: a call per register.
+    let mut t = [_mm256_setzero_ps(); 8];
+    for (k, t) in t.iter_mut().enumerate() {
         let (a, b) = (r[k & !1], r[k | 1]);
-        if k % 2 == 0 {
+        *t = if k % 2 == 0 {
             _mm256_unpacklo_ps(a, b)
         } else {
             _mm256_unpackhi_ps(a, b)
-        }
-    });
-    let s: [__m256; 8] = std::array::from_fn(|k| {
+        };
+    }
+    let mut s = [_mm256_setzero_ps(); 8];
+    for (k, s) in s.iter_mut().enumerate() {
         let base = k & !3;
         let (a, b) = (t[base + (k >> 1 & 1)], t[base + 2 + (k >> 1 & 1)]);
-        if k % 2 == 0 {
+        *s = if k % 2 == 0 {
             _mm256_shuffle_ps::<0x44>(a, b)
         } else {
             _mm256_shuffle_ps::<0xEE>(a, b)
-        }
-    });
+        };
+    }
     // Then the halves: rows 0..4 of the result are the low halves of the first four's blocks
     // beside those of the last four; rows 4..8 the high halves.
-    std::array::from_fn(|k| {
+    let mut out = [_mm256_setzero_ps(); 8];
+    for (k, o) in out.iter_mut().enumerate() {
         let (a, b) = (s[k % 4], s[k % 4 + 4]);
-        if k < 4 {
+        *o = if k < 4 {
             _mm256_permute2f128_ps::<0x20>(a, b)
         } else {
             _mm256_permute2f128_ps::<0x31>(a, b)
-        }
-    })
+        };
+    }
+    out
 }

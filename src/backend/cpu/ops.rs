@@ -162,6 +162,9 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     let done = if crate::cpu_features::avx512() {
         // SAFETY: AVX-512 F/BW/VL (and F16C) were detected.
         unsafe { gelu_mul_avx512(gate, up, table) }
+    } else if crate::cpu_features::avx2() {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        unsafe { gelu_mul_avx2(gate, up, table) }
     } else {
         0
     };
@@ -211,6 +214,34 @@ unsafe fn gelu_mul_avx512(gate: &mut [f32], up: &[f32], table: &[u16]) -> usize 
         y = _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, lo), y);
         let u = _mm512_loadu_ps(up.as_ptr().add(i));
         _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(y, u));
+    }
+    n
+}
+
+/// [`gelu_mul_avx512`] eight values at a time, for CPUs without AVX-512: the same steps, the
+/// gathered entries' low halves packed to eight f16 values before widening (AVX2 has no
+/// 32-to-16-bit narrowing).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gelu_mul_avx2(gate: &mut [f32], up: &[f32], table: &[u16]) -> usize {
+    use std::arch::x86_64::*;
+    // A 32-bit gather at entry i reads entries i and i + 1: the table has one past the last.
+    assert!(table.len() > u16::MAX as usize + 1);
+    let n = gate.len().min(up.len()) / 8 * 8;
+    let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    let low_half = _mm256_set1_epi32(0xFFFF);
+    for i in (0..n).step_by(8) {
+        let x = _mm256_loadu_ps(gate.as_ptr().add(i));
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+        let entries = _mm256_i32gather_epi32::<2>(table.as_ptr().cast(), _mm256_cvtepu16_epi32(h));
+        let entries = _mm256_and_si256(entries, low_half);
+        // Packed within each 128-bit half, then the halves' low quadwords side by side.
+        let halves = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(entries, entries));
+        let mut y = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+        y = _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi));
+        y = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, lo), y);
+        let u = _mm256_loadu_ps(up.as_ptr().add(i));
+        _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(y, u));
     }
     n
 }
@@ -343,14 +374,25 @@ mod tests {
         ]);
         xs.extend((0..37).map(|i| f16::from_bits(0x3C00 + i).to_f32() + 2f32.powi(-12)));
         let up: Vec<f32> = (0..xs.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let check = |got: &[f32], form: &str| {
+            for ((&x, &u), &y) in xs.iter().zip(&up).zip(got) {
+                let want = gelu_looked_up(x, table) * u;
+                assert_eq!(y.to_bits(), want.to_bits(), "{form}: x = {x}");
+            }
+        };
         let mut got = xs.clone();
         gelu_mul(&mut got, &up);
-        for ((&x, &u), &y) in xs.iter().zip(&up).zip(&got) {
-            assert_eq!(
-                y.to_bits(),
-                (gelu_looked_up(x, table) * u).to_bits(),
-                "x = {x}"
-            );
+        check(&got, "dispatched");
+        // The AVX2 form too where the dispatch took AVX-512 (its vectors, then the tail).
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu_features::avx2() {
+            let mut got = xs.clone();
+            // SAFETY: AVX2, FMA and F16C were detected.
+            let done = unsafe { gelu_mul_avx2(&mut got, &up, table) };
+            for (g, &u) in got[done..].iter_mut().zip(&up[done..]) {
+                *g = gelu_looked_up(*g, table) * u;
+            }
+            check(&got, "avx2");
         }
     }
 

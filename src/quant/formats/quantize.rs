@@ -179,20 +179,25 @@ fn nearest_int(v: f32) -> i32 {
     (val.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
+fma_dispatch! {
 /// `quantize_row_q8_K_ref`: the scale is taken from the signed value of
 /// largest magnitude (`iscale = -127/max`), so that value maps to -127 and
 /// everything else lands in [-127, 127] after the `MIN(127, v)` clamp.
+///
+/// The reference finds that value in one scan (`if ax > amax`: the first of the largest, NaNs
+/// passed over); here the largest magnitude comes from eight lanes (a maximum does not depend
+/// on its order), then its first occurrence: the same value, without a chain of 256 dependent
+/// compares and branches.
 fn q8_k(x: &[f32], y: &mut [BlockQ8K]) {
     for (b, x) in y.iter_mut().zip(x.chunks_exact(QK_K)) {
-        let mut max = 0.0f32;
-        let mut amax = 0.0f32;
-        for &v in x {
-            let ax = v.abs();
-            if ax > amax {
-                amax = ax;
-                max = v;
+        let mut lanes = [0.0f32; 8];
+        for c in x.chunks_exact(8) {
+            for (l, &v) in lanes.iter_mut().zip(c) {
+                // Written so that a NaN never wins, as in the reference's scan.
+                *l = if v.abs() > *l { v.abs() } else { *l };
             }
         }
+        let amax = lanes.iter().fold(0.0f32, |m, &l| if l > m { l } else { m });
         if amax == 0.0 {
             b.d = 0.0f32.to_le_bytes();
             b.qs = [0; QK_K];
@@ -202,16 +207,17 @@ fn q8_k(x: &[f32], y: &mut [BlockQ8K]) {
             b.bsums = [[0; 2]; QK_K / 16];
             continue;
         }
+        let max = x[x.iter().position(|v| v.abs() == amax).expect("amax is some |v|")];
         let iscale = -127.0f32 / max;
         for (q, &v) in b.qs.iter_mut().zip(x) {
             *q = nearest_int(iscale * v).min(127) as i8;
         }
-        for j in 0..QK_K / 16 {
-            let sum: i32 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum();
-            b.bsums[j] = (sum as i16).to_le_bytes();
+        for (sum, qs) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *sum = (qs.iter().map(|&q| q as i32).sum::<i32>() as i16).to_le_bytes();
         }
         b.d = (1.0 / iscale).to_le_bytes();
     }
+}
 }
 
 #[cfg(test)]
