@@ -235,12 +235,16 @@ macro_rules! packed_kernels {
                     let dw = halves_at(gb.add(offsets::D + 2 * HALF * h));
                     let qh = fifth_bits::<L>(gb, h);
                     // SAFETY (get_unchecked): the entry checked both hold nb blocks per token.
-                    let toks: [&TokenBlock; T] =
-                        std::array::from_fn(|t| unsafe { tb[t].get_unchecked(b) });
-                    let xq: [&[i8; 32]; T] =
-                        std::array::from_fn(|t| unsafe { x[t].get_unchecked(b).qs() });
-                    let d: [__m256; T] =
-                        std::array::from_fn(|t| _mm256_mul_ps(dw, _mm256_set1_ps(toks[t].d)));
+                    // Loops, not `array::from_fn`: its closures lack the target features and
+                    // were not inlined (a call per token and block).
+                    let mut toks: [&TokenBlock; T] = [&tb[0][0]; T];
+                    let mut xq: [&[i8; 32]; T] = [x[0][0].qs(); T];
+                    let mut d = [_mm256_setzero_ps(); T];
+                    for t in 0..T {
+                        toks[t] = unsafe { tb[t].get_unchecked(b) };
+                        xq[t] = unsafe { x[t].get_unchecked(b).qs() };
+                        d[t] = _mm256_mul_ps(dw, _mm256_set1_ps(toks[t].d));
+                    }
                     if L == layout::Q4_1 {
                         let m = halves_at(gb.add(offsets::M + 2 * HALF * h));
                         for t in 0..T {
@@ -265,7 +269,11 @@ macro_rules! packed_kernels {
                         }
                     }
                 }
-                std::array::from_fn(|t| _mm256_add_ps(hsum_lanes(&acc[t]), summs[t]))
+                let mut sums = [_mm256_setzero_ps(); T];
+                for t in 0..T {
+                    sums[t] = _mm256_add_ps(hsum_lanes(&acc[t]), summs[t]);
+                }
+                sums
             }
 
             /// Half `h` of group `g` against `T` tokens in the chain order (`Order::Chain`, and
@@ -343,9 +351,13 @@ macro_rules! packed_kernels {
                 t0: usize,
                 out: Out,
             ) {
-                let x: [&[B]; T] = std::array::from_fn(|i| xs[t0 + i]);
-                let tb: [&[TokenBlock]; T] =
-                    std::array::from_fn(|i| &tbs[(t0 + i) * nb..(t0 + i + 1) * nb]);
+                // Loops, not `array::from_fn`, whose closures were not inlined.
+                let mut x: [&[B]; T] = [&[]; T];
+                let mut tb: [&[TokenBlock]; T] = [&[]; T];
+                for i in 0..T {
+                    x[i] = xs[t0 + i];
+                    tb[i] = &tbs[(t0 + i) * nb..(t0 + i + 1) * nb];
+                }
                 let v = if CHAIN {
                     chains::<L, T, B>(nb, gp, h, x, tb)
                 } else {

@@ -81,14 +81,17 @@ macro_rules! packed_k_kernels {
                 for b in 0..nb {
                     let gb = g.add(b * gbb);
                     // SAFETY (get_unchecked): the entry checked every token holds nb blocks.
-                    let xb: [&BlockQ8K; T] =
-                        std::array::from_fn(|t| unsafe { x[t].get_unchecked(b) });
                     let dw = halves_at(gb.add(offsets::D), half);
                     let dmin = halves_at(gb.add(offsets::Q4_K_DMIN), half);
-                    let dd: [__m256; T] =
-                        std::array::from_fn(|t| _mm256_mul_ps(dw, _mm256_set1_ps(xb[t].d())));
-                    let dm: [__m256; T] =
-                        std::array::from_fn(|t| _mm256_mul_ps(dmin, _mm256_set1_ps(xb[t].d())));
+                    // Loops, not `array::from_fn`: its closures lack the target features and
+                    // were not inlined (a call per token and super-block).
+                    let mut xb: [&BlockQ8K; T] = [&x[0][0]; T];
+                    let (mut dd, mut dm) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+                    for t in 0..T {
+                        xb[t] = unsafe { x[t].get_unchecked(b) };
+                        dd[t] = _mm256_mul_ps(dw, _mm256_set1_ps(xb[t].d()));
+                        dm[t] = _mm256_mul_ps(dmin, _mm256_set1_ps(xb[t].d()));
+                    }
                     let mut whole_s = [_mm256_setzero_si256(); T];
                     let mut whole_m = [_mm256_setzero_si256(); T];
                     for j in 0..4 {
@@ -138,7 +141,10 @@ macro_rules! packed_k_kernels {
                         }
                     }
                 }
-                std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_min[t]))
+                for t in 0..T {
+                    acc[t] = _mm256_sub_ps(acc[t], acc_min[t]);
+                }
+                acc
             }
 
             /// `packed_k_avx512::q6_k_quarters` on half `half`: the four 6-bit quant vectors
@@ -185,14 +191,16 @@ macro_rules! packed_k_kernels {
                     let d =
                         _mm256_mul_ps(_mm256_set1_ps(xb.d()), halves_at(gb.add(offsets::D), half));
                     let sc = |k: usize| bytes_i32(gb.add(offsets::Q6_K_SC + GROUP * k), half);
-                    let mut sumi: [__m256i; 8] = std::array::from_fn(|l| {
+                    let mut sumi = [_mm256_setzero_si256(); 8];
+                    for (l, sumi) in sumi.iter_mut().enumerate() {
                         let bsum = |k: usize| _mm256_set1_epi32(xb.bsum(k) as i32);
                         let off = _mm256_add_epi32(
                             _mm256_mullo_epi32(sc(2 * l), bsum(2 * l)),
                             _mm256_mullo_epi32(sc(2 * l + 1), bsum(2 * l + 1)),
                         );
-                        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(off))
-                    });
+                        *sumi =
+                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(off));
+                    }
                     for h in 0..2 {
                         for (l, lane) in sumi.iter_mut().enumerate() {
                             let q = q6_k_quarters(gb, half, h, l);
