@@ -26,7 +26,7 @@ use std::arch::x86_64::*;
 use crate::quant::formats::blocks::*;
 use crate::quant::formats::packed::{checked, group_block_bytes, offsets, Out, PackedFn, GROUP};
 use crate::quant::order::Order;
-use crate::quant::x86::packed_avx512::TokenBlock;
+use crate::quant::x86::packed_avx512::{TokenBlock, UNPACKED_BYTES, UNPACKED_QS};
 use crate::quant::x86::panel::ActScales;
 use crate::quant::GgmlType;
 
@@ -39,7 +39,24 @@ mod layout {
     pub const Q4_0: u8 = 1;
     pub const Q4_1: u8 = 2;
     pub const Q5_0: u8 = 3;
+    /// Q5_0 group blocks unpacked for a batch (`unpack_q5_0`): `packed_avx512`'s unpacked
+    /// layout, whose half `h` of each lane's 64 bytes is this kernel's half.
+    pub const UNPACKED: u8 = 4;
 }
+
+/// Bytes of one group block of layout `l`.
+fn block_bytes(l: u8) -> usize {
+    if l == layout::UNPACKED {
+        UNPACKED_BYTES
+    } else {
+        group_block_bytes(layout_type(l))
+    }
+}
+
+/// Chain batches of at least this many tokens unpack each Q5_0 group once for all their
+/// passes: with sixteen registers a pass carries four tokens, so the fifth bits (six
+/// instructions a register to put back) would otherwise be unpacked again every four.
+const UNPACK_FROM_TOKENS: usize = 8;
 
 const fn layout_type(l: u8) -> GgmlType {
     match l {
@@ -66,9 +83,10 @@ const LANES_PASS: usize = 1;
 const CHAIN_PASS: usize = 4;
 
 thread_local! {
-    /// Per-thread scratch for the prepared activation blocks (reused, never shrunk).
-    static SCRATCH: std::cell::RefCell<Vec<TokenBlock>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread scratch for the prepared activation blocks and an unpacked group (reused,
+    /// never shrunk).
+    static SCRATCH: std::cell::RefCell<(Vec<TokenBlock>, Vec<u8>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// `packed_avx512`'s preparation of the activation blocks with AVX2 alone: the f32 scales and
@@ -134,6 +152,7 @@ macro_rules! packed_kernels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn dpbusd<const L: u8>(acc: __m256i, u: __m256i, x: __m256i) -> __m256i {
+                // The unpacked layout holds Q5_0's values: under 32.
                 if L == layout::Q8_0 {
                     $dpbusd_u8(acc, u, x)
                 } else {
@@ -166,6 +185,9 @@ macro_rules! packed_kernels {
                 qh: __m256i,
             ) -> (__m256i, __m256i) {
                 let load = |at: usize| _mm256_loadu_si256(gb.add(at + 32 * h).cast());
+                if L == layout::UNPACKED {
+                    return (load(UNPACKED_QS + 64 * j), load(UNPACKED_QS + 64 * (j + 4)));
+                }
                 if L == layout::Q8_0 {
                     let flip = _mm256_set1_epi8(-128);
                     let q = offsets::Q8_0_QS;
@@ -206,6 +228,29 @@ macro_rules! packed_kernels {
                 }
             }
 
+            /// The `nb` Q5_0 group blocks at `g`, both halves, unpacked into `dst` (`nb *
+            /// UNPACKED_BYTES`) with the same `values` the direct kernel uses.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn unpack_q5_0(nb: usize, g: *const u8, dst: &mut [u8]) {
+                assert!(dst.len() >= nb * UNPACKED_BYTES);
+                let gbb = group_block_bytes(GgmlType::Q5_0);
+                for b in 0..nb {
+                    let gb = g.add(b * gbb);
+                    let out = dst.as_mut_ptr().add(b * UNPACKED_BYTES);
+                    std::ptr::copy_nonoverlapping(gb.add(offsets::D), out, 32);
+                    for h in 0..2 {
+                        let qh = fifth_bits::<{ layout::Q5_0 }>(gb, h);
+                        for j in 0..4 {
+                            let (lo, hi) = values::<{ layout::Q5_0 }>(gb, h, j, qh);
+                            let at = |lane: usize| out.add(UNPACKED_QS + 64 * lane + 32 * h).cast();
+                            _mm256_storeu_si256(at(j), lo);
+                            _mm256_storeu_si256(at(j + 4), hi);
+                        }
+                    }
+                }
+            }
+
             /// The eight lane registers of each row, summed as `hsum_float_8` sums a row's lanes.
             #[inline]
             #[target_feature(enable = $features)]
@@ -227,7 +272,7 @@ macro_rules! packed_kernels {
                 x: [&[B]; T],
                 tb: [&[TokenBlock]; T],
             ) -> [__m256; T] {
-                let gbb = group_block_bytes(layout_type(L));
+                let gbb = block_bytes(L);
                 let mut acc = [[_mm256_setzero_ps(); 8]; T];
                 let mut summs = [_mm256_setzero_ps(); T];
                 for b in 0..nb {
@@ -288,7 +333,7 @@ macro_rules! packed_kernels {
                 x: [&[B]; T],
                 tb: [&[TokenBlock]; T],
             ) -> [__m256; T] {
-                let gbb = group_block_bytes(layout_type(L));
+                let gbb = block_bytes(L);
                 let mut acc = [_mm256_setzero_ps(); T];
                 let mut summs = [_mm256_setzero_ps(); T];
                 for b in 0..nb {
@@ -385,26 +430,47 @@ macro_rules! packed_kernels {
                 let gb = nb * group_block_bytes(ty);
                 let x = checked::<B>(ty, nb, w, groups, x, toks);
                 let xs: Vec<&[B]> = (0..toks).map(|t| &x[t * nb..(t + 1) * nb]).collect();
-                SCRATCH.with_borrow_mut(|tbs| {
+                SCRATCH.with_borrow_mut(|(tbs, unpacked)| {
                     prepare(nb, &xs, offset(L), tbs);
                     let most = if CHAIN { CHAIN_PASS } else { LANES_PASS };
                     let size = toks.div_ceil(toks.div_ceil(most).max(1)).max(1);
-                    for g in 0..groups {
-                        let gp = w.as_ptr().add(g * gb);
-                        for h in 0..2 {
-                            let mut t0 = 0;
-                            while t0 < toks {
-                                let n = (toks - t0).min(size);
-                                let at = (g, h);
-                                match n {
-                                    1 => pass::<L, CHAIN, 1, B>(nb, gp, at, &xs, tbs, t0, out),
-                                    2 => pass::<L, CHAIN, 2, B>(nb, gp, at, &xs, tbs, t0, out),
-                                    3 => pass::<L, CHAIN, 3, B>(nb, gp, at, &xs, tbs, t0, out),
-                                    _ => pass::<L, CHAIN, 4, B>(nb, gp, at, &xs, tbs, t0, out),
+                    // Every pass over group `g`, whose blocks (of layout `$l`) are at `gp`.
+                    macro_rules! passes {
+                        ($l:expr, $g:expr, $gp:expr) => {
+                            for h in 0..2 {
+                                let mut t0 = 0;
+                                while t0 < toks {
+                                    let n = (toks - t0).min(size);
+                                    let (at, gp) = (($g, h), $gp);
+                                    match n {
+                                        1 => pass::<{ $l }, CHAIN, 1, B>(
+                                            nb, gp, at, &xs, tbs, t0, out,
+                                        ),
+                                        2 => pass::<{ $l }, CHAIN, 2, B>(
+                                            nb, gp, at, &xs, tbs, t0, out,
+                                        ),
+                                        3 => pass::<{ $l }, CHAIN, 3, B>(
+                                            nb, gp, at, &xs, tbs, t0, out,
+                                        ),
+                                        _ => pass::<{ $l }, CHAIN, 4, B>(
+                                            nb, gp, at, &xs, tbs, t0, out,
+                                        ),
+                                    }
+                                    t0 += n;
                                 }
-                                t0 += n;
                             }
+                        };
+                    }
+                    if CHAIN && L == layout::Q5_0 && toks >= UNPACK_FROM_TOKENS {
+                        unpacked.resize(nb * UNPACKED_BYTES, 0);
+                        for g in 0..groups {
+                            unpack_q5_0(nb, w.as_ptr().add(g * gb), unpacked);
+                            passes!(layout::UNPACKED, g, unpacked.as_ptr());
                         }
+                        return;
+                    }
+                    for g in 0..groups {
+                        passes!(L, g, w.as_ptr().add(g * gb));
                     }
                 });
             }

@@ -228,8 +228,8 @@ macro_rules! lanes_group {
 /// load. A batch of several tokens unpacks each group once instead of once per pass: worth it
 /// for Q5_0, whose fifth bits take seven instructions per register to put back (measured
 /// +30% at 64 tokens); for Q4_1 and Q8_0 the store and reload cost what the unpacking saves.
-const UNPACKED_BYTES: usize = 64 + 8 * 64;
-const UNPACKED_QS: usize = 64;
+pub(super) const UNPACKED_BYTES: usize = 64 + 8 * 64;
+pub(super) const UNPACKED_QS: usize = 64;
 
 /// Batches of at least this many tokens unpack each group once for all their passes.
 const UNPACK_FROM_TOKENS: usize = 4;
