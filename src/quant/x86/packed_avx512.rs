@@ -340,6 +340,10 @@ macro_rules! chain_group {
                 let mut sum = [_mm512_setzero_si512(); T];
                 for t in 0..T {
                     sum[t] = _mm512_set1_epi32(toks!(t).bias_sum);
+                    // The activations and scales two blocks ahead: a pass reads eight tokens'
+                    // rows at once, more streams than the hardware prefetchers follow.
+                    _mm_prefetch::<_MM_HINT_T0>(x[t].as_ptr().wrapping_add(b + 2).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(tb[t].as_ptr().wrapping_add(b + 2).cast());
                 }
                 for j in 0..4 {
                     let (lo, hi) = $values(gb, j, qh);
