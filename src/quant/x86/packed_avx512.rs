@@ -339,7 +339,10 @@ macro_rules! chain_group {
                 }
                 let mut sum = [_mm512_setzero_si512(); T];
                 for t in 0..T {
-                    sum[t] = _mm512_set1_epi32(toks!(t).bias_sum);
+                    // Q4_1's quants are unsigned already: no offset to start from.
+                    if $ty != GgmlType::Q4_1 {
+                        sum[t] = _mm512_set1_epi32(toks!(t).bias_sum);
+                    }
                     // The activations and scales two blocks ahead: a pass reads eight tokens'
                     // rows at once, more streams than the hardware prefetchers follow.
                     _mm_prefetch::<_MM_HINT_T0>(x[t].as_ptr().wrapping_add(b + 2).cast());
