@@ -1,7 +1,8 @@
 //! 256-bit VNNI kernels over packed K-quant groups (`packed`), each group of sixteen rows as
 //! two halves of eight: `packed_k_avx512`'s kernels (Q4_K in the peer's repacked order and
-//! the chain order; Q6_K in its lane order and tiled order), lane for lane, at half the
-//! register width, so bit-identical to them and to `order::dot` / `vec_dot` (tested in `gemm`).
+//! the chain order; Q6_K in its lane order and tiled order, a batch's six-bit values assembled
+//! once per group), lane for lane, at half the register width, so bit-identical to them and to
+//! `order::dot` / `vec_dot` (tested in `gemm`).
 //! Built three times, as `packed_avx2` is: `vex` (AVX-VNNI), `evex` (AVX-512 VNNI + VL) and
 //! `plain` (AVX2 alone, `vpdpbusd` emulated by `packed_avx2::dpbusd_u7`, exact here since
 //! Q4_K's quants stay under 16 and Q6_K's under 64).
@@ -16,6 +17,25 @@ use crate::quant::GgmlType;
 
 /// Rows per register: half a group.
 const HALF: usize = GROUP / 2;
+
+/// Batches of at least this many tokens assemble each Q6_K group's six-bit values once
+/// (`unpack_q6_k`) for all their passes, instead of once every two tokens.
+const Q6_K_UNPACK_FROM_TOKENS: usize = 8;
+
+/// One Q6_K super-block of a group unpacked: for each half, `h`, lane group `l` and quarter
+/// `c`, the 32 bytes of eight rows' four values.
+const Q6_K_UNPACKED_BYTES: usize = 2 * 2 * 8 * 4 * 32;
+
+/// Where quarter `c` of lane group `l` of part `h` of half `half` of super-block `b` lies in
+/// an unpacked group.
+const fn q6_k_unpacked_at(b: usize, half: usize, h: usize, l: usize, c: usize) -> usize {
+    b * Q6_K_UNPACKED_BYTES + (((half * 2 + h) * 8 + l) * 4 + c) * 32
+}
+
+thread_local! {
+    /// Per-thread scratch for an unpacked Q6_K group (reused, never shrunk).
+    static UNPACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Defines the kernels in module `$module`, compiled for `$features`, with `$dpbusd` as the
 /// `vpdpbusd` (for unsigned bytes under 128, all these layouts have).
@@ -283,6 +303,90 @@ macro_rules! packed_k_kernels {
                 acc
             }
 
+            /// The `nb` Q6_K super-blocks of group `g`, both halves, with their six-bit values
+            /// assembled once (`q6_k_quarters`) into `dst` (`nb * Q6_K_UNPACKED_BYTES`), for a
+            /// batch's passes to load instead of assembling them again every few tokens.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn unpack_q6_k(nb: usize, g: *const u8, dst: &mut [u8]) {
+                assert!(dst.len() >= nb * Q6_K_UNPACKED_BYTES);
+                let gbb = group_block_bytes(GgmlType::Q6_K);
+                for b in 0..nb {
+                    for half in 0..2 {
+                        for h in 0..2 {
+                            for l in 0..8 {
+                                let q = q6_k_quarters(g.add(b * gbb), half, h, l);
+                                for (c, q) in q.into_iter().enumerate() {
+                                    let at = q6_k_unpacked_at(b, half, h, l, c);
+                                    _mm256_storeu_si256(dst.as_mut_ptr().add(at).cast(), q);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+
+            /// `q6_k_tiled_group` over an unpacked group `u` (the scales and `d` still from
+            /// the packed group `g`), the sums in the same integer steps, so the same bits:
+            /// per quarter `c`, its two sub-blocks' sums (started at −32·bsum) over the lane
+            /// groups in order, then times their scales. Loading the values leaves registers
+            /// for four tokens a pass.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q6_k_unpacked_group<const T: usize>(
+                nb: usize,
+                g: *const u8,
+                u: *const u8,
+                half: usize,
+                x: [&[BlockQ8K]; T],
+            ) -> [__m256; T] {
+                let gbb = group_block_bytes(GgmlType::Q6_K);
+                let mut acc = [_mm256_setzero_ps(); T];
+                for b in 0..nb {
+                    let gb = g.add(b * gbb);
+                    // SAFETY: the entry checked every token holds nb super-blocks.
+                    macro_rules! xb {
+                        ($t:expr) => {
+                            unsafe { x[$t].get_unchecked(b) }
+                        };
+                    }
+                    let mut s = [_mm256_setzero_si256(); T];
+                    for h in 0..2 {
+                        for c in 0..4 {
+                            let mut sub = [[_mm256_setzero_si256(); 2]; T];
+                            for t in 0..T {
+                                for k in 0..2 {
+                                    let bsum = xb!(t).bsum(8 * h + 2 * c + k) as i32;
+                                    sub[t][k] = _mm256_set1_epi32(-32 * bsum);
+                                }
+                            }
+                            for l in 0..8 {
+                                let at = q6_k_unpacked_at(b, half, h, l, c);
+                                let qc = _mm256_loadu_si256(u.add(at).cast());
+                                for t in 0..T {
+                                    let x4 = x_dword(xb!(t), 128 * h + 32 * c + 4 * l);
+                                    sub[t][l / 4] = dpbusd(sub[t][l / 4], qc, x4);
+                                }
+                            }
+                            for k in 0..2 {
+                                let at = offsets::Q6_K_SC + GROUP * (8 * h + 2 * c + k);
+                                let scale = bytes_i32(gb.add(at), half);
+                                for t in 0..T {
+                                    let p = _mm256_mullo_epi32(sub[t][k], scale);
+                                    s[t] = _mm256_add_epi32(s[t], p);
+                                }
+                            }
+                        }
+                    }
+                    let dw = halves_at(gb.add(offsets::D), half);
+                    for t in 0..T {
+                        let r = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(s[t]));
+                        acc[t] = _mm256_fmadd_ps(r, _mm256_set1_ps(xb!(t).d()), acc[t]);
+                    }
+                }
+                acc
+            }
+
             /// Stores rows of half `half` of group `g` for token `t`.
             #[inline]
             #[target_feature(enable = $features)]
@@ -363,8 +467,9 @@ macro_rules! packed_k_kernels {
                 }
             }
 
-            /// Q6_K in the tiled order (batches of 8 tokens or more, and the chain order),
-            /// two tokens a pass.
+            /// Q6_K in the tiled order (batches of 8 tokens or more, and the chain order): a
+            /// batch of [`Q6_K_UNPACK_FROM_TOKENS`] or more unpacks each group once and runs
+            /// four tokens a pass over it, a smaller one two tokens a pass.
             #[target_feature(enable = $features)]
             unsafe fn q6_k_tiled(
                 nb: usize,
@@ -377,6 +482,43 @@ macro_rules! packed_k_kernels {
                 let x = checked::<BlockQ8K>(GgmlType::Q6_K, nb, w, groups, x, toks);
                 let xs = |t: usize| &x[t * nb..(t + 1) * nb];
                 let gb = nb * group_block_bytes(GgmlType::Q6_K);
+                if toks >= Q6_K_UNPACK_FROM_TOKENS {
+                    return UNPACKED.with_borrow_mut(|u| {
+                        u.resize(nb * Q6_K_UNPACKED_BYTES, 0);
+                        // Passes as even as four tokens a pass allows.
+                        let size = toks.div_ceil(toks.div_ceil(4));
+                        for g in 0..groups {
+                            let gp = w.as_ptr().add(g * gb);
+                            unpack_q6_k(nb, gp, u);
+                            for half in 0..2 {
+                                let mut t0 = 0;
+                                while t0 < toks {
+                                    let n = (toks - t0).min(size);
+                                    macro_rules! pass {
+                                        ($t:literal) => {{
+                                            let mut xt: [&[BlockQ8K]; $t] = [&[]; $t];
+                                            for i in 0..$t {
+                                                xt[i] = xs(t0 + i);
+                                            }
+                                            let up = u.as_ptr();
+                                            let r = q6_k_unpacked_group::<$t>(nb, gp, up, half, xt);
+                                            for (i, v) in r.into_iter().enumerate() {
+                                                put(out, t0 + i, g, half, v);
+                                            }
+                                        }};
+                                    }
+                                    match n {
+                                        1 => pass!(1),
+                                        2 => pass!(2),
+                                        3 => pass!(3),
+                                        _ => pass!(4),
+                                    }
+                                    t0 += n;
+                                }
+                            }
+                        }
+                    });
+                }
                 for g in 0..groups {
                     let gp = w.as_ptr().add(g * gb);
                     for half in 0..2 {
