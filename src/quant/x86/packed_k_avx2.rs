@@ -18,10 +18,6 @@ use crate::quant::GgmlType;
 /// Rows per register: half a group.
 const HALF: usize = GROUP / 2;
 
-/// Batches of at least this many tokens assemble each Q6_K group's six-bit values once
-/// (`unpack_q6_k`) for all their passes, instead of once every two tokens.
-const Q6_K_UNPACK_FROM_TOKENS: usize = 8;
-
 /// One Q6_K super-block of a group unpacked: for each half, `h`, lane group `l` and quarter
 /// `c`, the 32 bytes of eight rows' four values.
 const Q6_K_UNPACKED_BYTES: usize = 2 * 2 * 8 * 4 * 32;
@@ -242,67 +238,6 @@ macro_rules! packed_k_kernels {
                 )
             }
 
-            /// `packed_k_avx512::q6_k_tiled_group` on half `half`: the peer's tiled order.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn q6_k_tiled_group<const T: usize>(
-                nb: usize,
-                g: *const u8,
-                half: usize,
-                x: [&[BlockQ8K]; T],
-            ) -> [__m256; T] {
-                let gbb = group_block_bytes(GgmlType::Q6_K);
-                let mut acc = [_mm256_setzero_ps(); T];
-                for b in 0..nb {
-                    let gb = g.add(b * gbb);
-                    // Plain loops and a macro, not `array::from_fn` closures (as in
-                    // `packed_avx2`'s chains).
-                    // SAFETY: the entry checked every token holds nb super-blocks.
-                    macro_rules! xb {
-                        ($t:expr) => {
-                            unsafe { x[$t].get_unchecked(b) }
-                        };
-                    }
-                    let mut s = [_mm256_setzero_si256(); T];
-                    for h in 0..2 {
-                        // Per quarter c, its two sub-blocks' sums, started at −32·bsum.
-                        let mut sub = [[[_mm256_setzero_si256(); 2]; 4]; T];
-                        for t in 0..T {
-                            for c in 0..4 {
-                                for k in 0..2 {
-                                    let bsum = xb!(t).bsum(8 * h + 2 * c + k) as i32;
-                                    sub[t][c][k] = _mm256_set1_epi32(-32 * bsum);
-                                }
-                            }
-                        }
-                        for l in 0..8 {
-                            let q = q6_k_quarters(gb, half, h, l);
-                            for (c, &qc) in q.iter().enumerate() {
-                                for t in 0..T {
-                                    let x4 = x_dword(xb!(t), 128 * h + 32 * c + 4 * l);
-                                    sub[t][c][l / 4] = dpbusd(sub[t][c][l / 4], qc, x4);
-                                }
-                            }
-                        }
-                        for sub_block in 0..8 {
-                            let (c, k) = (sub_block / 2, sub_block % 2);
-                            let at = offsets::Q6_K_SC + GROUP * (8 * h + sub_block);
-                            let scale = bytes_i32(gb.add(at), half);
-                            for t in 0..T {
-                                let p = _mm256_mullo_epi32(sub[t][c][k], scale);
-                                s[t] = _mm256_add_epi32(s[t], p);
-                            }
-                        }
-                    }
-                    let dw = halves_at(gb.add(offsets::D), half);
-                    for t in 0..T {
-                        let r = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(s[t]));
-                        acc[t] = _mm256_fmadd_ps(r, _mm256_set1_ps(xb!(t).d()), acc[t]);
-                    }
-                }
-                acc
-            }
-
             /// The `nb` Q6_K super-blocks of group `g`, both halves, with their six-bit values
             /// assembled once (`q6_k_quarters`) into `dst` (`nb * Q6_K_UNPACKED_BYTES`), for a
             /// batch's passes to load instead of assembling them again every few tokens.
@@ -326,8 +261,8 @@ macro_rules! packed_k_kernels {
                 }
             }
 
-            /// `q6_k_tiled_group` over an unpacked group `u` (the scales and `d` still from
-            /// the packed group `g`), the sums in the same integer steps, so the same bits:
+            /// `packed_k_avx512::q6_k_tiled_group` (the peer's tiled order) on half `half` of an
+            /// unpacked group `u` (the scales and `d` still from the packed group `g`):
             /// per quarter `c`, its two sub-blocks' sums (started at −32·bsum) over the lane
             /// groups in order, then times their scales. Loading the values leaves registers
             /// for four tokens a pass.
@@ -467,9 +402,9 @@ macro_rules! packed_k_kernels {
                 }
             }
 
-            /// Q6_K in the tiled order (batches of 8 tokens or more, and the chain order): a
-            /// batch of [`Q6_K_UNPACK_FROM_TOKENS`] or more unpacks each group once and runs
-            /// four tokens a pass over it, a smaller one two tokens a pass.
+            /// Q6_K in the tiled order (batches of 8 tokens or more, and the chain order): each
+            /// group's six-bit values assembled once, then passes of up to four tokens over them
+            /// (a pass's registers hold no assembly, so four tokens fit).
             #[target_feature(enable = $features)]
             unsafe fn q6_k_tiled(
                 nb: usize,
@@ -482,59 +417,41 @@ macro_rules! packed_k_kernels {
                 let x = checked::<BlockQ8K>(GgmlType::Q6_K, nb, w, groups, x, toks);
                 let xs = |t: usize| &x[t * nb..(t + 1) * nb];
                 let gb = nb * group_block_bytes(GgmlType::Q6_K);
-                if toks >= Q6_K_UNPACK_FROM_TOKENS {
-                    return UNPACKED.with_borrow_mut(|u| {
-                        u.resize(nb * Q6_K_UNPACKED_BYTES, 0);
-                        // Passes as even as four tokens a pass allows.
-                        let size = toks.div_ceil(toks.div_ceil(4));
-                        for g in 0..groups {
-                            let gp = w.as_ptr().add(g * gb);
-                            unpack_q6_k(nb, gp, u);
-                            for half in 0..2 {
-                                let mut t0 = 0;
-                                while t0 < toks {
-                                    let n = (toks - t0).min(size);
-                                    macro_rules! pass {
-                                        ($t:literal) => {{
-                                            let mut xt: [&[BlockQ8K]; $t] = [&[]; $t];
-                                            for i in 0..$t {
-                                                xt[i] = xs(t0 + i);
-                                            }
-                                            let up = u.as_ptr();
-                                            let r = q6_k_unpacked_group::<$t>(nb, gp, up, half, xt);
-                                            for (i, v) in r.into_iter().enumerate() {
-                                                put(out, t0 + i, g, half, v);
-                                            }
-                                        }};
-                                    }
-                                    match n {
-                                        1 => pass!(1),
-                                        2 => pass!(2),
-                                        3 => pass!(3),
-                                        _ => pass!(4),
-                                    }
-                                    t0 += n;
+                UNPACKED.with_borrow_mut(|u| {
+                    u.resize(nb * Q6_K_UNPACKED_BYTES, 0);
+                    // Passes as even as four tokens a pass allows.
+                    let size = toks.div_ceil(toks.div_ceil(4).max(1)).max(1);
+                    for g in 0..groups {
+                        let gp = w.as_ptr().add(g * gb);
+                        unpack_q6_k(nb, gp, u);
+                        for half in 0..2 {
+                            let mut t0 = 0;
+                            while t0 < toks {
+                                let n = (toks - t0).min(size);
+                                macro_rules! pass {
+                                    ($t:literal) => {{
+                                        let mut xt: [&[BlockQ8K]; $t] = [&[]; $t];
+                                        for i in 0..$t {
+                                            xt[i] = xs(t0 + i);
+                                        }
+                                        let up = u.as_ptr();
+                                        let r = q6_k_unpacked_group::<$t>(nb, gp, up, half, xt);
+                                        for (i, v) in r.into_iter().enumerate() {
+                                            put(out, t0 + i, g, half, v);
+                                        }
+                                    }};
                                 }
+                                match n {
+                                    1 => pass!(1),
+                                    2 => pass!(2),
+                                    3 => pass!(3),
+                                    _ => pass!(4),
+                                }
+                                t0 += n;
                             }
                         }
-                    });
-                }
-                for g in 0..groups {
-                    let gp = w.as_ptr().add(g * gb);
-                    for half in 0..2 {
-                        let mut t0 = 0;
-                        while t0 + 2 <= toks {
-                            let r = q6_k_tiled_group::<2>(nb, gp, half, [xs(t0), xs(t0 + 1)]);
-                            put(out, t0, g, half, r[0]);
-                            put(out, t0 + 1, g, half, r[1]);
-                            t0 += 2;
-                        }
-                        if t0 < toks {
-                            let r = q6_k_tiled_group::<1>(nb, gp, half, [xs(t0)]);
-                            put(out, t0, g, half, r[0]);
-                        }
                     }
-                }
+                });
             }
 
             /// The kernel for `ty` in `order`, where there is one.
