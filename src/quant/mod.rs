@@ -355,7 +355,7 @@ pub fn f16_row_to_f32(src: &[u8], dst: &mut [f32]) {
 }
 
 /// f32 to f16 values (little-endian bytes), `src.len()` of them, rounded to nearest even: how
-/// K/V rows go into f16 pages.
+/// K/V rows go into f16 pages, and activations into F16's dot format.
 ///
 /// # Panics
 /// If `dst` has room for fewer than `src.len()` values.
@@ -368,7 +368,7 @@ pub fn f32_row_to_f16(src: &[f32], dst: &mut [u8]) {
         return unsafe { x86::dot::f32_row_to_f16(src, dst) };
     }
     for (d, &v) in dst.chunks_exact_mut(2).zip(src) {
-        d.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        d.copy_from_slice(&blocks::f32_to_f16(v));
     }
 }
 

@@ -25,11 +25,7 @@ pub(crate) fn quantize(dot_ty: GgmlType, src: &[f32], dst: &mut [u8]) -> bool {
                 d.copy_from_slice(&s.to_le_bytes());
             }
         }
-        F16 => {
-            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&f32_to_f16(*s));
-            }
-        }
+        F16 => crate::quant::f32_row_to_f16(src, dst),
         BF16 => {
             for (d, s) in dst.chunks_exact_mut(2).zip(src) {
                 d.copy_from_slice(&f32_to_bf16(*s));

@@ -536,7 +536,7 @@ pub(crate) unsafe fn f32_row_to_f16(src: &[f32], dst: &mut [u8]) {
         }
     }
     for i in main..n {
-        dst[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(src[i]).to_le_bytes());
+        dst[2 * i..2 * i + 2].copy_from_slice(&f32_to_f16(src[i]));
     }
 }
 
