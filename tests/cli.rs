@@ -241,21 +241,17 @@ fn peer_perplexity() -> f64 {
 }
 
 fn measure_peer_perplexity(model: &std::path::Path) -> f64 {
-    let out = std::process::Command::new(peer_tool("llama-perplexity"))
-        .args(["-c", "512", "--chunks", PPL_CHUNKS, "-t", "2", "-f"])
-        .arg(reference_dir().join("gpl-3.txt"))
-        .arg("-m")
-        .arg(model)
-        .output()
-        .expect("llama-perplexity runs");
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    const FINAL: &str = "Final estimate: PPL = ";
+    let all = peer_output_holding(
+        std::process::Command::new(peer_tool("llama-perplexity"))
+            .args(["-c", "512", "--chunks", PPL_CHUNKS, "-t", "2", "-f"])
+            .arg(reference_dir().join("gpl-3.txt"))
+            .arg("-m")
+            .arg(model),
+        FINAL,
     );
-    assert!(out.status.success(), "llama-perplexity failed:\n{all}");
     all.lines()
-        .find_map(|l| l.split("Final estimate: PPL = ").nth(1))
+        .find_map(|l| l.split(FINAL).nth(1))
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("no final estimate in:\n{all}"))
         .parse()

@@ -28,6 +28,11 @@ struct Kld {
     ppl_ratio_err: f64,
 }
 
+/// The line a peer's base run prints its perplexity on.
+const FINAL_ESTIMATE: &str = "Final estimate: PPL = ";
+/// The statistic a KL-divergence run prints last.
+const LAST_STATISTIC: &str = "Same top p:";
+
 fn parse(out: &str) -> Kld {
     // The first number after `sep` on the line that starts with `prefix`.
     let number = |prefix: &str, sep: char| -> f64 {
@@ -42,8 +47,8 @@ fn parse(out: &str) -> Kld {
     };
     Kld {
         kld: number("Mean    KLD:", ':'),
-        same_top: number("Same top p:", ':'),
-        same_top_err: number("Same top p:", '±'),
+        same_top: number(LAST_STATISTIC, ':'),
+        same_top_err: number(LAST_STATISTIC, '±'),
         ppl: number("Mean PPL(Q)  ", ':'),
         ppl_ratio_err: number("Mean PPL(Q)/PPL(base)", '±'),
     }
@@ -83,7 +88,7 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
     if !newer(&base, model) || !newer(&ppl_file, &base) {
         // Written beside and renamed: an interrupted run leaves no truncated base behind.
         let tmp = base.with_extension("base.tmp");
-        let out = output_of(
+        let out = peer_output_holding(
             Command::new(peer_tool("llama-perplexity"))
                 .args(["-c", "512", "-t", "2", "--chunks", &chunks.to_string()])
                 .arg("-m")
@@ -92,10 +97,11 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
                 .arg(text())
                 .arg("--kl-divergence-base")
                 .arg(&tmp),
+            FINAL_ESTIMATE,
         );
         let ppl = out
             .lines()
-            .find_map(|l| l.split("Final estimate: PPL = ").nth(1))
+            .find_map(|l| l.split(FINAL_ESTIMATE).nth(1))
             .unwrap_or_else(|| panic!("no final estimate in:\n{out}"))
             .split_whitespace()
             .next()
@@ -114,7 +120,7 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
 
 /// The yardstick: llama.cpp with a q8_0 KV cache against its own f16 base.
 fn peer_q8_0(model: &Path, base: &Path) -> Kld {
-    parse(&output_of(
+    parse(&peer_output_holding(
         Command::new(peer_tool("llama-perplexity"))
             .args(["-c", "512", "-t", "2", "-ctk", "q8_0", "-ctv", "q8_0"])
             .arg("-m")
@@ -122,6 +128,7 @@ fn peer_q8_0(model: &Path, base: &Path) -> Kld {
             .arg("--kl-divergence-base")
             .arg(base)
             .arg("--kl-divergence"),
+        LAST_STATISTIC,
     ))
 }
 

@@ -2,7 +2,7 @@
 //! the embedding tests hold them to: cosine similarity per text, and the same nearest
 //! neighbour for every text.
 
-use super::{peer_tool, reference_dir};
+use super::{peer_output, peer_tool, reference_dir};
 use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
 use edgelm::model::Model;
 use edgelm::tokenizer::Tokenizer;
@@ -48,25 +48,19 @@ impl PeerRun {
 /// `--verbose-prompt`.
 pub fn peer_embedding(model: &Path, text: &str, ctx: usize, run: PeerRun) -> PeerEmbedding {
     let tool = peer_tool("llama-embedding");
-    let out = Command::new(&tool)
-        // Its libraries beside it, wherever the build tree was when it was linked.
-        .env("LD_LIBRARY_PATH", tool.parent().expect("in a directory"))
-        .arg("-m")
-        .arg(model)
-        .args(["-p", text, "--embd-separator", SEP])
-        .args(["--embd-output-format", "json", "--verbose-prompt"])
-        .args(["-c", &ctx.to_string(), "-t", "2", "--no-warmup"])
-        .args(run.args())
-        .output()
-        .expect("llama-embedding runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "llama-embedding failed: {stderr}");
-    let start = stdout
-        .find("{\n  \"object\"")
-        .expect("JSON in llama-embedding's output");
-    let mut values = serde_json::Deserializer::from_str(&stdout[start..]).into_iter();
-    let json: serde_json::Value = values.next().unwrap().unwrap();
+    let (stdout, stderr) = peer_output(
+        Command::new(&tool)
+            // Its libraries beside it, wherever the build tree was when it was linked.
+            .env("LD_LIBRARY_PATH", tool.parent().expect("in a directory"))
+            .arg("-m")
+            .arg(model)
+            .args(["-p", text, "--embd-separator", SEP])
+            .args(["--embd-output-format", "json", "--verbose-prompt"])
+            .args(["-c", &ctx.to_string(), "-t", "2", "--no-warmup"])
+            .args(run.args()),
+        |stdout, _| embedding_json(stdout).is_some(),
+    );
+    let (start, json) = embedding_json(&stdout).expect("whole JSON");
     let data = json["data"].as_array().unwrap();
     assert_eq!(data.len(), 1, "llama-embedding split {text:?}");
     let e = data[0]["embedding"].as_array().unwrap();
@@ -74,6 +68,13 @@ pub fn peer_embedding(model: &Path, text: &str, ctx: usize, run: PeerRun) -> Pee
         tokens: verbose_tokens(&stderr, &stdout[..start]),
         vector: e.iter().map(|x| x.as_f64().unwrap()).collect(),
     }
+}
+
+/// Where `llama-embedding`'s JSON starts in its output, and the JSON, when it is all there.
+fn embedding_json(stdout: &str) -> Option<(usize, serde_json::Value)> {
+    let start = stdout.find("{\n  \"object\"")?;
+    let mut values = serde_json::Deserializer::from_str(&stdout[start..]).into_iter();
+    Some((start, values.next()?.ok()?))
 }
 
 /// The ids `--verbose-prompt` lists: "number of tokens in prompt = N" in its log, and N lines

@@ -73,6 +73,32 @@ pub fn peer_tool(tool: &str) -> PathBuf {
     p
 }
 
+/// The stdout and stderr of the peer tool `cmd` runs, which must succeed; run again (up to
+/// four times in all) until `whole` accepts them. The peer prints through a logger whose
+/// worker thread it leaves running at exit (llama.cpp's common/log.cpp leaks it on purpose),
+/// so lines still queued then are never printed: an output cut short is that race, not a
+/// result.
+pub fn peer_output(cmd: &mut Command, whole: impl Fn(&str, &str) -> bool) -> (String, String) {
+    const TRIES: usize = 4;
+    for _ in 0..TRIES {
+        let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{cmd:?} failed:\n{stdout}{stderr}");
+        if whole(&stdout, &stderr) {
+            return (stdout, stderr);
+        }
+        eprintln!("{cmd:?}: output cut short, run again");
+    }
+    panic!("{cmd:?}: output cut short {TRIES} times");
+}
+
+/// [`peer_output`]'s stdout and stderr as one text, whole once it holds `marker`.
+pub fn peer_output_holding(cmd: &mut Command, marker: &str) -> String {
+    let (out, err) = peer_output(cmd, |out, err| out.contains(marker) || err.contains(marker));
+    out + &err
+}
+
 pub fn reference() -> serde_json::Value {
     let text = std::fs::read_to_string(reference_dir().join("smollm2-llamacpp.json")).unwrap();
     serde_json::from_str(&text).unwrap()
