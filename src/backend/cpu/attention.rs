@@ -508,9 +508,11 @@ fn attend_chunk_tiled(
             for r0 in (0..rep).step_by(HEADS_AT_ONCE) {
                 let heads = (rep - r0).min(HEADS_AT_ONCE);
                 let rows = &mut kq[..heads];
-                let q_heads: Vec<&[f32]> =
-                    (r0..r0 + heads).map(|r| &qs[j][r * hd..(r + 1) * hd]).collect();
-                kq_tile(k_tile_t, &q_heads, hd, rows);
+                let mut q_heads: [&[f32]; HEADS_AT_ONCE] = [&[]; HEADS_AT_ONCE];
+                for (h, q) in q_heads[..heads].iter_mut().enumerate() {
+                    *q = &qs[j][(r0 + h) * hd..(r0 + h + 1) * hd];
+                }
+                kq_tile(k_tile_t, &q_heads[..heads], hd, len, rows);
                 for (h, row) in rows.iter_mut().enumerate() {
                     let r = r0 + h;
                     softmax_tile(
@@ -607,8 +609,7 @@ fn softmax_tile(
             f32::NEG_INFINITY
         };
     }
-    let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let m_new = max.max(tile_max);
+    let m_new = max.max(tile_max(row));
     if m_new > *max {
         let ms = (*max - m_new).exp();
         acc.iter_mut().for_each(|a| *a *= ms);
@@ -624,6 +625,28 @@ fn softmax_tile(
         tile_sum += reduce_add_16(lanes) as f64;
     }
     *sum = (*sum as f64 + tile_sum) as f32;
+}
+
+/// The largest of a tile's scores (NaNs passed over, as `f32::max` does): sixteen lane
+/// maxima, then halves. A maximum is the same in any order, and this one vectorises where a
+/// fold over the tile is a chain of 64 dependent steps.
+#[inline(always)]
+fn tile_max(row: &[f32; TILE]) -> f32 {
+    let larger = |a: f32, b: f32| if b > a { b } else { a };
+    let mut m = [f32::NEG_INFINITY; 16];
+    for lanes in row.chunks_exact(16) {
+        for (m, &v) in m.iter_mut().zip(lanes) {
+            *m = larger(*m, v);
+        }
+    }
+    let mut width = 8;
+    while width > 0 {
+        for l in 0..width {
+            m[l] = larger(m[l], m[l + width]);
+        }
+        width /= 2;
+    }
+    m[0]
 }
 
 /// Divides each query head's output by its softmax sum (a head that saw nothing stays 0).
@@ -666,26 +689,35 @@ const HEADS_AT_ONCE: usize = 4;
 /// `rows[h][i] = Σ_d q[h][d] · kt[d * TILE + i]`: each position's chain over the dimensions in
 /// order, from 0 (ggml's `simd_gemm`), for up to [`HEADS_AT_ONCE`] query heads at once (each
 /// K value loaded once for all of them): AVX-512 or AVX2 registers where the CPU has them.
-fn kq_tile(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; TILE]]) {
+/// Only the first `positions` scores are asked for (a diagonal tile's later ones are masked):
+/// the forms compute them rounded up to sixteen, and leave the later lanes as they were.
+fn kq_tile(kt: &[f32], q: &[&[f32]], hd: usize, positions: usize, rows: &mut [[f32; TILE]]) {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu_features::avx512() {
         // SAFETY: AVX-512F was detected; the shapes are the tiled path's (checked inside).
-        return unsafe { super::attention_avx512::kq_tile(kt, q, hd, rows) };
+        return unsafe { super::attention_avx512::kq_tile(kt, q, hd, positions, rows) };
     }
     #[cfg(target_arch = "x86_64")]
     if crate::cpu_features::avx2() {
         // SAFETY: AVX2 and FMA were detected; the shapes are the tiled path's (checked inside).
-        return unsafe { super::attention_avx2::kq_tile(kt, q, hd, rows) };
+        return unsafe { super::attention_avx2::kq_tile(kt, q, hd, positions, rows) };
     }
-    kq_tile_portable(kt, q, hd, rows)
+    kq_tile_portable(kt, q, hd, positions, rows)
 }
 
 fma_dispatch! {
-fn kq_tile_portable(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; TILE]]) {
+fn kq_tile_portable(
+    kt: &[f32],
+    q: &[&[f32]],
+    hd: usize,
+    positions: usize,
+    rows: &mut [[f32; TILE]],
+) {
+    let n = positions.div_ceil(16) * 16;
     let rows = &mut rows[..q.len()];
-    rows.iter_mut().for_each(|row| row.fill(0.0));
+    rows.iter_mut().for_each(|row| row[..n].fill(0.0));
     for d in 0..hd {
-        let kt: &[f32; TILE] = kt[d * TILE..(d + 1) * TILE].try_into().expect("a tile");
+        let kt = &kt[d * TILE..d * TILE + n];
         for (row, q) in rows.iter_mut().zip(q) {
             let qd = q[d];
             for (slot, &k) in row.iter_mut().zip(kt) {
@@ -849,7 +881,7 @@ mod tests {
             // SAFETY (both): AVX2 and FMA were detected.
             forms.push((
                 "avx2",
-                |kt, q, hd, rows| unsafe { avx2::kq_tile(kt, q, hd, rows) },
+                |kt, q, hd, positions, rows| unsafe { avx2::kq_tile(kt, q, hd, positions, rows) },
                 |p, range, v, hd, acc| unsafe { avx2::accumulate_v(p, range, v, hd, acc) },
             ));
         }
@@ -858,7 +890,7 @@ mod tests {
         }
     }
 
-    type KqTile = fn(&[f32], &[&[f32]], usize, &mut [[f32; TILE]]);
+    type KqTile = fn(&[f32], &[&[f32]], usize, usize, &mut [[f32; TILE]]);
     type AccumulateV = fn(&[[f32; TILE]], std::ops::Range<usize>, &[f32], usize, &mut [f32]);
 
     fn tile_loops_match(form: &str, kq_tile: KqTile, accumulate_v: AccumulateV) {
@@ -878,15 +910,21 @@ mod tests {
                 let qr: Vec<&[f32]> = q[..heads].iter().map(|v| &v[..]).collect();
                 let (mut got, mut want) =
                     ([[0f32; TILE]; HEADS_AT_ONCE], [[0f32; TILE]; HEADS_AT_ONCE]);
-                kq_tile(&kt, &qr, hd, &mut got);
-                kq_tile_portable(&kt, &qr, hd, &mut want);
-                let bits =
-                    |r: &[[f32; TILE]]| r.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&got[..heads]),
-                    bits(&want[..heads]),
-                    "{form}: hd {hd}, {heads} heads"
-                );
+                for positions in [TILE, 1, 16, 17, 40, 63] {
+                    kq_tile(&kt, &qr, hd, positions, &mut got);
+                    kq_tile_portable(&kt, &qr, hd, positions, &mut want);
+                    let bits = |r: &[[f32; TILE]]| {
+                        r.iter()
+                            .flat_map(|r| &r[..positions])
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<_>>()
+                    };
+                    assert_eq!(
+                        bits(&got[..heads]),
+                        bits(&want[..heads]),
+                        "{form}: hd {hd}, {heads} heads, {positions} positions"
+                    );
+                }
             }
             let v: Vec<f32> = (0..TILE * hd).map(|_| rnd()).collect();
             let p: Vec<[f32; TILE]> = (0..HEADS_AT_ONCE)

@@ -12,17 +12,24 @@ pub const HEADS: usize = 4;
 
 /// `rows[h][i] = Σ_d q[h][d] · kt[d][i]` (one chain per position over `d` in order, from 0)
 /// for the `heads ≤ HEADS` rows of `q` (each `hd` long) against a K tile stored transposed,
-/// `kt[d * 64 + i]`.
+/// `kt[d * 64 + i]`, for the first `positions` positions rounded up to sixteen (the later
+/// lanes of `rows` are left as they were).
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `kt` holds `hd × 64` values and every `q[h]` `hd`.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn kq_tile(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; 64]]) {
+pub unsafe fn kq_tile(
+    kt: &[f32],
+    q: &[&[f32]],
+    hd: usize,
+    positions: usize,
+    rows: &mut [[f32; 64]],
+) {
     let heads = q.len();
     assert!(heads <= HEADS && rows.len() >= heads && kt.len() >= hd * 64);
-    assert!(q.iter().all(|r| r.len() >= hd));
+    assert!(q.iter().all(|r| r.len() >= hd) && positions <= 64);
     let kp = kt.as_ptr();
-    for i0 in (0..64).step_by(16) {
+    for i0 in (0..positions).step_by(16) {
         macro_rules! run {
             ($h:literal) => {{
                 let mut acc = [[_mm256_setzero_ps(); 2]; $h];

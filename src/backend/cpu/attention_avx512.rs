@@ -10,38 +10,68 @@ pub const HEADS: usize = 4;
 
 /// `rows[h][i] = Σ_d q[h][d] · kt[d][i]` (one chain per position over `d` in order, from 0)
 /// for the `heads ≤ HEADS` rows of `q` (each `hd` long) against a K tile stored transposed,
-/// `kt[d * 64 + i]`.
+/// `kt[d * 64 + i]`, for the first `positions` positions rounded up to sixteen (the later
+/// lanes of `rows` are left as they were).
 ///
 /// # Safety
 /// The CPU has AVX-512F; `kt` holds `hd × 64` values and every `q[h]` `hd`.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn kq_tile(kt: &[f32], q: &[&[f32]], hd: usize, rows: &mut [[f32; 64]]) {
+pub unsafe fn kq_tile(
+    kt: &[f32],
+    q: &[&[f32]],
+    hd: usize,
+    positions: usize,
+    rows: &mut [[f32; 64]],
+) {
     let heads = q.len();
     assert!(heads <= HEADS && rows.len() >= heads && kt.len() >= hd * 64);
-    assert!(q.iter().all(|r| r.len() >= hd));
-    let mut acc = [[_mm512_setzero_ps(); 4]; HEADS];
+    assert!(q.iter().all(|r| r.len() >= hd) && positions <= 64);
+    match (heads, positions.div_ceil(16)) {
+        (_, 0) => {}
+        (1, 1) => kq_run::<1, 1>(kt, q, hd, rows),
+        (1, 2) => kq_run::<1, 2>(kt, q, hd, rows),
+        (1, 3) => kq_run::<1, 3>(kt, q, hd, rows),
+        (1, _) => kq_run::<1, 4>(kt, q, hd, rows),
+        (2, 1) => kq_run::<2, 1>(kt, q, hd, rows),
+        (2, 2) => kq_run::<2, 2>(kt, q, hd, rows),
+        (2, 3) => kq_run::<2, 3>(kt, q, hd, rows),
+        (2, _) => kq_run::<2, 4>(kt, q, hd, rows),
+        (3, 1) => kq_run::<3, 1>(kt, q, hd, rows),
+        (3, 2) => kq_run::<3, 2>(kt, q, hd, rows),
+        (3, 3) => kq_run::<3, 3>(kt, q, hd, rows),
+        (3, _) => kq_run::<3, 4>(kt, q, hd, rows),
+        (_, 1) => kq_run::<4, 1>(kt, q, hd, rows),
+        (_, 2) => kq_run::<4, 2>(kt, q, hd, rows),
+        (_, 3) => kq_run::<4, 3>(kt, q, hd, rows),
+        _ => kq_run::<4, 4>(kt, q, hd, rows),
+    }
+}
+
+/// [`kq_tile`] for `H` heads and the first `C` sixteens of positions, every accumulator in a
+/// register.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn kq_run<const H: usize, const C: usize>(
+    kt: &[f32],
+    q: &[&[f32]],
+    hd: usize,
+    rows: &mut [[f32; 64]],
+) {
+    let mut acc = [[_mm512_setzero_ps(); C]; H];
     let kp = kt.as_ptr();
-    macro_rules! run {
-        ($h:literal) => {
-            for d in 0..hd {
-                let k: [__m512; 4] =
-                    std::array::from_fn(|c| _mm512_loadu_ps(kp.add(d * 64 + 16 * c)));
-                for h in 0..$h {
-                    let qd = _mm512_set1_ps(*q.get_unchecked(h).get_unchecked(d));
-                    for c in 0..4 {
-                        acc[h][c] = _mm512_fmadd_ps(qd, k[c], acc[h][c]);
-                    }
-                }
+    for d in 0..hd {
+        let mut k = [_mm512_setzero_ps(); C];
+        for (c, k) in k.iter_mut().enumerate() {
+            *k = _mm512_loadu_ps(kp.add(d * 64 + 16 * c));
+        }
+        for (h, acc) in acc.iter_mut().enumerate() {
+            let qd = _mm512_set1_ps(*q.get_unchecked(h).get_unchecked(d));
+            for (a, &k) in acc.iter_mut().zip(&k) {
+                *a = _mm512_fmadd_ps(qd, k, *a);
             }
-        };
+        }
     }
-    match heads {
-        1 => run!(1),
-        2 => run!(2),
-        3 => run!(3),
-        _ => run!(4),
-    }
-    for (row, a) in rows.iter_mut().zip(&acc).take(heads) {
+    for (row, a) in rows.iter_mut().zip(&acc) {
         for (c, &v) in a.iter().enumerate() {
             _mm512_storeu_ps(row.as_mut_ptr().add(16 * c), v);
         }
