@@ -157,8 +157,8 @@ def test_api_key_is_required_except_for_health():
 
 
 def test_resident_memory_is_weights_plus_kv_pool_plus_little(server):
-    """After real traffic (16 concurrent streams and a long prompt), everything beyond the mapped
-    weights and the preallocated KV pool stays under 64 MiB."""
+    """After real traffic (16 concurrent streams and a long prompt) and the engine's 2 s idle,
+    everything beyond the mapped weights and the preallocated KV pool stays under 64 MiB."""
     socks = [start_stream(server.port, f"Story {i}: once upon a time", 64) for i in range(16)]
     httpx.post(server.base + "/v1/completions", json={
         "model": "m", "prompt": "word " * 1500, "max_tokens": 8}, timeout=120).raise_for_status()
@@ -171,9 +171,15 @@ def test_resident_memory_is_weights_plus_kv_pool_plus_little(server):
             got += chunk
         s.close()
     server.wait_idle(timeout=30)
-    m = server.metrics()
-    rss, weights, pool = m["process_resident_memory_bytes"], m["edgelm_model_file_bytes"], m["edgelm_kv_pool_bytes"]
-    other = rss - weights - pool
+    # An idle engine gives its step buffers and the heap's free pages back after 2 s.
+    deadline = time.monotonic() + 10
+    while True:
+        m = server.metrics()
+        rss, weights, pool = m["process_resident_memory_bytes"], m["edgelm_model_file_bytes"], m["edgelm_kv_pool_bytes"]
+        other = rss - weights - pool
+        if other < 64 * 2**20 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     print(f"\nresident {rss / 2**20:.1f} MiB = weights {weights / 2**20:.1f} MiB + KV pool "
           f"{pool / 2**20:.1f} MiB + {other / 2**20:.1f} MiB of everything else")
     assert other < 64 * 2**20
