@@ -890,6 +890,27 @@ mod tests {
         }
     }
 
+    /// The tile maximum in lanes is the fold's, masked lanes and NaNs included.
+    #[test]
+    fn tile_max_is_the_folds_maximum() {
+        let mut x = 0x1234_5678u32;
+        for case in 0..200 {
+            let row: [f32; TILE] = std::array::from_fn(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match (case % 4, x % 7) {
+                    (1, 0) => f32::NEG_INFINITY,
+                    (2, 0) => f32::NAN,
+                    (3, _) if i != (x as usize) % TILE => f32::NEG_INFINITY,
+                    _ => (x % 20001) as f32 / 100.0 - 100.0,
+                }
+            });
+            let want = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(tile_max(&row).to_bits(), want.to_bits(), "case {case}");
+        }
+    }
+
     type KqTile = fn(&[f32], &[&[f32]], usize, usize, &mut [[f32; TILE]]);
     type AccumulateV = fn(&[[f32; TILE]], std::ops::Range<usize>, &[f32], usize, &mut [f32]);
 
