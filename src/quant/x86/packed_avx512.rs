@@ -23,9 +23,10 @@ use crate::quant::formats::packed::{checked, group_block_bytes, offsets, Out, GR
 use crate::quant::x86::panel::ActScales;
 use crate::quant::GgmlType;
 
-/// One token's block, prepared once per call: the f32 scales and, for signed weights, the
-/// starting value of each lane's integer sum (`−c` × the sum of its four activations) and of
-/// the whole block's (their sum, for the chain order: once here, not once per group).
+/// One token's block, prepared once per call for the lane order: the f32 scales and, for
+/// signed weights, the starting value of each lane's integer sum (`−c` × the sum of its four
+/// activations). `bias_sum`, the whole block's, is for `packed_avx2`'s chain order, which
+/// prepares these too; the AVX-512 chain order reads a [`ChainBlock`].
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(16))]
 pub(super) struct TokenBlock {
@@ -33,23 +34,6 @@ pub(super) struct TokenBlock {
     pub(super) d: f32,
     pub(super) s: f32,
     pub(super) bias_sum: i32,
-}
-
-/// Prepares `xs`'s `nb` blocks, token-major (`out[t * nb + b]`), with offset `c` (zero for
-/// unsigned weights).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn prepare<B: ActScales>(nb: usize, xs: &[&[B]], c: i32, out: &mut Vec<TokenBlock>) {
-    out.clear();
-    out.resize(nb * xs.len(), TokenBlock::default());
-    for (x, dst) in xs.iter().zip(out.chunks_exact_mut(nb)) {
-        for (blk, tb) in x[..nb].iter().zip(dst.iter_mut()) {
-            (tb.d, tb.s) = scales_f32(blk);
-            if c != 0 {
-                tb.bias = lane_offsets(blk, c);
-                tb.bias_sum = tb.bias.iter().sum();
-            }
-        }
-    }
 }
 
 /// What the chain order reads of a token's block (`chain_group!`): its scales and the whole
@@ -64,17 +48,51 @@ pub(super) struct ChainBlock {
     bias_sum: i32,
 }
 
-/// [`prepare`] for the chain order.
+/// A token's activation block as one kernel order reads it, prepared once per call.
+trait Prepared: Copy + Default {
+    /// `blk` prepared for weights offset by `c` (zero for unsigned weights).
+    ///
+    /// # Safety
+    /// The CPU has the kernels' features.
+    unsafe fn from_block<B: ActScales>(blk: &B, c: i32) -> Self;
+}
+
+impl Prepared for TokenBlock {
+    #[inline(always)]
+    unsafe fn from_block<B: ActScales>(blk: &B, c: i32) -> Self {
+        let (d, s) = scales_f32(blk);
+        let bias = if c != 0 { lane_offsets(blk, c) } else { [0; 8] };
+        TokenBlock {
+            bias,
+            d,
+            s,
+            bias_sum: 0,
+        }
+    }
+}
+
+impl Prepared for ChainBlock {
+    #[inline(always)]
+    unsafe fn from_block<B: ActScales>(blk: &B, c: i32) -> Self {
+        let (d, s) = scales_f32(blk);
+        let bias_sum = if c != 0 {
+            lane_offsets(blk, c).iter().sum()
+        } else {
+            0
+        };
+        ChainBlock { d, s, bias_sum }
+    }
+}
+
+/// Prepares `xs`'s `nb` blocks, token-major (`out[t * nb + b]`), with offset `c`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
-unsafe fn prepare_chain<B: ActScales>(nb: usize, xs: &[&[B]], c: i32, out: &mut Vec<ChainBlock>) {
+unsafe fn prepare<P: Prepared, B: ActScales>(nb: usize, xs: &[&[B]], c: i32, out: &mut Vec<P>) {
     out.clear();
-    out.resize(nb * xs.len(), ChainBlock::default());
-    for (x, dst) in xs.iter().zip(out.chunks_exact_mut(nb)) {
-        for (blk, cb) in x[..nb].iter().zip(dst.iter_mut()) {
-            (cb.d, cb.s) = scales_f32(blk);
-            if c != 0 {
-                cb.bias_sum = lane_offsets(blk, c).iter().sum();
-            }
+    out.reserve(nb * xs.len());
+    // Loops, not an iterator's closure, which would not inherit the target features.
+    for x in xs {
+        for blk in &x[..nb] {
+            out.push(P::from_block(blk, c));
         }
     }
 }
@@ -452,12 +470,12 @@ impl Out {
 /// `$unpacked`.
 macro_rules! packed_kernel {
     ($name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr $(, $unpack:ident, $unpacked:ident)?) => {
-        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, TokenBlock, prepare, SCRATCH, [1 2] $(, $unpack, $unpacked)?);
+        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, TokenBlock, SCRATCH, [1 2] $(, $unpack, $unpacked)?);
     };
     (chain $name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr) => {
-        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, ChainBlock, prepare_chain, CHAIN_SCRATCH, [1 2 3 4 5 6 7 8]);
+        packed_kernel!(@entry $name, $group, $ty, $xb, $offset, ChainBlock, CHAIN_SCRATCH, [1 2 3 4 5 6 7 8]);
     };
-    (@entry $name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr, $blk:ty, $prepare:ident, $scratch:ident, [$($n:literal)+] $(, $unpack:ident, $unpacked:ident)?) => {
+    (@entry $name:ident, $group:ident, $ty:expr, $xb:ty, $offset:expr, $blk:ty, $scratch:ident, [$($n:literal)+] $(, $unpack:ident, $unpacked:ident)?) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
         pub(crate) unsafe fn $name(
             nb: usize,
@@ -471,7 +489,7 @@ macro_rules! packed_kernel {
             let x = checked::<$xb>($ty, nb, w, groups, x, toks);
             let xs: Vec<&[$xb]> = (0..toks).map(|t| &x[t * nb..(t + 1) * nb]).collect();
             $scratch.with_borrow_mut(|(tbs, _unpacked)| {
-                $prepare(nb, &xs, $offset, tbs);
+                prepare(nb, &xs, $offset, tbs);
                 // Every pass of group `g`, whose blocks are at `gp`, by `kernel`.
                 macro_rules! passes {
                     ($g:expr, $gp:expr, $kernel:ident) => {{
