@@ -286,9 +286,8 @@ impl Engine {
         let mut shutting_down = false;
         // systemd's watchdog is fed from here, so a wedged loop stops the pings.
         let mut watchdog = crate::systemd::Watchdog::from_env();
-        // Whether a step ran since the engine last went idle, and when an idle engine gives
-        // its step buffers and the heap's free pages back.
-        let mut worked = false;
+        // When an idle engine gives its step buffers and the heap's free pages back: set by
+        // each step, cleared once done.
         let mut release_at: Option<Instant> = None;
         loop {
             if let Some(w) = watchdog.as_mut() {
@@ -299,9 +298,6 @@ impl Engine {
             if self.sched.is_idle() {
                 if shutting_down {
                     break;
-                }
-                if std::mem::take(&mut worked) {
-                    release_at = Some(Instant::now() + RELEASE_AFTER_IDLE);
                 }
                 if release_at.is_some_and(|at| Instant::now() >= at) {
                     release_at = None;
@@ -330,7 +326,7 @@ impl Engine {
             }
             if !self.sched.is_idle() {
                 self.step();
-                worked = true;
+                release_at = Some(Instant::now() + RELEASE_AFTER_IDLE);
             }
             self.publish();
         }
