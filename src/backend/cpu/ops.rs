@@ -11,20 +11,22 @@ use std::sync::OnceLock;
 /// two roundings.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
-    for_rms_scales(x, n, eps, |r, scale| {
-        let (xr, or) = (&x[r * n..(r + 1) * n], &mut out[r * n..(r + 1) * n]);
-        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
-            *o = v * scale * g;
+    let group = RMS_ROWS_AT_ONCE * n;
+    for (xg, og) in x.chunks(group).zip(out.chunks_mut(group)) {
+        let scales = rms_scales(xg, n, eps);
+        for ((xr, or), &scale) in xg.chunks_exact(n).zip(og.chunks_exact_mut(n)).zip(&scales) {
+            for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+                *o = v * scale * g;
+            }
         }
-    });
+    }
 }
 
 /// [`rmsnorm`] of each row of `x` in place.
 pub fn rmsnorm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let n = w.len();
-    let mut scales = [0f32; RMS_ROWS_AT_ONCE];
     for group in x.chunks_mut(RMS_ROWS_AT_ONCE * n) {
-        for_rms_scales(group, n, eps, |r, scale| scales[r] = scale);
+        let scales = rms_scales(group, n, eps);
         for (row, &scale) in group.chunks_exact_mut(n).zip(&scales) {
             for (v, &g) in row.iter_mut().zip(w) {
                 *v = *v * scale * g;
@@ -33,39 +35,39 @@ pub fn rmsnorm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// Rows whose sums of squares [`for_rms_scales`] runs side by side.
+/// Rows whose sums of squares [`rms_scales`] runs side by side.
 const RMS_ROWS_AT_ONCE: usize = 8;
 
-/// `f(r, 1/√(mean(row r²) + ε))` for each row `r` of `x` (rows of `n` values), as ggml computes
-/// it: each square in f32, summed in f64 in order, the mean rounded to f32. One row's sum is a
-/// chain of dependent adds; the rows of a group of [`RMS_ROWS_AT_ONCE`] run their chains side
-/// by side, each still in order.
-fn for_rms_scales(x: &[f32], n: usize, eps: f32, mut f: impl FnMut(usize, f32)) {
-    for (g, group) in x.chunks(RMS_ROWS_AT_ONCE * n).enumerate() {
-        let mut sums = [0f64; RMS_ROWS_AT_ONCE];
-        let rows = group.len() / n;
-        if rows == RMS_ROWS_AT_ONCE {
-            let mut row: [&[f32]; RMS_ROWS_AT_ONCE] = [&[]; RMS_ROWS_AT_ONCE];
-            for (r, row) in row.iter_mut().enumerate() {
-                *row = &group[r * n..(r + 1) * n];
-            }
-            for i in 0..n {
-                for (sum, row) in sums.iter_mut().zip(&row) {
-                    *sum += (row[i] * row[i]) as f64;
-                }
-            }
-        } else {
-            for (sum, row) in sums.iter_mut().zip(group.chunks_exact(n)) {
-                for &v in row {
-                    *sum += (v * v) as f64;
-                }
+/// `1/√(mean(row²) + ε)` for each row of `group` (up to [`RMS_ROWS_AT_ONCE`] rows of `n`
+/// values; later entries 0), as ggml computes it: each square in f32, summed in f64 in order,
+/// the mean rounded to f32. One row's sum is a chain of dependent adds; a whole group's rows
+/// run their chains side by side, each still in order.
+fn rms_scales(group: &[f32], n: usize, eps: f32) -> [f32; RMS_ROWS_AT_ONCE] {
+    let mut sums = [0f64; RMS_ROWS_AT_ONCE];
+    let rows = group.len() / n;
+    if rows == RMS_ROWS_AT_ONCE {
+        let mut row: [&[f32]; RMS_ROWS_AT_ONCE] = [&[]; RMS_ROWS_AT_ONCE];
+        for (r, row) in row.iter_mut().enumerate() {
+            *row = &group[r * n..(r + 1) * n];
+        }
+        for i in 0..n {
+            for (sum, row) in sums.iter_mut().zip(&row) {
+                *sum += (row[i] * row[i]) as f64;
             }
         }
-        for (r, &sum) in sums[..rows].iter().enumerate() {
-            let mean = (sum / n as f64) as f32;
-            f(g * RMS_ROWS_AT_ONCE + r, 1.0 / (mean + eps).sqrt());
+    } else {
+        for (sum, row) in sums.iter_mut().zip(group.chunks_exact(n)) {
+            for &v in row {
+                *sum += (v * v) as f64;
+            }
         }
     }
+    let mut scales = [0f32; RMS_ROWS_AT_ONCE];
+    for (scale, &sum) in scales[..rows].iter_mut().zip(&sums) {
+        let mean = (sum / n as f64) as f32;
+        *scale = 1.0 / (mean + eps).sqrt();
+    }
+    scales
 }
 
 /// Layer norm of each row of `x` in place (rows of `w.len()` values), as ggml's `norm` then
@@ -396,8 +398,11 @@ mod tests {
                 (seed % 20001) as f32 / 997.0 - 10.0
             })
             .collect();
-        let mut got = vec![0f32; x.len() / n];
-        for_rms_scales(&x, n, 1e-5, |r, s| got[r] = s);
+        let got: Vec<f32> = x
+            .chunks(RMS_ROWS_AT_ONCE * n)
+            .flat_map(|g| rms_scales(g, n, 1e-5)[..g.len() / n].to_vec())
+            .collect();
+        assert_eq!(got.len(), 19);
         for (row, &got) in x.chunks_exact(n).zip(&got) {
             let sum: f64 = row.iter().fold(0.0, |s, &v| s + (v * v) as f64);
             let want = 1.0 / ((sum / n as f64) as f32 + 1e-5).sqrt();
