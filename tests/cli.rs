@@ -241,21 +241,13 @@ fn peer_perplexity() -> f64 {
 }
 
 fn measure_peer_perplexity(model: &std::path::Path) -> f64 {
-    const FINAL: &str = "Final estimate: PPL = ";
-    let all = peer_output_holding(
+    peer_final_perplexity(
         std::process::Command::new(peer_tool("llama-perplexity"))
             .args(["-c", "512", "--chunks", PPL_CHUNKS, "-t", "2", "-f"])
             .arg(reference_dir().join("gpl-3.txt"))
             .arg("-m")
             .arg(model),
-        FINAL,
-    );
-    all.lines()
-        .find_map(|l| l.split(FINAL).nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no final estimate in:\n{all}"))
-        .parse()
-        .unwrap()
+    )
 }
 
 /// f16 pages within 1% of the peer's perplexity; quantized pages within 2% (q8_0) and 7%

@@ -28,8 +28,6 @@ struct Kld {
     ppl_ratio_err: f64,
 }
 
-/// The line a peer's base run prints its perplexity on.
-const FINAL_ESTIMATE: &str = "Final estimate: PPL = ";
 /// The statistic a KL-divergence run prints last.
 const LAST_STATISTIC: &str = "Same top p:";
 
@@ -88,7 +86,7 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
     if !newer(&base, model) || !newer(&ppl_file, &base) {
         // Written beside and renamed: an interrupted run leaves no truncated base behind.
         let tmp = base.with_extension("base.tmp");
-        let out = peer_output_holding(
+        let ppl = peer_final_perplexity(
             Command::new(peer_tool("llama-perplexity"))
                 .args(["-c", "512", "-t", "2", "--chunks", &chunks.to_string()])
                 .arg("-m")
@@ -97,18 +95,9 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
                 .arg(text())
                 .arg("--kl-divergence-base")
                 .arg(&tmp),
-            FINAL_ESTIMATE,
         );
-        let ppl = out
-            .lines()
-            .find_map(|l| l.split(FINAL_ESTIMATE).nth(1))
-            .unwrap_or_else(|| panic!("no final estimate in:\n{out}"))
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_string();
         std::fs::rename(&tmp, &base).unwrap();
-        std::fs::write(&ppl_file, ppl).unwrap();
+        std::fs::write(&ppl_file, ppl.to_string()).unwrap();
     }
     let ppl = std::fs::read_to_string(&ppl_file)
         .unwrap()

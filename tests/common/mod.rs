@@ -99,6 +99,18 @@ pub fn peer_output_holding(cmd: &mut Command, marker: &str) -> String {
     out + &err
 }
 
+/// The perplexity `llama-perplexity`, run by `cmd`, prints as its final estimate (run again
+/// while its output is cut short before that line).
+pub fn peer_final_perplexity(cmd: &mut Command) -> f64 {
+    const FINAL: &str = "Final estimate: PPL = ";
+    let all = peer_output_holding(cmd, FINAL);
+    all.lines()
+        .find_map(|l| l.split(FINAL).nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no final estimate in:\n{all}"))
+}
+
 pub fn reference() -> serde_json::Value {
     let text = std::fs::read_to_string(reference_dir().join("smollm2-llamacpp.json")).unwrap();
     serde_json::from_str(&text).unwrap()
