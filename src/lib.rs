@@ -7,6 +7,7 @@
 //! scripts/check-layers.py enforces them.
 
 pub mod backend;
+pub mod chat;
 pub mod config;
 pub mod cpu_features;
 pub mod engine;

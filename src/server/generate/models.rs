@@ -1,0 +1,188 @@
+//! The models one server holds: each loaded with its tokenizer, chat template and grammars,
+//! run by an engine of its own over its share of the KV memory (`kv::shares`), the engines
+//! taking turns on the CPU (`engine::turns`).
+
+use crate::config::ModelSection;
+use crate::engine::turns::StepTurns;
+use crate::engine::{Engine, EngineConfig, EngineHandle};
+use crate::grammar::Grammars;
+use crate::kv::shares::{self, ShareRequest};
+use crate::model::Model;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// What a served model answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Generate,
+    Embed,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Generate => "generate",
+            Kind::Embed => "embed",
+        }
+    }
+}
+
+/// One model, loaded, with its engine running.
+pub struct Ready {
+    pub engine: EngineHandle,
+    pub tokenizer: Tokenizer,
+    pub chat: Option<ChatTemplate>,
+    /// Compiles response formats, grammars and tool-call grammars over the vocabulary.
+    pub grammars: Grammars,
+    /// The id requests select it by (`ModelSection::served_id`).
+    pub model_name: String,
+    /// The model file's modification time (seconds since the epoch): `created` in the API.
+    pub model_created: u64,
+    pub kind: Kind,
+}
+
+/// Every model the server holds, the first one first.
+pub struct Models {
+    pub list: Vec<Ready>,
+}
+
+impl Models {
+    /// The first model (what the status line and single-model views show).
+    pub fn first(&self) -> &Ready {
+        &self.list[0]
+    }
+
+    /// Loads `models`, divides the KV memory of `engine` among them and starts their
+    /// engines; returns their threads.
+    pub fn load(
+        models: &[ModelSection],
+        engine: &EngineConfig,
+    ) -> anyhow::Result<(Models, Vec<JoinHandle<()>>)> {
+        let several = models.len() > 1;
+        if several && engine.backend == crate::backend::select::Backend::Cuda {
+            anyhow::bail!(
+                "the CUDA backend serves one model per process: serve the others with \
+                 --backend cpu or from another process"
+            );
+        }
+        let loaded: Vec<Loaded> = models
+            .iter()
+            .map(Loaded::open)
+            .collect::<anyhow::Result<_>>()?;
+        let budgets = match several {
+            false => vec![engine.kv_memory_bytes],
+            true => shares::divide(
+                engine.kv_memory_bytes,
+                &loaded
+                    .iter()
+                    .map(|l| l.share_request(engine))
+                    .collect::<Vec<_>>(),
+            )?,
+        };
+        let turns = several.then(|| Arc::new(StepTurns::default()));
+        let mut list = Vec::new();
+        let mut threads = Vec::new();
+        for (l, kv_memory_bytes) in loaded.into_iter().zip(budgets) {
+            let share = EngineConfig {
+                kv_memory_bytes,
+                turns: turns.clone(),
+                ..engine.clone()
+            };
+            let (ready, thread) = l.start(share)?;
+            list.push(ready);
+            threads.push(thread);
+        }
+        Ok((Models { list }, threads))
+    }
+}
+
+/// A model opened, its engine not yet started.
+struct Loaded {
+    spec: ModelSection,
+    model: Arc<Model>,
+    tokenizer: Tokenizer,
+    kind: Kind,
+}
+
+impl Loaded {
+    fn open(spec: &ModelSection) -> anyhow::Result<Loaded> {
+        let model = Arc::new(Model::load(&spec.path)?);
+        let tokenizer = Tokenizer::from_gguf(&model.file)?;
+        let kind = match spec.embeds(model.config.pooling.embeds())? {
+            true => Kind::Embed,
+            false if !model.generates() => anyhow::bail!(
+                "model {}: kind is generate, but it has no output head (it only embeds)",
+                spec.served_id()
+            ),
+            false => Kind::Generate,
+        };
+        Ok(Loaded {
+            spec: spec.clone(),
+            model,
+            tokenizer,
+            kind,
+        })
+    }
+
+    /// What the model asks of the KV pool it shares (`kv::shares`).
+    fn share_request(&self, engine: &EngineConfig) -> ShareRequest {
+        let geom = self
+            .model
+            .config
+            .page_geometry(engine.kv_type, engine.block_size);
+        ShareRequest {
+            id: self.spec.served_id(),
+            bytes: (self.spec.kv_memory_mib > 0).then_some(self.spec.kv_memory_mib << 20),
+            fraction: (self.spec.kv_share > 0.0).then_some(self.spec.kv_share),
+            embeds: self.kind == Kind::Embed,
+            token_bytes: geom.block_bytes().div_ceil(engine.block_size.max(1)),
+        }
+    }
+
+    /// Starts the model's engine over `engine` (its share of the pool).
+    fn start(self, engine: EngineConfig) -> anyhow::Result<(Ready, JoinHandle<()>)> {
+        let Loaded {
+            spec,
+            model,
+            tokenizer,
+            kind,
+        } = self;
+        let chat = chat_template(&tokenizer, &spec.served_id());
+        let model_created = std::fs::metadata(&spec.path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let grammars = Grammars::new(&tokenizer)?;
+        let (engine, thread) = Engine::start(model, tokenizer.eog_tokens().to_vec(), engine)?;
+        let ready = Ready {
+            engine,
+            tokenizer,
+            chat,
+            grammars,
+            model_name: spec.served_id(),
+            model_created,
+            kind,
+        };
+        Ok((ready, thread))
+    }
+}
+
+/// The model's chat template, compiled; `None` (chat disabled, with a warning) when it has
+/// none or it does not compile.
+fn chat_template(tokenizer: &Tokenizer, id: &str) -> Option<ChatTemplate> {
+    let src = tokenizer.chat_template()?;
+    let bos = tokenizer.special_text(tokenizer.bos);
+    let eos = tokenizer.special_text(tokenizer.eos);
+    match ChatTemplate::new(src, bos, eos) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            log::warn!(
+                "model {id}: its chat template does not compile ({e}); /v1/chat/completions \
+                 is disabled for it"
+            );
+            None
+        }
+    }
+}

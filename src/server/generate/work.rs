@@ -1,0 +1,23 @@
+//! A generation request as the engine runs it: its prompts, the engine's parameters, the stop
+//! strings, and how a chat answer's text is split. What its answer looks like on the wire is
+//! the caller's (`Format`).
+
+use crate::chat::OutputRules;
+use crate::engine::GenParams;
+
+pub struct Work {
+    /// One or more prompts (a completion batch), each run `params.n` times.
+    pub prompts: Vec<Vec<u32>>,
+    pub params: GenParams,
+    pub stop: Vec<String>,
+    /// How a chat answer's text is split into reasoning, content and calls; `None`: the text
+    /// is the answer (completions).
+    pub rules: Option<OutputRules>,
+}
+
+impl Work {
+    /// Prompt tokens of every prompt together (what admission weighs).
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompts.iter().map(Vec::len).sum()
+    }
+}
