@@ -86,29 +86,11 @@ pub fn prepare(
     };
     let forced = forcing_grammar(syntax, tools, choice, parallel, &markers);
     let forced_call = forced.is_some();
-    // A JSON response format shapes the answer's text, and a forced call's answer has none:
-    // the call wins, as on OpenAI's API (clients such as instructor send both). A grammar or a
-    // regex shapes the whole output, so it and a forced call contradict each other.
-    let response_format = match response_format {
-        Some(ConstraintSpec::JsonObject | ConstraintSpec::JsonSchema(_)) if forced_call => None,
-        Some(spec) if forced_call => {
-            return Err(Error::new(
-                "tool_choice",
-                format!(
-                    "a required tool call cannot be combined with a {}",
-                    spec.kind()
-                ),
-            ))
-        }
-        other => other,
-    };
-    let response_format = response_format.map(|spec| {
-        if harmony {
-            harmony_grammar::final_message(spec, &markers)
-        } else {
-            spec
-        }
-    });
+    let response_format =
+        beside_a_forced_call(response_format, forced_call)?.map(|spec| match harmony {
+            true => harmony_grammar::final_message(spec, &markers),
+            false => spec,
+        });
     let reasoning = source.contains("<think>");
     let opened = prompt.trim_end().ends_with("<think>");
     let constraint = forced.or(response_format).map(|spec| {
@@ -137,6 +119,27 @@ pub fn prepare(
         stop: ends,
         stop_tokens: markers.stop_tokens(),
     })
+}
+
+/// The request's own constraint where a call may also be forced. A JSON response format
+/// shapes the answer's text, and a forced call's answer has none: the call wins, as on
+/// OpenAI's API (clients such as instructor send both). A grammar or a regex shapes the whole
+/// output, so it and a forced call contradict each other.
+fn beside_a_forced_call(
+    response_format: Option<ConstraintSpec>,
+    forced_call: bool,
+) -> Result<Option<ConstraintSpec>, Error> {
+    match response_format {
+        Some(ConstraintSpec::JsonObject | ConstraintSpec::JsonSchema(_)) if forced_call => Ok(None),
+        Some(spec) if forced_call => Err(Error::new(
+            "tool_choice",
+            format!(
+                "a required tool call cannot be combined with a {}",
+                spec.kind()
+            ),
+        )),
+        other => Ok(other),
+    }
 }
 
 #[cfg(test)]

@@ -119,29 +119,7 @@ impl Choices {
                     self.first_token = Some(now);
                     on_first_token(now);
                 }
-                let ci = pi * n + index;
-                let c = &mut self.list[ci];
-                if c.finish.is_some() {
-                    return Ok(None);
-                }
-                let shown = work.rules.as_ref().is_some_and(|r| r.shows(token));
-                let piece = c.text.push(tokenizer.token_bytes(token, shown), &work.stop);
-                c.tokens.push(token);
-                if let Some(lp) = &logprob {
-                    c.logprobs.push(lp.clone());
-                }
-                let mut deltas = c.deltas(piece);
-                if c.text.stopped {
-                    deltas.extend(c.end());
-                    c.finish = Some(c.finish_reason("stop"));
-                    self.done += 1;
-                }
-                Ok(Some(Released {
-                    ci,
-                    deltas,
-                    logprob,
-                    finish: c.finish,
-                }))
+                Ok(self.token(tokenizer, work, pi * n + index, token, logprob))
             }
             Event::Finished {
                 index,
@@ -150,35 +128,74 @@ impl Choices {
                 cached_tokens,
                 ..
             } => {
-                let ci = pi * n + index;
                 self.usage.completion += completion_tokens;
                 if index == 0 {
                     self.usage.cached += cached_tokens * n;
                 }
-                let c = &mut self.list[ci];
-                if c.finish.is_some() {
-                    return Ok(None);
-                }
-                let tail = c.text.finish(&work.stop);
-                let mut deltas = c.deltas(tail);
-                deltas.extend(c.end());
-                c.finish = Some(c.finish_reason(if reason == FinishReason::Length {
-                    "length"
-                } else {
-                    "stop"
-                }));
-                self.done += 1;
-                Ok(Some(Released {
-                    ci,
-                    deltas,
-                    logprob: None,
-                    finish: c.finish,
-                }))
+                Ok(self.finished(work, pi * n + index, reason))
             }
             Event::Error(e) => Err(e),
             // Only an embedding request gets one, and it is no completion.
             Event::Embedding { .. } => Err("an embedding came back for a completion".into()),
         }
+    }
+
+    /// Choice `ci`'s next token: its text through the stop strings and the chat split; a
+    /// stop string ends the choice.
+    fn token(
+        &mut self,
+        tokenizer: &Tokenizer,
+        work: &Work,
+        ci: usize,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    ) -> Option<Released> {
+        let c = &mut self.list[ci];
+        if c.finish.is_some() {
+            return None;
+        }
+        let shown = work.rules.as_ref().is_some_and(|r| r.shows(token));
+        let piece = c.text.push(tokenizer.token_bytes(token, shown), &work.stop);
+        c.tokens.push(token);
+        if let Some(lp) = &logprob {
+            c.logprobs.push(lp.clone());
+        }
+        let mut deltas = c.deltas(piece);
+        if c.text.stopped {
+            deltas.extend(c.end());
+            c.finish = Some(c.finish_reason("stop"));
+            self.done += 1;
+        }
+        Some(Released {
+            ci,
+            deltas,
+            logprob,
+            finish: c.finish,
+        })
+    }
+
+    /// The engine ended choice `ci` (its limit, or an end-of-generation token): what its
+    /// text still held back is released with its finish reason.
+    fn finished(&mut self, work: &Work, ci: usize, reason: FinishReason) -> Option<Released> {
+        let c = &mut self.list[ci];
+        if c.finish.is_some() {
+            return None;
+        }
+        let tail = c.text.finish(&work.stop);
+        let mut deltas = c.deltas(tail);
+        deltas.extend(c.end());
+        c.finish = Some(c.finish_reason(if reason == FinishReason::Length {
+            "length"
+        } else {
+            "stop"
+        }));
+        self.done += 1;
+        Some(Released {
+            ci,
+            deltas,
+            logprob: None,
+            finish: c.finish,
+        })
     }
 
     /// How the request ended, for its log line: `result`, or (empty) the finish reasons.

@@ -8,6 +8,7 @@ use crate::systemd;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 /// After the drain time, how long the answers cut short may take to end (their handlers look
@@ -43,32 +44,9 @@ pub fn serve(
         "listening on http://{0}; status page http://{0}/, metrics http://{0}/metrics",
         config.addr
     );
-    let addr = config.addr;
     let server = Server::new(config);
     systemd::notify(&["STATUS=loading the model"]);
-    let loader = {
-        let server = server.clone();
-        std::thread::spawn(move || match server.load() {
-            Ok(engine_threads) => {
-                log::info!("model loaded; ready");
-                // Listening since before the load, engines running, /health answers 200 now:
-                // only at this point is the service up for systemd (Type=notify).
-                if let Some(models) = server.ready().filter(|_| server.is_ready()) {
-                    let ids: Vec<&str> =
-                        models.list.iter().map(|m| m.model_name.as_str()).collect();
-                    let status = format!("STATUS=serving {} on {addr}", ids.join(", "));
-                    systemd::notify(&["READY=1", &status]);
-                }
-                engine_threads
-            }
-            Err(e) => {
-                log::error!("cannot load the model: {e:#}");
-                server.set_load_error(format!("{e:#}"));
-                systemd::notify(&[&format!("STATUS=cannot load the model: {e:#}")]);
-                Vec::new()
-            }
-        })
-    };
+    let loader = start_loading(&server);
     let accepting = Arc::new(AtomicBool::new(true));
     let front = front::Front::start(
         listener,
@@ -80,9 +58,50 @@ pub fn serve(
     while !stop.load(Ordering::Relaxed) && server.load_error.get().is_none() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    // Draining: /health says 503 and new work is refused while in-flight requests finish.
+    let cut_short = drain(&server, stop.load(Ordering::Relaxed), drain_timeout);
+    accepting.store(false, Ordering::Relaxed);
+    front.join();
+    // A stop that came while the model was loading waits for the load to end (it cannot be
+    // interrupted), then stops the engine it started: only after the join is that certain.
+    let engine_threads = loader.join().unwrap_or_default();
+    if let Some(err) = server.load_error.get() {
+        anyhow::bail!("cannot load the model: {err}");
+    }
+    stop_engines(&server, engine_threads, cut_short, drain_timeout);
+    Ok(())
+}
+
+/// Loads the models on a thread of their own; once their engines run, systemd hears that the
+/// service is up. The thread returns the engines' threads (none if the load failed).
+fn start_loading(server: &Arc<Server>) -> JoinHandle<Vec<JoinHandle<()>>> {
+    let server = server.clone();
+    std::thread::spawn(move || match server.load() {
+        Ok(engine_threads) => {
+            log::info!("model loaded; ready");
+            // Listening since before the load, engines running, /health answers 200 now:
+            // only at this point is the service up for systemd (Type=notify).
+            if let Some(models) = server.ready().filter(|_| server.is_ready()) {
+                let ids: Vec<&str> = models.list.iter().map(|m| m.model_name.as_str()).collect();
+                let addr = server.config.addr;
+                let status = format!("STATUS=serving {} on {addr}", ids.join(", "));
+                systemd::notify(&["READY=1", &status]);
+            }
+            engine_threads
+        }
+        Err(e) => {
+            log::error!("cannot load the model: {e:#}");
+            server.set_load_error(format!("{e:#}"));
+            systemd::notify(&[&format!("STATUS=cannot load the model: {e:#}")]);
+            Vec::new()
+        }
+    })
+}
+
+/// Drains: /health says 503 and new work is refused while in-flight requests finish, for at
+/// most `drain_timeout`; then what is still under way is cut short. Returns how many were.
+fn drain(server: &Server, stopping: bool, drain_timeout: std::time::Duration) -> usize {
     server.drain();
-    if stop.load(Ordering::Relaxed) {
+    if stopping {
         log::info!(
             "stopping: draining {} in-flight requests (at most {} s)",
             server.in_flight(),
@@ -108,16 +127,7 @@ pub fn serve(
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
-    accepting.store(false, Ordering::Relaxed);
-    front.join();
-    // A stop that came while the model was loading waits for the load to end (it cannot be
-    // interrupted), then stops the engine it started: only after the join is that certain.
-    let engine_threads = loader.join().unwrap_or_default();
-    if let Some(err) = server.load_error.get() {
-        anyhow::bail!("cannot load the model: {err}");
-    }
-    stop_engines(&server, engine_threads, cut_short, drain_timeout);
-    Ok(())
+    cut_short
 }
 
 /// Stops every model's engine; waits for them unless answers were cut short.
