@@ -137,16 +137,9 @@ fn parse_mistral(text: &str, tools: &[Tool]) -> (String, Vec<Call>) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tools::tests::tools;
     use super::*;
     use serde_json::json;
-
-    fn tools() -> Vec<Tool> {
-        serde_json::from_value(json!([
-            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-            {"type": "function", "function": {"name": "set_lamp", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}}}}
-        ]))
-        .unwrap()
-    }
 
     #[test]
     fn hermes_calls_are_found_and_the_rest_is_text() {

@@ -105,17 +105,10 @@ mod tests {
     use super::super::calls::parse_calls;
     use super::super::markers::tests::with_markers;
     use super::super::markers::MISTRAL_MARKERS;
+    use super::super::tools::tests::tools;
     use super::*;
     use crate::grammar::Grammars;
     use crate::tokenizer::Tokenizer;
-
-    fn tools() -> Vec<Tool> {
-        serde_json::from_value(json!([
-            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-            {"type": "function", "function": {"name": "set_lamp", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}}}}
-        ]))
-        .unwrap()
-    }
 
     #[test]
     fn forcing_grammars_compile_and_accept_a_call_in_each_syntax() {

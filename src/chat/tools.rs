@@ -133,10 +133,11 @@ pub fn allowed(tools: &[Tool], choice: &Choice) -> Vec<Tool> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn tools() -> Vec<Tool> {
+    /// Two tools: `get_weather(city)` and `set_lamp(on)`.
+    pub(in crate::chat) fn tools() -> Vec<Tool> {
         serde_json::from_value(json!([
             {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
             {"type": "function", "function": {"name": "set_lamp", "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}}}}

@@ -206,3 +206,45 @@ impl Message {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The docs name every syntax `Syntax::ALL` holds, by the name `inspect` prints: the
+    /// structured-output guide lists each one, and the README's module map names them all.
+    #[test]
+    fn every_syntax_is_named_in_the_docs() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let guide = std::fs::read_to_string(format!("{root}/docs/structured-output.md")).unwrap();
+        let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+        let listed = readme
+            .lines()
+            .find(|l| l.starts_with("| `src/chat/` |"))
+            .expect("the README's module map has a row for src/chat/");
+        for syntax in Syntax::ALL {
+            let name = syntax.name();
+            assert!(
+                guide.contains(&format!("- **`{name}`**")),
+                "docs/structured-output.md does not list `{name}`"
+            );
+            assert!(
+                listed.contains(name),
+                "README.md's src/chat/ row does not name {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_syntax_is_found_in_a_template_that_speaks_it() {
+        for syntax in Syntax::ALL {
+            let template = match syntax {
+                Syntax::Harmony => "<|channel|> <|call|>".to_string(),
+                Syntax::Llama3 => "<|python_tag|>".to_string(),
+                Syntax::Generic => "{{ messages }}".to_string(),
+                other => other.example().to_string(),
+            };
+            assert_eq!(Syntax::of_template(&template), syntax, "{template}");
+        }
+    }
+}
