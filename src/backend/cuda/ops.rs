@@ -132,6 +132,20 @@ pub struct StateArgs {
     pub count: usize,
 }
 
+impl StateArgs {
+    /// The state's arguments, in the order every recurrent kernel takes them: `float *states,
+    /// long long slot_floats, long long state_off, const int *seqs, const int *saves`.
+    fn args(&self) -> [Arg; 5] {
+        [
+            Addr(self.states),
+            Long(self.slot_floats as i64),
+            Long(self.offset as i64),
+            Addr(self.seqs),
+            Addr(self.saves),
+        ]
+    }
+}
+
 /// A gated DeltaNet layer's inputs and weights for `delta_rule_d*`.
 #[derive(Clone, Copy, Debug)]
 pub struct DeltaRuleArgs {
@@ -822,18 +836,11 @@ impl Kernels {
                 "short_conv",
                 conv_config(n, st.count),
                 &[
-                    Addr(b),
-                    Addr(x),
-                    Addr(c),
-                    Addr(st.states),
-                    Long(st.slot_floats as i64),
-                    Long(st.offset as i64),
-                    Addr(st.seqs),
-                    Addr(st.saves),
-                    Addr(kernel),
-                    Int(taps as i32),
-                    Int(n as i32),
-                ],
+                    &[Addr(b), Addr(x), Addr(c)][..],
+                    &st.args(),
+                    &[Addr(kernel), Int(taps as i32), Int(n as i32)],
+                ]
+                .concat(),
             )
         }
     }
@@ -859,16 +866,11 @@ impl Kernels {
                 "conv_silu",
                 conv_config(n, st.count),
                 &[
-                    Addr(mix),
-                    Addr(st.states),
-                    Long(st.slot_floats as i64),
-                    Long(st.offset as i64),
-                    Addr(st.seqs),
-                    Addr(st.saves),
-                    Addr(kernel),
-                    Int(taps as i32),
-                    Int(n as i32),
-                ],
+                    &[Addr(mix)][..],
+                    &st.args(),
+                    &[Addr(kernel), Int(taps as i32), Int(n as i32)],
+                ]
+                .concat(),
             )
         }
     }
@@ -932,22 +934,21 @@ impl Kernels {
                     shared_mem_bytes: 0,
                 },
                 &[
-                    Addr(p.mix),
-                    Addr(p.beta),
-                    Addr(p.alpha),
-                    Addr(p.z),
-                    Addr(p.dt_bias),
-                    Addr(p.a),
-                    Addr(p.norm),
-                    Float(p.eps),
-                    Int(p.k_heads as i32),
-                    Int(p.v_heads as i32),
-                    Addr(st.states),
-                    Long(st.slot_floats as i64),
-                    Long(st.offset as i64),
-                    Addr(st.seqs),
-                    Addr(st.saves),
-                ],
+                    &[
+                        Addr(p.mix),
+                        Addr(p.beta),
+                        Addr(p.alpha),
+                        Addr(p.z),
+                        Addr(p.dt_bias),
+                        Addr(p.a),
+                        Addr(p.norm),
+                        Float(p.eps),
+                        Int(p.k_heads as i32),
+                        Int(p.v_heads as i32),
+                    ][..],
+                    &st.args(),
+                ]
+                .concat(),
             )
         }
     }
