@@ -15,7 +15,7 @@ pub use dense_out::DenseOutShape;
 pub use pooling::Pooling;
 pub use qwen35::imrope_turned_pairs;
 
-use super::arch::{Family, SUPPORTED};
+use super::arch::{Arch, Family};
 use crate::backend::ops::{Activation, DeltaNetShape, RopeLayout, Routing, Window};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvType, PageGeometry};
@@ -537,7 +537,7 @@ impl ModelConfig {
         let family = Family::from_arch(&arch).with_context(|| {
             format!(
                 "unsupported architecture '{arch}' (supported: {})",
-                SUPPORTED.join(", ")
+                Arch::names()
             )
         })?;
         let k = Keys { file, arch: &arch };
