@@ -18,6 +18,10 @@
 //! plain f32, without f16's rounding steps. (Quantizing the query to q8_0 for an integer K·Q,
 //! as ggml does, was faster but flipped confident tokens against f16 pages.) In the tiled
 //! path they are dequantized row by row as they are read and go through f16's arithmetic.
+//!
+//! Here: the entry point, and what both paths share. `plan.rs` cuts a batch into units of
+//! parallel work, `per_row.rs` and `tiled.rs` are the two paths, `dot.rs` the dot products
+//! that score, `avx512.rs` and `avx2.rs` the register forms of the hot loops.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
