@@ -1,8 +1,9 @@
-//! The operations a decoder-only transformer needs, as the one forward pass (`model::forward`)
-//! calls them. A backend implements [`Ops`] over its own memory: the CPU over vectors and the
-//! paged pool in RAM, CUDA over device buffers and its pool in device memory. A step's batch
-//! (tokens, positions, block tables) is given to the backend before the pass starts, so an op
-//! names only what differs between calls: which buffers, which weights, which layer.
+//! The operations a transformer needs (a decoder's, or an encoder's), as the one forward pass
+//! (`model::forward`) calls them. A backend implements [`Ops`] over its own memory: the CPU
+//! over vectors and the paged pool in RAM, CUDA over device buffers and its pool in device
+//! memory. A step's batch (tokens, positions, block tables) is given to the backend before the
+//! pass starts, so an op names only what differs between calls: which buffers, which weights,
+//! which layer.
 
 use crate::gguf::GgufFile;
 use crate::kv::KvLayout;

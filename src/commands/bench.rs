@@ -239,40 +239,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .map(|t| t.eog.clone())
         .unwrap_or_default();
     let (engine, thread) = Engine::start(model, eog, config)?;
-
-    // A warm-up request first, untimed (as llama-bench runs one): the first step of a process
-    // grows its buffers and faults in the pages it writes, which no later request pays.
-    progress("warm-up", 0, 1);
-    run_requests(&engine, vec![prompts.next(args.n_prompt)], 2)?;
-    let prefill = time_prefill(&engine, &mut prompts, &args)?;
-    let decode = time_decode(&engine, &mut prompts, &args)?;
-    let decode_weight_bytes = measure_decode_weight_bytes(&engine, &mut prompts, &args)?;
-    let concurrency = time_concurrency(&engine, &mut prompts, &args)?;
-    let constrained = match &constraint {
-        Some(c) => time_constrained(&engine, &mut prompts, &args, c)?,
-        None => Vec::new(),
-    };
-    let shared_prefix = if args.shared_prefix > 0 {
-        Some(time_shared_prefix(&engine, &mut prompts, &args)?)
-    } else {
-        None
-    };
-    // Prompt lookup: the task greedy, plain and with drafts, interleaved.
-    let prompt_lookup = match &lookup_task {
-        Some(task) => Some(time_prompt_lookup(
-            &engine,
-            &task.prompt,
-            args.n_gen,
-            args.compute.prompt_lookup,
-            args.repeats,
-            args.compute.max_batched_tokens,
-        )?),
-        None => None,
-    };
+    let m = measure(
+        &engine,
+        &mut prompts,
+        &args,
+        constraint.as_ref(),
+        lookup_task.as_ref(),
+    );
     engine.shutdown();
     let _ = thread.join();
+    let m = m?;
 
-    let (prefill_tok_s, decode_tok_s) = (median(prefill), median(decode));
+    let (prefill_tok_s, decode_tok_s) = (median(m.prefill), median(m.decode));
     let report = Report {
         threads,
         kv_type: args.compute.kv_type.to_string(),
@@ -282,16 +260,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         decode_tok_s,
         prefill_gflops: prefill_flops * prefill_tok_s / args.n_prompt as f64 / 1e9,
         decode_gbs: decode_bytes * decode_tok_s / 1e9,
-        decode_weight_bytes_measured: decode_weight_bytes,
+        decode_weight_bytes_measured: m.decode_weight_bytes,
         decode_weight_bytes_active: weight_bytes.0,
         weight_bytes_all: weight_bytes.1,
         peak_gflops: peaks.gflops,
         peak_gbs: peaks.copy_gbs,
         peak_read_gbs: peaks.read_gbs,
-        concurrency,
-        constrained,
-        shared_prefix,
-        prompt_lookup,
+        concurrency: m.concurrency,
+        constrained: m.constrained,
+        shared_prefix: m.shared_prefix,
+        prompt_lookup: m.prompt_lookup,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -300,6 +278,59 @@ pub fn run(args: BenchArgs) -> Result<()> {
     report.print_throughput(args.repeats);
     report.print_features();
     Ok(())
+}
+
+/// What the timed requests measured (the report's figures before they are set against the
+/// model and the machine).
+struct Measured {
+    prefill: Vec<f64>,
+    decode: Vec<f64>,
+    decode_weight_bytes: f64,
+    concurrency: Vec<Concurrency>,
+    constrained: Vec<Constrained>,
+    shared_prefix: Option<SharedPrefix>,
+    prompt_lookup: Option<PromptLookup>,
+}
+
+/// Every timed run `args` asks for on `engine`: prefill, decode, concurrency, then the
+/// optional ones (a constraint, a shared prefix, prompt lookup on a task).
+fn measure(
+    engine: &EngineHandle,
+    prompts: &mut RandomPrompts,
+    args: &BenchArgs,
+    constraint: Option<&Constraint>,
+    lookup_task: Option<&LookupTask>,
+) -> Result<Measured> {
+    // A warm-up request first, untimed (as llama-bench runs one): the first step of a process
+    // grows its buffers and faults in the pages it writes, which no later request pays.
+    progress("warm-up", 0, 1);
+    run_requests(engine, vec![prompts.next(args.n_prompt)], 2)?;
+    Ok(Measured {
+        prefill: time_prefill(engine, prompts, args)?,
+        decode: time_decode(engine, prompts, args)?,
+        decode_weight_bytes: measure_decode_weight_bytes(engine, prompts, args)?,
+        concurrency: time_concurrency(engine, prompts, args)?,
+        constrained: match constraint {
+            Some(c) => time_constrained(engine, prompts, args, c)?,
+            None => Vec::new(),
+        },
+        shared_prefix: match args.shared_prefix > 0 {
+            true => Some(time_shared_prefix(engine, prompts, args)?),
+            false => None,
+        },
+        // Prompt lookup: the task greedy, plain and with drafts, interleaved.
+        prompt_lookup: match lookup_task {
+            Some(task) => Some(time_prompt_lookup(
+                engine,
+                &task.prompt,
+                args.n_gen,
+                args.compute.prompt_lookup,
+                args.repeats,
+                args.compute.max_batched_tokens,
+            )?),
+            None => None,
+        },
+    })
 }
 
 /// Random prompts: fresh tokens each time, so that no request finds another's in the prefix

@@ -8,6 +8,7 @@ use edgelm::engine::{Engine, Event, GenParams, SamplingParams};
 use edgelm::model::Model;
 use edgelm::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use std::io::Write;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,22 +19,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     args.compute.backend.resolve("running");
     let model = Arc::new(Model::load(&args.model.model)?);
     let tok = Tokenizer::from_gguf(&model.file)?;
-    let prompt = if args.chat {
-        render_chat(&tok, args.system.as_deref(), &args.prompt)?
-    } else {
-        args.prompt.clone()
-    };
-    let ids = tok.encode(&prompt, true)?;
-    if ids.is_empty() {
-        bail!("the prompt is empty: nothing to continue from");
-    }
     let ctx = model.config.context_length;
-    if ids.len() >= ctx {
-        bail!(
-            "the prompt has {} tokens, the model's context is {ctx}",
-            ids.len()
-        );
-    }
+    let ids = prompt_ids(&args, &tok, ctx)?;
     let n_predict = args.n_predict.min(ctx - ids.len());
     let mut config = engine_config(&args.compute);
     // One sequence: a pool just big enough for it unless a size was given.
@@ -41,7 +28,54 @@ pub fn run(args: RunArgs) -> Result<()> {
         config.kv_memory_bytes = kv_bytes_for(&model, &args.compute, ids.len() + n_predict);
     }
     let (engine, thread) = Engine::start(model.clone(), tok.eog_tokens().to_vec(), config)?;
-    let params = GenParams {
+    log::info!(
+        "model loaded in {:.2} s, {threads} threads",
+        start.elapsed().as_secs_f64()
+    );
+    let t_submit = Instant::now();
+    let (_, events) = engine.submit(ids.clone(), gen_params(&args, n_predict))?;
+    let (generated, first_token_at) = stream_text(events, &tok)?;
+    let first = first_token_at.unwrap_or_else(Instant::now);
+    let prompt_s = first.duration_since(t_submit).as_secs_f64();
+    let gen_s = first.elapsed().as_secs_f64();
+    eprintln!(
+        "prompt: {} tokens in {:.3} s ({:.1} tok/s); generated: {} tokens, {:.1} tok/s after the first; first token after {:.3} s from start",
+        ids.len(),
+        prompt_s,
+        ids.len() as f64 / prompt_s.max(1e-9),
+        generated,
+        generated.saturating_sub(1) as f64 / gen_s.max(1e-9),
+        first.duration_since(start).as_secs_f64(),
+    );
+    engine.shutdown();
+    let _ = thread.join();
+    Ok(())
+}
+
+/// The prompt's token ids (rendered by the chat template with `--chat`), refused when empty
+/// or when it fills the model's context `ctx`.
+fn prompt_ids(args: &RunArgs, tok: &Tokenizer, ctx: usize) -> Result<Vec<u32>> {
+    let prompt = if args.chat {
+        render_chat(tok, args.system.as_deref(), &args.prompt)?
+    } else {
+        args.prompt.clone()
+    };
+    let ids = tok.encode(&prompt, true)?;
+    if ids.is_empty() {
+        bail!("the prompt is empty: nothing to continue from");
+    }
+    if ids.len() >= ctx {
+        bail!(
+            "the prompt has {} tokens, the model's context is {ctx}",
+            ids.len()
+        );
+    }
+    Ok(ids)
+}
+
+/// The request the flags describe, for at most `n_predict` tokens.
+fn gen_params(args: &RunArgs, n_predict: usize) -> GenParams {
+    GenParams {
         max_tokens: n_predict,
         sampling: SamplingParams {
             temperature: args.temperature,
@@ -55,13 +89,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
         prompt_lookup: args.compute.prompt_lookup > 0,
         ..Default::default()
-    };
-    log::info!(
-        "model loaded in {:.2} s, {threads} threads",
-        start.elapsed().as_secs_f64()
-    );
-    let t_submit = Instant::now();
-    let (_, events) = engine.submit(ids.clone(), params)?;
+    }
+}
+
+/// Writes each generated token's text to stdout as it arrives (whole UTF-8 characters only)
+/// until the request finishes; returns the tokens generated and when the first came.
+fn stream_text(events: Receiver<Event>, tok: &Tokenizer) -> Result<(usize, Option<Instant>)> {
     let mut out = std::io::stdout().lock();
     let mut decoder = StreamDecoder::new();
     let (mut generated, mut first_token_at) = (0usize, None);
@@ -83,21 +116,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     out.write_all(decoder.finish().as_bytes())?;
     writeln!(out)?;
-    let first = first_token_at.unwrap_or_else(Instant::now);
-    let prompt_s = first.duration_since(t_submit).as_secs_f64();
-    let gen_s = first.elapsed().as_secs_f64();
-    eprintln!(
-        "prompt: {} tokens in {:.3} s ({:.1} tok/s); generated: {} tokens, {:.1} tok/s after the first; first token after {:.3} s from start",
-        ids.len(),
-        prompt_s,
-        ids.len() as f64 / prompt_s.max(1e-9),
-        generated,
-        generated.saturating_sub(1) as f64 / gen_s.max(1e-9),
-        first.duration_since(start).as_secs_f64(),
-    );
-    engine.shutdown();
-    let _ = thread.join();
-    Ok(())
+    Ok((generated, first_token_at))
 }
 
 /// `user` (and `system`) as the model's chat template renders them, ready for the reply.

@@ -3,7 +3,7 @@
 use crate::cli::InspectArgs;
 use anyhow::{Context, Result};
 use edgelm::gguf::{summarize, GgufFile};
-use edgelm::model::Model;
+use edgelm::model::{Arch, Model};
 use edgelm::tokenizer::Tokenizer;
 use std::sync::Arc;
 
@@ -32,7 +32,8 @@ fn support(file: &Arc<GgufFile>) -> String {
     let deltas = c.delta_net_layers().len();
     // Convolution and DeltaNet layers have no RoPE to leave out.
     let no_rope = c.layers.iter().filter(|l| l.rope.is_none()).count() - convs - deltas;
-    let mut notes = vec![format!("{:?} family", c.family)];
+    let arch = Arch::named(&c.arch).expect("a model that loads has an architecture in the table");
+    let mut notes = vec![arch.describe()];
     if windows > 0 {
         notes.push(format!(
             "{windows} of {} layers with a sliding window ({} KV groups)",
@@ -91,4 +92,41 @@ fn active_parameters(file: &GgufFile, model: &Model) -> String {
         model.weight_bytes() as f64 / (1 << 20) as f64,
         model.all_weight_bytes() as f64 / (1 << 20) as f64,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use edgelm::gguf::{Array, GgufWriter, Value};
+    use edgelm::model::ARCHITECTURES;
+
+    /// A GGUF of `arch` with a vocabulary and no tensors.
+    fn header(arch: &str) -> Arc<GgufFile> {
+        let bytes = GgufWriter::new()
+            .kv("general.architecture", Value::String(arch.into()))
+            .kv(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(vec!["a".into(); 8])),
+            )
+            .to_bytes();
+        Arc::new(GgufFile::from_bytes(bytes).unwrap())
+    }
+
+    /// A file of an architecture edgelm does not run is told every one it does; each one it
+    /// runs is named, with what it is, in the line of a file that loads.
+    #[test]
+    fn inspect_names_every_architecture_the_loader_accepts() {
+        let refused = support(&header("no-such-arch"));
+        assert!(refused.starts_with("supported:    no:"), "{refused}");
+        for arch in ARCHITECTURES {
+            assert!(
+                refused.contains(&format!(" {},", arch.name))
+                    || refused.contains(&format!(" {})", arch.name)),
+                "{} is missing from: {refused}",
+                arch.name
+            );
+            let line = arch.describe();
+            assert!(line.starts_with(&format!("{}: ", arch.name)), "{line}");
+        }
+    }
 }

@@ -6,11 +6,11 @@ mod embed;
 #[cfg(test)]
 mod fake_executor;
 mod postprocess;
-mod records;
+mod requests;
 #[cfg(test)]
 mod tests;
 
-use self::records::{is_plain, is_plain_greedy, RequestState, SeqRecord};
+use self::requests::{is_plain, is_plain_greedy, RequestState};
 use super::executor::{Executor, ExecutorPlan, ModelExecutor, StepExecutor};
 use super::handle::{Command, EngineHandle, EngineLimits};
 use super::metrics::{EngineStats, SharedStats};
@@ -121,8 +121,6 @@ pub struct Engine {
     exec: Box<dyn StepExecutor>,
     sched: Scheduler,
     requests: HashMap<RequestId, RequestState>,
-    /// Every live sequence's record (the scheduler holds its tokens and blocks).
-    seqs: HashMap<SeqId, SeqRecord>,
     /// Scratch logits row a constraint masks (no vocab-sized allocation per step).
     masked: Vec<f32>,
     eog: Vec<u32>,
@@ -242,7 +240,6 @@ impl Engine {
             exec,
             sched,
             requests: HashMap::new(),
-            seqs: HashMap::new(),
             masked: Vec::new(),
             eog,
             vocab_size: shape.vocab_size,
@@ -381,9 +378,8 @@ impl Engine {
         seq.arrived = req.submitted;
         seq.want_prompt_logits = p.prompt_logprobs.is_some();
         seq.forks_pending = p.n - 1;
-        let sampler = Sampler::new(p.sampling.clone());
-        self.seqs
-            .insert(id, SeqRecord::new(req.id, sampler, constraint));
+        seq.sampler = Sampler::new(p.sampling.clone());
+        seq.constraint = constraint;
         self.sched.add(seq);
         self.local.prompt_tokens += req.prompt.len() as u64;
         self.requests.insert(
@@ -446,11 +442,11 @@ impl Engine {
             .map(|s| s.id)
             .collect();
         for id in ids {
-            let cap = match self.seqs[&id].draft_cap {
+            let s = self.sched.get_mut(id).expect("listed");
+            let cap = match s.draft_cap {
                 0 => self.prompt_lookup.min(prompt_lookup::FIRST_CAP),
                 c => c,
             };
-            let s = self.sched.get_mut(id).expect("listed");
             // The pending token and the bonus token after the draft are within max_len.
             let room = s.max_len.saturating_sub(s.tokens.len() + 1);
             s.draft = prompt_lookup::draft(&s.tokens, cap.min(room));
@@ -459,19 +455,18 @@ impl Engine {
 
     /// Whether `seq`'s request asked for prompt lookup and its rows are plain greedy.
     fn may_speculate(&self, seq: SeqId) -> bool {
-        let Some((s, rec, st)) = self.live(seq) else {
+        let Some((s, st)) = self.live(seq) else {
             return false;
         };
         let p = &st.params;
-        p.prompt_lookup && p.n == 1 && p.prompt_logprobs.is_none() && is_plain_greedy(rec, p, s)
+        p.prompt_lookup && p.n == 1 && p.prompt_logprobs.is_none() && is_plain_greedy(s, p)
     }
 
-    /// A live sequence with its record and its request's.
-    fn live(&self, seq: SeqId) -> Option<(&Sequence, &SeqRecord, &RequestState)> {
+    /// A live sequence with its request's state.
+    fn live(&self, seq: SeqId) -> Option<(&Sequence, &RequestState)> {
         let s = self.sched.get(seq)?;
-        let rec = self.seqs.get(&seq)?;
-        let st = self.requests.get(&rec.request)?;
-        Some((s, rec, st))
+        let st = self.requests.get(&s.request)?;
+        Some((s, st))
     }
 
     /// Runs `batch` through the model (with the constrained rows' masks computed beside it)
@@ -490,15 +485,11 @@ impl Engine {
         let mut mask_jobs: Vec<(SeqId, Constraint)> = batch
             .spans
             .iter()
-            .filter(|sp| {
-                sp.logits != Logits::None
-                    && self
-                        .sched
-                        .get(sp.seq)
-                        .is_some_and(|s| sp.start + sp.len == s.tokens.len())
-            })
+            .filter(|sp| sp.logits != Logits::None)
             .filter_map(|sp| {
-                let c = self.seqs.get_mut(&sp.seq)?.constraint.take()?;
+                let s = self.sched.get_mut(sp.seq)?;
+                let samples = sp.start + sp.len == s.tokens.len();
+                let c = s.constraint.take_if(|_| samples)?;
                 Some((sp.seq, c))
             })
             .collect();
@@ -525,12 +516,12 @@ impl Engine {
             (result, masks)
         });
         for (id, c) in mask_jobs {
-            self.seqs.get_mut(&id).expect("live").constraint = Some(c);
+            self.sched.get_mut(id).expect("live").constraint = Some(c);
         }
         if let Some((masks, secs)) = masks {
             self.local.grammar_mask_seconds += secs;
             for (id, mask) in masks {
-                self.seqs.get_mut(&id).expect("live").mask = Some(mask);
+                self.sched.get_mut(id).expect("live").mask = Some(mask);
             }
         }
         let decodes = batch.spans.iter().filter(|s| s.is_decode());
@@ -589,7 +580,7 @@ impl Engine {
         let reqs: Vec<RequestId> = batch
             .spans
             .iter()
-            .filter_map(|s| self.seqs.get(&s.seq).map(|r| r.request))
+            .filter_map(|s| self.sched.get(s.seq).map(|s| s.request))
             .collect();
         for r in reqs {
             if let Some(st) = self.requests.get(&r) {
@@ -608,11 +599,11 @@ impl Engine {
             if span.logits == Logits::None {
                 continue;
             }
-            let (s, rec, st) = self.live(span.seq)?;
-            if span.logits != Logits::Last || !is_plain(rec, &st.params, s) {
+            let (s, st) = self.live(span.seq)?;
+            if span.logits != Logits::Last || !is_plain(s, &st.params) {
                 return None;
             }
-            rows.push((rec.sampler.params().clone(), rec.sampler.rng_state()));
+            rows.push((s.sampler.params().clone(), s.sampler.rng_state()));
         }
         Some(rows)
     }
@@ -624,10 +615,10 @@ impl Engine {
             if span.logits == Logits::None {
                 return true;
             }
-            let Some((s, rec, st)) = self.live(span.seq) else {
+            let Some((s, st)) = self.live(span.seq) else {
                 return false;
             };
-            (span.logits == Logits::Last || span.draft > 0) && is_plain_greedy(rec, &st.params, s)
+            (span.logits == Logits::Last || span.draft > 0) && is_plain_greedy(s, &st.params)
         })
     }
 
@@ -635,7 +626,6 @@ impl Engine {
         let Some(s) = self.sched.remove(seq) else {
             return;
         };
-        self.seqs.remove(&seq);
         let rid = s.request;
         let Some(st) = self.requests.get_mut(&rid) else {
             return;

@@ -11,6 +11,17 @@ pub struct Sampler {
     cand: Vec<(u32, f32)>,
 }
 
+/// A copy draws what this sampler would draw next; its scratch is its own, empty.
+impl Clone for Sampler {
+    fn clone(&self) -> Sampler {
+        Sampler {
+            params: self.params.clone(),
+            rng: self.rng.clone(),
+            cand: Vec::new(),
+        }
+    }
+}
+
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = params.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);

@@ -1,14 +1,20 @@
-//! One sequence's bookkeeping: its tokens, how many have KV in the pool, and where.
+//! One sequence, the engine's one record of it: its tokens, how many have KV in the pool and
+//! where (what the scheduler reads), and how its next token is chosen (what the engine reads).
+//! The scheduler holds every live sequence in one map; the engine reaches them through it.
 
+use super::pooled::Pooled;
 use super::request::RequestId;
+use super::sampler::{Sampler, SamplingParams};
+use crate::grammar::{Constraint, Mask};
 use crate::kv::{block_hash, SeqBlocks};
 use std::time::Instant;
 
 pub type SeqId = u64;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Sequence {
     pub id: SeqId,
+    /// The request the sequence is one completion of (a request with `n > 1` owns several).
     pub request: RequestId,
     /// Which of the request's `n` completions this is.
     pub index: usize,
@@ -50,10 +56,26 @@ pub struct Sequence {
     /// Tokens proposed to follow the pending one (prompt lookup), verified in its next decode
     /// step; never part of `tokens` until the model agrees with them.
     pub draft: Vec<u32>,
+    /// How its tokens are drawn from a logits row.
+    pub sampler: Sampler,
+    /// The grammar state of a constrained sequence (a request with a response format or
+    /// tools). A step takes it out while it computes the mask beside the forward pass.
+    pub constraint: Option<Constraint>,
+    /// The mask computed beside this step's forward pass, for a constrained sequence that
+    /// samples in it (an error: the grammar gave up).
+    pub mask: Option<Result<Mask, String>>,
+    /// The longest prompt-lookup draft to propose next (0: not yet speculated): it grows
+    /// while drafts are accepted whole and shrinks to what was accepted when they are not,
+    /// because verifying a draft token costs a share of a decode step whether or not it is
+    /// kept.
+    pub draft_cap: usize,
+    /// An embedding sequence's hidden rows pooled so far.
+    pub pooled: Option<Pooled>,
 }
 
 impl Sequence {
-    /// A fresh sequence for a prompt, not yet admitted.
+    /// A fresh sequence for a prompt, not yet admitted, with the default sampler and no
+    /// constraint (the engine sets the request's).
     pub fn new(
         id: SeqId,
         request: RequestId,
@@ -83,6 +105,28 @@ impl Sequence {
             arrived: Instant::now(),
             decoding_since: None,
             draft: Vec::new(),
+            sampler: Sampler::new(SamplingParams::default()),
+            constraint: None,
+            mask: None,
+            draft_cap: 0,
+            pooled: None,
+        }
+    }
+
+    /// Completion `index` of the same request, forked from this one where it stands (the end
+    /// of its prompt): its tokens and grammar state copied, its KV blocks not yet shared (the
+    /// scheduler shares them), drawing with `sampler`.
+    pub fn fork(&self, id: SeqId, index: usize, sampler: Sampler) -> Sequence {
+        Sequence {
+            id,
+            index,
+            forks_pending: 0,
+            blocks: SeqBlocks::default(),
+            sampler,
+            mask: None,
+            draft_cap: 0,
+            pooled: None,
+            ..self.clone()
         }
     }
 

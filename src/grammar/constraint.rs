@@ -5,6 +5,7 @@ use llguidance::Matcher;
 use std::sync::Arc;
 
 /// The tokens a sequence may take next.
+#[derive(Clone)]
 pub struct Mask {
     allowed: SimpleVob,
     /// The grammar may end here (its end-of-generation tokens are allowed).

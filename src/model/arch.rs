@@ -59,43 +59,100 @@ pub enum Family {
     NomicBert,
 }
 
-/// Architectures edgelm implements in full (the names `general.architecture` carries).
-pub const SUPPORTED: &[&str] = &[
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "qwen3moe",
-    "gemma3",
-    "phi3",
-    "smollm3",
-    "granite",
-    "gpt-oss",
-    "lfm2",
-    "qwen35",
-    "bert",
-    "gemma-embedding",
+/// An architecture edgelm runs: the name `general.architecture` carries, the family it loads
+/// as, and the models it covers.
+#[derive(Clone, Copy, Debug)]
+pub struct Arch {
+    pub name: &'static str,
+    pub family: Family,
+    pub models: &'static str,
+}
+
+/// Every architecture edgelm runs: what the loader accepts, what the refusal of any other name
+/// lists and what `edgelm inspect` says of a file.
+pub const ARCHITECTURES: &[Arch] = &[
+    arch(
+        "llama",
+        Family::Llama,
+        "Llama 2/3.x, Mistral 7B, the DeepSeek-R1 Llama distills",
+    ),
+    arch("mistral", Family::Llama, "Mistral 7B, read as llama"),
+    arch(
+        "qwen2",
+        Family::Qwen2,
+        "Qwen2/2.5, the DeepSeek-R1 Qwen distills",
+    ),
+    arch("qwen3", Family::Qwen3, "Qwen3"),
+    arch(
+        "qwen3moe",
+        Family::Qwen3Moe,
+        "Qwen3-30B-A3B, Qwen3-Coder-30B-A3B: a mixture of experts",
+    ),
+    arch("gemma3", Family::Gemma3, "Gemma 3"),
+    arch("phi3", Family::Phi3, "Phi-3/3.5/4-mini"),
+    arch("smollm3", Family::Smollm3, "SmolLM3"),
+    arch("granite", Family::Granite, "Granite 3.x dense"),
+    arch(
+        "gpt-oss",
+        Family::GptOss,
+        "gpt-oss-20b/120b: a mixture of experts",
+    ),
+    arch(
+        "lfm2",
+        Family::Lfm2,
+        "LFM2/LFM2.5: a hybrid of short convolutions and attention",
+    ),
+    arch(
+        "qwen35",
+        Family::Qwen35,
+        "Qwen3.5: a hybrid of gated DeltaNets and attention",
+    ),
+    arch("bert", Family::Bert, "all-MiniLM, bge-small/base"),
+    arch("nomic-bert", Family::NomicBert, "nomic-embed-text v1/v1.5"),
+    arch("gemma-embedding", Family::GemmaEmbedding, "EmbeddingGemma"),
 ];
 
+const fn arch(name: &'static str, family: Family, models: &'static str) -> Arch {
+    Arch {
+        name,
+        family,
+        models,
+    }
+}
+
+impl Arch {
+    /// The architecture `general.architecture` names, if edgelm runs it.
+    pub fn named(name: &str) -> Option<&'static Arch> {
+        ARCHITECTURES.iter().find(|a| a.name == name)
+    }
+
+    /// Every name edgelm runs, comma-separated.
+    pub fn names() -> String {
+        let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name).collect();
+        names.join(", ")
+    }
+
+    /// What a model of the architecture is for: generating text, or only embeddings (an
+    /// encoder, or gemma-embedding's stack with bidirectional attention).
+    pub fn role(&self) -> &'static str {
+        match (self.family.encoder(), self.family.embeds_only()) {
+            (true, _) => "an encoder, embeddings only",
+            (false, true) => "embeddings only",
+            (false, false) => "generates text",
+        }
+    }
+
+    /// What `edgelm inspect` says of a file of the architecture: its name, the models it
+    /// covers, its role.
+    pub fn describe(&self) -> String {
+        format!("{}: {}; {}", self.name, self.models, self.role())
+    }
+}
+
 impl Family {
+    /// The family of the architecture `general.architecture` names, if edgelm runs it.
     pub fn from_arch(arch: &str) -> Option<Family> {
-        Some(match arch {
-            "llama" | "mistral" => Family::Llama,
-            "qwen2" => Family::Qwen2,
-            "qwen3" => Family::Qwen3,
-            "qwen3moe" => Family::Qwen3Moe,
-            "gemma3" => Family::Gemma3,
-            "phi3" => Family::Phi3,
-            "smollm3" => Family::Smollm3,
-            "granite" => Family::Granite,
-            "gpt-oss" => Family::GptOss,
-            "lfm2" => Family::Lfm2,
-            "qwen35" => Family::Qwen35,
-            "bert" => Family::Bert,
-            "gemma-embedding" => Family::GemmaEmbedding,
-            "nomic-bert" => Family::NomicBert,
-            _ => return None,
-        })
+        Arch::named(arch).map(|a| a.family)
     }
 
     pub fn rope_layout(self) -> RopeLayout {
@@ -294,4 +351,104 @@ impl Optional {
         output_bias: false,
         rope_factors: false,
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::{Array, GgufFile, GgufWriter, Value};
+    use crate::model::ModelConfig;
+
+    /// Every name the loader accepts is in the table, and the refusal of any other name lists
+    /// each of them.
+    #[test]
+    fn the_refusal_lists_every_architecture_the_loader_accepts() {
+        let bytes = GgufWriter::new()
+            .kv("general.architecture", Value::String("no-such-arch".into()))
+            .kv(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(vec!["a".into(); 8])),
+            )
+            .to_bytes();
+        let file = GgufFile::from_bytes(bytes).unwrap();
+        let refusal = ModelConfig::from_gguf(&file).unwrap_err().to_string();
+        let listed = refusal
+            .split_once("(supported: ")
+            .and_then(|(_, l)| l.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("no list in: {refusal}"));
+        let listed: Vec<&str> = listed.split(", ").collect();
+        for a in ARCHITECTURES {
+            assert_eq!(Family::from_arch(a.name), Some(a.family), "{}", a.name);
+            assert!(
+                listed.contains(&a.name),
+                "{} is missing from: {refusal}",
+                a.name
+            );
+        }
+        assert_eq!(listed.len(), ARCHITECTURES.len(), "{refusal}");
+    }
+
+    /// README's opening sentence names every architecture: those that generate in its
+    /// parentheses, as many as it says, and then those that only embed.
+    #[test]
+    fn the_readme_names_every_architecture() {
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("It runs ")
+            .expect("README says what edgelm runs");
+        let end = start
+            + readme[start..]
+                .find(" for embeddings")
+                .expect("and what embeds");
+        let (generating, embedding) = readme[start..end]
+            .split_once("), ")
+            .expect("the generating architectures in parentheses");
+        let words = |text: &str| -> Vec<String> {
+            text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .filter(|w| !w.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        let (generating_words, embedding_words) = (words(generating), words(embedding));
+        let mut count = 0;
+        for a in ARCHITECTURES {
+            let list = match a.family.embeds_only() {
+                true => &embedding_words,
+                false => {
+                    count += 1;
+                    &generating_words
+                }
+            };
+            assert!(
+                list.iter().any(|w| w == a.name),
+                "README leaves out {}",
+                a.name
+            );
+        }
+        let numbers = [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ];
+        let says = format!("It runs {} architectures", numbers[count]);
+        assert!(generating.starts_with(&says), "README should say: {says}");
+    }
 }

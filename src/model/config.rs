@@ -2,14 +2,20 @@
 //! applies, resolved per layer: which RoPE table (if any) and which attention window.
 
 mod dense_out;
+mod encoder;
+mod gemma3;
+mod gpt_oss;
+mod granite;
+mod lfm2;
 mod pooling;
 mod qwen35;
+mod smollm3;
 
 pub use dense_out::DenseOutShape;
 pub use pooling::Pooling;
 pub use qwen35::imrope_turned_pairs;
 
-use super::arch::{Family, SUPPORTED};
+use super::arch::{Arch, Family};
 use crate::backend::ops::{Activation, DeltaNetShape, RopeLayout, Routing, Window};
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvType, PageGeometry};
@@ -89,10 +95,6 @@ pub enum Mixer {
     /// rule, both carried in the pool's state slots.
     DeltaNet,
 }
-
-/// The most positions a short convolution may span (LFM2's is 3): its state is that many
-/// rows less one, per layer and sequence.
-const MAX_SHORT_CONV: usize = 16;
 
 /// A mixture-of-experts FFN's shape and routing (the same in every layer).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -271,10 +273,6 @@ impl Keys<'_> {
         self.file.get_str(&self.name(k))
     }
 }
-
-/// Gemma 3 27B, the one Gemma 3 with 62 layers: llama.cpp tells it apart by its layer count
-/// (`LLM_TYPE_27B`) to scale its queries by the model width per head.
-const GEMMA3_27B_LAYERS: usize = 62;
 
 /// The model's dimensions, checked against each other and against sizes no real model has.
 struct Shape {
@@ -528,121 +526,6 @@ impl HyperParams {
         self.query_scale = scale;
         self.attn_scale = 1.0;
     }
-
-    /// Gemma 3: embeddings scaled by √n_embd, an optional logit soft-cap, scaled queries, and
-    /// sliding-window layers with their own RoPE table. gemma-embedding (`embedding`) is the
-    /// same stack with symmetric windows (required), the head dimension's query scale at
-    /// every size and no logits to cap, as llama.cpp's `llama_model_gemma_embedding`.
-    fn gemma3(
-        &mut self,
-        k: &Keys<'_>,
-        shape: &Shape,
-        global: RopeParams,
-        embedding: bool,
-    ) -> Result<()> {
-        self.embed_scale = (shape.n_embd as f32).sqrt();
-        if !embedding {
-            self.final_softcap = k.f32("final_logit_softcapping")?.filter(|&c| c != 0.0);
-        }
-        // Gemma scales the queries: by the model width per head for Gemma 3 27B, by the head
-        // dimension for the others (llama.cpp's `f_attention_scale`).
-        let query_scale = if shape.n_layers == GEMMA3_27B_LAYERS && !embedding {
-            1.0 / ((shape.n_embd / shape.n_head) as f32).sqrt()
-        } else {
-            self.attn_scale
-        };
-        self.scale_queries(query_scale);
-        let window = match embedding {
-            true => Window::Symmetric(k.req("attention.sliding_window")?),
-            false => match k.u32("attention.sliding_window")?.filter(|&w| w > 0) {
-                Some(w) => Window::Trailing(w),
-                None => return Ok(()),
-            },
-        };
-        // Local layers have their own RoPE base and no scaling.
-        self.ropes.push(RopeParams {
-            base: k.f32("rope.freq_base_swa")?.unwrap_or(10_000.0),
-            freq_scale: 1.0,
-            mscale: global.mscale,
-            yarn_original_context: None,
-        });
-        for (l, local) in sliding_pattern(k, shape.n_layers, 6)?
-            .into_iter()
-            .enumerate()
-        {
-            if local {
-                self.layers[l] = LayerConfig {
-                    rope: Some(1),
-                    window: Some(window),
-                    mixer: Mixer::Attention,
-                };
-            }
-        }
-        Ok(())
-    }
-
-    /// gpt-oss: a sliding window (`attention.sliding_window`, required) on every other layer
-    /// (the even ones, by default), with the global RoPE table unless `rope.freq_base_swa`
-    /// gives the local layers a base of their own.
-    fn gpt_oss(&mut self, k: &Keys<'_>, shape: &Shape, global: RopeParams) -> Result<()> {
-        let window = k.req("attention.sliding_window")?;
-        let local_rope = match k.f32("rope.freq_base_swa")? {
-            Some(base) if base != global.base => {
-                self.ropes.push(RopeParams { base, ..global });
-                1
-            }
-            _ => 0,
-        };
-        for (l, local) in sliding_pattern(k, shape.n_layers, 2)?
-            .into_iter()
-            .enumerate()
-        {
-            if local {
-                self.layers[l] = LayerConfig {
-                    rope: Some(local_rope),
-                    window: Some(Window::Trailing(window)),
-                    mixer: Mixer::Attention,
-                };
-            }
-        }
-        Ok(())
-    }
-
-    /// SmolLM3: every fourth layer has no RoPE (llama.cpp's `n_no_rope_layer_step`).
-    fn smollm3(&mut self) {
-        for (l, layer) in self.layers.iter_mut().enumerate() {
-            if (l + 1) % 4 == 0 {
-                layer.rope = None;
-            }
-        }
-    }
-
-    /// Granite: its logit, residual, embedding and attention scales, and RoPE switched off by
-    /// `rope.scaling.finetuned = false`.
-    fn granite(&mut self, k: &Keys<'_>) -> Result<()> {
-        let scale = k
-            .f32("logit_scale")?
-            .with_context(|| format!("GGUF has no {}", k.name("logit_scale")))?;
-        if scale == 0.0 {
-            bail!("{} is 0", k.name("logit_scale"));
-        }
-        self.logit_scale = 1.0 / scale;
-        self.residual_scale = k
-            .f32("residual_scale")?
-            .filter(|&s| s != 0.0)
-            .unwrap_or(1.0);
-        self.embed_scale = k
-            .f32("embedding_scale")?
-            .filter(|&s| s != 0.0)
-            .unwrap_or(1.0);
-        if let Some(s) = k.f32("attention.scale")?.filter(|&s| s != 0.0) {
-            self.attn_scale = s;
-        }
-        if k.bool("rope.scaling.finetuned")? == Some(false) {
-            self.layers.iter_mut().for_each(|l| l.rope = None);
-        }
-        Ok(())
-    }
 }
 
 impl ModelConfig {
@@ -654,7 +537,7 @@ impl ModelConfig {
         let family = Family::from_arch(&arch).with_context(|| {
             format!(
                 "unsupported architecture '{arch}' (supported: {})",
-                SUPPORTED.join(", ")
+                Arch::names()
             )
         })?;
         let k = Keys { file, arch: &arch };
@@ -668,7 +551,7 @@ impl ModelConfig {
         let rms_eps = norm_eps(family, &k)?;
         let rope = GlobalRope::read(&k, context_length)?;
         let moe = MoeConfig::read(family, &k, shape.n_ff)?;
-        let short_conv = short_conv(family, &k, &shape)?;
+        let short_conv = lfm2::short_conv(family, &k, &shape)?;
         let mut shape = shape;
         let qwen35 = match family {
             Family::Qwen35 => Some(qwen35::Qwen35::read(&k, &mut shape)?),
@@ -710,7 +593,10 @@ impl ModelConfig {
                 true => DenseOutShape::read(&k, shape.n_embd)?,
                 false => None,
             },
-            token_types: token_types(family, file)?,
+            token_types: match family.encoder() {
+                true => encoder::token_types(file)?,
+                false => 0,
+            },
             context_length,
             vocab_size,
             arch,
@@ -791,67 +677,9 @@ impl ModelConfig {
 /// requires it), a decoder's RMS-norm ε defaults to 1e-5.
 fn norm_eps(family: Family, k: &Keys<'_>) -> Result<f32> {
     if family.encoder() {
-        bidirectional(k)?;
-        let key = "attention.layer_norm_epsilon";
-        return k
-            .f32(key)?
-            .with_context(|| format!("GGUF has no {}", k.name(key)));
+        return encoder::layer_norm_eps(k);
     }
     Ok(k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5))
-}
-
-/// An encoder's `attention.causal`, which must be false: llama.cpp reads the attention's
-/// causality from the file (causal without the key), an encoder's converter writes false, and
-/// a causal encoder is not implemented here.
-fn bidirectional(k: &Keys<'_>) -> Result<()> {
-    if k.bool("attention.causal")? != Some(false) {
-        bail!(
-            "{} is not false: edgelm runs an encoder with bidirectional attention only \
-             (llama.cpp's default without the key is causal)",
-            k.name("attention.causal")
-        );
-    }
-    Ok(())
-}
-
-/// An encoder's token-type count (`tokenizer.ggml.token_type_count`), which llama.cpp's
-/// loader requires to be there and non-zero; 0 for a decoder.
-fn token_types(family: Family, file: &GgufFile) -> Result<usize> {
-    const KEY: &str = "tokenizer.ggml.token_type_count";
-    if !family.encoder() {
-        return Ok(0);
-    }
-    match file.get_u32(KEY) {
-        Some(0) | None => {
-            bail!("an encoder needs {KEY} (its token-type count), which is 0 or absent")
-        }
-        Some(n) if n > 1024 => bail!("{KEY} = {n} is implausible"),
-        Some(n) => Ok(n as usize),
-    }
-}
-
-/// `shortconv.l_cache`, required where a family with short convolutions has such a layer,
-/// and refused where none can be.
-fn short_conv(family: Family, k: &Keys<'_>, shape: &Shape) -> Result<Option<usize>> {
-    let any = shape.attends.iter().any(|&a| !a);
-    if any && !family.short_convolutions() {
-        bail!(
-            "{} gives layers 0 KV heads: layers without attention are not part of the {} family",
-            k.name("attention.head_count_kv"),
-            k.arch
-        );
-    }
-    if !any {
-        return Ok(None);
-    }
-    let l = k.req("shortconv.l_cache")?;
-    if !(2..=MAX_SHORT_CONV).contains(&l) {
-        bail!(
-            "{} = {l}: a short convolution spans 2 to {MAX_SHORT_CONV} positions",
-            k.name("shortconv.l_cache")
-        );
-    }
-    Ok(Some(l))
 }
 
 /// Which layers are local (sliding-window): `attention.sliding_window_pattern` as an array of
@@ -939,150 +767,5 @@ mod tests {
         assert!(err.to_string().contains("implausible model shape"), "{err}");
         let cfg = ModelConfig::from_gguf(&header(2)).unwrap();
         assert_eq!(cfg.layers.len(), 2);
-    }
-
-    /// A gemma-embedding header of 6 layers, with the dense widths `dense` (2 in, 2 out, 3 in,
-    /// 3 out) where given.
-    fn gemma_embedding(dense: Option<[u32; 4]>) -> Result<ModelConfig> {
-        let arch = "gemma-embedding";
-        let mut w = GgufWriter::new()
-            .kv("general.architecture", Value::String(arch.into()))
-            .kv(format!("{arch}.block_count"), Value::U32(6))
-            .kv(format!("{arch}.embedding_length"), Value::U32(64))
-            .kv(format!("{arch}.feed_forward_length"), Value::U32(128))
-            .kv(format!("{arch}.attention.head_count"), Value::U32(4))
-            .kv(format!("{arch}.attention.key_length"), Value::U32(32))
-            .kv(format!("{arch}.attention.sliding_window"), Value::U32(512))
-            .kv(
-                "tokenizer.ggml.tokens",
-                Value::Array(Array::String(vec!["a".into(); 8])),
-            );
-        let names = [
-            "dense_2_feat_in",
-            "dense_2_feat_out",
-            "dense_3_feat_in",
-            "dense_3_feat_out",
-        ];
-        for (k, v) in names.iter().zip(dense.unwrap_or_default()) {
-            if dense.is_some() {
-                w = w.kv(format!("{arch}.{k}"), Value::U32(v));
-            }
-        }
-        ModelConfig::from_gguf(&GgufFile::from_bytes(w.to_bytes()).unwrap())
-    }
-
-    #[test]
-    fn gemma_embedding_has_symmetric_windows_and_no_causal_mask() {
-        let cfg = gemma_embedding(None).unwrap();
-        assert!(!cfg.family.causal() && cfg.family.embeds_only() && !cfg.family.encoder());
-        let windows: Vec<_> = cfg.layers.iter().map(|l| l.window).collect();
-        let local = Some(Window::Symmetric(512));
-        assert_eq!(windows, [local, local, local, local, local, None]);
-        assert_eq!(cfg.layers[0].rope, Some(1));
-        // A symmetric window reads ahead: the KV layout releases nothing behind it.
-        assert_eq!(cfg.kv_layout().num_groups(), 1);
-        assert!((cfg.query_scale - 1.0 / 32f32.sqrt()).abs() < 1e-7);
-        assert_eq!((cfg.attn_scale, cfg.embed_scale), (1.0, 8.0));
-        assert_eq!(cfg.dense_out, None);
-        let cfg = gemma_embedding(Some([64, 128, 128, 64])).unwrap();
-        assert_eq!(cfg.dense_out, Some(DenseOutShape { hidden: 128 }));
-        let refused = |dense, what: &str| {
-            let e = gemma_embedding(Some(dense)).unwrap_err().to_string();
-            assert!(e.contains(what), "{e}");
-        };
-        refused([32, 128, 128, 64], "must both be n_embd");
-        refused(
-            [64, 128, 96, 64],
-            "dense_2's output must be dense_3's input",
-        );
-    }
-
-    /// nomic-bert: an encoder (layer-norm ε and bidirectional attention required) that keeps
-    /// its RoPE, NeoX-style, where bert drops it for position embeddings.
-    #[test]
-    fn nomic_bert_is_an_encoder_with_rope() {
-        let arch = "nomic-bert";
-        let bytes = GgufWriter::new()
-            .kv("general.architecture", Value::String(arch.into()))
-            .kv(format!("{arch}.block_count"), Value::U32(2))
-            .kv(format!("{arch}.embedding_length"), Value::U32(64))
-            .kv(format!("{arch}.feed_forward_length"), Value::U32(128))
-            .kv(format!("{arch}.attention.head_count"), Value::U32(4))
-            .kv(
-                format!("{arch}.attention.layer_norm_epsilon"),
-                Value::F32(1e-12),
-            )
-            .kv(format!("{arch}.attention.causal"), Value::Bool(false))
-            .kv("tokenizer.ggml.token_type_count", Value::U32(2))
-            .kv(
-                "tokenizer.ggml.tokens",
-                Value::Array(Array::String(vec!["a".into(); 8])),
-            )
-            .to_bytes();
-        let cfg = ModelConfig::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap();
-        let f = cfg.family;
-        assert!(f.encoder() && !f.causal() && !f.absolute_positions() && f.gated_ffn());
-        assert_eq!(cfg.rope_layout, RopeLayout::Neox);
-        assert!(cfg
-            .layers
-            .iter()
-            .all(|l| l.rope == Some(0) && l.window.is_none()));
-        assert_eq!(cfg.token_types, 2);
-    }
-
-    /// An LFM2 header: 3 layers whose KV head counts are `kv`, convolutions of `l_cache` taps.
-    fn lfm2(arch: &str, kv: Vec<i32>, l_cache: Option<u32>) -> Result<ModelConfig> {
-        let mut w = GgufWriter::new()
-            .kv("general.architecture", Value::String(arch.into()))
-            .kv(format!("{arch}.block_count"), Value::U32(3))
-            .kv(format!("{arch}.embedding_length"), Value::U32(64))
-            .kv(format!("{arch}.feed_forward_length"), Value::U32(128))
-            .kv(format!("{arch}.attention.head_count"), Value::U32(4))
-            .kv(
-                format!("{arch}.attention.head_count_kv"),
-                Value::Array(Array::I32(kv)),
-            )
-            .kv(
-                "tokenizer.ggml.tokens",
-                Value::Array(Array::String(vec!["a".into(); 8])),
-            );
-        if let Some(l) = l_cache {
-            w = w.kv(format!("{arch}.shortconv.l_cache"), Value::U32(l));
-        }
-        ModelConfig::from_gguf(&GgufFile::from_bytes(w.to_bytes()).unwrap())
-    }
-
-    #[test]
-    fn a_hybrids_layers_come_from_its_per_layer_kv_heads() {
-        let cfg = lfm2("lfm2", vec![0, 2, 0], Some(3)).unwrap();
-        let mixers: Vec<Mixer> = cfg.layers.iter().map(|l| l.mixer).collect();
-        assert_eq!(
-            mixers,
-            [Mixer::ShortConv, Mixer::Attention, Mixer::ShortConv]
-        );
-        assert_eq!((cfg.n_head_kv, cfg.short_conv), (2, Some(3)));
-        assert_eq!(cfg.conv_layers(), [0, 2]);
-        assert_eq!(cfg.state_floats(), 2 * 2 * 64);
-        let layout = cfg.kv_layout();
-        assert_eq!(layout.groups.len(), 1);
-        assert_eq!(layout.groups[0].layers, [1]);
-
-        let refused = |r: Result<ModelConfig>, what: &str| {
-            let e = r.unwrap_err().to_string();
-            assert!(e.contains(what), "{e}");
-        };
-        refused(lfm2("lfm2", vec![0, 2, 0], None), "shortconv.l_cache");
-        refused(lfm2("lfm2", vec![0, 2, 0], Some(1)), "2 to 16 positions");
-        refused(lfm2("lfm2", vec![0, 2, 4], Some(3)), "different counts");
-        refused(lfm2("lfm2", vec![0, 0, 0], Some(3)), "no layer attends");
-        refused(lfm2("lfm2", vec![0, 2], Some(3)), "2 entries for 3 layers");
-        refused(
-            lfm2("llama", vec![0, 2, 2], Some(3)),
-            "not part of the llama family",
-        );
-        // A dense model with a per-layer array of equal counts is plain attention.
-        let cfg = lfm2("llama", vec![2, 2, 2], None).unwrap();
-        assert!(cfg.layers.iter().all(|l| l.mixer == Mixer::Attention));
-        assert_eq!(cfg.state_floats(), 0);
     }
 }

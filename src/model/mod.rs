@@ -1,6 +1,6 @@
-//! The decoder-only transformer: which families there are (`arch`), their hyper-parameters
-//! (`config`), their weights (`weights`) and the one forward pass every backend runs
-//! (`forward`).
+//! The transformers edgelm runs, decoders and the encoders that embed: which families there
+//! are (`arch`), their hyper-parameters (`config`), their weights (`weights`) and the one
+//! forward pass every backend runs (`forward`).
 
 mod arch;
 mod config;
@@ -11,7 +11,7 @@ pub use crate::backend::batch::{BatchMeta, Logits};
 pub use crate::backend::ops::{
     ExpertShape, Mat, Network, RopeLayout, RopeTable, Shape, VecRef, Widths, Window,
 };
-pub use arch::{Family, SUPPORTED};
+pub use arch::{Arch, Family, ARCHITECTURES};
 pub use config::{DenseOutShape, LayerConfig, ModelConfig, MoeConfig, Pooling, RopeScaling};
 pub use weights::{DenseFfn, DenseOut, EncoderInput, Ffn, LayerWeights, Weights};
 

@@ -1,7 +1,7 @@
 //! The tokenizer description a GGUF file carries (`tokenizer.ggml.*`), as plain data.
 
 use super::wpm::Normalizer;
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, Value};
 
 const BOS: &str = "tokenizer.ggml.bos_token_id";
 /// (sic: llama.cpp's key is spelled so.)
@@ -56,15 +56,7 @@ impl VocabSpec {
     /// Reads the tokenizer metadata; errors name the missing or malformed key.
     pub fn from_gguf(file: &GgufFile) -> anyhow::Result<VocabSpec> {
         use anyhow::{bail, Context};
-        let model = file
-            .get_str("tokenizer.ggml.model")
-            .context("GGUF has no tokenizer.ggml.model")?;
-        let kind = match model {
-            "gpt2" => VocabKind::BytePairGpt2,
-            "llama" => VocabKind::SentencePiece,
-            "bert" => VocabKind::WordPiece,
-            other => bail!("unsupported tokenizer model '{other}' (supported: gpt2, llama, bert)"),
-        };
+        let kind = vocab_kind(file)?;
         let tokens: Vec<String> = file
             .get("tokenizer.ggml.tokens")
             .and_then(|v| v.as_string_array())
@@ -74,32 +66,12 @@ impl VocabSpec {
             bail!("tokenizer.ggml.tokens is empty");
         }
         let n = tokens.len();
-        let token_types = match file.get("tokenizer.ggml.token_type") {
-            Some(v) => v
-                .as_i32_array()
-                .context("tokenizer.ggml.token_type is not an integer array")?
-                .to_vec(),
-            None => vec![TOKEN_TYPE_NORMAL; n],
-        };
-        if token_types.len() != n {
-            bail!(
-                "tokenizer.ggml.token_type has {} entries, tokens has {n}",
-                token_types.len()
-            );
-        }
-        let scores = match file.get("tokenizer.ggml.scores") {
-            Some(v) => v
-                .as_f32_array()
-                .context("tokenizer.ggml.scores is not a float array")?
-                .to_vec(),
-            None => vec![0.0; n],
-        };
-        if scores.len() != n {
-            bail!(
-                "tokenizer.ggml.scores has {} entries, tokens has {n}",
-                scores.len()
-            );
-        }
+        let types = ("tokenizer.ggml.token_type", "an integer array");
+        let token_types = per_token(file, types, n, Value::as_i32_array)?
+            .unwrap_or_else(|| vec![TOKEN_TYPE_NORMAL; n]);
+        let scores = ("tokenizer.ggml.scores", "a float array");
+        let scores =
+            per_token(file, scores, n, Value::as_f32_array)?.unwrap_or_else(|| vec![0.0; n]);
         let merges: Vec<String> = match file.get("tokenizer.ggml.merges") {
             Some(v) => v
                 .as_string_array()
@@ -111,10 +83,7 @@ impl VocabSpec {
             bail!("a gpt2 tokenizer needs tokenizer.ggml.merges");
         }
         let id = |key: &str| special_id(file, key, n, kind);
-        let flag = |key: &str, default: bool| match file.get(key) {
-            Some(v) => v.as_bool().unwrap_or(default),
-            None => default,
-        };
+        let flag = |key: &str, default: bool| flag(file, key, default);
         let wpm = kind == VocabKind::WordPiece;
         let lowercase = flag("tokenizer.ggml.normalizer.lowercase", true);
         Ok(VocabSpec {
@@ -147,6 +116,46 @@ impl VocabSpec {
             scores,
             merges,
         })
+    }
+}
+
+/// The tokenizer algorithm `tokenizer.ggml.model` names.
+fn vocab_kind(file: &GgufFile) -> anyhow::Result<VocabKind> {
+    use anyhow::{bail, Context};
+    let model = file
+        .get_str("tokenizer.ggml.model")
+        .context("GGUF has no tokenizer.ggml.model")?;
+    Ok(match model {
+        "gpt2" => VocabKind::BytePairGpt2,
+        "llama" => VocabKind::SentencePiece,
+        "bert" => VocabKind::WordPiece,
+        other => bail!("unsupported tokenizer model '{other}' (supported: gpt2, llama, bert)"),
+    })
+}
+
+/// `key`'s array of one value per token (`n` of them), read by `read` (`what` it must be, for
+/// the error); `None` without the key.
+fn per_token<T: Clone>(
+    file: &GgufFile,
+    (key, what): (&str, &str),
+    n: usize,
+    read: fn(&Value) -> Option<&[T]>,
+) -> anyhow::Result<Option<Vec<T>>> {
+    let Some(v) = file.get(key) else {
+        return Ok(None);
+    };
+    let values = read(v).ok_or_else(|| anyhow::anyhow!("{key} is not {what}"))?;
+    if values.len() != n {
+        anyhow::bail!("{key} has {} entries, tokens has {n}", values.len());
+    }
+    Ok(Some(values.to_vec()))
+}
+
+/// The boolean `key`, or `default` without it (or when it is not a boolean).
+fn flag(file: &GgufFile, key: &str, default: bool) -> bool {
+    match file.get(key) {
+        Some(v) => v.as_bool().unwrap_or(default),
+        None => default,
     }
 }
 

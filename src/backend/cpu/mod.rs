@@ -1,10 +1,6 @@
 //! The CPU backend: quantized matmul, paged attention and the small element-wise ops.
 
 pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx2;
-#[cfg(target_arch = "x86_64")]
-mod attention_avx512;
 pub mod delta_net;
 mod f16_round;
 pub mod matmul;

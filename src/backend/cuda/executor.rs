@@ -85,19 +85,10 @@ impl CudaExecutor {
         let start = Instant::now();
         check_supported(net)?;
         let shape = net.shape();
-        if cfg.kv_type.row_bytes(shape.head_dim).is_none() || cfg.block_size == 0 {
-            return Err(format!(
-                "KV pages of {} in blocks of {} tokens do not fit head_dim {}",
-                cfg.kv_type, cfg.block_size, shape.head_dim
-            ));
-        }
+        check_pages(&cfg, shape.head_dim)?;
         let dev = CudaDevice::open(ordinal)?;
+        let stream = open_stream(&dev)?;
         let ctx = dev.ctx.clone();
-        ctx.bind_to_thread()
-            .map_err(|e| format!("cannot use the CUDA context: {e:?}"))?;
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| format!("cannot create a CUDA stream: {e:?}"))?;
         let kernels = Kernels::new(&dev, cfg.kv_type, shape.head_dim)?;
         let layout = net.kv_layout();
         let mut caps = Caps::new(
@@ -124,28 +115,7 @@ impl CudaExecutor {
             floats: shape.state_floats,
         };
         let pool = KvPool::new(&ctx, geom, cfg.kv, state)?;
-        log::info!(
-            "CUDA: forward pass on {}: weights {} ({} MiB on the device), workspace {} MiB for \
-             {} tokens, KV pool {} blocks ({} MiB, {}), {} state slots ({} MiB), decode \
-             graphs {}; ready in {:.2} s",
-            dev.info.summary(),
-            if weights.zero_copy {
-                "read in place"
-            } else {
-                "copied"
-            },
-            weights.device_bytes >> 20,
-            ws.bytes() >> 20,
-            caps.tokens,
-            pool.blocks(),
-            pool.total_bytes() >> 20,
-            cfg.kv_type,
-            pool.state_slots(),
-            pool.state_bytes() >> 20,
-            if cfg.graphs { "on" } else { "off" },
-            start.elapsed().as_secs_f64()
-        );
-        Ok(CudaExecutor {
+        let exec = CudaExecutor {
             graphs: if cfg.graphs {
                 DecodeGraphs::default()
             } else {
@@ -162,7 +132,36 @@ impl CudaExecutor {
             pairs: Vec::new(),
             hidden: Vec::new(),
             dev,
-        })
+        };
+        exec.log_ready(caps.tokens, start);
+        Ok(exec)
+    }
+
+    /// What the executor came to (the workspace sized for `tokens` a step), and how long it
+    /// took since `start`.
+    fn log_ready(&self, tokens: usize, start: Instant) {
+        let (weights, pool) = (&self.weights, &self.pool);
+        log::info!(
+            "CUDA: forward pass on {}: weights {} ({} MiB on the device), workspace {} MiB for \
+             {} tokens, KV pool {} blocks ({} MiB, {}), {} state slots ({} MiB), decode \
+             graphs {}; ready in {:.2} s",
+            self.dev.info.summary(),
+            if weights.zero_copy {
+                "read in place"
+            } else {
+                "copied"
+            },
+            weights.device_bytes >> 20,
+            self.ws.bytes() >> 20,
+            tokens,
+            pool.blocks(),
+            pool.total_bytes() >> 20,
+            self.cfg.kv_type,
+            pool.state_slots(),
+            pool.state_bytes() >> 20,
+            if self.cfg.graphs { "on" } else { "off" },
+            start.elapsed().as_secs_f64()
+        );
     }
 
     pub fn device(&self) -> &CudaDevice {
@@ -550,4 +549,25 @@ impl CudaExecutor {
             .bind_to_thread()
             .map_err(|e| format!("cannot use the CUDA context: {e:?}"))
     }
+}
+
+/// Why pages of `cfg`'s KV type and block size cannot hold heads of `head_dim`, if they cannot.
+fn check_pages(cfg: &ExecutorConfig, head_dim: usize) -> Result<(), String> {
+    if cfg.kv_type.row_bytes(head_dim).is_none() || cfg.block_size == 0 {
+        return Err(format!(
+            "KV pages of {} in blocks of {} tokens do not fit head_dim {}",
+            cfg.kv_type, cfg.block_size, head_dim
+        ));
+    }
+    Ok(())
+}
+
+/// Binds `dev`'s context to this thread and opens the one stream every launch goes on.
+fn open_stream(dev: &CudaDevice) -> Result<Arc<CudaStream>, String> {
+    dev.ctx
+        .bind_to_thread()
+        .map_err(|e| format!("cannot use the CUDA context: {e:?}"))?;
+    dev.ctx
+        .new_stream()
+        .map_err(|e| format!("cannot create a CUDA stream: {e:?}"))
 }

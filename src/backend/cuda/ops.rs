@@ -34,8 +34,44 @@ fn cfg1(threads: usize, block: usize) -> LaunchConfig {
     }
 }
 
-fn err(name: &str, e: cudarc::driver::DriverError) -> String {
-    format!("launching {name} failed: {e:?}")
+/// One kernel argument, passed by value as the kernel's signature declares it.
+#[derive(Clone, Copy)]
+enum Arg {
+    /// A device address (any `T *`).
+    Addr(Ptr),
+    Int(i32),
+    /// `long long`.
+    Long(i64),
+    Float(f32),
+}
+use Arg::{Addr, Float, Int, Long};
+
+/// Launches `f` (`name`, for the error) on `s` in the shape `cfg` with `args`.
+///
+/// # Safety
+/// `args` are `f`'s parameters in number, order and C type, `cfg` is the launch shape the
+/// kernel's header states, and every address is a buffer as large as the kernel reads or
+/// writes there.
+unsafe fn launch(
+    s: &CudaStream,
+    f: &CudaFunction,
+    name: &str,
+    cfg: LaunchConfig,
+    args: &[Arg],
+) -> Result<(), String> {
+    let mut builder = s.launch_builder(f);
+    for arg in args {
+        match arg {
+            Addr(p) => builder.arg(p),
+            Int(v) => builder.arg(v),
+            Long(v) => builder.arg(v),
+            Float(v) => builder.arg(v),
+        };
+    }
+    // SAFETY: the caller's.
+    unsafe { builder.launch(cfg) }
+        .map(drop)
+        .map_err(|e| format!("launching {name} failed: {e:?}"))
 }
 
 /// The kernels the forward pass launches, looked up once.
@@ -94,6 +130,20 @@ pub struct StateArgs {
     pub saves: Ptr,
     /// Sequences of the step (grid rows).
     pub count: usize,
+}
+
+impl StateArgs {
+    /// The state's arguments, in the order every recurrent kernel takes them: `float *states,
+    /// long long slot_floats, long long state_off, const int *seqs, const int *saves`.
+    fn args(&self) -> [Arg; 5] {
+        [
+            Addr(self.states),
+            Long(self.slot_floats as i64),
+            Long(self.offset as i64),
+            Addr(self.seqs),
+            Addr(self.saves),
+        ]
+    }
 }
 
 /// A gated DeltaNet layer's inputs and weights for `delta_rule_d*`.
@@ -179,19 +229,17 @@ impl Kernels {
         rows: usize,
         cols: usize,
     ) -> Result<(), String> {
-        let (r, c) = (rows as i32, cols as i32);
         // SAFETY: quantize_q8_1(const float *x, u8 *y, int rows, int cols); one warp per block
         // of 32 values; the caller sized both buffers.
         unsafe {
-            s.launch_builder(&self.quantize)
-                .arg(&x)
-                .arg(&act)
-                .arg(&r)
-                .arg(&c)
-                .launch(cfg1(rows * cols, THREADS))
+            launch(
+                s,
+                &self.quantize,
+                "quantize_q8_1",
+                cfg1(rows * cols, THREADS),
+                &[Addr(x), Addr(act), Int(rows as i32), Int(cols as i32)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("quantize_q8_1", e))
     }
 
     /// y (n_tok x rows) <- W (rows x cols, type `ty`) times the q8_1 activations: the GEMV up
@@ -220,21 +268,24 @@ impl Kernels {
         } else {
             gemm_config(rows, n_tok)
         };
-        let (r, c, n) = (rows as i32, cols as i32, n_tok as i32);
         // SAFETY: gemv_*/gemm_*(const u8 *w, const u8 *act, float *y, int rows, int cols,
         // int n_tok), launch shapes from launch.rs.
         unsafe {
-            s.launch_builder(f)
-                .arg(&w)
-                .arg(&act)
-                .arg(&y)
-                .arg(&r)
-                .arg(&c)
-                .arg(&n)
-                .launch(cfg)
+            launch(
+                s,
+                f,
+                name,
+                cfg,
+                &[
+                    Addr(w),
+                    Addr(act),
+                    Addr(y),
+                    Int(rows as i32),
+                    Int(cols as i32),
+                    Int(n_tok as i32),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err(name, e))
     }
 
     /// out (rows x n) <- RMSNorm(x) * w. `out` may be `x`.
@@ -248,24 +299,21 @@ impl Kernels {
         n: usize,
         eps: f32,
     ) -> Result<(), String> {
-        let n = n as i32;
         // SAFETY: rmsnorm(const float *x, const float *w, float *out, int n, float eps); one
         // block of NORM_THREADS per row.
         unsafe {
-            s.launch_builder(&self.rmsnorm)
-                .arg(&x)
-                .arg(&w)
-                .arg(&out)
-                .arg(&n)
-                .arg(&eps)
-                .launch(LaunchConfig {
+            launch(
+                s,
+                &self.rmsnorm,
+                "rmsnorm",
+                LaunchConfig {
                     grid_dim: (rows as u32, 1, 1),
                     block_dim: (NORM_THREADS as u32, 1, 1),
                     shared_mem_bytes: 0,
-                })
+                },
+                &[Addr(x), Addr(w), Addr(out), Int(n as i32), Float(eps)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("rmsnorm", e))
     }
 
     /// RoPE in place on x (n_tok x n_heads x head_dim) from the (cos, sin) table cs.
@@ -284,28 +332,25 @@ impl Kernels {
         if total == 0 {
             return Ok(());
         }
-        let (t, h, d, r, nx) = (
-            n_tok as i32,
-            n_heads as i32,
-            head_dim as i32,
-            n_rot as i32,
-            neox as i32,
-        );
         // SAFETY: rope(float *x, const float *cs, int n_tok, int n_heads, int head_dim,
         // int n_rot, int neox); one thread per (token, head, pair).
         unsafe {
-            s.launch_builder(&self.rope)
-                .arg(&x)
-                .arg(&cs)
-                .arg(&t)
-                .arg(&h)
-                .arg(&d)
-                .arg(&r)
-                .arg(&nx)
-                .launch(cfg1(total, THREADS))
+            launch(
+                s,
+                &self.rope,
+                "rope",
+                cfg1(total, THREADS),
+                &[
+                    Addr(x),
+                    Addr(cs),
+                    Int(n_tok as i32),
+                    Int(n_heads as i32),
+                    Int(head_dim as i32),
+                    Int(n_rot as i32),
+                    Int(neox as i32),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("rope", e))
     }
 
     /// The 64-wide Walsh-Hadamard rotation of every chunk of x (`values` a multiple of 64).
@@ -314,13 +359,14 @@ impl Kernels {
         // SAFETY: hadamard_64(float *x, long long n_chunks); one warp per chunk, 8 warps per
         // block (HAD_WARPS_MAX is 32).
         unsafe {
-            s.launch_builder(&self.hadamard)
-                .arg(&x)
-                .arg(&chunks)
-                .launch(cfg1(chunks as usize * 32, THREADS))
+            launch(
+                s,
+                &self.hadamard,
+                "hadamard_64",
+                cfg1(chunks as usize * 32, THREADS),
+                &[Addr(x), Long(chunks)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("hadamard_64", e))
     }
 
     /// gate <- act(gate) * up over n values.
@@ -337,18 +383,17 @@ impl Kernels {
             Activation::GeluTanh => (&self.gelu_mul, "gelu_mul"),
             Activation::SwigluOai => (&self.swiglu_oai_mul, "swiglu_oai_mul"),
         };
-        let n64 = n as i64;
         // SAFETY: silu_mul / gelu_mul / swiglu_oai_mul(float *gate, const float *up,
         // long long n).
         unsafe {
-            s.launch_builder(f)
-                .arg(&gate)
-                .arg(&up)
-                .arg(&n64)
-                .launch(cfg1(n, THREADS))
+            launch(
+                s,
+                f,
+                name,
+                cfg1(n, THREADS),
+                &[Addr(gate), Addr(up), Long(n as i64)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err(name, e))
     }
 
     /// x += y * scale over n values.
@@ -360,18 +405,16 @@ impl Kernels {
         scale: f32,
         n: usize,
     ) -> Result<(), String> {
-        let n64 = n as i64;
         // SAFETY: add_scaled(float *x, const float *y, float s, long long n).
         unsafe {
-            s.launch_builder(&self.add_scaled)
-                .arg(&x)
-                .arg(&y)
-                .arg(&scale)
-                .arg(&n64)
-                .launch(cfg1(n, THREADS))
+            launch(
+                s,
+                &self.add_scaled,
+                "add_scaled",
+                cfg1(n, THREADS),
+                &[Addr(x), Addr(y), Float(scale), Long(n as i64)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("add_scaled", e))
     }
 
     /// Every `cols`-wide row of x (n values in all) += b.
@@ -383,18 +426,16 @@ impl Kernels {
         n: usize,
         cols: usize,
     ) -> Result<(), String> {
-        let (n64, c) = (n as i64, cols as i32);
         // SAFETY: add_bias(float *x, const float *b, long long n, int cols).
         unsafe {
-            s.launch_builder(&self.add_bias)
-                .arg(&x)
-                .arg(&b)
-                .arg(&n64)
-                .arg(&c)
-                .launch(cfg1(n, THREADS))
+            launch(
+                s,
+                &self.add_bias,
+                "add_bias",
+                cfg1(n, THREADS),
+                &[Addr(x), Addr(b), Long(n as i64), Int(cols as i32)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("add_bias", e))
     }
 
     /// x <- x * v (`softcap`: cap * tanh(x / cap), with v the cap) over n values.
@@ -411,17 +452,16 @@ impl Kernels {
         } else {
             (&self.scale, "scale")
         };
-        let n64 = n as i64;
         // SAFETY: scale / softcap(float *x, float v, long long n).
         unsafe {
-            s.launch_builder(f)
-                .arg(&x)
-                .arg(&v)
-                .arg(&n64)
-                .launch(cfg1(n, THREADS))
+            launch(
+                s,
+                f,
+                name,
+                cfg1(n, THREADS),
+                &[Addr(x), Float(v), Long(n as i64)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err(name, e))
     }
 
     /// out (n_tok x cols) <- rows tokens[t] of the embedding table w (type ty), times `scale`.
@@ -437,26 +477,29 @@ impl Kernels {
         out: Ptr,
         n_tok: usize,
     ) -> Result<(), String> {
-        let (t, rb, c) = (ty.id() as i32, row_bytes as i64, cols as i32);
         // SAFETY: embed(const u8 *w, int ty, long long row_bytes, int cols, const int *tokens,
         // float scale, float *out); grid (ceil(cols / block), n_tok).
         unsafe {
-            s.launch_builder(&self.embed)
-                .arg(&w)
-                .arg(&t)
-                .arg(&rb)
-                .arg(&c)
-                .arg(&tokens)
-                .arg(&scale)
-                .arg(&out)
-                .launch(LaunchConfig {
+            launch(
+                s,
+                &self.embed,
+                "embed",
+                LaunchConfig {
                     grid_dim: (cols.div_ceil(THREADS) as u32, n_tok as u32, 1),
                     block_dim: (THREADS as u32, 1, 1),
                     shared_mem_bytes: 0,
-                })
+                },
+                &[
+                    Addr(w),
+                    Int(ty.id() as i32),
+                    Long(row_bytes as i64),
+                    Int(cols as i32),
+                    Addr(tokens),
+                    Float(scale),
+                    Addr(out),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("embed", e))
     }
 
     /// Writes n_tok tokens' K and V rows (n_tok x kv_heads x head_dim each) into their slots.
@@ -476,28 +519,31 @@ impl Kernels {
         kv_type: KvType,
     ) -> Result<(), String> {
         let warps = n_tok * 2 * kv_heads * (head_dim / 32);
-        let args = [n_tok, layer, blocks, kv_heads, head_dim, block_size].map(|v| v as i32);
         let kt = kv_type_id(kv_type);
         // SAFETY: kv_append(const float *k, const float *v, const int *slots, int n_tok,
         // u8 *pages, int layer, int blocks, int kv_heads, int head_dim, int block_size,
         // int kv_type); one warp per (token, part, head, 32 values).
         unsafe {
-            s.launch_builder(&self.kv_append)
-                .arg(&k)
-                .arg(&v)
-                .arg(&slots)
-                .arg(&args[0])
-                .arg(&pages)
-                .arg(&args[1])
-                .arg(&args[2])
-                .arg(&args[3])
-                .arg(&args[4])
-                .arg(&args[5])
-                .arg(&kt)
-                .launch(cfg1(warps * 32, THREADS))
+            launch(
+                s,
+                &self.kv_append,
+                "kv_append",
+                cfg1(warps * 32, THREADS),
+                &[
+                    Addr(k),
+                    Addr(v),
+                    Addr(slots),
+                    Int(n_tok as i32),
+                    Addr(pages),
+                    Int(layer as i32),
+                    Int(blocks as i32),
+                    Int(kv_heads as i32),
+                    Int(head_dim as i32),
+                    Int(block_size as i32),
+                    Int(kt),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("kv_append", e))
     }
 
     /// Copies every layer's rows of block src to block dst.
@@ -511,27 +557,24 @@ impl Kernels {
         src: usize,
         dst: usize,
     ) -> Result<(), String> {
-        let (l, b, sp, sr, d) = (
-            layers as i32,
-            blocks as i32,
-            span as i64,
-            src as i32,
-            dst as i32,
-        );
         // SAFETY: kv_copy_block(u8 *pages, int layers, int blocks, long long span, int src,
         // int dst); one thread per 16-bit word per layer.
         unsafe {
-            s.launch_builder(&self.kv_copy)
-                .arg(&pages)
-                .arg(&l)
-                .arg(&b)
-                .arg(&sp)
-                .arg(&sr)
-                .arg(&d)
-                .launch(cfg1(layers * span / 2, THREADS))
+            launch(
+                s,
+                &self.kv_copy,
+                "kv_copy_block",
+                cfg1(layers * span / 2, THREADS),
+                &[
+                    Addr(pages),
+                    Int(layers as i32),
+                    Int(blocks as i32),
+                    Long(span as i64),
+                    Int(src as i32),
+                    Int(dst as i32),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("kv_copy_block", e))
     }
 
     /// out (n_tok x n_head x head_dim) <- causal attention of q over the paged K/V, each token
@@ -556,35 +599,38 @@ impl Kernels {
         window: usize,
         sinks: Ptr,
     ) -> Result<(), String> {
-        let a = [layer, blocks, n_head, kv_heads, block_size, window].map(|v| v as i32);
         // SAFETY: attention_*(const float *q, float *out, const u8 *pages,
         // const int *block_tables, const int *table_offsets, const int *positions, int layer,
         // int blocks, int n_head, int kv_heads, int block_size, float scale, int window,
         // const float *sinks); one block of 32 * ATT_WARPS threads per (token, KV head).
         unsafe {
-            s.launch_builder(&self.attention)
-                .arg(&q)
-                .arg(&out)
-                .arg(&pages)
-                .arg(&tables)
-                .arg(&table_offsets)
-                .arg(&positions)
-                .arg(&a[0])
-                .arg(&a[1])
-                .arg(&a[2])
-                .arg(&a[3])
-                .arg(&a[4])
-                .arg(&scale)
-                .arg(&a[5])
-                .arg(&sinks)
-                .launch(LaunchConfig {
+            launch(
+                s,
+                &self.attention,
+                "attention",
+                LaunchConfig {
                     grid_dim: ((n_tok * kv_heads) as u32, 1, 1),
                     block_dim: (ATT_THREADS as u32, 1, 1),
                     shared_mem_bytes: 0,
-                })
+                },
+                &[
+                    Addr(q),
+                    Addr(out),
+                    Addr(pages),
+                    Addr(tables),
+                    Addr(table_offsets),
+                    Addr(positions),
+                    Int(layer as i32),
+                    Int(blocks as i32),
+                    Int(n_head as i32),
+                    Int(kv_heads as i32),
+                    Int(block_size as i32),
+                    Float(scale),
+                    Int(window as i32),
+                    Addr(sinks),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("attention", e))
     }
 
     /// y (n_tok x n_expert) <- the f32 router w (n_expert x cols) times x (n_tok x cols).
@@ -598,21 +644,24 @@ impl Kernels {
         cols: usize,
         n_tok: usize,
     ) -> Result<(), String> {
-        let (e, c, t) = (n_expert as i32, cols as i32, n_tok as i32);
         // SAFETY: moe_router_f32(const float *w, const float *x, float *y, int n_expert,
         // int cols, int n_tok); one warp per (token, expert), ROUTER_WARPS per block.
         unsafe {
-            s.launch_builder(&self.moe_router_f32)
-                .arg(&w)
-                .arg(&x)
-                .arg(&y)
-                .arg(&e)
-                .arg(&c)
-                .arg(&t)
-                .launch(cfg1(n_tok * n_expert * 32, 32 * ROUTER_WARPS))
+            launch(
+                s,
+                &self.moe_router_f32,
+                "moe_router_f32",
+                cfg1(n_tok * n_expert * 32, 32 * ROUTER_WARPS),
+                &[
+                    Addr(w),
+                    Addr(x),
+                    Addr(y),
+                    Int(n_expert as i32),
+                    Int(cols as i32),
+                    Int(n_tok as i32),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("moe_router_f32", e))
     }
 
     /// ids, wts (n_tok x routing.used) <- each token's picks from its router logits
@@ -627,30 +676,32 @@ impl Kernels {
         wts: Ptr,
         n_tok: usize,
     ) -> Result<(), String> {
-        let (e, k, t) = (n_expert as i32, routing.used as i32, n_tok as i32);
         // moe.cu GATING_SOFTMAX_THEN_TOP_K / GATING_TOP_K_THEN_SOFTMAX.
         let gating = match routing.gating {
             Gating::SoftmaxThenTopK => 0i32,
             Gating::TopKThenSoftmax => 1,
         };
-        let normalize = routing.normalize as i32;
         // SAFETY: moe_route(const float *logits, int n_expert, int used, int gating,
         // int normalize, float scale, int *ids, float *wts, int n_tok); one thread per token.
         unsafe {
-            s.launch_builder(&self.moe_route)
-                .arg(&logits)
-                .arg(&e)
-                .arg(&k)
-                .arg(&gating)
-                .arg(&normalize)
-                .arg(&routing.scale)
-                .arg(&ids)
-                .arg(&wts)
-                .arg(&t)
-                .launch(cfg1(n_tok, 64))
+            launch(
+                s,
+                &self.moe_route,
+                "moe_route",
+                cfg1(n_tok, 64),
+                &[
+                    Addr(logits),
+                    Int(n_expert as i32),
+                    Int(routing.used as i32),
+                    Int(gating),
+                    Int(routing.normalize as i32),
+                    Float(routing.scale),
+                    Addr(ids),
+                    Addr(wts),
+                    Int(n_tok as i32),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("moe_route", e))
     }
 
     /// y (pairs x rows) <- for each pair p, expert ids[p]'s matrix (type `ty`, rows x cols,
@@ -680,29 +731,27 @@ impl Kernels {
                 "{pairs} expert pairs in one step (at most {MOE_MAX_PAIRS})"
             ));
         }
-        let (eb, div, r, c) = (
-            expert_bytes as i64,
-            act_div as i32,
-            rows as i32,
-            cols as i32,
-        );
         // SAFETY: moe_gemv_*(const u8 *w, long long expert_bytes, const int *ids,
         // const u8 *act, int act_div, float *y, int rows, int cols); grid (row blocks, pairs),
         // pairs checked above; the ids come from moe_route, below the expert count.
         unsafe {
-            s.launch_builder(f)
-                .arg(&w)
-                .arg(&eb)
-                .arg(&ids)
-                .arg(&act)
-                .arg(&div)
-                .arg(&y)
-                .arg(&r)
-                .arg(&c)
-                .launch(moe_gemv_config(rows, pairs))
+            launch(
+                s,
+                f,
+                "moe_gemv",
+                moe_gemv_config(rows, pairs),
+                &[
+                    Addr(w),
+                    Long(expert_bytes as i64),
+                    Addr(ids),
+                    Addr(act),
+                    Int(act_div as i32),
+                    Addr(y),
+                    Int(rows as i32),
+                    Int(cols as i32),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("moe_gemv", e))
     }
 
     /// Each pair's row of x (pairs x cols) += row ids[pair] of b (n_expert x cols).
@@ -715,20 +764,23 @@ impl Kernels {
         pairs: usize,
         cols: usize,
     ) -> Result<(), String> {
-        let (n, c) = ((pairs * cols) as i64, cols as i32);
         // SAFETY: moe_add_bias(float *x, const float *b, const int *ids, long long n,
         // int cols); one thread per value.
         unsafe {
-            s.launch_builder(&self.moe_add_bias)
-                .arg(&x)
-                .arg(&b)
-                .arg(&ids)
-                .arg(&n)
-                .arg(&c)
-                .launch(cfg1(pairs * cols, THREADS))
+            launch(
+                s,
+                &self.moe_add_bias,
+                "moe_add_bias",
+                cfg1(pairs * cols, THREADS),
+                &[
+                    Addr(x),
+                    Addr(b),
+                    Addr(ids),
+                    Long((pairs * cols) as i64),
+                    Int(cols as i32),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("moe_add_bias", e))
     }
 
     /// out (n_tok x cols) <- each token's pair rows of y weighted by wts and summed in order.
@@ -742,21 +794,24 @@ impl Kernels {
         cols: usize,
         n_tok: usize,
     ) -> Result<(), String> {
-        let (k, c, n) = (used as i32, cols as i32, (n_tok * cols) as i64);
         // SAFETY: moe_combine(const float *y, const float *wts, float *out, int used,
         // int cols, long long n); one thread per value of out.
         unsafe {
-            s.launch_builder(&self.moe_combine)
-                .arg(&y)
-                .arg(&wts)
-                .arg(&out)
-                .arg(&k)
-                .arg(&c)
-                .arg(&n)
-                .launch(cfg1(n_tok * cols, THREADS))
+            launch(
+                s,
+                &self.moe_combine,
+                "moe_combine",
+                cfg1(n_tok * cols, THREADS),
+                &[
+                    Addr(y),
+                    Addr(wts),
+                    Addr(out),
+                    Int(used as i32),
+                    Int(cols as i32),
+                    Long((n_tok * cols) as i64),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("moe_combine", e))
     }
 
     /// c <- c * conv(b * x) per channel (n channels), each sequence's causal convolution over
@@ -770,33 +825,24 @@ impl Kernels {
         taps: usize,
         n: usize,
     ) -> Result<(), String> {
-        let (sf, off, t, n32) = (
-            st.slot_floats as i64,
-            st.offset as i64,
-            taps as i32,
-            n as i32,
-        );
         // SAFETY: short_conv(const float *b, const float *x, float *c, float *states,
         // long long slot_floats, long long state_off, const int *seqs, const int *saves,
         // const float *kernel, int taps, int n); grid (ceil(n / CONV_THREADS), sequences).
         // The step's slots were checked against the pool's.
         unsafe {
-            s.launch_builder(&self.short_conv)
-                .arg(&b)
-                .arg(&x)
-                .arg(&c)
-                .arg(&st.states)
-                .arg(&sf)
-                .arg(&off)
-                .arg(&st.seqs)
-                .arg(&st.saves)
-                .arg(&kernel)
-                .arg(&t)
-                .arg(&n32)
-                .launch(conv_config(n, st.count))
+            launch(
+                s,
+                &self.short_conv,
+                "short_conv",
+                conv_config(n, st.count),
+                &[
+                    &[Addr(b), Addr(x), Addr(c)][..],
+                    &st.args(),
+                    &[Addr(kernel), Int(taps as i32), Int(n as i32)],
+                ]
+                .concat(),
+            )
         }
-        .map(drop)
-        .map_err(|e| err("short_conv", e))
     }
 
     /// mix <- SiLU of each sequence's causal convolution of its n channels over its state
@@ -810,30 +856,23 @@ impl Kernels {
         taps: usize,
         n: usize,
     ) -> Result<(), String> {
-        let (sf, off, t, n32) = (
-            st.slot_floats as i64,
-            st.offset as i64,
-            taps as i32,
-            n as i32,
-        );
         // SAFETY: conv_silu(float *mix, float *states, long long slot_floats,
         // long long state_off, const int *seqs, const int *saves, const float *kernel,
         // int taps, int n); grid (ceil(n / CONV_THREADS), sequences).
         unsafe {
-            s.launch_builder(&self.conv_silu)
-                .arg(&mix)
-                .arg(&st.states)
-                .arg(&sf)
-                .arg(&off)
-                .arg(&st.seqs)
-                .arg(&st.saves)
-                .arg(&kernel)
-                .arg(&t)
-                .arg(&n32)
-                .launch(conv_config(n, st.count))
+            launch(
+                s,
+                &self.conv_silu,
+                "conv_silu",
+                conv_config(n, st.count),
+                &[
+                    &[Addr(mix)][..],
+                    &st.args(),
+                    &[Addr(kernel), Int(taps as i32), Int(n as i32)],
+                ]
+                .concat(),
+            )
         }
-        .map(drop)
-        .map_err(|e| err("conv_silu", e))
     }
 
     /// The first `heads` heads (of `hd`) of every `stride`-wide row of x L2-normalised.
@@ -845,21 +884,24 @@ impl Kernels {
         eps: f32,
         rows: usize,
     ) -> Result<(), String> {
-        let (st, h, d, r) = (stride as i32, heads as i32, hd as i32, rows as i64);
         // SAFETY: l2_norm_heads(float *x, int stride, int heads, int hd, float eps,
         // long long rows); one warp per (row, head).
         unsafe {
-            s.launch_builder(&self.l2_norm_heads)
-                .arg(&x)
-                .arg(&st)
-                .arg(&h)
-                .arg(&d)
-                .arg(&eps)
-                .arg(&r)
-                .launch(cfg1(rows * heads * 32, THREADS))
+            launch(
+                s,
+                &self.l2_norm_heads,
+                "l2_norm_heads",
+                cfg1(rows * heads * 32, THREADS),
+                &[
+                    Addr(x),
+                    Int(stride as i32),
+                    Int(heads as i32),
+                    Int(hd as i32),
+                    Float(eps),
+                    Long(rows as i64),
+                ],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("l2_norm_heads", e))
     }
 
     /// The gated delta rule of every sequence's span and value head, carried in the state
@@ -876,42 +918,39 @@ impl Kernels {
             .find(|(d, _)| *d == p.head_dim)
             .ok_or_else(|| format!("no delta_rule kernel for heads of {}", p.head_dim))?
             .1;
-        let (kh, vh, sf, off) = (
-            p.k_heads as i32,
-            p.v_heads as i32,
-            st.slot_floats as i64,
-            st.offset as i64,
-        );
         // SAFETY: delta_rule_d*(const float *mix, const float *beta, const float *alpha,
         // float *z, const float *dt_bias, const float *a, const float *norm, float eps,
         // int k_heads, int v_heads, float *states, long long slot_floats, long long state_off,
         // const int *seqs, const int *saves); grid (v_heads, sequences), head_dim / DN_ROWS
         // warps.
         unsafe {
-            s.launch_builder(f)
-                .arg(&p.mix)
-                .arg(&p.beta)
-                .arg(&p.alpha)
-                .arg(&p.z)
-                .arg(&p.dt_bias)
-                .arg(&p.a)
-                .arg(&p.norm)
-                .arg(&p.eps)
-                .arg(&kh)
-                .arg(&vh)
-                .arg(&st.states)
-                .arg(&sf)
-                .arg(&off)
-                .arg(&st.seqs)
-                .arg(&st.saves)
-                .launch(LaunchConfig {
+            launch(
+                s,
+                f,
+                "delta_rule",
+                LaunchConfig {
                     grid_dim: (p.v_heads as u32, st.count as u32, 1),
                     block_dim: ((p.head_dim / DN_ROWS * 32) as u32, 1, 1),
                     shared_mem_bytes: 0,
-                })
+                },
+                &[
+                    &[
+                        Addr(p.mix),
+                        Addr(p.beta),
+                        Addr(p.alpha),
+                        Addr(p.z),
+                        Addr(p.dt_bias),
+                        Addr(p.a),
+                        Addr(p.norm),
+                        Float(p.eps),
+                        Int(p.k_heads as i32),
+                        Int(p.v_heads as i32),
+                    ][..],
+                    &st.args(),
+                ]
+                .concat(),
+            )
         }
-        .map(drop)
-        .map_err(|e| err("delta_rule", e))
     }
 
     /// q (n values) <- the query halves of mix's packed query and gate heads of `hd`
@@ -930,21 +969,19 @@ impl Kernels {
         } else {
             (&self.split_query, "split_query")
         };
-        let (d, n64) = (hd as i32, n as i64);
+        let (first, second) = if gate { (out, mix) } else { (mix, out) };
         // SAFETY: split_query(const float *mix, float *q, int hd, long long n) and
         // output_gate(float *attn, const float *mix, int hd, long long n): one thread per
         // value of q / attn.
         unsafe {
-            let mut b = s.launch_builder(f);
-            if gate {
-                b.arg(&out).arg(&mix);
-            } else {
-                b.arg(&mix).arg(&out);
-            }
-            b.arg(&d).arg(&n64).launch(cfg1(n, THREADS))
+            launch(
+                s,
+                f,
+                name,
+                cfg1(n, THREADS),
+                &[Addr(first), Addr(second), Int(hd as i32), Long(n as i64)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err(name, e))
     }
 
     /// out[r] <- argmax of logits row r (rows x n).
@@ -956,17 +993,16 @@ impl Kernels {
         out: Ptr,
         rows: usize,
     ) -> Result<(), String> {
-        let n = n as i32;
         // SAFETY: argmax_rows(const float *logits, int n, u32 *out); one block per row.
         unsafe {
-            s.launch_builder(&self.argmax)
-                .arg(&logits)
-                .arg(&n)
-                .arg(&out)
-                .launch(argmax_config(rows))
+            launch(
+                s,
+                &self.argmax,
+                "argmax_rows",
+                argmax_config(rows),
+                &[Addr(logits), Int(n as i32), Addr(out)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("argmax_rows", e))
     }
 
     /// out[r] <- a token drawn from row r with the parameters params[r] (SampleRow layout).
@@ -979,19 +1015,17 @@ impl Kernels {
         out: Ptr,
         rows: usize,
     ) -> Result<(), String> {
-        let n = n as i32;
         // SAFETY: sample_rows(const float *logits, int n, const SampleRow *params, u32 *out);
         // one block per row.
         unsafe {
-            s.launch_builder(&self.sample)
-                .arg(&logits)
-                .arg(&n)
-                .arg(&params)
-                .arg(&out)
-                .launch(sample_config(rows))
+            launch(
+                s,
+                &self.sample,
+                "sample_rows",
+                sample_config(rows),
+                &[Addr(logits), Int(n as i32), Addr(params), Addr(out)],
+            )
         }
-        .map(drop)
-        .map_err(|e| err("sample_rows", e))
     }
 }
 

@@ -4,7 +4,7 @@
 use super::{human, Check, Context};
 use crate::cli::ComputeArgs;
 use crate::commands::{engine_config, init_threads, kv_bytes_for};
-use edgelm::engine::{Engine, EngineConfig, Event, GenParams, SamplingParams};
+use edgelm::engine::{Engine, EngineConfig, EngineHandle, Event, GenParams, SamplingParams};
 use edgelm::gguf::GgufFile;
 use edgelm::kv::plan::KvPlan;
 use edgelm::model::{Model, ModelConfig};
@@ -377,38 +377,13 @@ fn generate(ctx: &Context, mut c: Check) -> anyhow::Result<Check> {
         ..engine_config(&compute)
     };
     let (engine, thread) = Engine::start(model.clone(), tok.eog_tokens().to_vec(), config)?;
-    let params = GenParams {
-        max_tokens: SELF_TEST_TOKENS,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        },
-        ignore_eos: true,
-        ..Default::default()
-    };
     let t_submit = Instant::now();
-    let result = (|| -> anyhow::Result<(usize, Option<Instant>, Vec<u32>)> {
-        let (_, events) = engine.submit(ids.clone(), params)?;
-        let (mut n, mut first, mut out) = (0usize, None, Vec::new());
-        for event in events {
-            match event {
-                Event::Token { token, .. } => {
-                    first.get_or_insert_with(Instant::now);
-                    n += 1;
-                    out.push(token);
-                }
-                Event::Finished { .. } => break,
-                Event::Error(e) => anyhow::bail!("{e}"),
-                // Generation requests get no embeddings.
-                Event::PromptLogprobs(_) | Event::Embedding { .. } => {}
-            }
-        }
-        Ok((n, first, out))
-    })();
+    let result = greedy_tokens(&engine, ids.clone());
     let done = Instant::now();
     engine.shutdown();
     let _ = thread.join();
-    let (n, first, out) = result?;
+    let (first, out) = result?;
+    let n = out.len();
     let Some(first) = first else {
         anyhow::bail!("no token was generated");
     };
@@ -437,6 +412,38 @@ fn generate(ctx: &Context, mut c: Check) -> anyhow::Result<Check> {
         "{n} tokens greedy, TTFT {:.0} ms, {tps:.1} tok/s decode ({threads} threads, load {load_s:.2} s)",
         ttft * 1000.0
     )))
+}
+
+/// [`SELF_TEST_TOKENS`] tokens generated greedily after `ids` (end-of-generation ignored), and
+/// when the first of them came.
+fn greedy_tokens(
+    engine: &EngineHandle,
+    ids: Vec<u32>,
+) -> anyhow::Result<(Option<Instant>, Vec<u32>)> {
+    let params = GenParams {
+        max_tokens: SELF_TEST_TOKENS,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let (_, events) = engine.submit(ids, params)?;
+    let (mut first, mut out) = (None, Vec::new());
+    for event in events {
+        match event {
+            Event::Token { token, .. } => {
+                first.get_or_insert_with(Instant::now);
+                out.push(token);
+            }
+            Event::Finished { .. } => break,
+            Event::Error(e) => anyhow::bail!("{e}"),
+            // Generation requests get no embeddings.
+            Event::PromptLogprobs(_) | Event::Embedding { .. } => {}
+        }
+    }
+    Ok((first, out))
 }
 
 #[cfg(test)]

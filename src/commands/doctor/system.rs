@@ -288,25 +288,9 @@ pub fn gpu(ctx: &Context) -> Check {
     let driver = std::fs::read_to_string("/proc/driver/nvidia/version")
         .ok()
         .and_then(|s| s.lines().next().map(|l| l.trim().to_owned()));
-    let mut devices: Vec<String> = std::fs::read_dir("/dev")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("nvidia") || n == "nvgpu" || n.starts_with("nvhost-gpu"))
-                .collect()
-        })
-        .unwrap_or_default();
-    devices.sort();
+    let devices = nvidia_device_nodes();
     let jetson = is_jetson();
-    let smi = run_with_timeout(
-        "nvidia-smi",
-        &[
-            "--query-gpu=name,driver_version,memory.total,memory.free,compute_cap",
-            "--format=csv,noheader,nounits",
-        ],
-        Duration::from_secs(10),
-    );
-    let gpus: Vec<Value> = smi.as_deref().map(parse_nvidia_smi).unwrap_or_default();
+    let gpus = query_nvidia_smi();
     if let Some(d) = &driver {
         c.detail("driver", d.clone());
     }
@@ -326,28 +310,7 @@ pub fn gpu(ctx: &Context) -> Check {
             _ => c.pass(reason),
         };
     }
-    let mut parts = Vec::new();
-    if jetson {
-        parts.push("integrated (Jetson) GPU".to_owned());
-    }
-    for g in &gpus {
-        parts.push(format!(
-            "{} (sm {}, {} MiB free of {} MiB)",
-            g["name"].as_str().unwrap_or("?"),
-            g["compute_cap"].as_str().unwrap_or("?"),
-            g["memory_free_mib"],
-            g["memory_total_mib"],
-        ));
-    }
-    if let Some(v) = driver.as_deref().and_then(driver_version) {
-        parts.push(format!("driver {v}"));
-    } else if let Some(v) = gpus.first().and_then(|g| g["driver_version"].as_str()) {
-        parts.push(format!("driver {v}"));
-    }
-    if parts.is_empty() {
-        parts.push(format!("NVIDIA device nodes: {}", devices.join(" ")));
-    }
-    let reason = parts.join("; ");
+    let reason = gpu_summary(jetson, &gpus, driver.as_deref(), &devices);
     if backend != "cpu" && !cfg!(feature = "cuda") {
         return c.warn(
             reason,
@@ -361,6 +324,61 @@ pub fn gpu(ctx: &Context) -> Check {
         );
     }
     c.pass(reason)
+}
+
+/// The NVIDIA device nodes under /dev (a discrete GPU's `nvidia*`, a Jetson's `nvgpu` or
+/// `nvhost-gpu`), sorted.
+fn nvidia_device_nodes() -> Vec<String> {
+    let mut devices: Vec<String> = std::fs::read_dir("/dev")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("nvidia") || n == "nvgpu" || n.starts_with("nvhost-gpu"))
+                .collect()
+        })
+        .unwrap_or_default();
+    devices.sort();
+    devices
+}
+
+/// Each GPU `nvidia-smi` lists (none without it, or when it does not answer in 10 s).
+fn query_nvidia_smi() -> Vec<Value> {
+    let smi = run_with_timeout(
+        "nvidia-smi",
+        &[
+            "--query-gpu=name,driver_version,memory.total,memory.free,compute_cap",
+            "--format=csv,noheader,nounits",
+        ],
+        Duration::from_secs(10),
+    );
+    smi.as_deref().map(parse_nvidia_smi).unwrap_or_default()
+}
+
+/// The GPUs found, in one line: the integrated one, each `nvidia-smi` lists, the driver's
+/// version; the device nodes when nothing else tells.
+fn gpu_summary(jetson: bool, gpus: &[Value], driver: Option<&str>, devices: &[String]) -> String {
+    let mut parts = Vec::new();
+    if jetson {
+        parts.push("integrated (Jetson) GPU".to_owned());
+    }
+    for g in gpus {
+        parts.push(format!(
+            "{} (sm {}, {} MiB free of {} MiB)",
+            g["name"].as_str().unwrap_or("?"),
+            g["compute_cap"].as_str().unwrap_or("?"),
+            g["memory_free_mib"],
+            g["memory_total_mib"],
+        ));
+    }
+    if let Some(v) = driver.and_then(driver_version) {
+        parts.push(format!("driver {v}"));
+    } else if let Some(v) = gpus.first().and_then(|g| g["driver_version"].as_str()) {
+        parts.push(format!("driver {v}"));
+    }
+    if parts.is_empty() {
+        parts.push(format!("NVIDIA device nodes: {}", devices.join(" ")));
+    }
+    parts.join("; ")
 }
 
 /// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar ..." -> "550.54.15".
@@ -491,6 +509,55 @@ fn cpufreq() -> Vec<Value> {
         .collect()
 }
 
+/// The CPU clocks `cpufreq` reports, in one line, and the governors in use (sorted, once each).
+fn clock_summary(clocks: &[Value]) -> (String, Vec<String>) {
+    let mut governors: Vec<String> = clocks
+        .iter()
+        .filter_map(|c| c["governor"].as_str().map(str::to_owned))
+        .collect();
+    governors.sort();
+    governors.dedup();
+    let cur: Vec<u64> = clocks
+        .iter()
+        .filter_map(|c| c["cur_mhz"].as_u64())
+        .collect();
+    let text = if cur.is_empty() {
+        "no cpufreq".to_owned()
+    } else {
+        format!(
+            "CPU clocks {}-{} MHz ({})",
+            cur.iter().min().unwrap_or(&0),
+            cur.iter().max().unwrap_or(&0),
+            governors.join("/")
+        )
+    };
+    (text, governors)
+}
+
+/// A Jetson's board, L4T release (from `release`, /etc/nv_tegra_release) and power mode, in
+/// one line and as details of `c`.
+fn jetson_board(c: &mut Check, release: Option<&str>) -> String {
+    let l4t = release
+        .and_then(parse_tegra_release)
+        .unwrap_or_else(|| "L4T release unknown".into());
+    let board = read_trim("/proc/device-tree/model").unwrap_or_else(|| "Jetson".into());
+    c.detail("l4t", l4t.clone());
+    c.detail("board", board.clone());
+    let mode = run_with_timeout("nvpmodel", &["-q"], Duration::from_secs(5)).and_then(|s| {
+        s.lines().find_map(|l| {
+            l.strip_prefix("NV Power Mode:")
+                .map(|m| m.trim().to_owned())
+        })
+    });
+    if let Some(m) = &mode {
+        c.detail("power_mode", m.clone());
+    }
+    format!(
+        "{board}, {l4t}, power mode {}",
+        mode.as_deref().unwrap_or("unknown (nvpmodel not found)")
+    )
+}
+
 pub fn jetson() -> Check {
     let mut c = Check::new("jetson");
     let zones = read_thermal_zones(Path::new("/sys/class/thermal"));
@@ -513,52 +580,13 @@ pub fn jetson() -> Check {
         ),
         None => "no thermal zones".to_owned(),
     };
-    let mut governors: Vec<String> = clocks
-        .iter()
-        .filter_map(|c| c["governor"].as_str().map(str::to_owned))
-        .collect();
-    governors.sort();
-    governors.dedup();
-    let cur: Vec<u64> = clocks
-        .iter()
-        .filter_map(|c| c["cur_mhz"].as_u64())
-        .collect();
-    let clock_text = if cur.is_empty() {
-        "no cpufreq".to_owned()
-    } else {
-        format!(
-            "CPU clocks {}-{} MHz ({})",
-            cur.iter().min().unwrap_or(&0),
-            cur.iter().max().unwrap_or(&0),
-            governors.join("/")
-        )
-    };
+    let (clock_text, governors) = clock_summary(&clocks);
     let release = std::fs::read_to_string("/etc/nv_tegra_release").ok();
     let jetson = release.is_some() || is_jetson();
     c.detail("is_jetson", jetson);
-    let mut reason = if jetson {
-        let l4t = release
-            .as_deref()
-            .and_then(parse_tegra_release)
-            .unwrap_or_else(|| "L4T release unknown".into());
-        let board = read_trim("/proc/device-tree/model").unwrap_or_else(|| "Jetson".into());
-        c.detail("l4t", l4t.clone());
-        c.detail("board", board.clone());
-        let mode = run_with_timeout("nvpmodel", &["-q"], Duration::from_secs(5)).and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("NV Power Mode:")
-                    .map(|m| m.trim().to_owned())
-            })
-        });
-        if let Some(m) = &mode {
-            c.detail("power_mode", m.clone());
-        }
-        format!(
-            "{board}, {l4t}, power mode {}",
-            mode.as_deref().unwrap_or("unknown (nvpmodel not found)")
-        )
-    } else {
-        "not a Jetson".to_owned()
+    let mut reason = match jetson {
+        true => jetson_board(&mut c, release.as_deref()),
+        false => "not a Jetson".to_owned(),
     };
     reason.push_str(&format!("; {thermal}; {clock_text}"));
     if let Some(z) = hottest.filter(|z| z.celsius >= HOT_CELSIUS) {

@@ -254,6 +254,36 @@ fn check_finish(finish: &str, used: usize, p: &Planned) -> Result<(), String> {
     }
 }
 
+/// Reads the stream's next line into `line`; false at its end.
+fn next_line(reader: &mut impl BufRead, line: &mut String) -> Result<bool, String> {
+    line.clear();
+    match reader.read_line(line) {
+        Ok(n) => Ok(n > 0),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err("timeout".into()),
+        Err(e) => Err(format!("io: {:?}", e.kind())),
+    }
+}
+
+/// The text a streamed chunk `v` carries in its first choice `choice`, once the chunk is
+/// checked to be the kind `endpoint` streams.
+fn chunk_text<'a>(
+    v: &Value,
+    choice: &'a Value,
+    endpoint: Endpoint,
+) -> Result<Option<&'a str>, String> {
+    let chunk_object = match endpoint {
+        Endpoint::Completions => "text_completion",
+        Endpoint::Chat => "chat.completion.chunk",
+    };
+    if v["object"] != chunk_object {
+        return Err(format!("malformed: chunk object is not {chunk_object}"));
+    }
+    Ok(match endpoint {
+        Endpoint::Completions => choice["text"].as_str(),
+        Endpoint::Chat => choice["delta"]["content"].as_str(),
+    })
+}
+
 fn read_stream(
     mut reader: impl BufRead,
     p: &Planned,
@@ -261,23 +291,10 @@ fn read_stream(
     rec: &mut Record,
     on_token: &mut impl FnMut(Instant) -> bool,
 ) -> Result<Outcome, String> {
-    let chunk_object = match p.endpoint {
-        Endpoint::Completions => "text_completion",
-        Endpoint::Chat => "chat.completion.chunk",
-    };
     let (mut chunks, mut finish, mut done) = (0usize, None::<String>, false);
     let mut last: Option<Instant> = None;
     let mut line = String::new();
-    loop {
-        line.clear();
-        let n = match reader.read_line(&mut line) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err("timeout".into()),
-            Err(e) => return Err(format!("io: {:?}", e.kind())),
-        };
-        if n == 0 {
-            break;
-        }
+    while next_line(&mut reader, &mut line)? {
         let Some(data) = line.trim_end().strip_prefix("data:") else {
             continue; // blank separators, comments, event names
         };
@@ -300,13 +317,7 @@ fn read_stream(
         let Some(choice) = v["choices"].get(0) else {
             continue; // the usage chunk
         };
-        if v["object"] != chunk_object {
-            return Err(format!("malformed: chunk object is not {chunk_object}"));
-        }
-        let text = match p.endpoint {
-            Endpoint::Completions => choice["text"].as_str(),
-            Endpoint::Chat => choice["delta"]["content"].as_str(),
-        };
+        let text = chunk_text(&v, choice, p.endpoint)?;
         if text.is_some_and(|s| !s.is_empty()) {
             let now = Instant::now();
             match last {

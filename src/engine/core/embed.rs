@@ -3,11 +3,10 @@
 //! (`Pooling`) and sent as one `Event::Embedding` once its last chunk ran; its sequence then
 //! goes at once, so it holds no KV pages after the step.
 
-use super::records::{RequestState, SeqRecord};
+use super::requests::RequestState;
 use super::Engine;
 use crate::engine::pooled::Pooled;
 use crate::engine::request::{Event, Request};
-use crate::engine::sampler::Sampler;
 use crate::engine::scheduler::ScheduledBatch;
 use crate::engine::sequence::{SeqId, Sequence};
 use crate::model::BatchMeta;
@@ -38,9 +37,7 @@ impl Engine {
         seq.arrived = req.submitted;
         seq.embed = true;
         seq.whole = self.encoder;
-        let mut rec = SeqRecord::new(req.id, Sampler::new(Default::default()), None);
-        rec.pooled = Some(Pooled::default());
-        self.seqs.insert(id, rec);
+        seq.pooled = Some(Pooled::default());
         self.sched.add(seq);
         self.local.prompt_tokens += len as u64;
         self.requests
@@ -61,7 +58,7 @@ impl Engine {
         let width = self.hidden_width;
         let mut row = 0;
         for span in &batch.spans {
-            let Some(s) = self.sched.get(span.seq).filter(|s| s.embed) else {
+            let Some(s) = self.sched.get_mut(span.seq).filter(|s| s.embed) else {
                 continue;
             };
             let rows = self.pooling.rows(span.start, span.len, s.prompt_len).len();
@@ -71,7 +68,7 @@ impl Engine {
                 return;
             };
             row += rows;
-            let Some(pooled) = self.seqs.get_mut(&span.seq).and_then(|r| r.pooled.as_mut()) else {
+            let Some(pooled) = s.pooled.as_mut() else {
                 continue;
             };
             pooled.add(taken, width, span.start == 0);
@@ -87,14 +84,11 @@ impl Engine {
         let Some(s) = self.sched.remove(seq) else {
             return;
         };
-        let Some(rec) = self.seqs.remove(&seq) else {
-            return;
-        };
-        let Some(st) = self.requests.remove(&rec.request) else {
+        let Some(st) = self.requests.remove(&s.request) else {
             return;
         };
         let exec = &self.exec;
-        let vector = rec
+        let vector = s
             .pooled
             .map(|p| p.finish(|v| exec.project_pooled(v)))
             .unwrap_or_default();

@@ -3,7 +3,6 @@
 //! drafts are kept or dropped, `n > 1` requests fork, and every token is emitted to its
 //! request with the stops and limits applied one token at a time.
 
-use super::records::SeqRecord;
 use super::{Engine, Readout};
 use crate::backend::batch::StepOutput;
 use crate::engine::prompt_lookup;
@@ -53,16 +52,14 @@ impl Engine {
             }
             let token = tokens[row];
             row += 1;
-            let Some(s) = self.sched.get(span.seq) else {
+            let Some(s) = self.sched.get_mut(span.seq) else {
                 continue;
             };
             if s.num_computed != s.tokens.len() {
                 continue;
             }
             if drawn {
-                if let Some(rec) = self.seqs.get_mut(&span.seq) {
-                    rec.sampler.skip_draw();
-                }
+                s.sampler.skip_draw();
             }
             self.sample_for(span.seq, Pick::Token(token));
         }
@@ -122,19 +119,18 @@ impl Engine {
             self.sched.accept_computed(seq, 1);
         }
         self.local.accepted_draft_tokens += accepted as u64;
-        if let Some(rec) = self.seqs.get_mut(&seq) {
-            rec.draft_cap = prompt_lookup::next_cap(draft.len(), accepted, self.prompt_lookup);
+        if let Some(s) = self.sched.get_mut(seq) {
+            s.draft_cap = prompt_lookup::next_cap(draft.len(), accepted, self.prompt_lookup);
         }
     }
 
     fn collect_prompt_logprobs(&mut self, seq: SeqId, start: usize, len: usize, rows: &[f32]) {
         let vocab = self.vocab_size;
-        let Some(rid) = self.seqs.get(&seq).map(|r| r.request) else {
-            return;
-        };
         let Some(s) = self.sched.get(seq) else { return };
-        let tokens = s.tokens.clone();
-        let st = self.requests.get_mut(&rid).expect("request of a live seq");
+        let st = self
+            .requests
+            .get_mut(&s.request)
+            .expect("request of a live seq");
         let top_n = st.params.prompt_logprobs.unwrap_or(0);
         if start == 0 {
             st.prompt_logprobs = vec![None];
@@ -146,7 +142,7 @@ impl Engine {
             }
             st.prompt_logprobs.push(Some(token_logprob(
                 &rows[j * vocab..(j + 1) * vocab],
-                tokens[pos],
+                s.tokens[pos],
                 top_n,
             )));
         }
@@ -158,30 +154,24 @@ impl Engine {
 
     /// The sequence's last position has logits: fork if asked, then sample.
     fn on_logits(&mut self, seq: SeqId, logits: &[f32]) {
-        let rid = self.seqs[&seq].request;
-        let forks = self.sched.get(seq).map_or(0, |s| s.forks_pending);
+        let parent = self.sched.get_mut(seq).expect("live");
+        let rid = parent.request;
+        let forks = std::mem::take(&mut parent.forks_pending);
         let mut targets = vec![seq];
         if forks > 0 {
-            let parent = self.sched.get_mut(seq).expect("live").clone();
-            self.sched.get_mut(seq).expect("live").forks_pending = 0;
             let params = self.requests[&rid].params.sampling.clone();
-            // The forks start where the parent stands: at the end of the prompt.
-            let constraint = self.seqs[&seq].constraint.clone();
             for i in 1..=forks {
                 let id = self.next_seq;
                 self.next_seq += 1;
-                let child = Sequence {
-                    id,
-                    index: i,
-                    forks_pending: 0,
-                    blocks: Default::default(),
-                    ..parent.clone()
-                };
-                self.sched.add_fork(seq, child);
                 let mut p = params.clone();
                 p.seed = p.seed.map(|s| s.wrapping_add(i as u64));
-                let rec = SeqRecord::new(rid, Sampler::new(p), constraint.clone());
-                self.seqs.insert(id, rec);
+                // The forks start where the parent stands: at the end of the prompt.
+                let child = self
+                    .sched
+                    .get(seq)
+                    .expect("live")
+                    .fork(id, i, Sampler::new(p));
+                self.sched.add_fork(seq, child);
                 let st = self.requests.get_mut(&rid).expect("live");
                 st.seqs.push(id);
                 st.live += 1;
@@ -196,7 +186,7 @@ impl Engine {
     /// Chooses `seq`'s next token from `pick` and emits it; a stop token, a complete grammar
     /// or a length limit then ends the sequence.
     fn sample_for(&mut self, seq: SeqId, pick: Pick<'_>) {
-        let rid = self.seqs[&seq].request;
+        let rid = self.sched.get(seq).expect("live").request;
         let now = Instant::now();
         if self.requests[&rid].params.max_tokens == 0 {
             // Scoring only (echo with max_tokens 0): the prompt logprobs were the answer.
@@ -222,7 +212,7 @@ impl Engine {
         });
         // The grammar follows the token; a complete output ends the sequence.
         let mut grammar_done = false;
-        if let Some(c) = self.seqs.get_mut(&seq).and_then(|r| r.constraint.as_mut()) {
+        if let Some(c) = self.sched.get_mut(seq).and_then(|s| s.constraint.as_mut()) {
             if let Err(e) = c.accept(token) {
                 return self.fail_grammar(seq, &e);
             }
@@ -256,11 +246,11 @@ impl Engine {
             return Ok(pick);
         };
         let wants_logprobs = self.requests[&rid].params.logprobs.is_some();
-        let SeqRecord {
+        let Sequence {
             constraint: Some(c),
             mask,
             ..
-        } = self.seqs.get_mut(&seq).expect("live")
+        } = self.sched.get_mut(seq).expect("live")
         else {
             return Ok(pick);
         };
@@ -283,12 +273,11 @@ impl Engine {
 
     /// The token `pick` stands for: drawn by the sequence's sampler, or already chosen.
     fn draw(&mut self, seq: SeqId, pick: Pick<'_>) -> u32 {
-        let s = self.sched.get(seq).expect("live");
+        let s = self.sched.get_mut(seq).expect("live");
         let history = &s.tokens[s.prompt_len..];
-        let sampler = &mut self.seqs.get_mut(&seq).expect("live").sampler;
         match pick {
-            Pick::Logits(logits) => sampler.sample(logits, history),
-            Pick::Masked => sampler.sample(&self.masked, history),
+            Pick::Logits(logits) => s.sampler.sample(logits, history),
+            Pick::Masked => s.sampler.sample(&self.masked, history),
             // Greedy without penalties: the CPU sampler would have taken the argmax and drawn
             // nothing from its generator, so skipping it leaves it where it would be.
             Pick::Token(t) => t,
@@ -316,9 +305,9 @@ impl Engine {
     /// error; the engine goes on.
     fn fail_grammar(&mut self, seq: SeqId, e: &str) {
         if let Some(st) = self
-            .seqs
-            .get(&seq)
-            .and_then(|r| self.requests.get(&r.request))
+            .sched
+            .get(seq)
+            .and_then(|s| self.requests.get(&s.request))
         {
             let _ = st
                 .events

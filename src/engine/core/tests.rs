@@ -150,7 +150,10 @@ fn assert_all_released(engine: &Engine) {
         0,
         "every block is back in the pool"
     );
-    assert!(engine.seqs.is_empty(), "no sequence record is left");
+    assert!(
+        engine.sched.sequences().next().is_none(),
+        "no sequence record is left"
+    );
     assert!(engine.requests.is_empty(), "no request state is left");
 }
 
@@ -179,7 +182,8 @@ fn prompt_lookup_keeps_what_plain_decoding_gives_and_rolls_a_rejected_draft_back
         "accepted draft tokens count as computed"
     );
     assert_eq!(
-        e.seqs[&0].draft_cap, 4,
+        e.sched.get(0).unwrap().draft_cap,
+        4,
         "a draft that held whole grows the next"
     );
     // "14 15 16" is followed by "17 3 10 11" in the prompt: 17 holds, 3 is rejected.
@@ -199,7 +203,11 @@ fn prompt_lookup_keeps_what_plain_decoding_gives_and_rolls_a_rejected_draft_back
         Some(3),
         "the store still holds the rejected token"
     );
-    assert_eq!(e.seqs[&0].draft_cap, 2, "one more than what held");
+    assert_eq!(
+        e.sched.get(0).unwrap().draft_cap,
+        2,
+        "one more than what held"
+    );
     assert_kv_holds_tokens(&e, &probe);
     // The next step runs the model's own token where the rejected draft stood.
     e.step();
@@ -274,7 +282,7 @@ fn a_failed_step_errors_its_requests_frees_their_blocks_and_the_engine_serves_on
     let r1 = submit(&mut e, 1, &[1, 2, 3, 4, 5, 6], forked);
     let r2 = submit(&mut e, 2, &[20, 21, 22, 23, 24], greedy(8, false));
     e.step(); // both prompts; request 1 forks its second completion
-    assert_eq!(e.seqs.len(), 3);
+    assert_eq!(e.sched.sequences().count(), 3);
     assert!(e.sched.pool.used() > 0);
     probe.fail_next();
     e.step();
@@ -370,11 +378,15 @@ fn cancelling_a_forked_request_drops_every_record_and_block_and_spares_the_other
     let r2 = submit(&mut e, 2, &[20, 21, 22], greedy(4, false));
     e.step();
     e.step();
-    assert_eq!(e.seqs.len(), 4, "three completions and the other request");
+    assert_eq!(
+        e.sched.sequences().count(),
+        4,
+        "three completions and the other request"
+    );
     assert_eq!(e.requests[&1].seqs.len(), 3);
     e.apply(Command::Cancel(1));
-    assert_eq!(e.seqs.len(), 1);
-    assert!(e.seqs.values().all(|r| r.request == 2));
+    assert_eq!(e.sched.sequences().count(), 1);
+    assert!(e.sched.sequences().all(|s| s.request == 2));
     run_to_idle(&mut e, &probe);
     let ev1 = events(&r1);
     for index in 0..3 {
@@ -437,7 +449,7 @@ fn embeddings_pool_every_chunk_batched_with_generation_and_hold_no_blocks() {
     let hidden: usize = probe.batches().iter().map(|b| b.hidden_for.len()).sum();
     assert_eq!(hidden, long.len() + 1);
     assert_eq!(engine.sched.pool.used(), 0);
-    assert!(engine.requests.is_empty() && engine.seqs.is_empty());
+    assert!(engine.requests.is_empty() && engine.sched.sequences().next().is_none());
 }
 
 #[test]

@@ -19,17 +19,20 @@ pub enum Pooling {
     Rank,
 }
 
+/// llama.cpp's pooling types (`LLAMA_POOLING_TYPE_*`): the number a GGUF writes for each kind,
+/// and its name.
+const POOLINGS: [(usize, Pooling, &str); 5] = [
+    (0, Pooling::None, "none"),
+    (1, Pooling::Mean, "mean"),
+    (2, Pooling::Cls, "cls"),
+    (3, Pooling::Last, "last"),
+    (4, Pooling::Rank, "rank"),
+];
+
 impl Pooling {
-    /// llama.cpp's number for each kind (`LLAMA_POOLING_TYPE_*`); other numbers are refused.
+    /// The kind llama.cpp numbers `id`; other numbers are refused.
     pub fn from_id(id: usize) -> Option<Pooling> {
-        Some(match id {
-            0 => Pooling::None,
-            1 => Pooling::Mean,
-            2 => Pooling::Cls,
-            3 => Pooling::Last,
-            4 => Pooling::Rank,
-            _ => return None,
-        })
+        POOLINGS.iter().find(|p| p.0 == id).map(|p| p.1)
     }
 
     pub(super) fn read(k: &Keys<'_>) -> Result<Pooling> {
@@ -38,21 +41,26 @@ impl Pooling {
         };
         match Pooling::from_id(id) {
             Some(p) => Ok(p),
-            None => bail!(
-                "{} is {id}, which is no pooling type (0 none, 1 mean, 2 cls, 3 last, 4 rank)",
-                k.name("pooling_type")
-            ),
+            None => {
+                let kinds: Vec<String> = POOLINGS
+                    .iter()
+                    .map(|(id, _, name)| format!("{id} {name}"))
+                    .collect();
+                let kinds = kinds.join(", ");
+                bail!(
+                    "{} is {id}, which is no pooling type ({kinds})",
+                    k.name("pooling_type")
+                )
+            }
         }
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Pooling::None => "none",
-            Pooling::Mean => "mean",
-            Pooling::Cls => "cls",
-            Pooling::Last => "last",
-            Pooling::Rank => "rank",
-        }
+        POOLINGS
+            .iter()
+            .find(|p| p.1 == self)
+            .expect("every kind is in POOLINGS")
+            .2
     }
 
     /// Whether `/v1/embeddings` can serve the model: it pools into one vector per input.
@@ -85,6 +93,9 @@ mod tests {
         assert_eq!(Pooling::from_id(3), Some(Pooling::Last));
         assert_eq!(Pooling::from_id(4), Some(Pooling::Rank));
         assert_eq!(Pooling::from_id(5), None);
+        for (id, kind, name) in POOLINGS {
+            assert_eq!((Pooling::from_id(id), kind.as_str()), (Some(kind), name));
+        }
         assert!(Pooling::Mean.embeds() && !Pooling::None.embeds() && !Pooling::Rank.embeds());
     }
 

@@ -108,35 +108,14 @@ pub fn has(ty: GgmlType, order: Order) -> bool {
 pub fn dot(ty: GgmlType, order: Order, t: usize, n: usize, w: &[u8], x: &[u8]) -> f32 {
     use GgmlType::*;
     match (ty, order) {
-        (Q4_K, Order::Repacked) if t < n - n % 4 => {
-            // ggml's Q4_K GEMM: one fused step per 64 values (two sub-blocks), for the scales
-            // and for the minimums, subtracted at the end.
-            let (mut acc, mut acc_min) = (0f32, 0f32);
-            for (a, b) in cast::<BlockQ4K>(w).iter().zip(cast::<BlockQ8K>(x)) {
-                let (dx, dw, dmin) = (b.d(), f16_to_f32(a.d), f16_to_f32(a.dmin));
-                for (s, m) in q4_k_pair_ints(a, b) {
-                    acc = chain_step(acc, s, dw, dx);
-                    acc_min = chain_step(acc_min, m, dmin, dx);
-                }
-            }
-            acc - acc_min
-        }
+        (Q4_K, Order::Repacked) if t < n - n % 4 => q4_k_repacked_gemm(w, x),
         (Q4_0, Order::Repacked) => chain(
             cast::<BlockQ4_0>(w)
                 .iter()
                 .zip(cast::<BlockQ8_0>(x))
                 .map(|(a, b)| (q4_0_ints(a, b), f16_to_f32(a.d), f16_to_f32(b.d))),
         ),
-        (Q4_K, Order::Repacked) => {
-            // Two chains, subtracted at the end: Σ s·(d·dx) − Σ m·(dmin·dx).
-            let (mut acc, mut acc_min) = (0f32, 0f32);
-            for (a, b) in cast::<BlockQ4K>(w).iter().zip(cast::<BlockQ8K>(x)) {
-                let (s, m) = q4_k_ints(a, b);
-                acc = chain_step(acc, s, f16_to_f32(a.d), b.d());
-                acc_min = chain_step(acc_min, m, f16_to_f32(a.dmin), b.d());
-            }
-            acc - acc_min
-        }
+        (Q4_K, Order::Repacked) => q4_k_repacked_gemv(w, x),
         (Q4_K, Order::Tiled) => tiled(
             cast::<BlockQ4K>(w)
                 .iter()
@@ -152,20 +131,7 @@ pub fn dot(ty: GgmlType, order: Order, t: usize, n: usize, w: &[u8], x: &[u8]) -
         // The repacked order's one-token form (its GEMV).
         (Q4_0 | Q4_K, Order::Chain) => dot(ty, Order::Repacked, 0, 1, w, x),
         (Q6_K, Order::Chain) => dot(ty, Order::Tiled, t, n, w, x),
-        (Q4_1, Order::Chain) => {
-            let (mut acc, mut summs) = (0f32, 0f32);
-            for (a, b) in cast::<BlockQ4_1>(w).iter().zip(cast::<BlockQ8_1>(x)) {
-                let s: i32 = (0..QK / 2)
-                    .map(|j| {
-                        (a.qs[j] & 0xF) as i32 * b.qs[j] as i32
-                            + (a.qs[j] >> 4) as i32 * b.qs[j + QK / 2] as i32
-                    })
-                    .sum();
-                acc = chain_step(acc, s, f16_to_f32(a.d), f16_to_f32(b.d));
-                summs = f16_to_f32(a.m).mul_add(f16_to_f32(b.s), summs);
-            }
-            acc + summs
-        }
+        (Q4_1, Order::Chain) => q4_1_chain(w, x),
         (Q5_0, Order::Chain) => chain(
             cast::<BlockQ5_0>(w)
                 .iter()
@@ -190,6 +156,49 @@ pub fn dot(ty: GgmlType, order: Order, t: usize, n: usize, w: &[u8], x: &[u8]) -
         ),
         _ => panic!("no {order:?} kernel for {ty}"),
     }
+}
+
+/// ggml's Q4_K GEMM (the repacked order for tokens in whole fours): one fused step per 64
+/// values (two sub-blocks), for the scales and for the minimums, subtracted at the end.
+fn q4_k_repacked_gemm(w: &[u8], x: &[u8]) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (a, b) in cast::<BlockQ4K>(w).iter().zip(cast::<BlockQ8K>(x)) {
+        let (dx, dw, dmin) = (b.d(), f16_to_f32(a.d), f16_to_f32(a.dmin));
+        for (s, m) in q4_k_pair_ints(a, b) {
+            acc = chain_step(acc, s, dw, dx);
+            acc_min = chain_step(acc_min, m, dmin, dx);
+        }
+    }
+    acc - acc_min
+}
+
+/// The repacked Q4_K order's GEMV (and the tokens past the whole fours): two chains, one step
+/// per block, subtracted at the end: Σ s·(d·dx) − Σ m·(dmin·dx).
+fn q4_k_repacked_gemv(w: &[u8], x: &[u8]) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (a, b) in cast::<BlockQ4K>(w).iter().zip(cast::<BlockQ8K>(x)) {
+        let (s, m) = q4_k_ints(a, b);
+        acc = chain_step(acc, s, f16_to_f32(a.d), b.d());
+        acc_min = chain_step(acc_min, m, f16_to_f32(a.dmin), b.d());
+    }
+    acc - acc_min
+}
+
+/// Q4_1's chain: the scaled integer sums in one chain, the minimums' products in another,
+/// added at the end.
+fn q4_1_chain(w: &[u8], x: &[u8]) -> f32 {
+    let (mut acc, mut summs) = (0f32, 0f32);
+    for (a, b) in cast::<BlockQ4_1>(w).iter().zip(cast::<BlockQ8_1>(x)) {
+        let s: i32 = (0..QK / 2)
+            .map(|j| {
+                (a.qs[j] & 0xF) as i32 * b.qs[j] as i32
+                    + (a.qs[j] >> 4) as i32 * b.qs[j + QK / 2] as i32
+            })
+            .sum();
+        acc = chain_step(acc, s, f16_to_f32(a.d), f16_to_f32(b.d));
+        summs = f16_to_f32(a.m).mul_add(f16_to_f32(b.s), summs);
+    }
+    acc + summs
 }
 
 /// Σ over blocks of `int · (dw·dx)`, one fused multiply-add per block.

@@ -300,6 +300,52 @@ macro_rules! panels {
     };
 }
 
+/// Decode's GEMV in [`panel!`] (`toks == 1`): `DECODE_ROWS` rows per pass over the one
+/// activation row, then the rows left one at a time. Statements of the kernel's body, so that
+/// they compile with its target features.
+macro_rules! panel_gemv {
+    ($tile:ident, $nb:ident, $rows:ident, $wr:ident, $xr:ident, $sc:ident, $out:ident) => {
+        token_scales($nb, &[$xr(0)], &mut $sc);
+        let mut r0 = 0;
+        while r0 + DECODE_ROWS <= $rows {
+            let v = $tile::<DECODE_ROWS, 1>($nb, rows_from(&$wr, r0), [$xr(0)], &$sc, true);
+            for (i, row) in v.iter().enumerate() {
+                $out[r0 + i] = row[0];
+            }
+            r0 += DECODE_ROWS;
+        }
+        for r in r0..$rows {
+            $out[r] = $tile::<1, 1>($nb, [$wr(r)], [$xr(0)], &$sc, true)[0][0];
+        }
+    };
+}
+
+/// The last `tn` tokens in [`panel!`] (fewer than a tile's), for the `rn` rows from `r0`: one
+/// token at a time, a full tile of rows or else row by row (the same arithmetic per pair as a
+/// tile's). Statements of the kernel's body, so that they compile with its target features.
+macro_rules! panel_token_edge {
+    (
+        $tile:ident, $rt:literal, $nb:ident, $wr:ident, $xr:ident, $sc1:ident, $out:ident,
+        $at:ident
+    ) => {
+        let (rows, r0, rn, t0, tn, prefetch) = $at;
+        for j in 0..tn {
+            token_scales($nb, &[$xr(t0 + j)], &mut $sc1);
+            if rn == $rt {
+                let v = $tile::<$rt, 1>($nb, rows_from(&$wr, r0), [$xr(t0 + j)], &$sc1, prefetch);
+                for (i, row) in v.iter().enumerate() {
+                    $out[(t0 + j) * rows + r0 + i] = row[0];
+                }
+            } else {
+                for i in 0..rn {
+                    let v = $tile::<1, 1>($nb, [$wr(r0 + i)], [$xr(t0 + j)], &$sc1, prefetch);
+                    $out[(t0 + j) * rows + r0 + i] = v[0][0];
+                }
+            }
+        }
+    };
+}
+
 /// The loop over tiles for one type: full `$rt`×`$tt` tiles, then the ragged edges one row or
 /// one token at a time (same arithmetic per pair, so edges cost speed, never bits).
 macro_rules! panel {
@@ -319,19 +365,7 @@ macro_rules! panel {
             let xr = |t: usize| &x[t * nb..(t + 1) * nb];
             let mut sc = Vec::new();
             if toks == 1 {
-                // Decode's GEMV: DECODE_ROWS rows per pass over the one activation row.
-                token_scales(nb, &[xr(0)], &mut sc);
-                let mut r0 = 0;
-                while r0 + DECODE_ROWS <= rows {
-                    let v = $tile::<DECODE_ROWS, 1>(nb, rows_from(&wr, r0), [xr(0)], &sc, true);
-                    for (i, row) in v.iter().enumerate() {
-                        out[r0 + i] = row[0];
-                    }
-                    r0 += DECODE_ROWS;
-                }
-                for r in r0..rows {
-                    out[r] = $tile::<1, 1>(nb, [wr(r)], [xr(0)], &sc, true)[0][0];
-                }
+                panel_gemv!($tile, nb, rows, wr, xr, sc, out);
                 return;
             }
             let mut sc1 = Vec::new();
@@ -374,32 +408,8 @@ macro_rules! panel {
                             }
                         }
                     } else {
-                        for j in 0..tn {
-                            token_scales(nb, &[xr(t0 + j)], &mut sc1);
-                            if rn == $rt {
-                                let v = $tile::<$rt, 1>(
-                                    nb,
-                                    rows_from(&wr, r0),
-                                    [xr(t0 + j)],
-                                    &sc1,
-                                    prefetch,
-                                );
-                                for (i, row) in v.iter().enumerate() {
-                                    out[(t0 + j) * rows + r0 + i] = row[0];
-                                }
-                            } else {
-                                for i in 0..rn {
-                                    let v = $tile::<1, 1>(
-                                        nb,
-                                        [wr(r0 + i)],
-                                        [xr(t0 + j)],
-                                        &sc1,
-                                        prefetch,
-                                    );
-                                    out[(t0 + j) * rows + r0 + i] = v[0][0];
-                                }
-                            }
-                        }
+                        let at = (rows, r0, rn, t0, tn, prefetch);
+                        panel_token_edge!($tile, $rt, nb, wr, xr, sc1, out, at);
                     }
                     r0 += rn;
                 }

@@ -1,4 +1,4 @@
-//! AVX2 forms of the tiled attention path's two inner loops (`attention`), for CPUs without
+//! AVX2 forms of the tiled attention path's two inner loops (`tiled.rs`), for CPUs without
 //! AVX-512 (and `EDGELM_SIMD=avx2`/`avx2-vnni`): the accumulators in registers, where the
 //! portable loops load and store them around every fused multiply-add. Sixteen registers hold
 //! fewer of them than AVX-512's 32, so a pass covers 16 positions (K·Q) or 16 dimensions (V)

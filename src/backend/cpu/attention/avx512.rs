@@ -1,7 +1,8 @@
-//! AVX-512 forms of the tiled attention path's two inner loops (`attention`), with their
-//! accumulators in registers: the portable loops keep them in memory, a load and a store
-//! around every fused multiply-add. Each output is the same chain of fused multiply-adds in
-//! the same order as the portable loop's, so the results are bit-identical.
+//! AVX-512 forms of the tiled attention path's two inner loops (`tiled.rs`) and of the per-row
+//! path's f16 block loop (`per_row.rs`), with their accumulators in registers: the portable
+//! loops keep them in memory, a load and a store around every fused multiply-add. Each output
+//! is the same chain of fused multiply-adds in the same order as the portable loop's, so the
+//! results are bit-identical.
 
 use std::arch::x86_64::*;
 
