@@ -9,7 +9,6 @@ mod pacer;
 pub mod pooled;
 mod prompt_lookup;
 pub mod request;
-mod rng;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
@@ -22,6 +21,6 @@ pub use self::core::{
 };
 pub use handle::{EngineHandle, EngineLimits};
 pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob, UNTIL_CONTEXT_END};
-pub use rng::Rng;
+pub use sampler::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use session::{Session, SessionConfig};

@@ -20,7 +20,6 @@ mod nvrtc;
 mod ops;
 mod probe;
 mod step;
-mod step_meta;
 mod weights;
 mod workspace;
 

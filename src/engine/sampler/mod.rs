@@ -1,7 +1,9 @@
 //! Turning logits into the next token: penalties, temperature, top-k, top-p, min-p, seeded.
 
-use super::rng::Rng;
+mod rng;
+
 pub use crate::backend::sampling::SamplingParams;
+pub use rng::Rng;
 use std::collections::HashMap;
 
 pub struct Sampler {

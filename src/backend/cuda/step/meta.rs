@@ -4,7 +4,7 @@
 //! concatenated tables themselves, in one i32 image (laid out as `workspace::Meta` says); and
 //! the RoPE (cos, sin) tables. Pure data, so it is tested without a device.
 
-use super::workspace::{Caps, SAVE_INTS, SEQ_INTS};
+use super::super::workspace::{Caps, SAVE_INTS, SEQ_INTS};
 use crate::backend::batch::BatchMeta;
 use crate::backend::cpu::ops::rope_cos_sin;
 use crate::backend::ops::Shape;

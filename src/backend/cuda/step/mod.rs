@@ -3,6 +3,8 @@
 //! step whose metadata is already uploaded. Nothing here allocates, copies from the host or
 //! synchronises, so a whole pass can be captured into a CUDA graph.
 
+pub(super) mod meta;
+
 use super::kv_pool::KvPool;
 use super::mem::DeviceBuf;
 use super::ops::{DeltaRuleArgs, Kernels, StateArgs};
