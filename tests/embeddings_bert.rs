@@ -55,7 +55,7 @@ fn an_encoder_refuses_generation_and_inputs_past_one_step() {
     let err = err.expect("generation is refused").to_string();
     assert!(err.contains("only computes embeddings"), "{err}");
     let embed = GenParams {
-        max_tokens: 0,
+        max_tokens: Some(0),
         embed: true,
         ..GenParams::default()
     };
@@ -83,7 +83,7 @@ fn a_whole_input_runs_while_another_model_streams() {
     let bert = Arc::new(Model::load(&bert_test_model(1)).unwrap());
     let (bert, bert_thread) = Engine::start(bert, Vec::new(), shared(16 << 20)).unwrap();
     let stream = GenParams {
-        max_tokens: 400,
+        max_tokens: Some(400),
         ignore_eos: true,
         ..GenParams::default()
     };
@@ -93,7 +93,7 @@ fn a_whole_input_runs_while_another_model_streams() {
     let first = tokens.recv().unwrap();
     assert!(matches!(first, Event::Token { .. }), "{first:?}");
     let embed = GenParams {
-        max_tokens: 0,
+        max_tokens: Some(0),
         embed: true,
         ..GenParams::default()
     };

@@ -52,7 +52,7 @@ fn f16_kv_bytes_per_token() -> usize {
 
 fn greedy(max_tokens: usize) -> GenParams {
     GenParams {
-        max_tokens,
+        max_tokens: Some(max_tokens),
         sampling: SamplingParams::greedy(),
         ..Default::default()
     }
@@ -204,7 +204,7 @@ fn forked_completions_share_the_prompt_and_copy_on_write() {
     // Sampled forks with a seed: reproducible, and not all the same.
     let sampled = GenParams {
         n: 4,
-        max_tokens: 24,
+        max_tokens: Some(24),
         sampling: SamplingParams {
             temperature: 1.0,
             top_k: 0,
@@ -326,7 +326,7 @@ fn scoring_the_peer_tokens_agrees_with_its_argmax() {
         let mut all = prompt.clone();
         all.extend(&gen);
         let params = GenParams {
-            max_tokens: 0,
+            max_tokens: Some(0),
             prompt_logprobs: Some(1),
             ..Default::default()
         };
@@ -524,7 +524,7 @@ fn prompt_lookup_beside_sampled_requests_in_a_tight_pool() {
         };
         rxs.push(engine.submit(prompt.clone(), params).unwrap().1);
         let sampled = GenParams {
-            max_tokens: 20,
+            max_tokens: Some(20),
             sampling: SamplingParams {
                 temperature: 0.8,
                 seed: Some(i),

@@ -1,6 +1,6 @@
 //! Arbitrary request bodies through the /v1/completions, /v1/chat/completions and
 //! /v1/responses parsing and
-//! validation (`server::parse_request`: JSON, unknown keys, sampling ranges, prompts, token
+//! validation (`server::fuzz_parse_request`: JSON, unknown keys, sampling ranges, prompts, token
 //! ids, chat messages and tools through the reference chat template, response formats and
 //! grammars compiled, tokenization), with the reference
 //! model's tokenizer and no engine. Every input is accepted or rejected with a 4xx; no panic.

@@ -137,7 +137,7 @@ fn run_constrained(
     constraint: Option<&Constraint>,
 ) -> Result<Vec<Timing>> {
     let params = GenParams {
-        max_tokens,
+        max_tokens: Some(max_tokens),
         sampling: SamplingParams::greedy(),
         ignore_eos: true,
         constraint: constraint.cloned(),
@@ -729,7 +729,7 @@ fn time_prompt_lookup(
     // One untimed run first: it fills the prefix cache, which changes how later runs prefill
     // the prompt (and so, at a near-tie, their tokens); every timed run then starts alike.
     let plain_params = GenParams {
-        max_tokens: n_gen,
+        max_tokens: Some(n_gen),
         sampling: SamplingParams::greedy(),
         ..Default::default()
     };

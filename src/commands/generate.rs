@@ -76,7 +76,7 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer, ctx: usize) -> Result<Vec<u32>> {
 /// The request the flags describe, for at most `n_predict` tokens.
 fn gen_params(args: &RunArgs, n_predict: usize) -> GenParams {
     GenParams {
-        max_tokens: n_predict,
+        max_tokens: Some(n_predict),
         sampling: SamplingParams {
             temperature: args.temperature,
             top_k: args.top_k,

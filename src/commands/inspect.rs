@@ -2,6 +2,7 @@
 
 use crate::cli::InspectArgs;
 use anyhow::{Context, Result};
+use edgelm::chat::Syntax;
 use edgelm::gguf::{summarize, GgufFile};
 use edgelm::model::{Arch, Model};
 use edgelm::tokenizer::Tokenizer;
@@ -14,7 +15,22 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let file = Arc::new(file);
     println!("{}", summarize(&file));
     println!("{}", support(&file));
+    if let Some(line) = tool_calls(&file) {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// One line for a model with a chat template: the call syntax its template teaches, which
+/// the server parses calls in and forces a required call through (`chat::Syntax`).
+fn tool_calls(file: &GgufFile) -> Option<String> {
+    let template = file.get_str("tokenizer.chat_template")?;
+    let syntax = Syntax::of_template(template);
+    Some(format!(
+        "tool calls:   {} syntax: {}",
+        syntax.name(),
+        syntax.example()
+    ))
 }
 
 /// One line: how edgelm runs the model, or why it does not.
@@ -127,6 +143,28 @@ mod tests {
             );
             let line = arch.describe();
             assert!(line.starts_with(&format!("{}: ", arch.name)), "{line}");
+        }
+    }
+
+    /// Each call syntax is named by inspect for a template that speaks it.
+    #[test]
+    fn inspect_names_the_tool_call_syntax_of_every_template() {
+        for syntax in Syntax::ALL {
+            let template = match syntax {
+                Syntax::Harmony => "<|channel|>x<|call|>",
+                Syntax::Generic => "{{ messages }}",
+                other => other.example(),
+            };
+            let bytes = GgufWriter::new()
+                .kv("general.architecture", Value::String("llama".into()))
+                .kv("tokenizer.chat_template", Value::String(template.into()))
+                .to_bytes();
+            let file = GgufFile::from_bytes(bytes).unwrap();
+            let line = tool_calls(&file).expect("a template has a call syntax");
+            assert!(
+                line.starts_with(&format!("tool calls:   {} syntax", syntax.name())),
+                "{line}"
+            );
         }
     }
 }

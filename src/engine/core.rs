@@ -351,7 +351,7 @@ impl Engine {
         // The request's compiled constraint moves to its first sequence (forks clone it).
         let constraint = req.params.constraint.take();
         let p = &req.params;
-        if p.max_tokens == 0 && p.prompt_logprobs.is_none() {
+        if req.budget == 0 && p.prompt_logprobs.is_none() {
             for index in 0..p.n {
                 let _ = events.send(Event::Finished {
                     index,
@@ -372,7 +372,7 @@ impl Engine {
         let max_len = req
             .prompt
             .len()
-            .saturating_add(p.max_tokens)
+            .saturating_add(req.budget)
             .min(self.context);
         let mut seq = Sequence::new(id, req.id, self.arrivals, req.prompt.clone(), max_len);
         seq.arrived = req.submitted;
@@ -384,7 +384,7 @@ impl Engine {
         self.local.prompt_tokens += req.prompt.len() as u64;
         self.requests.insert(
             req.id,
-            RequestState::new(events, req.params, req.prompt.len(), id),
+            RequestState::new(events, req.params, req.budget, req.prompt.len(), id),
         );
     }
 

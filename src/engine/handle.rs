@@ -3,7 +3,7 @@
 //! a request in, its events out on a channel of its own.
 
 use super::metrics::{EngineStats, SharedStats};
-use super::request::{Event, GenParams, Request, RequestId, UNTIL_CONTEXT_END};
+use super::request::{Event, GenParams, Request, RequestId};
 use crate::kv::plan::KvPlan;
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,15 +62,9 @@ impl EngineHandle {
     pub fn submit(
         &self,
         prompt: Vec<u32>,
-        mut params: GenParams,
+        params: GenParams,
     ) -> Result<(RequestId, Receiver<Event>)> {
         let l = &self.limits;
-        if params.max_tokens == UNTIL_CONTEXT_END {
-            // As far as the context (and the pool) allow; a prompt that leaves no room fails
-            // the checks below.
-            let room = l.context.min(l.capacity_tokens);
-            params.max_tokens = room.saturating_sub(prompt.len()).max(1);
-        }
         if prompt.is_empty() {
             bail!("the prompt is empty");
         }
@@ -86,33 +80,49 @@ impl EngineHandle {
         if params.n == 0 || params.n > l.max_n {
             bail!("n must be between 1 and {}", l.max_n);
         }
-        let total = prompt.len().saturating_add(params.max_tokens);
-        if total > l.context {
-            bail!(
-                "prompt ({} tokens) plus max_tokens ({}) exceeds the context length of {} tokens",
-                prompt.len(),
-                params.max_tokens,
-                l.context
-            );
-        }
-        if total > l.capacity_tokens {
-            bail!(
-                "prompt plus max_tokens ({total} tokens) exceeds the KV pool ({} tokens)",
-                l.capacity_tokens
-            );
-        }
+        let budget = self.budget(prompt.len(), &params)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         let req = Request {
             id,
             prompt,
             params,
+            budget,
             submitted: std::time::Instant::now(),
         };
         self.tx
             .send(Command::Submit(Box::new(req), tx))
             .map_err(|_| anyhow::anyhow!("the engine has stopped"))?;
         Ok((id, rx))
+    }
+
+    /// The tokens a request may generate: its own `max_tokens`, or where it names none what
+    /// the context and the pool leave its prompt; an embedding request generates none. A
+    /// prompt whose limit does not fit (or that leaves no room for one token) is refused.
+    fn budget(&self, prompt: usize, params: &GenParams) -> Result<usize> {
+        let l = &self.limits;
+        let (asked, what) = match (params.embed, params.max_tokens) {
+            (true, _) => (0, "no generated token".to_string()),
+            (false, Some(m)) => (m, format!("max_tokens ({m})")),
+            (false, None) => (1, "one generated token".to_string()),
+        };
+        let total = prompt.saturating_add(asked);
+        if total > l.context {
+            bail!(
+                "prompt ({prompt} tokens) plus {what} exceeds the context length of {} tokens",
+                l.context
+            );
+        }
+        if total > l.capacity_tokens {
+            bail!(
+                "prompt plus {what} ({total} tokens) exceeds the KV pool ({} tokens)",
+                l.capacity_tokens
+            );
+        }
+        Ok(match (params.embed, params.max_tokens) {
+            (false, None) => l.context.min(l.capacity_tokens) - prompt,
+            _ => asked,
+        })
     }
 
     /// Cancels a request: all its blocks are freed at the start of the next step.
@@ -160,7 +170,7 @@ mod tests {
         (EngineHandle::new(tx, stats, limits, plan), rx)
     }
 
-    fn params(max_tokens: usize) -> GenParams {
+    fn params(max_tokens: Option<usize>) -> GenParams {
         GenParams {
             max_tokens,
             ..Default::default()
@@ -177,13 +187,13 @@ mod tests {
     #[test]
     fn a_valid_request_reaches_the_engine_with_a_fresh_id() {
         let (h, rx) = handle(LIMITS);
-        let (a, _) = h.submit(vec![1, 2, 3], params(10)).unwrap();
-        let (b, _) = h.clone().submit(vec![4], params(10)).unwrap();
+        let (a, _) = h.submit(vec![1, 2, 3], params(Some(10))).unwrap();
+        let (b, _) = h.clone().submit(vec![4], params(Some(10))).unwrap();
         assert_ne!(a, b, "ids are unique across clones");
         let req = submitted(&rx);
         assert_eq!(
-            (req.id, req.prompt, req.params.max_tokens),
-            (a, vec![1, 2, 3], 10)
+            (req.id, req.prompt, req.params.max_tokens, req.budget),
+            (a, vec![1, 2, 3], Some(10), 10)
         );
         assert_eq!(submitted(&rx).id, b);
     }
@@ -191,9 +201,9 @@ mod tests {
     #[test]
     fn until_the_context_end_means_what_the_context_and_the_pool_leave() {
         let (h, rx) = handle(LIMITS);
-        h.submit(vec![1; 30], params(UNTIL_CONTEXT_END)).unwrap();
+        h.submit(vec![1; 30], params(None)).unwrap();
         // The pool (80 tokens) binds before the context (100).
-        assert_eq!(submitted(&rx).params.max_tokens, 50);
+        assert_eq!(submitted(&rx).budget, 50);
     }
 
     #[test]
@@ -203,29 +213,39 @@ mod tests {
             let e = h.submit(prompt, p).unwrap_err().to_string();
             assert!(e.contains(why), "{e:?} should say {why:?}");
         };
-        refused(vec![], params(1), "empty");
+        refused(vec![], params(Some(1)), "empty");
         refused(
             vec![1, 50],
-            params(1),
+            params(Some(1)),
             "token id 50 is outside the vocabulary",
         );
         refused(
             vec![1],
-            GenParams { n: 0, ..params(1) },
+            GenParams {
+                n: 0,
+                ..params(Some(1))
+            },
             "n must be between 1 and 4",
         );
         refused(
             vec![1],
-            GenParams { n: 5, ..params(1) },
+            GenParams {
+                n: 5,
+                ..params(Some(1))
+            },
             "n must be between 1 and 4",
         );
-        refused(vec![1; 60], params(41), "exceeds the context length of 100");
-        refused(vec![1; 60], params(21), "exceeds the KV pool (80 tokens)");
         refused(
-            vec![1; 90],
-            params(UNTIL_CONTEXT_END),
-            "exceeds the KV pool",
+            vec![1; 60],
+            params(Some(41)),
+            "exceeds the context length of 100",
         );
+        refused(
+            vec![1; 60],
+            params(Some(21)),
+            "exceeds the KV pool (80 tokens)",
+        );
+        refused(vec![1; 90], params(None), "exceeds the KV pool");
         assert!(rx.try_recv().is_err());
     }
 
@@ -242,7 +262,7 @@ mod tests {
     fn a_stopped_engine_is_an_error_not_a_panic() {
         let (h, rx) = handle(LIMITS);
         drop(rx);
-        let e = h.submit(vec![1], params(1)).unwrap_err().to_string();
+        let e = h.submit(vec![1], params(Some(1))).unwrap_err().to_string();
         assert!(e.contains("stopped"), "{e}");
         h.cancel(1);
         h.shutdown();

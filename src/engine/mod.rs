@@ -20,7 +20,7 @@ pub use self::core::{
     DEFAULT_STATE_SNAPSHOT_MIB,
 };
 pub use handle::{EngineHandle, EngineLimits};
-pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob, UNTIL_CONTEXT_END};
+pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob};
 pub use sampler::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use session::{Session, SessionConfig};

@@ -4,12 +4,12 @@ use super::SamplingParams;
 
 pub type RequestId = u64;
 
-/// `max_tokens` for "until the model stops or the context is full" (chat without a limit).
-pub const UNTIL_CONTEXT_END: usize = usize::MAX;
-
 #[derive(Clone, Debug)]
 pub struct GenParams {
-    pub max_tokens: usize,
+    /// The most tokens to generate; `None`: until the model stops or the sequence fills the
+    /// context (or all the KV pool holds). The engine applies no default of its own: a
+    /// request's caller decides (the server in `openai::sampling::Endpoint`).
+    pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     /// Completions to generate from the one prompt (they share its KV blocks).
     pub n: usize,
@@ -36,7 +36,7 @@ pub struct GenParams {
 impl Default for GenParams {
     fn default() -> Self {
         GenParams {
-            max_tokens: 16,
+            max_tokens: None,
             sampling: SamplingParams::default(),
             n: 1,
             ignore_eos: false,
@@ -55,6 +55,9 @@ pub struct Request {
     pub id: RequestId,
     pub prompt: Vec<u32>,
     pub params: GenParams,
+    /// The tokens it may generate: its `max_tokens`, or what the context and the pool leave
+    /// its prompt (`EngineHandle::submit` works it out once).
+    pub budget: usize,
     /// When the client submitted it (the engine takes it in only between steps).
     pub submitted: std::time::Instant,
 }

@@ -179,7 +179,7 @@ pub fn edgelm_embeddings(model: &Path, texts: &[String]) -> (Vec<Vec<u32>>, Vec<
     let (handle, thread) = Engine::start(m, tok.eog_tokens().to_vec(), EngineConfig::default())
         .expect("the engine starts");
     let params = GenParams {
-        max_tokens: 0,
+        max_tokens: Some(0),
         embed: true,
         ..GenParams::default()
     };

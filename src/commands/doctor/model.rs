@@ -421,7 +421,7 @@ fn greedy_tokens(
     ids: Vec<u32>,
 ) -> anyhow::Result<(Option<Instant>, Vec<u32>)> {
     let params = GenParams {
-        max_tokens: SELF_TEST_TOKENS,
+        max_tokens: Some(SELF_TEST_TOKENS),
         sampling: SamplingParams {
             temperature: 0.0,
             ..Default::default()

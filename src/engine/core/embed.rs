@@ -41,7 +41,7 @@ impl Engine {
         self.sched.add(seq);
         self.local.prompt_tokens += len as u64;
         self.requests
-            .insert(req.id, RequestState::new(events, req.params, len, id));
+            .insert(req.id, RequestState::new(events, req.params, 0, len, id));
     }
 
     /// Asks for the hidden rows the pooling of an embedding sequence's span reads.

@@ -188,7 +188,7 @@ impl Engine {
     fn sample_for(&mut self, seq: SeqId, pick: Pick<'_>) {
         let rid = self.sched.get(seq).expect("live").request;
         let now = Instant::now();
-        if self.requests[&rid].params.max_tokens == 0 {
+        if self.requests[&rid].budget == 0 {
             // Scoring only (echo with max_tokens 0): the prompt logprobs were the answer.
             self.finish_seq(seq, FinishReason::Length);
             return;
@@ -225,7 +225,7 @@ impl Engine {
             token,
             logprob,
         });
-        let at_limit = s.generated() + 1 >= st.params.max_tokens || s.tokens.len() + 1 >= s.max_len;
+        let at_limit = s.generated() + 1 >= st.budget || s.tokens.len() + 1 >= s.max_len;
         s.tokens.push(token);
         if grammar_done {
             self.finish_seq(seq, FinishReason::Stop);

@@ -11,6 +11,8 @@ use std::time::Instant;
 pub(super) struct RequestState {
     pub events: Sender<Event>,
     pub params: GenParams,
+    /// The tokens each of its sequences may generate (`Request::budget`).
+    pub budget: usize,
     pub prompt_len: usize,
     /// Its sequences, the first one then its forks.
     pub seqs: Vec<SeqId>,
@@ -25,10 +27,17 @@ pub(super) struct RequestState {
 
 impl RequestState {
     /// A request just admitted, with its first sequence `seq`.
-    pub fn new(events: Sender<Event>, params: GenParams, prompt_len: usize, seq: SeqId) -> Self {
+    pub fn new(
+        events: Sender<Event>,
+        params: GenParams,
+        budget: usize,
+        prompt_len: usize,
+        seq: SeqId,
+    ) -> Self {
         RequestState {
             events,
             params,
+            budget,
             prompt_len,
             seqs: vec![seq],
             live: 1,

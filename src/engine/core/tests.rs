@@ -40,7 +40,7 @@ fn engine() -> (Engine, FakeProbe) {
 
 fn greedy(max_tokens: usize, prompt_lookup: bool) -> GenParams {
     GenParams {
-        max_tokens,
+        max_tokens: Some(max_tokens),
         sampling: SamplingParams {
             temperature: 0.0,
             ..SamplingParams::default()
@@ -60,6 +60,7 @@ fn submit(
     let req = Request {
         id,
         prompt: prompt.to_vec(),
+        budget: params.max_tokens.unwrap_or(usize::MAX),
         params,
         submitted: Instant::now(),
     };
@@ -408,7 +409,7 @@ fn cancelling_a_forked_request_drops_every_record_and_block_and_spares_the_other
 
 fn embedding() -> GenParams {
     GenParams {
-        max_tokens: 0,
+        max_tokens: Some(0),
         embed: true,
         ..GenParams::default()
     }

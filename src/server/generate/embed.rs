@@ -11,7 +11,7 @@ pub fn embed(engine: &EngineHandle, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>
     let cancel_all = |ids: &[(RequestId, _)]| ids.iter().for_each(|(id, _)| engine.cancel(*id));
     for p in inputs {
         let params = GenParams {
-            max_tokens: 0,
+            max_tokens: Some(0),
             embed: true,
             ..GenParams::default()
         };

@@ -79,7 +79,7 @@ pub fn validate_sampling(
     }
     Ok(Validated {
         params: GenParams {
-            max_tokens: max_tokens.unwrap_or(crate::engine::UNTIL_CONTEXT_END),
+            max_tokens,
             sampling,
             n,
             ignore_eos: s.ignore_eos.unwrap_or(false),
