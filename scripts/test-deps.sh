@@ -6,11 +6,14 @@
 #
 #   scripts/test-deps.sh        (scripts/test-preflight.sh runs it, so scripts/test.sh does)
 #
-# Installs: the Python test clients (tests/e2e/requirements.txt, pip); Debian packages (curl,
-# Chromium, nodejs and npm, lintian and file, skopeo umoci haproxy prometheus, cmake g++ make
-# for the peer, the aarch64 cross toolchain and qemu-user); autocannon (npm, into
-# target/node); the rustup targets (aarch64 gnu, x86_64 and aarch64 musl); the nightly
-# toolchain and cargo-fuzz.
+# Installs: the Python test clients (tests/e2e/requirements.txt) with pip into their own
+# virtual environment, target/test-venv, never into the system Python, whose packages other
+# programs rely on and the clients' pins would replace (scripts/test.sh checks they are the same
+# at its end as at its start); Debian's python3-venv when python3 cannot make that environment;
+# Debian packages (curl, Chromium, nodejs and npm, lintian and file, skopeo umoci haproxy
+# prometheus, cmake g++ make for the peer, the aarch64 cross toolchain and qemu-user);
+# autocannon (npm, into target/node); the rustup targets (aarch64 gnu, x86_64 and aarch64
+# musl); the nightly toolchain and cargo-fuzz.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -38,9 +41,30 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if ! python3 -c "import openai, httpx, pytest, jsonschema, yaml, agents, langchain_openai, litellm, llm, pydantic_ai" 2>/dev/null; then
-    log "pip install -r tests/e2e/requirements.txt"
-    python3 -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
+# The Python test clients, in target/test-venv (the end-to-end tests run its python). Installed
+# again when tests/e2e/requirements.txt differs from the copy kept beside them, so that a changed
+# pin reaches the environment; made afresh when its python does not start (python3 replaced).
+venv=target/test-venv
+clients="import openai, httpx, pytest, jsonschema, yaml, agents, langchain_openai, litellm, llm"
+clients+=", pydantic_ai"
+if ! "$venv/bin/python" -c "$clients" 2>/dev/null \
+    || ! cmp -s tests/e2e/requirements.txt "$venv/requirements.txt"; then
+    if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+        rm -rf "$venv"
+        # Debian's python3 makes a virtual environment only with python3-venv (its ensurepip).
+        if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+            rm -rf "$venv"
+            log "apt-get install python3-venv"
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                python3-venv >/dev/null
+            python3 -m venv "$venv"
+        fi
+    fi
+    log "pip install -r tests/e2e/requirements.txt into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -r tests/e2e/requirements.txt
+    cp tests/e2e/requirements.txt "$venv/requirements.txt"
 fi
 
 if [ ! -x target/node/node_modules/.bin/autocannon ]; then
@@ -69,8 +93,9 @@ problems=()
 for what in "${!debs[@]}"; do
     present "$what" || problems+=("$what: apt-get install ${debs[$what]}")
 done
-python3 -c "import openai, httpx, pytest, jsonschema, yaml, agents, langchain_openai, litellm, llm, pydantic_ai" 2>/dev/null \
-    || problems+=("the Python test clients: python3 -m pip install -r tests/e2e/requirements.txt")
+"$venv/bin/python" -c "$clients" 2>/dev/null \
+    || problems+=("the Python test clients: python3 -m venv $venv &&
+    $venv/bin/python -m pip install -r tests/e2e/requirements.txt")
 [ -x target/node/node_modules/.bin/autocannon ] \
     || problems+=("autocannon: npm install --prefix target/node autocannon@9")
 command -v cargo-fuzz >/dev/null || problems+=("cargo-fuzz: cargo install cargo-fuzz --locked")

