@@ -40,7 +40,8 @@ DOC_STORY = re.compile(
     r"\b(?:it|they|this|that|which|edgelm)\s+now\s+(?:\w+s|is|are|has|have)\b|"
     r"\b(?:is|are|has|have)\s+now\b|"
     r"\bpreviously\b|\buntil\s+recently\b|\banymore\b|\bas\s+before\b|\bthan\s+before\b|"
-    r"\bdid\s+before\b|\bthe\s+earlier\b|"
+    r"\bdid\s+before\b|"
+    r"\bthe\s+earlier\s+(?:\w+\s+)?(?:path|code|version|kernels?|build|layout|format)\b|"
     r"\bsince\s+(?:the|this|that)\s+(?:change|commit|release|round|rewrite)\b",
     re.IGNORECASE,
 )
