@@ -218,26 +218,18 @@ fn perplexity(kv_type: &str) -> f64 {
 /// KL-divergence base files, and measured again when the model is newer than the figure.
 fn peer_perplexity() -> f64 {
     let model = model_path();
-    let dir = repo_root().join("target/kld");
-    let kept = dir.join(format!(
+    let figure = repo_root().join("target/kld").join(format!(
         "{}.gpl-3.c512.x{PPL_CHUNKS}.ppl",
         model.file_stem().unwrap().to_string_lossy()
     ));
-    let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    if let (Some(figure), Some(weights)) = (modified(&kept), modified(&model)) {
-        if figure >= weights {
-            if let Some(ppl) = std::fs::read_to_string(&kept)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-            {
-                return ppl;
-            }
-        }
-    }
-    let ppl = measure_peer_perplexity(&model);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(&kept, ppl.to_string()).unwrap();
-    ppl
+    let figure = kept(&figure, &[&model], || {
+        measure_peer_perplexity(&model).to_string().into_bytes()
+    });
+    std::fs::read_to_string(figure)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn measure_peer_perplexity(model: &std::path::Path) -> f64 {

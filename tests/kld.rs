@@ -67,11 +67,6 @@ fn output_of(cmd: &mut Command) -> String {
     all
 }
 
-fn newer(a: &Path, b: &Path) -> bool {
-    let t = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    matches!((t(a), t(b)), (Some(x), Some(y)) if x >= y)
-}
-
 /// The peer's f16-KV base file for `model` over `chunks` chunks, and the peer's perplexity on
 /// them (made once, then kept). The perplexity comes from the run that wrote the file, not from
 /// the file: a base file keeps log-probabilities only down to 16 nats below each row's best, so
@@ -83,7 +78,7 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
     let stem = model.file_stem().unwrap().to_string_lossy();
     let base = dir.join(format!("{stem}.c512x{chunks}.base"));
     let ppl_file = base.with_extension("base.ppl");
-    if !newer(&base, model) || !newer(&ppl_file, &base) {
+    if !is_newer(&base, model) || !is_newer(&ppl_file, &base) {
         // Written beside and renamed: an interrupted run leaves no truncated base behind.
         let tmp = base.with_extension("base.tmp");
         let ppl = peer_final_perplexity(

@@ -1,11 +1,15 @@
 //! Embeddings from edgelm's engine and from the peer's `llama-embedding`, and the comparison
 //! the embedding tests hold them to: cosine similarity per text, and the same nearest
-//! neighbour for every text.
+//! neighbour for every text. The peer's tokens and vectors are kept in target/peer-embeddings
+//! ([`peer_embedding`]): each text takes three peer runs, and the peer gives the same output
+//! for the same model, text and options.
 
-use super::{peer_output, peer_tool, reference_dir};
+use super::{kept, peer_output, peer_tool, reference_dir, repo_root};
 use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
 use edgelm::model::Model;
 use edgelm::tokenizer::Tokenizer;
+use serde_json::json;
+use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -43,30 +47,67 @@ impl PeerRun {
     }
 }
 
+/// The SHA-256 of `bytes`, in hex.
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// `llama-embedding` on `text` alone, given on the command line (a prompt file would lose a
 /// final newline), with a context of `ctx`, run as `run` says; its tokens from
-/// `--verbose-prompt`.
-pub fn peer_embedding(model: &Path, text: &str, ctx: usize, run: PeerRun) -> PeerEmbedding {
+/// `--verbose-prompt`. Kept in target/peer-embeddings under the model's SHA-256 (`digest`:
+/// an edited model is written again on every run, with the same bytes) and that of the peer's
+/// arguments, the text among them; run again when the peer is newer than the kept file.
+pub fn peer_embedding(
+    model: &Path,
+    digest: &str,
+    text: &str,
+    ctx: usize,
+    run: PeerRun,
+) -> PeerEmbedding {
     let tool = peer_tool("llama-embedding");
-    let (stdout, stderr) = peer_output(
-        Command::new(&tool)
-            // Its libraries beside it, wherever the build tree was when it was linked.
-            .env("LD_LIBRARY_PATH", tool.parent().expect("in a directory"))
-            .arg("-m")
-            .arg(model)
-            .args(["-p", text, "--embd-separator", SEP])
-            .args(["--embd-output-format", "json", "--verbose-prompt"])
-            .args(["-c", &ctx.to_string(), "-t", "2", "--no-warmup"])
-            .args(run.args()),
-        |stdout, _| embedding_json(stdout).is_some(),
+    let ctx = ctx.to_string();
+    let args: Vec<&str> = ["-p", text, "--embd-separator", SEP]
+        .into_iter()
+        .chain(["--embd-output-format", "json", "--verbose-prompt"])
+        .chain(["-c", &ctx, "-t", "2", "--no-warmup"])
+        .chain(run.args().iter().copied())
+        .collect();
+    let key = sha256_hex(args.join("\0").as_bytes());
+    let file = format!(
+        "target/peer-embeddings/{}-{}.json",
+        &digest[..16],
+        &key[..16]
     );
-    let (start, json) = embedding_json(&stdout).expect("whole JSON");
-    let data = json["data"].as_array().unwrap();
-    assert_eq!(data.len(), 1, "llama-embedding split {text:?}");
-    let e = data[0]["embedding"].as_array().unwrap();
+    let file = repo_root().join(file);
+    let file = kept(&file, &[&tool], || {
+        let (stdout, stderr) = peer_output(
+            Command::new(&tool)
+                // Its libraries beside it, wherever the build tree was when it was linked.
+                .env("LD_LIBRARY_PATH", tool.parent().expect("in a directory"))
+                .arg("-m")
+                .arg(model)
+                .args(&args),
+            |stdout, _| embedding_json(stdout).is_some(),
+        );
+        let (start, json) = embedding_json(&stdout).expect("whole JSON");
+        let data = json["data"].as_array().unwrap();
+        assert_eq!(data.len(), 1, "llama-embedding split {text:?}");
+        let tokens = verbose_tokens(&stderr, &stdout[..start]);
+        let run = json!({"args": args, "tokens": tokens, "embedding": data[0]["embedding"]});
+        serde_json::to_vec(&run).unwrap()
+    });
+    let run: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(run["args"], json!(args), "{file:?} holds another run");
+    let numbers = |key: &str| -> Vec<f64> {
+        let v = run[key].as_array().unwrap();
+        v.iter().map(|x| x.as_f64().unwrap()).collect()
+    };
     PeerEmbedding {
-        tokens: verbose_tokens(&stderr, &stdout[..start]),
-        vector: e.iter().map(|x| x.as_f64().unwrap()).collect(),
+        tokens: numbers("tokens").into_iter().map(|t| t as u32).collect(),
+        vector: numbers("embedding"),
     }
 }
 
@@ -107,9 +148,10 @@ pub fn assert_matches_peer(
     neighbours: bool,
 ) {
     assert!(texts.len() >= 50, "{name}: only {} texts", texts.len());
+    let digest = sha256_hex(&std::fs::read(model).unwrap());
     let peer: Vec<_> = texts
         .iter()
-        .map(|t| peer_embedding(model, t, ctx, PeerRun::Defaults))
+        .map(|t| peer_embedding(model, &digest, t, ctx, PeerRun::Defaults))
         .collect();
     // A model whose attention is not causal keeps no cache in the peer: its q8_0 run is its
     // defaults' exactly, and is not run.
@@ -127,7 +169,7 @@ pub fn assert_matches_peer(
         .map(|&run| {
             let v = texts
                 .iter()
-                .map(|t| peer_embedding(model, t, ctx, run).vector);
+                .map(|t| peer_embedding(model, &digest, t, ctx, run).vector);
             (run, v.collect())
         })
         .collect();

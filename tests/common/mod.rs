@@ -50,6 +50,29 @@ pub fn gemma3_path() -> PathBuf {
     p
 }
 
+/// Whether file `a` is at least as new as file `b` (both there).
+pub fn is_newer(a: &Path, b: &Path) -> bool {
+    let t = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    matches!((t(a), t(b)), (Some(x), Some(y)) if x >= y)
+}
+
+/// The file at `path`, made by `make` unless it is there and at least as new as each of
+/// `sources`, what it is made from: the test models, and the peer's results, which do not
+/// change while their inputs do not and would otherwise be made again on every run. Written
+/// beside and renamed, so that a test running at the same time never reads half a file and an
+/// interrupted run leaves none.
+pub fn kept(path: &Path, sources: &[&Path], make: impl FnOnce() -> Vec<u8>) -> PathBuf {
+    if !path.exists() || !sources.iter().all(|s| is_newer(path, s)) {
+        let dir = path.parent().expect("a file in a folder");
+        std::fs::create_dir_all(dir).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy();
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, make()).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+    path.to_path_buf()
+}
+
 /// The peer's reference outputs, kept in the repository (`tests/data`).
 pub fn reference_dir() -> PathBuf {
     let p = repo_root().join("tests/data");

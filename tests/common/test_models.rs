@@ -5,7 +5,7 @@
 //! models; they are models whose every part matters, run by edgelm and by llama.cpp (the KLD
 //! tests) or by two edgelm backends (the CUDA tests) on the same file.
 
-use super::{model_path, repo_root};
+use super::{kept, model_path, repo_root};
 use edgelm::gguf::{Array, GgufFile, GgufWriter, Value};
 use edgelm::quant::GgmlType;
 use std::path::{Path, PathBuf};
@@ -90,16 +90,7 @@ pub(super) fn made_once(
     let dir = std::env::var_os("EDGELM_TEST_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target/test-models"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    if !is_newer(&path, source) {
-        let bytes = build(source);
-        // Written beside and renamed, so a test running at the same time never reads half.
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, bytes).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
+    kept(&dir.join(name), &[source], || build(source))
 }
 
 /// Tensor `name` of `file`, as it is there.
@@ -115,11 +106,6 @@ pub(super) fn raw_tensor(file: &GgufFile, name: &str) -> Tensor {
         t.ty,
         file.tensor_data(t).to_vec(),
     )
-}
-
-pub(super) fn is_newer(a: &Path, b: &Path) -> bool {
-    let t = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    matches!((t(a), t(b)), (Some(x), Some(y)) if x >= y)
 }
 
 /// A tensor to write: name, ggml dims, type, bytes.
