@@ -17,7 +17,7 @@
 # target/test-venv, whose python runs the end-to-end tests); scripts/check-layers.py checks the
 # import order (docs/layers.md), scripts/check-docs.py that docs and comments hold no history
 # and that measured figures stand in docs/performance.md alone, and scripts/check-fn-length.py
-# that no function outside the tests is over 100 lines. Last, the system Python's packages must
+# that no function outside the tests is over 80 lines. Last, the system Python's packages must
 # be those it had at the start: the suite installs none there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
