@@ -116,10 +116,10 @@ mod tests {
         assert_eq!(d.pending_len(), 0);
     }
 
-    /// Found while writing the `tokenizer_roundtrip` fuzz target (its oracle: stream output ==
-    /// lossy decoding of all the bytes): an invalid byte followed by the start
-    /// of a character in one push used to flush both lossily, so the character completed by
-    /// the next token came out as two U+FFFD instead of itself.
+    /// The `tokenizer_roundtrip` fuzz target's case (its oracle: stream output == lossy
+    /// decoding of all the bytes): an invalid byte followed by the start of a character in
+    /// one push flushes only the invalid byte, so the character completed by the next token
+    /// comes out as itself, not as two U+FFFD.
     #[test]
     fn invalid_byte_does_not_swallow_the_next_character() {
         let mut d = StreamDecoder::new();

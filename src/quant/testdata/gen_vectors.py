@@ -7,8 +7,9 @@ from gguf-py's quantizers; Q8_1 and Q8_K (which gguf-py does not implement)
 from the numpy transcriptions of ggml's quantize_row_q8_1_ref /
 quantize_row_q8_K_ref below.
 
-Usage (from the repo root):  pip install gguf numpy
-                             python3 src/quant/testdata/gen_vectors.py
+Usage (from the repo root, in a virtual environment of its own, not the system Python):
+    python3 -m venv target/gen-venv && target/gen-venv/bin/pip install gguf numpy
+    target/gen-venv/bin/python src/quant/testdata/gen_vectors.py
 Output is deterministic for a given numpy/gguf version.
 """
 import os
