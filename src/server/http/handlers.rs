@@ -10,6 +10,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The log target of the one line each request ends with: a name of its own, so that a
+/// filter (`RUST_LOG=edgelm::server::requests=info`) or a journal search finds every request
+/// wherever the code that writes the line lives.
+const REQUEST_LOG: &str = "edgelm::server::requests";
+
 impl Server {
     /// A 503 once the server drains: no new work is taken.
     fn refuse_if_draining(&self) -> Result<(), ApiError> {
@@ -89,6 +94,7 @@ impl Server {
             .map(|t| format!("{:.3}s", t.duration_since(started).as_secs_f64()))
             .unwrap_or_else(|| "-".into());
         log::info!(
+            target: REQUEST_LOG,
             "{}: {}, prompt_tokens={n_prompt} completion_tokens={} ttft={ttft} duration={:.3}s",
             job.id,
             out.result,
@@ -147,6 +153,7 @@ impl Server {
         let body = openai::embeddings_answer(&job, vectors).to_string();
         let _ = resp.send(200, "application/json", &[], body.as_bytes());
         log::info!(
+            target: REQUEST_LOG,
             "embeddings: {} inputs, prompt_tokens={n_prompt} duration={:.3}s",
             job.inputs.len(),
             started.elapsed().as_secs_f64()
