@@ -6,7 +6,8 @@
 #
 #   [PEER_FLAVOUR=F] scripts/build-peer.sh [TARGET...]
 #       (default: llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize
-#       llama-embedding)
+#       llama-embedding); `mtmd-embed` is scripts/peer/mtmd-embed.cpp, a small harness on
+#       libmtmd's API that dumps the projector's image embeddings (the vision tests' peer)
 #
 # PEER_FLAVOUR picks a build for the CPU-kernel comparisons (scripts/compare-cpu.sh), each in
 # target/peer-F/build/bin:
@@ -117,6 +118,14 @@ build_peer() {
 
     log "building ${targets[*]} ($flavour) into $peer_build (log: $peer_dir/build.log; ~10 min on 2 cores)"
     local t0=$SECONDS
+    # The harness is ours: CMake builds the library it links (mtmd), then c++ the harness.
+    local cmake_targets=() harness=0
+    for t in "${targets[@]}"; do
+        case "$t" in
+            mtmd-embed) cmake_targets+=(mtmd llama) harness=1 ;;
+            *) cmake_targets+=("$t") ;;
+        esac
+    done
     # Tests, OpenSSL and curl are off, and so is the server's web UI (its prebuilt assets
     # would be fetched from the network at configure time); llama-server still builds.
     if ! {
@@ -126,7 +135,13 @@ build_peer() {
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON \
             -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF &&
         cmake --build "$peer_build" --config Release -j "${PEER_BUILD_JOBS:-2}" \
-            --target "${targets[@]}"
+            --target "${cmake_targets[@]}" &&
+        if [ "$harness" = 1 ]; then
+            local src="$peer_src/vendor/$vendored"
+            c++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" -I"$src/tools/mtmd" \
+                "$root/scripts/peer/mtmd-embed.cpp" -o "$peer_build/bin/mtmd-embed" \
+                -L"$peer_build/bin" -Wl,-rpath,"$peer_build/bin" -lmtmd -lllama -lggml -lggml-base
+        fi
     } >>"$peer_dir/build.log" 2>&1; then
         tail -n 30 "$peer_dir/build.log" >&2
         die "the llama.cpp build failed (full log: $peer_dir/build.log)"

@@ -33,6 +33,7 @@ LAYERS = [
     {"engine"},
     {"chat"},
     {"grammar"},
+    {"vision"},
     {"model"},
     {"backend"},
     {"kv", "tokenizer"},

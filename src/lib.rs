@@ -19,3 +19,4 @@ pub mod quant;
 pub mod server;
 pub mod systemd;
 pub mod tokenizer;
+pub mod vision;

@@ -13,6 +13,7 @@ pub use crate::backend::ops::{
 };
 pub use arch::{Arch, Family, ARCHITECTURES};
 pub use config::{DenseOutShape, LayerConfig, ModelConfig, MoeConfig, Pooling, RopeScaling};
+pub(crate) use weights::Binder;
 pub use weights::{DenseFfn, DenseOut, EncoderInput, Ffn, LayerWeights, Weights};
 
 use crate::backend::cpu::packed_weights::PackedWeights;

@@ -10,7 +10,6 @@ use crate::backend::ops::{
     DeltaNet, DeltaNetShape, ExpertBiases, Experts, LayerNorm, Mat, RopeTable, ShortConv, VecRef,
 };
 use crate::gguf::GgufFile;
-use crate::quant;
 use anyhow::{bail, Context, Result};
 
 /// One block's weights. Shapes in (rows × cols) = (out × in).
@@ -160,154 +159,11 @@ pub struct DenseOut {
     pub dense_3: VecRef, // [n_embd × hidden]
 }
 
-/// Binds tensors by name and remembers which ones were taken.
-struct Binder<'a> {
-    file: &'a GgufFile,
-    used: Vec<bool>,
-    arena: Vec<f32>,
-}
-
+mod binder;
 mod dense_out;
 mod encoder;
 
-impl Binder<'_> {
-    fn index(&self, name: &str) -> Option<usize> {
-        self.file.tensors().iter().position(|t| t.name == name)
-    }
-
-    /// A matrix of `rows` rows of `cols` values.
-    fn mat(&mut self, name: &str, cols: usize, rows: usize) -> Result<Mat> {
-        self.opt_mat(name, cols, rows)?
-            .with_context(|| format!("model has no tensor '{name}'"))
-    }
-
-    fn opt_mat(&mut self, name: &str, cols: usize, rows: usize) -> Result<Option<Mat>> {
-        let Some(idx) = self.index(name) else {
-            return Ok(None);
-        };
-        let info = &self.file.tensors()[idx];
-        let dims = &info.dims;
-        let two_d = dims.len() >= 2 && dims[2..].iter().all(|&d| d == 1);
-        if !two_d || dims[0] != cols as u64 || dims[1] != rows as u64 {
-            bail!("tensor '{name}' has dims {dims:?}, expected [{cols}, {rows}]");
-        }
-        if !quant::is_supported(info.ty) {
-            bail!(
-                "tensor '{name}' has type {} which edgelm cannot compute with",
-                info.ty
-            );
-        }
-        self.used[idx] = true;
-        Ok(Some(Mat {
-            name: name.to_owned(),
-            ty: info.ty,
-            cols,
-            rows,
-            tensor: idx,
-            first_row: 0,
-        }))
-    }
-
-    /// A 3-D tensor of `n` experts' matrices, each `rows` rows of `cols` values, as one
-    /// matrix per expert.
-    fn experts(&mut self, name: &str, cols: usize, rows: usize, n: usize) -> Result<Vec<Mat>> {
-        let idx = self
-            .index(name)
-            .with_context(|| format!("model has no tensor '{name}'"))?;
-        let info = &self.file.tensors()[idx];
-        let dims = &info.dims;
-        let three_d = dims.len() >= 3 && dims[3..].iter().all(|&d| d == 1);
-        if !three_d || dims[..3] != [cols as u64, rows as u64, n as u64] {
-            bail!("tensor '{name}' has dims {dims:?}, expected [{cols}, {rows}, {n}] (one matrix per expert)");
-        }
-        if !quant::is_supported(info.ty) {
-            bail!(
-                "tensor '{name}' has type {} which edgelm cannot compute with",
-                info.ty
-            );
-        }
-        self.used[idx] = true;
-        Ok((0..n)
-            .map(|e| Mat {
-                name: format!("{name}[{e}]"),
-                ty: info.ty,
-                cols,
-                rows,
-                tensor: idx,
-                first_row: e * rows,
-            })
-            .collect())
-    }
-
-    /// A small 1-D tensor, dequantized into the arena.
-    fn vector(&mut self, name: &str, len: usize) -> Result<VecRef> {
-        self.opt_vector(name, len)?
-            .with_context(|| format!("model has no tensor '{name}'"))
-    }
-
-    fn opt_vector(&mut self, name: &str, len: usize) -> Result<Option<VecRef>> {
-        let Some(idx) = self.index(name) else {
-            return Ok(None);
-        };
-        let info = &self.file.tensors()[idx];
-        if info.n_elements() != len as u64 {
-            bail!(
-                "tensor '{name}' has {} values, expected {len}",
-                info.n_elements()
-            );
-        }
-        let offset = self.arena.len();
-        self.arena.resize(offset + len, 0.0);
-        quant::dequantize_row(
-            info.ty,
-            self.file.tensor_data(info),
-            &mut self.arena[offset..],
-        )
-        .with_context(|| format!("tensor '{name}'"))?;
-        self.used[idx] = true;
-        Ok(Some(VecRef { offset, len }))
-    }
-
-    /// A tensor that only an optional feature may use: an error if it is there but not allowed.
-    fn allowed(&self, name: &str, allowed: bool) -> Result<bool> {
-        if !allowed && self.index(name).is_some() {
-            bail!("tensor '{name}' is not used by this architecture");
-        }
-        Ok(allowed)
-    }
-
-    /// An optional vector that only an optional feature may use (see [`Binder::allowed`]).
-    fn allowed_vector(&mut self, name: &str, allowed: bool, len: usize) -> Result<Option<VecRef>> {
-        if self.allowed(name, allowed)? {
-            self.opt_vector(name, len)
-        } else {
-            Ok(None)
-        }
-    }
-
-    /// Fails on the first tensor nothing took.
-    fn finish(self, arch: &str) -> Result<Vec<f32>> {
-        let unused: Vec<&str> = self
-            .file
-            .tensors()
-            .iter()
-            .zip(&self.used)
-            .filter(|(_, &u)| !u)
-            .map(|(t, _)| t.name.as_str())
-            .collect();
-        if let Some(first) = unused.first() {
-            bail!(
-                "tensor '{first}' is not used by architecture '{arch}'{} (a model with parts \
-                 edgelm would ignore is refused)",
-                match unused.len() {
-                    1 => String::new(),
-                    n => format!(" ({} more unused)", n - 1),
-                }
-            );
-        }
-        Ok(self.arena)
-    }
-}
+pub(crate) use binder::Binder;
 
 /// Rows `first..first + rows` of `m` as a matrix of their own.
 fn band(m: &Mat, first: usize, rows: usize, what: &str) -> Mat {
@@ -688,11 +544,7 @@ impl Binder<'_> {
 
 impl Weights {
     pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
-        let mut b = Binder {
-            file,
-            used: vec![false; file.tensors().len()],
-            arena: Vec::new(),
-        };
+        let mut b = Binder::new(file);
         let opt: Optional = cfg.family.optional();
         let e = cfg.n_embd;
         let token_embd = b.mat("token_embd.weight", e, cfg.vocab_size)?;
@@ -717,7 +569,7 @@ impl Weights {
             .collect::<Result<Vec<_>>>()?;
         b.skip_mtp_layers(cfg);
         let dense_out = b.dense_out(cfg)?;
-        let arena = b.finish(&cfg.arch)?;
+        let arena = b.finish(&format!("architecture '{}'", cfg.arch))?;
         Ok(Weights {
             token_embd,
             encoder,

@@ -4,6 +4,7 @@
 mod bert_model;
 pub mod embed;
 mod gemma_embedding_model;
+mod mmproj_model;
 mod nomic_bert_model;
 mod test_models;
 
@@ -12,6 +13,8 @@ mod test_models;
 pub use bert_model::{bert_test_model, BERT_CONTEXT};
 #[allow(unused_imports)]
 pub use gemma_embedding_model::{gemma_embedding_test_model, GEMMA_EMBEDDING_TEST_WINDOW};
+#[allow(unused_imports)]
+pub use mmproj_model::{test_mmproj, MMPROJ_IMAGE_SIZE};
 #[allow(unused_imports)]
 pub use nomic_bert_model::{nomic_bert_test_model, NOMIC_CONTEXT};
 #[allow(unused_imports)]

@@ -7,7 +7,7 @@ pub mod matmul;
 pub mod moe;
 pub mod ops;
 pub mod packed_weights;
-mod parallel;
+pub mod parallel;
 pub mod peak;
 pub mod pool;
 pub mod short_conv;

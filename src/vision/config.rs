@@ -1,0 +1,207 @@
+//! A projector file's settings (`clip.*` keys, as llama.cpp's converter writes them), read
+//! strictly: a key edgelm does not implement is refused, never ignored.
+
+use super::kinds::{projector_kind, ProjectorKind};
+use crate::gguf::{Array, GgufFile, Value};
+use anyhow::{bail, Context, Result};
+
+/// The vision encoder's and projector's shape and preprocessing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VisionConfig {
+    pub kind: ProjectorKind,
+    /// The ViT's width, FFN width, blocks and heads.
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_layers: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// ε of the ViT's layer norms and of the projector's RMS norm.
+    pub eps: f32,
+    /// Each image becomes `image_size` × `image_size` pixels, cut in patches of `patch_size`.
+    pub image_size: usize,
+    pub patch_size: usize,
+    /// Per channel (R, G, B): a pixel is `(v / 255 - mean) / std`.
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    /// Patches merged per side (Gemma 3: pooled `n_merge` × `n_merge`).
+    pub n_merge: usize,
+    /// The width of the rows the projector hands the text model.
+    pub projection_dim: usize,
+}
+
+/// The `clip.*` keys this reader understands; any other is refused.
+const KNOWN: [&str; 18] = [
+    "clip.projector_type",
+    "clip.has_vision_encoder",
+    "clip.has_audio_encoder",
+    "clip.use_gelu",
+    "clip.use_silu",
+    "clip.vision.embedding_length",
+    "clip.vision.feed_forward_length",
+    "clip.vision.block_count",
+    "clip.vision.projection_dim",
+    "clip.vision.attention.head_count",
+    "clip.vision.attention.head_count_kv",
+    "clip.vision.attention.head_dim",
+    "clip.vision.attention.layer_norm_epsilon",
+    "clip.vision.image_size",
+    "clip.vision.patch_size",
+    "clip.vision.image_mean",
+    "clip.vision.image_std",
+    "clip.vision.projector.scale_factor",
+];
+
+impl VisionConfig {
+    pub fn from_gguf(file: &GgufFile) -> Result<VisionConfig> {
+        if file.get_str("general.type").is_some_and(|t| t != "clip") {
+            bail!("not a projector file: general.type is not 'clip'");
+        }
+        let kind = projector_kind(
+            file.get_str("clip.projector_type")
+                .or_else(|| file.get_str("clip.vision.projector_type"))
+                .context("not a projector file: it has no clip.projector_type")?,
+        )?;
+        check_keys(file, kind)?;
+        let n_embd = size(file, "clip.vision.embedding_length")?;
+        let n_head = size(file, "clip.vision.attention.head_count")?;
+        if n_embd % n_head != 0 {
+            bail!("clip.vision.embedding_length {n_embd} is not a whole number of {n_head} heads");
+        }
+        let head_dim = n_embd / n_head;
+        for (key, want) in [
+            ("clip.vision.attention.head_count_kv", n_head),
+            ("clip.vision.attention.head_dim", head_dim),
+        ] {
+            if let Some(got) = opt_size(file, key)? {
+                if got != want {
+                    bail!("{key} is {got}: edgelm's ViT attends with {want}");
+                }
+            }
+        }
+        let image_size = size(file, "clip.vision.image_size")?;
+        let patch_size = size(file, "clip.vision.patch_size")?;
+        let n_merge = opt_size(file, "clip.vision.projector.scale_factor")?.unwrap_or(4);
+        let side = image_size / patch_size;
+        if image_size % patch_size != 0 || side % n_merge != 0 {
+            bail!(
+                "clip.vision.image_size {image_size} is not whole patches of {patch_size} \
+                 pooled {n_merge} × {n_merge}"
+            );
+        }
+        let cfg = VisionConfig {
+            kind,
+            n_embd,
+            n_ff: size(file, "clip.vision.feed_forward_length")?,
+            n_layers: size(file, "clip.vision.block_count")?,
+            n_head,
+            head_dim,
+            eps: file
+                .get_f32("clip.vision.attention.layer_norm_epsilon")
+                .filter(|e| e.is_finite() && *e > 0.0)
+                .context("clip.vision.attention.layer_norm_epsilon is missing or not positive")?,
+            image_size,
+            patch_size,
+            mean: triple(file, "clip.vision.image_mean")?,
+            std: triple(file, "clip.vision.image_std")?,
+            n_merge,
+            projection_dim: size(file, "clip.vision.projection_dim")?,
+        };
+        cfg.check_plausible()?;
+        Ok(cfg)
+    }
+
+    /// Sizes no real projector has are refused before anything is allocated by them.
+    fn check_plausible(&self) -> Result<()> {
+        if self.n_embd > 16_384 || self.n_ff > 1 << 17 || self.n_layers > 256 {
+            bail!(
+                "the ViT's sizes ({} wide, FFN {}, {} blocks) are implausible",
+                self.n_embd,
+                self.n_ff,
+                self.n_layers
+            );
+        }
+        if self.image_size > 4096 || self.patch_size > 64 || self.projection_dim > 65_536 {
+            bail!(
+                "the image size {} or patch size {} is implausible",
+                self.image_size,
+                self.patch_size
+            );
+        }
+        if self.std.iter().any(|s| *s == 0.0) {
+            bail!("clip.vision.image_std has a 0");
+        }
+        Ok(())
+    }
+
+    /// Patches per side of the (square) image.
+    pub fn patches_per_side(&self) -> usize {
+        self.image_size / self.patch_size
+    }
+
+    /// Rows one image becomes in the text model.
+    pub fn tokens_per_image(&self) -> usize {
+        let side = self.patches_per_side() / self.n_merge;
+        side * side
+    }
+}
+
+/// Refuses a `clip.*` key edgelm does not read, and encoders other than a GELU vision ViT.
+fn check_keys(file: &GgufFile, kind: ProjectorKind) -> Result<()> {
+    for (key, _) in file.metadata() {
+        if key.starts_with("clip.") && !KNOWN.contains(&key.as_str()) {
+            bail!(
+                "{key} is set, which edgelm's {} projector does not implement",
+                kind.name()
+            );
+        }
+    }
+    if flag(file, "clip.has_vision_encoder")? != Some(true) {
+        bail!("clip.has_vision_encoder is not true: edgelm runs vision projectors only");
+    }
+    if flag(file, "clip.has_audio_encoder")? == Some(true) {
+        bail!("clip.has_audio_encoder is true: edgelm runs no audio encoder");
+    }
+    // SigLIP's FFN is GELU (tanh); llama.cpp's default without either key is quick GELU.
+    if flag(file, "clip.use_gelu")? != Some(true) || flag(file, "clip.use_silu")? == Some(true) {
+        bail!(
+            "clip.use_gelu is not true: edgelm's {} ViT runs GELU only",
+            kind.name()
+        );
+    }
+    Ok(())
+}
+
+fn flag(file: &GgufFile, key: &str) -> Result<Option<bool>> {
+    match file.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .with_context(|| format!("{key} is not a boolean")),
+    }
+}
+
+fn opt_size(file: &GgufFile, key: &str) -> Result<Option<usize>> {
+    match file.get(key) {
+        None => Ok(None),
+        Some(v) => match v.as_u32() {
+            Some(0) => bail!("{key} is 0"),
+            Some(x) => Ok(Some(x as usize)),
+            None => bail!("{key} is not an unsigned integer"),
+        },
+    }
+}
+
+fn size(file: &GgufFile, key: &str) -> Result<usize> {
+    opt_size(file, key)?.with_context(|| format!("the projector file has no {key}"))
+}
+
+fn triple(file: &GgufFile, key: &str) -> Result<[f32; 3]> {
+    let Some(Value::Array(Array::F32(values))) = file.get(key) else {
+        bail!("the projector file has no {key} (an array of f32)");
+    };
+    match values[..] {
+        [r, g, b] if values.iter().all(|v| v.is_finite()) => Ok([r, g, b]),
+        _ => bail!("{key} is not three finite numbers (one per channel)"),
+    }
+}

@@ -1,0 +1,65 @@
+//! The projector proper: the ViT's rows to rows of the text model's width, per type.
+
+use super::config::VisionConfig;
+use super::weights::{Head, VisionWeights};
+use crate::backend::cpu::matmul::matmul;
+use crate::backend::cpu::ops::rmsnorm_in_place;
+
+/// `vit` (one row of `n_embd` per patch, row-major by patch row) as the text model's rows.
+pub fn project(cfg: &VisionConfig, w: &VisionWeights, vit: &[f32]) -> Vec<f32> {
+    match &w.head {
+        Head::Gemma3 {
+            norm,
+            projection,
+            ty,
+        } => {
+            let mut pooled = average_pool(vit, cfg.patches_per_side(), cfg.n_merge, cfg.n_embd);
+            let norm = norm.of(&w.arena);
+            pooled
+                .chunks_exact_mut(cfg.n_embd)
+                .for_each(|row| rmsnorm_in_place(row, norm, cfg.eps));
+            let mut out = vec![0.0; cfg.tokens_per_image() * cfg.projection_dim];
+            matmul(
+                projection,
+                *ty,
+                cfg.projection_dim,
+                cfg.n_embd,
+                &pooled,
+                &mut out,
+            );
+            out
+        }
+    }
+}
+
+/// Each `k` × `k` square of patches (of a `side` × `side` grid) averaged into one row:
+/// ggml's `pool_2d` (the sum over the kernel's rows then columns, divided by k²).
+fn average_pool(rows: &[f32], side: usize, k: usize, width: usize) -> Vec<f32> {
+    let out_side = side / k;
+    let mut out = vec![0.0; out_side * out_side * width];
+    for oy in 0..out_side {
+        for ox in 0..out_side {
+            let o = &mut out[(oy * out_side + ox) * width..][..width];
+            for ky in 0..k {
+                for kx in 0..k {
+                    let r = &rows[((oy * k + ky) * side + ox * k + kx) * width..][..width];
+                    o.iter_mut().zip(r).for_each(|(o, &v)| *o += v);
+                }
+            }
+            o.iter_mut().for_each(|v| *v /= (k * k) as f32);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_averages_each_square_of_patches() {
+        // A 4 × 4 grid of one-value rows, numbered by position, pooled 2 × 2.
+        let rows: Vec<f32> = (0..16).map(|v| v as f32).collect();
+        assert_eq!(average_pool(&rows, 4, 2, 1), vec![2.5, 4.5, 10.5, 12.5]);
+    }
+}

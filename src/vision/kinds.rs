@@ -1,0 +1,84 @@
+//! Every projector type edgelm runs: one table, from which the loader's refusal and `inspect`
+//! are built and against which the README's list is checked (`tests/architectures.rs`).
+
+use anyhow::{bail, Result};
+
+/// What a projector file's `clip.projector_type` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProjectorKind {
+    /// Gemma 3's: a SigLIP ViT, its patches average-pooled `n_merge` × `n_merge`, an RMS norm
+    /// ("soft embedding norm") and a projection to the text model's width.
+    Gemma3,
+}
+
+/// One row of [`PROJECTORS`].
+#[derive(Clone, Copy, Debug)]
+pub struct ProjectorType {
+    /// `clip.projector_type` as llama.cpp's converter writes it.
+    pub name: &'static str,
+    pub kind: ProjectorKind,
+    /// The vision-language models whose projector files this is.
+    pub models: &'static str,
+    /// The text architecture the projector's rows are made for.
+    pub text_arch: &'static str,
+}
+
+/// The projector types edgelm implements, in the order the docs list them.
+pub const PROJECTORS: [ProjectorType; 1] = [ProjectorType {
+    name: "gemma3",
+    kind: ProjectorKind::Gemma3,
+    models: "Gemma 3 4B/12B/27B (SigLIP, pooled 4 × 4)",
+    text_arch: "gemma3",
+}];
+
+/// The names of [`PROJECTORS`], as a refusal lists them.
+pub fn projector_names() -> String {
+    let names: Vec<&str> = PROJECTORS.iter().map(|p| p.name).collect();
+    names.join(", ")
+}
+
+/// The kind `name` stands for, or the refusal that lists the implemented ones.
+pub fn projector_kind(name: &str) -> Result<ProjectorKind> {
+    match PROJECTORS.iter().find(|p| p.name == name) {
+        Some(p) => Ok(p.kind),
+        None => bail!(
+            "projector type '{name}' is not implemented (edgelm runs: {})",
+            projector_names()
+        ),
+    }
+}
+
+impl ProjectorKind {
+    fn row(self) -> &'static ProjectorType {
+        PROJECTORS
+            .iter()
+            .find(|p| p.kind == self)
+            .expect("every kind is in the table")
+    }
+
+    pub fn name(self) -> &'static str {
+        self.row().name
+    }
+
+    pub fn text_arch(self) -> &'static str {
+        self.row().text_arch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_projector_is_found_by_its_name_and_others_are_refused_with_the_list() {
+        for p in PROJECTORS {
+            assert_eq!(projector_kind(p.name).unwrap(), p.kind);
+            assert_eq!(p.kind.name(), p.name);
+        }
+        let e = projector_kind("llava").unwrap_err().to_string();
+        assert!(
+            e.contains("'llava'") && e.contains(&projector_names()),
+            "{e}"
+        );
+    }
+}

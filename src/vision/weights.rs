@@ -1,0 +1,185 @@
+//! A projector file's tensors (llama.cpp's `v.*` and `mm.*` names), each bound once and
+//! checked against the config's shapes; a tensor nothing takes is refused.
+
+use super::config::VisionConfig;
+use super::kinds::ProjectorKind;
+use crate::backend::ops::{LayerNorm, Mat, VecRef};
+use crate::gguf::GgufFile;
+use crate::model::Binder;
+use crate::quant::{self, GgmlType};
+use anyhow::{bail, Result};
+
+/// One ViT block: pre-norm attention and pre-norm GELU FFN, every matrix with its bias.
+pub struct VitLayer {
+    pub ln1: LayerNorm,
+    pub q: (Mat, VecRef), // [n_embd × n_embd]
+    pub k: (Mat, VecRef),
+    pub v: (Mat, VecRef),
+    pub out: (Mat, VecRef),
+    pub ln2: LayerNorm,
+    pub up: (Mat, VecRef),   // [n_ff × n_embd]
+    pub down: (Mat, VecRef), // [n_embd × n_ff]
+}
+
+/// What turns the ViT's rows into rows of the text model's width.
+pub enum Head {
+    /// Gemma 3: pooled, RMS-normed by `norm`, projected by `projection`.
+    Gemma3 {
+        norm: VecRef,
+        /// [projection_dim × n_embd], in the file's type (F16 or F32), transposed at load: the
+        /// file stores it the other way round.
+        projection: Vec<u8>,
+        ty: GgmlType,
+    },
+}
+
+pub struct VisionWeights {
+    /// Each patch's 3 × p × p pixels (channel, row, column) to the ViT's width.
+    pub patch: Mat, // [n_embd × 3·p·p]
+    pub patch_bias: VecRef,
+    /// One learned row per patch position.
+    pub positions: VecRef, // [n_patches × n_embd]
+    pub pre_norm: Option<LayerNorm>,
+    pub layers: Vec<VitLayer>,
+    pub post_norm: Option<LayerNorm>,
+    pub head: Head,
+    /// Every vector (norms, biases, positions), dequantized to f32 once.
+    pub arena: Vec<f32>,
+}
+
+impl VisionWeights {
+    pub fn load(file: &GgufFile, cfg: &VisionConfig) -> Result<VisionWeights> {
+        let mut b = Binder::new(file);
+        let e = cfg.n_embd;
+        let p = cfg.patch_size;
+        let patch = b.flat_mat(
+            "v.patch_embd.weight",
+            &[p as u64, p as u64, 3, e as u64],
+            3 * p * p,
+            e,
+        )?;
+        let patch_bias = b.vector("v.patch_embd.bias", e)?;
+        let n_patches = cfg.patches_per_side() * cfg.patches_per_side();
+        let positions = b.vector("v.position_embd.weight", n_patches * e)?;
+        let pre_norm = opt_layer_norm(&mut b, "v.pre_ln", e)?;
+        let layers = (0..cfg.n_layers)
+            .map(|i| vit_layer(&mut b, cfg, i))
+            .collect::<Result<Vec<_>>>()?;
+        let post_norm = opt_layer_norm(&mut b, "v.post_ln", e)?;
+        let head = match cfg.kind {
+            ProjectorKind::Gemma3 => {
+                let norm = b.vector("mm.soft_emb_norm.weight", e)?;
+                let (projection, ty) = transposed(
+                    &mut b,
+                    file,
+                    "mm.input_projection.weight",
+                    e,
+                    cfg.projection_dim,
+                )?;
+                Head::Gemma3 {
+                    norm,
+                    projection,
+                    ty,
+                }
+            }
+        };
+        let arena = b.finish(&format!("projector '{}'", cfg.kind.name()))?;
+        Ok(VisionWeights {
+            patch,
+            patch_bias,
+            positions,
+            pre_norm,
+            layers,
+            post_norm,
+            head,
+            arena,
+        })
+    }
+
+    /// Every matrix the encoder reads from the mapped file.
+    pub fn matrices(&self) -> Vec<&Mat> {
+        let mut all = vec![&self.patch];
+        for l in &self.layers {
+            all.extend([&l.q.0, &l.k.0, &l.v.0, &l.out.0, &l.up.0, &l.down.0]);
+        }
+        all
+    }
+}
+
+fn layer_norm(b: &mut Binder<'_>, name: &str, n: usize) -> Result<LayerNorm> {
+    Ok(LayerNorm {
+        weight: b.vector(&format!("{name}.weight"), n)?,
+        bias: b.vector(&format!("{name}.bias"), n)?,
+    })
+}
+
+fn opt_layer_norm(b: &mut Binder<'_>, name: &str, n: usize) -> Result<Option<LayerNorm>> {
+    match b.index(&format!("{name}.weight")) {
+        Some(_) => layer_norm(b, name, n).map(Some),
+        None => {
+            b.allowed(&format!("{name}.bias"), false)?;
+            Ok(None)
+        }
+    }
+}
+
+/// A matrix of `rows` rows of `cols` and its bias of `rows`.
+fn biased(b: &mut Binder<'_>, name: &str, cols: usize, rows: usize) -> Result<(Mat, VecRef)> {
+    Ok((
+        b.mat(&format!("{name}.weight"), cols, rows)?,
+        b.vector(&format!("{name}.bias"), rows)?,
+    ))
+}
+
+fn vit_layer(b: &mut Binder<'_>, cfg: &VisionConfig, i: usize) -> Result<VitLayer> {
+    let e = cfg.n_embd;
+    let name = |k: &str| format!("v.blk.{i}.{k}");
+    // Some converters wrote the FFN's up and down the other way round (llama.cpp swaps them
+    // back when `ffn_down` is n_embd wide): the shapes tell which is which.
+    let swapped = b
+        .dims(&name("ffn_down.weight"))
+        .is_some_and(|d| d.first() == Some(&(e as u64)) && cfg.n_ff != e);
+    let (up_name, down_name) = match swapped {
+        true => (name("ffn_down"), name("ffn_up")),
+        false => (name("ffn_up"), name("ffn_down")),
+    };
+    Ok(VitLayer {
+        ln1: layer_norm(b, &name("ln1"), e)?,
+        q: biased(b, &name("attn_q"), e, e)?,
+        k: biased(b, &name("attn_k"), e, e)?,
+        v: biased(b, &name("attn_v"), e, e)?,
+        out: biased(b, &name("attn_out"), e, e)?,
+        ln2: layer_norm(b, &name("ln2"), e)?,
+        up: biased(b, &up_name, e, cfg.n_ff)?,
+        down: biased(b, &down_name, cfg.n_ff, e)?,
+    })
+}
+
+/// A projection the file stores as `cols` rows of `rows` values (ggml multiplies by its
+/// transpose), laid out as `rows` rows of `cols` for the matmul kernels, in its own type.
+fn transposed(
+    b: &mut Binder<'_>,
+    file: &GgufFile,
+    name: &str,
+    cols: usize,
+    rows: usize,
+) -> Result<(Vec<u8>, GgmlType)> {
+    let idx = b.tensor(name, &[rows as u64, cols as u64])?;
+    let info = &file.tensors()[idx];
+    let width = match info.ty {
+        GgmlType::F16 | GgmlType::BF16 => 2,
+        GgmlType::F32 => 4,
+        ty => bail!("tensor '{name}' is {ty}: edgelm transposes F32, F16 or BF16 projections only"),
+    };
+    let data = file.tensor_data(info);
+    let mut projection = vec![0u8; data.len()];
+    for c in 0..cols {
+        for r in 0..rows {
+            let from = (c * rows + r) * width;
+            let to = (r * cols + c) * width;
+            projection[to..to + width].copy_from_slice(&data[from..from + width]);
+        }
+    }
+    debug_assert!(quant::is_supported(info.ty));
+    Ok((projection, info.ty))
+}
