@@ -6,8 +6,10 @@
 #
 #   [PEER_FLAVOUR=F] scripts/build-peer.sh [TARGET...]
 #       (default: llama-bench llama-batched-bench llama-server llama-perplexity llama-tokenize
-#       llama-embedding); `mtmd-embed` is scripts/peer/mtmd-embed.cpp, a small harness on
-#       libmtmd's API that dumps the projector's image embeddings (the vision tests' peer)
+#       llama-embedding); `mtmd-embed` and `mtmd-logits` are scripts/peer/NAME.cpp, small
+#       harnesses on libmtmd's and libllama's APIs (the vision tests' peer): mtmd-embed dumps
+#       the projector's image embeddings, mtmd-logits the text model's logits for a prompt
+#       holding an image, teacher-forced over a continuation
 #
 # PEER_FLAVOUR picks a build for the CPU-kernel comparisons (scripts/compare-cpu.sh), each in
 # target/peer-F/build/bin:
@@ -118,11 +120,12 @@ build_peer() {
 
     log "building ${targets[*]} ($flavour) into $peer_build (log: $peer_dir/build.log; ~10 min on 2 cores)"
     local t0=$SECONDS
-    # The harness is ours: CMake builds the library it links (mtmd), then c++ the harness.
-    local cmake_targets=() harness=0
+    # The harnesses are ours: CMake builds the libraries they link (mtmd, llama), then c++ each
+    # harness.
+    local cmake_targets=() harnesses=() src="$peer_src/vendor/$vendored"
     for t in "${targets[@]}"; do
         case "$t" in
-            mtmd-embed) cmake_targets+=(mtmd llama) harness=1 ;;
+            mtmd-embed|mtmd-logits) cmake_targets+=(mtmd llama) harnesses+=("$t") ;;
             *) cmake_targets+=("$t") ;;
         esac
     done
@@ -136,12 +139,13 @@ build_peer() {
             -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF &&
         cmake --build "$peer_build" --config Release -j "${PEER_BUILD_JOBS:-2}" \
             --target "${cmake_targets[@]}" &&
-        if [ "$harness" = 1 ]; then
-            local src="$peer_src/vendor/$vendored"
-            c++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" -I"$src/tools/mtmd" \
-                "$root/scripts/peer/mtmd-embed.cpp" -o "$peer_build/bin/mtmd-embed" \
-                -L"$peer_build/bin" -Wl,-rpath,"$peer_build/bin" -lmtmd -lllama -lggml -lggml-base
-        fi
+        (
+            for h in ${harnesses[@]+"${harnesses[@]}"}; do
+                c++ -O2 -std=c++17 -I"$src/include" -I"$src/ggml/include" -I"$src/tools/mtmd" \
+                    "$root/scripts/peer/$h.cpp" -o "$peer_build/bin/$h" -L"$peer_build/bin" \
+                    -Wl,-rpath,"$peer_build/bin" -lmtmd -lllama -lggml -lggml-base || exit 1
+            done
+        )
     } >>"$peer_dir/build.log" 2>&1; then
         tail -n 30 "$peer_dir/build.log" >&2
         die "the llama.cpp build failed (full log: $peer_dir/build.log)"

@@ -50,7 +50,7 @@ step packaging/fetch-model.sh gemma3
 # The suite runs llama-perplexity (the KL-divergence and perplexity tests), llama-embedding
 # (tests/embeddings.rs) and mtmd-embed (tests/vision.rs); the other peer tools are for scripts/compare-peer.sh and
 # scripts/reliability.sh, which build them on first use.
-step scripts/build-peer.sh llama-perplexity llama-embedding mtmd-embed
+step scripts/build-peer.sh llama-perplexity llama-embedding mtmd-embed mtmd-logits
 step cargo fmt --check
 step scripts/check-layers.py
 step scripts/check-docs.py

@@ -80,6 +80,14 @@ pub struct ServeArgs {
     /// ID=PATH to give a model the id requests select it by (default: the file's name).
     #[arg(short = 'm', long = "model", value_name = "[ID=]PATH")]
     pub model: Vec<String>,
+    /// A projector file (llama.cpp's mmproj GGUF) through which the model reads images
+    /// [profile: model.mmproj]. With several models, write ID=PATH for the one it belongs to.
+    #[arg(long = "mmproj", value_name = "[ID=]PATH")]
+    pub mmproj: Vec<String>,
+    /// A chat template (Jinja) for the model, instead of the one its GGUF holds or for one
+    /// that holds none [profile: model.chat_template_file]. With several models, ID=PATH.
+    #[arg(long = "chat-template-file", value_name = "[ID=]PATH")]
+    pub chat_template_file: Vec<String>,
     /// [profile: server.host, default 127.0.0.1]
     #[arg(long)]
     pub host: Option<String>,

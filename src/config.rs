@@ -31,6 +31,11 @@ pub struct ModelSection {
     pub kv_share: f64,
     /// Beside other models: its KV budget in MiB instead of a share; 0: the default.
     pub kv_memory_mib: usize,
+    /// Its projector file (llama.cpp's mmproj GGUF), through which it reads images.
+    pub mmproj: Option<PathBuf>,
+    /// A chat template (Jinja) to use instead of the one the GGUF holds (or for a GGUF that
+    /// holds none).
+    pub chat_template_file: Option<PathBuf>,
 }
 
 /// What a served model answers.
@@ -127,6 +132,8 @@ impl Default for ModelSection {
             kind: ModelKind::Auto,
             kv_share: 0.0,
             kv_memory_mib: 0,
+            mmproj: None,
+            chat_template_file: None,
         }
     }
 }
@@ -416,6 +423,26 @@ impl ModelSection {
 
 impl Profile {
     /// Every model the profile serves, the first one first.
+    /// The served model `id` (or, with none, the only one), for a flag that gives one model
+    /// a file (`--mmproj [ID=]PATH`): `flag` names it in errors.
+    pub fn served_section(
+        &mut self,
+        flag: &str,
+        id: Option<&str>,
+    ) -> anyhow::Result<&mut ModelSection> {
+        let several = !self.models.is_empty();
+        let mut sections = std::iter::once(&mut self.model).chain(&mut self.models);
+        match id {
+            Some(id) => sections
+                .find(|m| m.served_id() == id)
+                .ok_or_else(|| anyhow::anyhow!("{flag}: no served model is called {id}")),
+            None if several => anyhow::bail!(
+                "{flag}: several models are served; write ID=PATH to name the one it belongs to"
+            ),
+            None => Ok(sections.next().expect("one model")),
+        }
+    }
+
     pub fn served_models(&self) -> Vec<ModelSection> {
         std::iter::once(&self.model)
             .chain(&self.models)

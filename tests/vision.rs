@@ -184,3 +184,204 @@ fn a_projector_is_refused_beside_a_text_model_it_was_not_made_for() {
         .to_string();
     assert!(e.contains("576"), "{e}");
 }
+
+/// The prompts of the logits test (`<__media__>` where the image goes, as in a rendered Gemma
+/// 3 chat) and the text each is teacher-forced through.
+const PAIRS: [(&str, &str); 5] = [
+    (
+        "<start_of_turn>user\n<__media__>What is in this picture?<end_of_turn>\n<start_of_turn>model\n",
+        "The picture shows a small animal sitting on a wooden floor next to a window. The light comes from the left and falls on its fur, which is striped grey and brown. In the background there is a plant in a pot, a chair and a white wall with a painting hanging on it.",
+    ),
+    (
+        "<start_of_turn>user\nDescribe the colours of this image.\n<__media__><end_of_turn>\n<start_of_turn>model\n",
+        "Most of the image is in warm colours: orange, red and a soft yellow near the centre. The edges are darker, almost black, and there is a thin blue line along the top. A few white spots stand out on the right side, where the light is strongest, and the shadows below are deep brown.",
+    ),
+    (
+        "<start_of_turn>user\n<__media__>\nIs there a person in this photograph? Answer briefly.<end_of_turn>\n<start_of_turn>model\n",
+        "No, there is no person in this photograph. It shows an object on a table, photographed from above in daylight, with a plain background. Nothing in it moves, and there are no hands, faces or shadows of people anywhere in the frame, so the answer is simply that it contains no one at all.",
+    ),
+    (
+        "<start_of_turn>user\nRead any text you can see in the image.<__media__><end_of_turn>\n<start_of_turn>model\n",
+        "I cannot see any readable text in this image. There are some shapes that look like letters near the bottom edge, but they are too small and blurred to read. If you have a sharper copy of the picture, or a closer view of that part, I can try again and tell you what the words say.",
+    ),
+    (
+        "<start_of_turn>user\n<__media__>Write one sentence for a caption.<end_of_turn>\n<start_of_turn>model\n",
+        "A quiet moment captured in natural light, where simple shapes and soft colours come together to tell a small story about an ordinary day. The caption should be short, so here it is again in fewer words: an ordinary day, seen up close, in soft light and warm colours, with nothing out of place.",
+    ),
+];
+
+/// Tokens of each continuation the logits are compared over.
+const CONTINUATION: usize = 64;
+
+/// The peer's logits for `prompt` with `image`, teacher-forced through `cont`, with its KV
+/// cache of `kv_type` (kept while nothing they come from changes); and the prompt's ids as
+/// it saw them (image positions as -1).
+fn peer_logits(
+    mmproj: &Path,
+    image: &Path,
+    (pair, prompt): (usize, &str),
+    cont: &[u32],
+    kv_type: &str,
+) -> (Vec<f32>, Vec<i64>) {
+    let text_model = gemma3_path();
+    let dir = repo_root().join("target/peer-vision");
+    let stem = format!(
+        "{}-{}-p{pair}-{kv_type}",
+        mmproj.file_stem().unwrap().to_string_lossy(),
+        image.file_name().unwrap().to_string_lossy()
+    );
+    let (line_path, rows_path) = (
+        dir.join(format!("{stem}.txt")),
+        dir.join(format!("{stem}.f32")),
+    );
+    let (prompt_path, cont_path) = (
+        dir.join(format!("{stem}.prompt")),
+        dir.join(format!("{stem}.cont")),
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(&prompt_path, prompt).unwrap();
+    let ids: Vec<String> = cont.iter().map(u32::to_string).collect();
+    std::fs::write(&cont_path, ids.join(" ")).unwrap();
+    let tool = peer_tool("mtmd-logits");
+    kept(
+        &line_path,
+        &[&text_model, mmproj, image, &tool, &prompt_path, &cont_path],
+        || {
+            let out = Command::new(&tool)
+                .args([
+                    &text_model,
+                    mmproj,
+                    image,
+                    &prompt_path,
+                    &cont_path,
+                    &rows_path,
+                ])
+                .arg(kv_type)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "mtmd-logits: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        },
+    );
+    let line = std::fs::read_to_string(&line_path).unwrap();
+    let ids = line
+        .split(" ids ")
+        .nth(1)
+        .expect("the ids")
+        .trim()
+        .split(',')
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let bytes = std::fs::read(&rows_path).unwrap();
+    let rows = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (rows, ids)
+}
+
+/// Per row of `vocab` logits: KL(softmax(base) ‖ softmax(other)) and whether their top
+/// tokens agree (llama-perplexity's `--kl-divergence` measures).
+fn kld_rows(base: &[f32], other: &[f32], vocab: usize) -> Vec<(f64, bool)> {
+    let log_softmax = |r: &[f32]| {
+        let max = r.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+        let sum: f64 = r.iter().map(|&v| (v as f64 - max).exp()).sum();
+        let lse = max + sum.ln();
+        r.iter().map(|&v| v as f64 - lse).collect::<Vec<f64>>()
+    };
+    let top = |r: &[f32]| (0..r.len()).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap();
+    base.chunks(vocab)
+        .zip(other.chunks(vocab))
+        .map(|(b, o)| {
+            let (lb, lo) = (log_softmax(b), log_softmax(o));
+            let kld = lb.iter().zip(&lo).map(|(p, q)| p.exp() * (p - q)).sum();
+            (kld, top(b) == top(o))
+        })
+        .collect()
+}
+
+#[test]
+fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
+    use edgelm::engine::{PromptImage, Session, SessionConfig};
+    use edgelm::kv::KvType;
+    use edgelm::model::{Logits, Model};
+    use std::sync::Arc;
+
+    let model = Arc::new(Model::load(&gemma3_path()).unwrap());
+    let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
+    let vocab = model.config.vocab_size;
+    let mmproj = test_mmproj("gemma3");
+    let projector = Projector::open(&mmproj).unwrap();
+    let mut session = Session::new(model, SessionConfig::cpu(KvType::F16, 16, 512, 512)).unwrap();
+    let (mut ours, mut q8) = (Vec::new(), Vec::new());
+    for image in images() {
+        let rgb = decode(&std::fs::read(&image).unwrap()).unwrap();
+        let rows = Arc::new(projector.embed(&rgb));
+        for (pair, (prompt, text)) in PAIRS.iter().enumerate() {
+            // Each text, then the next one's: longer than CONTINUATION tokens.
+            let text = format!("{text} {}", PAIRS[(pair + 1) % PAIRS.len()].1);
+            let cont = tokenizer.encode(&text, false).unwrap()[..CONTINUATION].to_vec();
+            let (base, peer_ids) = peer_logits(&mmproj, &image, (pair, prompt), &cont, "f16");
+            let (peer_q8, _) = peer_logits(&mmproj, &image, (pair, prompt), &cont, "q8_0");
+            let (tokens, starts) = projector
+                .prompt_tokens(&tokenizer, prompt, "<__media__>", 0)
+                .unwrap();
+            let as_peer: Vec<i64> = (0..tokens.len())
+                .map(|i| match starts[0] <= i && i < starts[0] + rows.len() {
+                    true => -1,
+                    false => i64::from(tokens[i]),
+                })
+                .collect();
+            assert_eq!(as_peer, peer_ids, "the prompt's ids, pair {pair}");
+            let image_at = PromptImage {
+                at: starts[0],
+                rows: rows.clone(),
+            };
+            let mut all = tokens.clone();
+            all.extend(&cont[..CONTINUATION - 1]);
+            session.reset();
+            let logits = session
+                .extend_with_images(&all, std::slice::from_ref(&image_at), Logits::All)
+                .unwrap();
+            let ours_rows = &logits[(tokens.len() - 1) * vocab..];
+            assert_eq!(ours_rows.len(), base.len(), "rows of pair {pair}");
+            ours.extend(kld_rows(&base, ours_rows, vocab));
+            q8.extend(kld_rows(&base, &peer_q8, vocab));
+        }
+    }
+    let mean = |v: &[(f64, bool)]| v.iter().map(|r| r.0).sum::<f64>() / v.len() as f64;
+    let same = |v: &[(f64, bool)]| 100.0 * v.iter().filter(|r| r.1).count() as f64 / v.len() as f64;
+    let n = ours.len();
+    eprintln!(
+        "{} image+prompt pairs, {n} scored tokens: edgelm's mean KLD {:.6} (same top {:.2}%), \
+         llama.cpp's q8_0 cache's {:.6} ({:.2}%)",
+        n / CONTINUATION,
+        mean(&ours),
+        same(&ours),
+        mean(&q8),
+        same(&q8)
+    );
+    assert!(n >= 20 * CONTINUATION);
+    assert!(
+        mean(&q8) < 0.1,
+        "the test model is chaotic after an image: {}",
+        mean(&q8)
+    );
+    assert!(
+        mean(&ours) <= mean(&q8),
+        "edgelm's KLD {} over the q8_0 cache's {}",
+        mean(&ours),
+        mean(&q8)
+    );
+    // "Same top" over ~1,300 tokens has a standard error near 0.6 points.
+    assert!(
+        same(&ours) >= same(&q8) - 1.5,
+        "same top {} against {}",
+        same(&ours),
+        same(&q8)
+    );
+}

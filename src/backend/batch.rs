@@ -40,6 +40,48 @@ pub struct BatchMeta {
     pub state_slots: Vec<Option<u32>>,
     /// A hybrid's prefix-cache snapshots to write in this pass (`kv::StateSnapshots`).
     pub state_saves: Vec<StateSaveAt>,
+    /// Tokens whose input is a row given here instead of their embedding (an image's
+    /// positions), in token order.
+    pub inputs: Vec<RowInput>,
+}
+
+/// Rows that stand for a run of prompt positions in place of their tokens' embeddings: an
+/// image's, as its projector made them (`vision::Projector::encode`).
+#[derive(Debug, PartialEq)]
+pub struct Embedded {
+    /// `len()` rows of `width` values, in position order.
+    pub rows: Vec<f32>,
+    pub width: usize,
+    /// Identifies what the rows were made from (a hash of the image's pixels and the
+    /// projector): the prefix cache keys their positions by it.
+    pub key: u64,
+    /// Each position attends to all of the rows (Gemma 3's images), not only to those
+    /// before it.
+    pub bidirectional: bool,
+}
+
+impl Embedded {
+    pub fn len(&self) -> usize {
+        self.rows.len() / self.width.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.rows[i * self.width..(i + 1) * self.width]
+    }
+}
+
+/// Token `token` of the batch takes row `row` of `rows` as its input; it attends through
+/// position `through` (its own where causal; the image's last where bidirectional).
+#[derive(Clone, Debug)]
+pub struct RowInput {
+    pub token: usize,
+    pub rows: std::sync::Arc<Embedded>,
+    pub row: usize,
+    pub through: usize,
 }
 
 /// Sequence `seq`'s (an index into `block_tables`) recurrent state after the first `after`
@@ -242,6 +284,27 @@ impl BatchMeta {
                 "a hidden state requested for token {i} of a batch of {}",
                 self.tokens.len()
             );
+        }
+        self.validate_inputs()
+    }
+
+    /// Each given row is there, and a token sees past itself only to positions of its own
+    /// span (whose K/V this step writes).
+    fn validate_inputs(&self) -> Result<()> {
+        let spans = self.spans();
+        for input in &self.inputs {
+            let i = input.token;
+            if i >= self.tokens.len() || input.row >= input.rows.len() {
+                bail!("input row {} for token {i} is not there", input.row);
+            }
+            let last = self.positions[spans[self.seq_of[i]].end - 1];
+            if input.through < self.positions[i] || input.through > last {
+                bail!(
+                    "token {i} at position {} would attend through position {} (its span ends at {last})",
+                    self.positions[i],
+                    input.through
+                );
+            }
         }
         Ok(())
     }

@@ -37,4 +37,6 @@ pub use error::Error;
 pub use output::ChatOutput;
 pub use prompt::{render_prompt, Conversation, Offer};
 pub use setup::{prepare, ChatSetup, OutputRules};
-pub use types::{Call, Delta, Function, Message, MessageContent, Syntax, Tool};
+pub use types::{
+    Call, Delta, Function, ImagePart, ImageUrl, Message, MessageContent, Syntax, Tool, IMAGE_MARKER,
+};

@@ -3,7 +3,7 @@
 
 use super::error::Error;
 use super::tools::{check_tools, generic_instructions, parse_choice, template_tools, Choice};
-use super::types::{Message, Syntax, Tool};
+use super::types::{ImagePart, Message, Syntax, Tool};
 use crate::tokenizer::{ChatMessage, ChatTemplate, TemplateInputs};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -18,6 +18,15 @@ pub struct Conversation {
     pub parallel_tool_calls: Option<bool>,
     /// `low`, `medium` or `high`: for templates that set a reasoning budget (gpt-oss).
     pub reasoning_effort: Option<Value>,
+}
+
+impl Conversation {
+    /// Every image of its messages, in the order their markers stand in the prompt.
+    pub fn images(&self) -> Vec<ImagePart> {
+        (self.messages.iter().enumerate())
+            .flat_map(|(i, m)| m.images(i))
+            .collect()
+    }
 }
 
 /// The tools a conversation offers, checked, and what the model may do with them.

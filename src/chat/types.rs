@@ -143,6 +143,29 @@ pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    /// An `image_url` part's image.
+    pub image_url: Option<ImageUrl>,
+}
+
+/// An image as OpenAI's clients send it: a `data:` URL (or a remote one, which the server may
+/// refuse), and how closely to look at it (accepted; every projector has one resolution).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ImageUrl {
+    pub url: String,
+    pub detail: Option<String>,
+}
+
+/// Where an image stands in a rendered prompt: llama.cpp's media marker, which its server
+/// writes in a message's text for each image part too.
+pub const IMAGE_MARKER: &str = "<__media__>";
+
+/// An image of a conversation, and the content part it came in (for errors that name it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImagePart {
+    pub url: ImageUrl,
+    /// `messages[i].content[j]`.
+    pub param: String,
 }
 
 /// One message of a conversation, as OpenAI's clients send it.
@@ -182,7 +205,25 @@ impl Message {
         }
     }
 
-    /// The message's text: its string, or its text parts joined.
+    /// Its image parts, in order; `index` is the message's place in the conversation.
+    pub fn images(&self, index: usize) -> Vec<ImagePart> {
+        let Some(MessageContent::Parts(parts)) = &self.content else {
+            return Vec::new();
+        };
+        parts
+            .iter()
+            .enumerate()
+            .filter_map(|(j, p)| {
+                p.image_url.clone().map(|url| ImagePart {
+                    url,
+                    param: format!("messages[{index}].content[{j}]"),
+                })
+            })
+            .collect()
+    }
+
+    /// The message's text: its string, or its parts joined, each image part as
+    /// [`IMAGE_MARKER`] (as llama.cpp's server writes it).
     pub fn text(&self) -> Result<String, Error> {
         match &self.content {
             None => Ok(String::new()),
@@ -190,16 +231,19 @@ impl Message {
             Some(MessageContent::Parts(parts)) => {
                 let mut s = String::new();
                 for p in parts {
-                    if p.kind != "text" {
-                        return Err(Error::new(
-                            "messages",
-                            format!(
-                                "content part type '{}' is not supported (text only)",
-                                p.kind
-                            ),
-                        ));
+                    match (p.kind.as_str(), &p.text, &p.image_url) {
+                        ("text", _, None) => s += p.text.as_deref().unwrap_or(""),
+                        ("image_url", None, Some(_)) => s += IMAGE_MARKER,
+                        (kind, ..) => {
+                            return Err(Error::new(
+                                "messages",
+                                format!(
+                                    "content part type '{kind}' is not supported (text and \
+                                     image_url, each with its own field)"
+                                ),
+                            ))
+                        }
                     }
-                    s += p.text.as_deref().unwrap_or("");
                 }
                 Ok(s)
             }

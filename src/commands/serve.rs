@@ -18,6 +18,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => Profile::default(),
     };
     args.override_profile(&mut p);
+    args.attach_files(&mut p)?;
     p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     edgelm::backend::select::resolve(&p.engine.backend, "serving");
     let compute = ComputeArgs::from_profile(&p.engine);
@@ -66,6 +67,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 impl ServeArgs {
+    /// Each `--mmproj` and `--chat-template-file` (`[ID=]PATH`) given to the model it names
+    /// (a path that exists is a path, as for `-m`).
+    fn attach_files(&self, p: &mut Profile) -> Result<()> {
+        for (flag, args) in [
+            ("--mmproj", &self.mmproj),
+            ("--chat-template-file", &self.chat_template_file),
+        ] {
+            for arg in args {
+                let given = model_section(arg);
+                let id = (!given.id.is_empty()).then_some(given.id.as_str());
+                let section = p.served_section(flag, id)?;
+                match flag {
+                    "--mmproj" => section.mmproj = Some(given.path),
+                    _ => section.chat_template_file = Some(given.path),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The flags given override the profile's values.
     fn override_profile(&self, p: &mut Profile) {
         let (server, engine) = (&mut p.server, &mut p.engine);
@@ -106,9 +127,11 @@ fn set<T>(field: &mut T, value: Option<T>) {
 fn check_memory(p: &Profile) -> Result<()> {
     let mut model_bytes = 0;
     for m in p.served_models() {
-        match std::fs::metadata(&m.path) {
-            Ok(meta) => model_bytes += meta.len(),
-            Err(_) => anyhow::bail!("{}", edgelm::config::missing_model(&m.path)),
+        for path in std::iter::once(&m.path).chain(&m.mmproj) {
+            match std::fs::metadata(path) {
+                Ok(meta) => model_bytes += meta.len(),
+                Err(_) => anyhow::bail!("{}", edgelm::config::missing_model(path)),
+            }
         }
     }
     if let Some(total) = total_ram_bytes() {

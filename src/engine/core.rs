@@ -142,6 +142,9 @@ pub struct Engine {
     encoder: bool,
 }
 
+/// Why a CUDA engine takes no image rows: its step embeds token ids on the device.
+const IMAGES_ON_CPU: &str = "images run on the CPU backend only (this model's engine runs on CUDA)";
+
 /// Why an encoder takes no generation request.
 const ENCODER_GENERATES: &str =
     "this model only computes embeddings (it has no output head to generate text with)";
@@ -227,6 +230,9 @@ impl Engine {
             max_n: config.max_seqs.max(1),
             embedding_width: shape.pooling.embeds().then_some(shape.hidden_width),
             generation_refused: shape.encoder.then_some(ENCODER_GENERATES),
+            step_tokens: config.max_batched_tokens,
+            input_width: shape.hidden_width,
+            images_refused: exec.is_cuda().then_some(IMAGES_ON_CPU),
         };
         let local = EngineStats {
             kv_pool_bytes: exec.kv_bytes(),
@@ -376,6 +382,7 @@ impl Engine {
             .min(self.context);
         let mut seq = Sequence::new(id, req.id, self.arrivals, req.prompt.clone(), max_len);
         seq.arrived = req.submitted;
+        seq.images = req.images.clone();
         seq.want_prompt_logits = p.prompt_logprobs.is_some();
         seq.forks_pending = p.n - 1;
         seq.sampler = Sampler::new(p.sampling.clone());
@@ -545,7 +552,9 @@ impl Engine {
                 .chain(&s.draft[..span.draft])
                 .copied()
                 .collect();
+            let first = meta.tokens.len();
             meta.push_span(&tokens, span.start, s.blocks.tables().to_vec(), span.logits);
+            meta.inputs.extend(s.row_inputs(span.start..ran, first));
             if let Some(slot) = s.state_slot {
                 meta.set_state_slot(slot);
             }

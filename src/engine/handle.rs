@@ -3,7 +3,7 @@
 //! a request in, its events out on a channel of its own.
 
 use super::metrics::{EngineStats, SharedStats};
-use super::request::{Event, GenParams, Request, RequestId};
+use super::request::{Event, GenParams, PromptImage, Request, RequestId};
 use crate::kv::plan::KvPlan;
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +30,13 @@ pub struct EngineLimits {
     /// Why this engine generates no text (an encoder, which only embeds); `None` where it
     /// does.
     pub generation_refused: Option<&'static str>,
+    /// The most prompt tokens one step computes: a bidirectional image, computed in one
+    /// step, may not be longer.
+    pub step_tokens: usize,
+    /// The width of the rows a prompt may give in place of embeddings (the model's).
+    pub input_width: usize,
+    /// Why this engine takes no image rows; `None` where it does.
+    pub images_refused: Option<&'static str>,
 }
 
 /// The cloneable way in: submit, cancel, read stats.
@@ -64,7 +71,21 @@ impl EngineHandle {
         prompt: Vec<u32>,
         params: GenParams,
     ) -> Result<(RequestId, Receiver<Event>)> {
+        self.submit_with_images(prompt, Vec::new(), params)
+    }
+
+    /// [`EngineHandle::submit`] for a prompt some of whose runs are given as rows (images).
+    pub fn submit_with_images(
+        &self,
+        prompt: Vec<u32>,
+        images: Vec<PromptImage>,
+        params: GenParams,
+    ) -> Result<(RequestId, Receiver<Event>)> {
         let l = &self.limits;
+        if let (false, Some(why)) = (images.is_empty(), l.images_refused) {
+            bail!("{why}");
+        }
+        check_images(&images, prompt.len(), &params, l)?;
         if prompt.is_empty() {
             bail!("the prompt is empty");
         }
@@ -86,6 +107,7 @@ impl EngineHandle {
         let req = Request {
             id,
             prompt,
+            images,
             params,
             budget,
             submitted: std::time::Instant::now(),
@@ -140,6 +162,48 @@ impl EngineHandle {
     }
 }
 
+/// Images lie inside the prompt, in order, apart from each other; an embedding request has
+/// none (its pooling reads token rows).
+fn check_images(
+    images: &[PromptImage],
+    prompt: usize,
+    params: &GenParams,
+    l: &EngineLimits,
+) -> Result<()> {
+    if images.is_empty() {
+        return Ok(());
+    }
+    if params.embed {
+        bail!("an embedding request takes no images");
+    }
+    let mut from = 0;
+    for image in images {
+        if image.rows.is_empty() || image.at < from || image.end() > prompt {
+            bail!(
+                "image rows at positions {}..{} do not fit the prompt of {prompt} tokens in order",
+                image.at,
+                image.end()
+            );
+        }
+        if image.rows.width != l.input_width {
+            bail!(
+                "image rows are {} wide, the model's inputs {}",
+                image.rows.width,
+                l.input_width
+            );
+        }
+        if image.rows.bidirectional && image.rows.len() > l.step_tokens {
+            bail!(
+                "an image of {} positions does not fit one step of {} tokens (max_batched_tokens)",
+                image.rows.len(),
+                l.step_tokens
+            );
+        }
+        from = image.end();
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +217,9 @@ mod tests {
         max_n: 4,
         embedding_width: None,
         generation_refused: None,
+        step_tokens: 64,
+        input_width: 8,
+        images_refused: None,
     };
 
     /// A handle whose engine is the returned receiver.

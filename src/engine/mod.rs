@@ -20,7 +20,7 @@ pub use self::core::{
     DEFAULT_STATE_SNAPSHOT_MIB,
 };
 pub use handle::{EngineHandle, EngineLimits};
-pub use request::{Event, FinishReason, GenParams, RequestId, TokenLogprob};
+pub use request::{Event, FinishReason, GenParams, PromptImage, RequestId, TokenLogprob};
 pub use sampler::Rng;
 pub use sampler::{Sampler, SamplingParams};
 pub use session::{Session, SessionConfig};

@@ -1,6 +1,8 @@
 //! What crosses the engine boundary: requests in, events out. Plain data only.
 
 use super::SamplingParams;
+use crate::backend::batch::RowInput;
+use std::ops::Range;
 
 pub type RequestId = u64;
 
@@ -50,10 +52,61 @@ impl Default for GenParams {
     }
 }
 
+/// Prompt positions `at..at + rows.len()` take `rows` as their input (an image's), in place
+/// of their tokens' embeddings (the prompt holds placeholder tokens there).
+#[derive(Clone, Debug)]
+pub struct PromptImage {
+    pub at: usize,
+    pub rows: std::sync::Arc<crate::backend::batch::Embedded>,
+}
+
+impl PromptImage {
+    pub fn end(&self) -> usize {
+        self.at + self.rows.len()
+    }
+}
+
+/// The image rows that positions `range` take, for a span whose first token is token `first`
+/// of the batch: each attends through its image's last position where the image is
+/// bidirectional (chunks never cut such an image: [`uncut_chunk`]).
+pub fn row_inputs(images: &[PromptImage], range: Range<usize>, first: usize) -> Vec<RowInput> {
+    let mut out = Vec::new();
+    for image in images {
+        let bidirectional = image.rows.bidirectional;
+        for pos in image.at.max(range.start)..image.end().min(range.end) {
+            out.push(RowInput {
+                token: first + pos - range.start,
+                rows: image.rows.clone(),
+                row: pos - image.at,
+                through: if bidirectional { image.end() - 1 } else { pos },
+            });
+        }
+    }
+    out
+}
+
+/// The longest chunk of at most `len` positions from `start` that does not cut an image whose
+/// positions see each other: it stops before such an image, or takes all of it when it starts
+/// inside one (0 when `len` cannot hold the rest of it).
+pub fn uncut_chunk(images: &[PromptImage], start: usize, len: usize) -> usize {
+    let end = start + len;
+    for image in images.iter().filter(|i| i.rows.bidirectional) {
+        if image.at < end && end < image.end() {
+            return match image.at > start {
+                true => image.at - start,
+                false => 0,
+            };
+        }
+    }
+    len
+}
+
 #[derive(Clone, Debug)]
 pub struct Request {
     pub id: RequestId,
     pub prompt: Vec<u32>,
+    /// Runs of the prompt given as rows (images), in order, apart from each other.
+    pub images: Vec<PromptImage>,
     pub params: GenParams,
     /// The tokens it may generate: its `max_tokens`, or what the context and the pool leave
     /// its prompt (`EngineHandle::submit` works it out once).

@@ -301,6 +301,10 @@ impl Scheduler {
         if let Some(id) = candidates().find(|id| self.seqs[id].whole) {
             budget = budget.max(self.seqs[&id].pending().min(left));
         }
+        // The same for an image whose positions see each other, computed in one step.
+        if let Some(need) = candidates().map(|id| self.seqs[&id].image_need()).max() {
+            budget = budget.max(need.min(left));
+        }
         let mut lanes = Lanes::new(
             budget,
             self.long_turn,
@@ -383,6 +387,7 @@ impl Scheduler {
             if len == 0 || self.cut_short(id, len) {
                 continue;
             }
+            let len = self.seqs[&id].uncut_chunk(len);
             if let Grow::Ok = self.grow(id, len, batch) {
                 batch.spans.push(self.prefill_span(id, len));
                 lanes.take(long, len);
@@ -419,16 +424,17 @@ impl Scheduler {
             }
             let restores = batch.state_copies.len();
             self.attach_cached_prefix(id, batch);
-            let len = lanes.allow(long, self.seqs[&id].pending());
-            match self.grow(id, len, batch) {
-                Grow::Ok => {
+            let len = self.seqs[&id].uncut_chunk(lanes.allow(long, self.seqs[&id].pending()));
+            match (len > 0).then(|| self.grow(id, len, batch)) {
+                Some(Grow::Ok) => {
                     self.waiting.remove(i);
                     self.running.push(id);
                     batch.spans.push(self.prefill_span(id, len));
                     lanes.take(long, len);
                 }
-                Grow::NoBlock => {
-                    // Give the cache hits back until blocks free up.
+                _ => {
+                    // Give the cache hits back until blocks free up (or, where the hits end
+                    // at an image this lane cannot hold whole, until it can).
                     let s = self.seqs.get_mut(&id).expect("waiting seq exists");
                     s.num_computed = 0;
                     s.cached_tokens = 0;
@@ -442,10 +448,11 @@ impl Scheduler {
     }
 
     /// Whether a chunk of `len` tokens would cut sequence `id`'s prompt that must be computed
-    /// whole (`Sequence::whole`): it waits for a step with room for all of it.
+    /// whole (`Sequence::whole`), or leave no chunk that does not cut an image
+    /// (`Sequence::uncut_chunk`): it waits for a step with room for all of it.
     fn cut_short(&self, id: SeqId, len: usize) -> bool {
         let s = &self.seqs[&id];
-        s.whole && len < s.pending()
+        (s.whole && len < s.pending()) || s.uncut_chunk(len) == 0
     }
 
     /// Liveness: if nothing at all could run while sequences hold blocks, forces the newest

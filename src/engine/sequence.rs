@@ -3,10 +3,12 @@
 //! The scheduler holds every live sequence in one map; the engine reaches them through it.
 
 use super::pooled::Pooled;
-use super::request::RequestId;
+use super::request::{row_inputs, uncut_chunk, PromptImage, RequestId};
 use super::sampler::{Sampler, SamplingParams};
+use crate::backend::batch::RowInput;
 use crate::grammar::{Constraint, Mask};
 use crate::kv::{block_hash, SeqBlocks};
+use std::ops::Range;
 use std::time::Instant;
 
 pub type SeqId = u64;
@@ -71,6 +73,8 @@ pub struct Sequence {
     pub draft_cap: usize,
     /// An embedding sequence's hidden rows pooled so far.
     pub pooled: Option<Pooled>,
+    /// Runs of its prompt given as rows (images), in order.
+    pub images: Vec<PromptImage>,
 }
 
 impl Sequence {
@@ -110,6 +114,7 @@ impl Sequence {
             mask: None,
             draft_cap: 0,
             pooled: None,
+            images: Vec::new(),
         }
     }
 
@@ -156,14 +161,127 @@ impl Sequence {
         self.block_hashes[i]
     }
 
-    /// The chained hashes of the first `n` full blocks (requires the tokens).
+    /// The chained hashes of the first `n` full blocks (requires the tokens). A block that
+    /// holds image positions is keyed by the images' keys too (vLLM's extra keys): its
+    /// placeholder tokens are the same for every image, so the same text with another image
+    /// is another block.
     pub fn hashes_up_to(&mut self, n: usize, block_size: usize) -> &[u64] {
         while self.block_hashes.len() < n {
             let j = self.block_hashes.len();
             let parent = j.checked_sub(1).map(|p| self.block_hashes[p]);
-            let h = block_hash(parent, &self.tokens[j * block_size..(j + 1) * block_size]);
+            let range = j * block_size..(j + 1) * block_size;
+            let mut h = block_hash(parent, &self.tokens[range.clone()]);
+            for image in self
+                .images
+                .iter()
+                .filter(|i| i.at < range.end && i.end() > range.start)
+            {
+                // The image's key and where it starts relative to the block.
+                let offset = (image.at as i64 - range.start as i64) as u64;
+                h = block_hash(
+                    Some(h ^ image.rows.key),
+                    &[offset as u32, (offset >> 32) as u32],
+                );
+            }
             self.block_hashes.push(h);
         }
         &self.block_hashes[..n]
+    }
+
+    /// The image rows that positions `range` (a span of this step) take, for a span whose
+    /// first token is token `first` of the batch.
+    pub fn row_inputs(&self, range: Range<usize>, first: usize) -> Vec<RowInput> {
+        row_inputs(&self.images, range, first)
+    }
+
+    /// The most positions a chunk of its prompt must take at once: the rest of its largest
+    /// bidirectional image not yet computed (0 without one).
+    pub fn image_need(&self) -> usize {
+        self.images
+            .iter()
+            .filter(|i| i.rows.bidirectional && i.end() > self.num_computed)
+            .map(|i| i.end() - i.at.max(self.num_computed))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The longest prefill chunk of at most `len` pending tokens that does not cut an image
+    /// whose positions see each other (see [`uncut_chunk`]).
+    pub fn uncut_chunk(&self, len: usize) -> usize {
+        uncut_chunk(&self.images, self.num_computed, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::batch::Embedded;
+    use std::sync::Arc;
+
+    /// A prompt of 40 placeholder tokens with an image of `len` rows at `at`.
+    fn with_image(at: usize, len: usize, key: u64, bidirectional: bool) -> Sequence {
+        let mut s = Sequence::new(1, 1, 1, vec![3; 40], 100);
+        s.images.push(PromptImage {
+            at,
+            rows: Arc::new(Embedded {
+                rows: vec![0.5; len * 2],
+                width: 2,
+                key,
+                bidirectional,
+            }),
+        });
+        s
+    }
+
+    #[test]
+    fn blocks_holding_an_image_are_keyed_by_it() {
+        let (mut a, mut b) = (with_image(10, 12, 7, true), with_image(10, 12, 8, true));
+        let mut plain = Sequence::new(1, 1, 1, vec![3; 40], 100);
+        let (ha, hb, hp) = (
+            a.hashes_up_to(4, 8).to_vec(),
+            b.hashes_up_to(4, 8).to_vec(),
+            plain.hashes_up_to(4, 8).to_vec(),
+        );
+        assert_eq!(ha[0], hb[0], "the block before the image is the same text");
+        assert_eq!(ha[0], hp[0]);
+        for k in 1..4 {
+            assert_ne!(ha[k], hb[k], "block {k} holds or follows another image");
+            assert_ne!(ha[k], hp[k], "block {k}");
+        }
+        assert_eq!(
+            with_image(10, 12, 7, true).hashes_up_to(4, 8),
+            &ha[..],
+            "the same image"
+        );
+        assert_ne!(
+            with_image(11, 12, 7, true).hashes_up_to(4, 8)[1],
+            ha[1],
+            "placed elsewhere"
+        );
+    }
+
+    #[test]
+    fn a_bidirectional_image_is_never_cut_and_its_rows_see_all_of_it() {
+        let mut s = with_image(10, 12, 7, true);
+        assert_eq!(s.uncut_chunk(5), 5, "text before the image");
+        assert_eq!(s.uncut_chunk(15), 10, "stops before the image");
+        assert_eq!(s.uncut_chunk(22), 22, "takes all of it");
+        assert_eq!(s.image_need(), 12);
+        s.num_computed = 10;
+        assert_eq!(s.uncut_chunk(11), 0, "the rest of it does not fit");
+        assert_eq!(s.uncut_chunk(12), 12);
+        let rows = s.row_inputs(10..25, 3);
+        assert_eq!(rows.len(), 12);
+        assert_eq!((rows[0].token, rows[0].row, rows[0].through), (3, 0, 21));
+        assert_eq!(
+            (rows[11].token, rows[11].row, rows[11].through),
+            (14, 11, 21)
+        );
+        // A causal image may be cut, and each row sees up to itself.
+        let c = with_image(10, 12, 7, false);
+        assert_eq!(c.uncut_chunk(15), 15);
+        assert_eq!(c.image_need(), 0);
+        let rows = c.row_inputs(0..15, 0);
+        assert_eq!((rows.len(), rows[4].through), (5, 14));
     }
 }

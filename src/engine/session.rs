@@ -3,10 +3,12 @@
 //! sequences the same way).
 
 use super::executor::{Executor, ExecutorPlan};
+use super::request::{row_inputs, uncut_chunk, PromptImage};
 use crate::backend::select::Backend;
 use crate::kv::{BlockPool, KvType, SeqBlocks};
 use crate::model::{BatchMeta, Logits, Model};
 use anyhow::{bail, Result};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// How a session is set up.
@@ -103,16 +105,54 @@ impl Session {
     /// Appends `tokens` (run in chunks of the session's chunk size), returning the logits
     /// asked for: the last token's row, or every token's row.
     pub fn extend(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        self.append(tokens, want, false)
+        self.append(tokens, &[], want, false)
+    }
+
+    /// [`Session::extend`] for tokens some runs of which are given as rows (`images`, placed
+    /// at positions counted from the session's start): no chunk cuts an image whose positions
+    /// see each other.
+    pub fn extend_with_images(
+        &mut self,
+        tokens: &[u32],
+        images: &[PromptImage],
+        want: Logits,
+    ) -> Result<Vec<f32>> {
+        self.append(tokens, images, want, false)
     }
 
     /// [`Session::extend`] with tokens the model generated: they take the arithmetic the
     /// engine gives generated tokens (`BatchMeta::generated`), not a prompt's.
     pub fn extend_generated(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        self.append(tokens, want, true)
+        self.append(tokens, &[], want, true)
     }
 
-    fn append(&mut self, tokens: &[u32], want: Logits, generated: bool) -> Result<Vec<f32>> {
+    /// `tokens` in chunks of at most the session's chunk size, none cutting a bidirectional
+    /// image: each chunk's range of `tokens`.
+    fn chunks(&self, tokens: usize, images: &[PromptImage]) -> Result<Vec<Range<usize>>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < tokens {
+            let len = (tokens - at).min(self.chunk);
+            let len = match uncut_chunk(images, self.len + at, len) {
+                0 => bail!(
+                    "an image is longer than the session's chunk of {}",
+                    self.chunk
+                ),
+                n => n,
+            };
+            out.push(at..at + len);
+            at += len;
+        }
+        Ok(out)
+    }
+
+    fn append(
+        &mut self,
+        tokens: &[u32],
+        images: &[PromptImage],
+        want: Logits,
+        generated: bool,
+    ) -> Result<Vec<f32>> {
         if self.len + tokens.len() > self.capacity() {
             bail!(
                 "sequence of {} tokens exceeds the KV capacity of {}",
@@ -122,8 +162,10 @@ impl Session {
         }
         let layout = &self.model.layout;
         let mut out = Vec::new();
-        let parts = tokens.chunks(self.chunk).count();
-        for (ci, part) in tokens.chunks(self.chunk).enumerate() {
+        let chunks = self.chunks(tokens.len(), images)?;
+        let parts = chunks.len();
+        for (ci, range) in chunks.into_iter().enumerate() {
+            let part = &tokens[range];
             let need = self
                 .blocks
                 .blocks_needed(&self.pool, layout, self.len, part.len());
@@ -143,6 +185,7 @@ impl Session {
             };
             let mut batch = BatchMeta::default();
             batch.push_span(part, self.len, self.blocks.tables().to_vec(), w);
+            batch.inputs = row_inputs(images, self.len..self.len + part.len(), 0);
             // A session's one sequence has the pool's one state slot (a hybrid's; a model that
             // only attends has none, and the device refuses a slot outside its pool).
             if self.exec.state_slots() > 0 {

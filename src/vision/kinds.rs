@@ -21,6 +21,12 @@ pub struct ProjectorType {
     pub models: &'static str,
     /// The text architecture the projector's rows are made for.
     pub text_arch: &'static str,
+    /// What the prompt holds before and after an image's rows (tokenized as text, with
+    /// special tokens: llama.cpp's `img_beg` and `img_end`).
+    pub image_begin: &'static str,
+    pub image_end: &'static str,
+    /// An image's positions attend to each other, not only to those before them.
+    pub bidirectional: bool,
 }
 
 /// The projector types edgelm implements, in the order the docs list them.
@@ -29,6 +35,9 @@ pub const PROJECTORS: [ProjectorType; 1] = [ProjectorType {
     kind: ProjectorKind::Gemma3,
     models: "Gemma 3 4B/12B/27B (SigLIP, pooled 4 × 4)",
     text_arch: "gemma3",
+    image_begin: "<start_of_image>",
+    image_end: "<end_of_image>",
+    bidirectional: true,
 }];
 
 /// The names of [`PROJECTORS`], as a refusal lists them.
@@ -62,6 +71,11 @@ impl ProjectorKind {
 
     pub fn text_arch(self) -> &'static str {
         self.row().text_arch
+    }
+
+    /// The type's row of [`PROJECTORS`].
+    pub fn info(self) -> &'static ProjectorType {
+        self.row()
     }
 }
 

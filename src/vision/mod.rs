@@ -19,7 +19,9 @@ pub use config::VisionConfig;
 pub use decode::{decode, Rgb};
 pub use kinds::{projector_kind, projector_names, ProjectorKind, ProjectorType, PROJECTORS};
 
+use crate::backend::batch::Embedded;
 use crate::gguf::GgufFile;
+use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use weights::VisionWeights;
@@ -88,4 +90,52 @@ impl Projector {
         let vit = encoder::run_vit(&self.file, &self.weights, &self.config, &pixels);
         head::project(&self.config, &self.weights, &vit)
     }
+
+    /// `prompt` (text with one `marker` where each image goes) as the text model reads it,
+    /// as llama.cpp's `mtmd_tokenize` makes it: each piece of text tokenized on its own (BOS
+    /// before the first where the vocabulary wants one), and around each image the type's
+    /// begin and end text; an image's positions hold `placeholder`. Returns the tokens and
+    /// each image's first position.
+    pub fn prompt_tokens(
+        &self,
+        tokenizer: &Tokenizer,
+        prompt: &str,
+        marker: &str,
+        placeholder: u32,
+    ) -> Result<(Vec<u32>, Vec<usize>)> {
+        let info = self.config.kind.info();
+        let mut pieces = prompt.split(marker);
+        let mut tokens = tokenizer.encode(pieces.next().unwrap_or(""), true)?;
+        let mut starts = Vec::new();
+        for text_after in pieces {
+            tokens.extend(tokenizer.encode(info.image_begin, false)?);
+            starts.push(tokens.len());
+            tokens.extend(std::iter::repeat_n(placeholder, self.tokens_per_image()));
+            tokens.extend(tokenizer.encode(info.image_end, false)?);
+            tokens.extend(tokenizer.encode(text_after, false)?);
+        }
+        Ok((tokens, starts))
+    }
+
+    /// `img` encoded as the rows a prompt gives the text model in place of its image's
+    /// positions, keyed by [`image_key`].
+    pub fn embed(&self, img: &Rgb) -> Embedded {
+        Embedded {
+            rows: self.encode(img),
+            width: self.config.projection_dim,
+            key: image_key(img),
+            bidirectional: self.config.kind.info().bidirectional,
+        }
+    }
+}
+
+/// What identifies an image's rows to the prefix cache: a hash of its size and pixels (the
+/// same frame sent again, however it was encoded as a file, is the same image).
+pub fn image_key(img: &Rgb) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update((img.width as u64).to_le_bytes());
+    h.update((img.height as u64).to_le_bytes());
+    h.update(&img.data);
+    u64::from_le_bytes(h.finalize()[..8].try_into().expect("32 bytes"))
 }

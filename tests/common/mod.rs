@@ -69,7 +69,10 @@ pub fn kept(path: &Path, sources: &[&Path], make: impl FnOnce() -> Vec<u8>) -> P
         let dir = path.parent().expect("a file in a folder");
         std::fs::create_dir_all(dir).unwrap();
         let name = path.file_name().unwrap().to_string_lossy();
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        // One name per thread: tests of one binary may make the same file at once.
+        let thread = format!("{:?}", std::thread::current().id());
+        let thread: String = thread.chars().filter(char::is_ascii_digit).collect();
+        let tmp = dir.join(format!(".{name}.{}-{thread}.tmp", std::process::id()));
         std::fs::write(&tmp, make()).unwrap();
         std::fs::rename(&tmp, path).unwrap();
     }

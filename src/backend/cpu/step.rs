@@ -142,12 +142,18 @@ impl<'a> CpuStep<'a> {
             .collect();
         let bt = kv.geometry().block_size;
         let span_len = batch.span_lengths();
+        // Each token attends through its own position, or further where its input row says
+        // so (an image whose positions see each other).
+        let mut through = batch.positions.clone();
+        for input in &batch.inputs {
+            through[input.token] = input.through;
+        }
         let attn_tokens = (0..layout.num_groups())
             .map(|g| {
                 (0..n)
                     .map(|i| AttnToken {
                         block_table: &batch.block_tables[batch.seq_of[i]][g],
-                        pos: batch.positions[i],
+                        pos: through[i],
                         first: layout.first_visible(g, batch.positions[i]),
                         // ggml's tiled path for long prompt spans, as the peer; and for the
                         // tokens the model generates, where no peer arithmetic is held to:
@@ -270,6 +276,19 @@ impl Ops for CpuStep<'_> {
         }
         if scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= scale);
+        }
+        // Rows given in place of embeddings (an image's) go in as they are: the scale is the
+        // token embeddings' (Gemma's √n_embd), not theirs.
+        for input in &self.batch.inputs {
+            let row = input.rows.row(input.row);
+            if row.len() != table.cols {
+                anyhow::bail!(
+                    "an input row is {} wide, the model's embeddings {}",
+                    row.len(),
+                    table.cols
+                );
+            }
+            x[input.token * table.cols..][..table.cols].copy_from_slice(row);
         }
         Ok(())
     }

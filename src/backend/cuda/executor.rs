@@ -275,6 +275,9 @@ impl CudaExecutor {
         batch: &BatchMeta,
         want: Want<'_>,
     ) -> Result<(), String> {
+        if !batch.inputs.is_empty() {
+            return Err("the CUDA backend takes no image rows (images run on the CPU)".into());
+        }
         batch
             .validate(
                 self.cfg.block_size,

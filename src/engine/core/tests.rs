@@ -60,6 +60,7 @@ fn submit(
     let req = Request {
         id,
         prompt: prompt.to_vec(),
+        images: Vec::new(),
         budget: params.max_tokens.unwrap_or(usize::MAX),
         params,
         submitted: Instant::now(),

@@ -18,4 +18,4 @@ pub use format::{Failure, Format};
 pub use models::{Kind, Models, Ready};
 pub use reply::{HandedBody, RawResponse};
 pub use run::{run, Watchers, GONE};
-pub use work::Work;
+pub use work::{PendingImage, Work};

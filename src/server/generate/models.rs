@@ -9,6 +9,8 @@ use crate::grammar::Grammars;
 use crate::kv::shares::{self, ShareRequest};
 use crate::model::Model;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
+use crate::vision::Projector;
+use anyhow::Context;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -40,6 +42,8 @@ pub struct Ready {
     /// The model file's modification time (seconds since the epoch): `created` in the API.
     pub model_created: u64,
     pub kind: Kind,
+    /// Its projector, through which it reads images (`ModelSection::mmproj`).
+    pub projector: Option<Arc<Projector>>,
 }
 
 /// Every model the server holds, the first one first.
@@ -103,6 +107,7 @@ struct Loaded {
     model: Arc<Model>,
     tokenizer: Tokenizer,
     kind: Kind,
+    projector: Option<Arc<Projector>>,
 }
 
 impl Loaded {
@@ -117,11 +122,16 @@ impl Loaded {
             ),
             false => Kind::Generate,
         };
+        let projector = match &spec.mmproj {
+            None => None,
+            Some(path) => Some(Arc::new(open_projector(path, &model, kind)?)),
+        };
         Ok(Loaded {
             spec: spec.clone(),
             model,
             tokenizer,
             kind,
+            projector,
         })
     }
 
@@ -147,8 +157,12 @@ impl Loaded {
             model,
             tokenizer,
             kind,
+            projector,
         } = self;
-        let chat = chat_template(&tokenizer, &spec.served_id());
+        let chat = match &spec.chat_template_file {
+            Some(path) => Some(chat_template_file(&tokenizer, path)?),
+            None => chat_template(&tokenizer, &spec.served_id()),
+        };
         let model_created = std::fs::metadata(&spec.path)
             .and_then(|m| m.modified())
             .ok()
@@ -164,9 +178,44 @@ impl Loaded {
             model_name: spec.served_id(),
             model_created,
             kind,
+            projector,
         };
         Ok((ready, thread))
     }
+}
+
+/// The projector file `path`, checked against the model that reads its rows.
+fn open_projector(path: &std::path::Path, model: &Model, kind: Kind) -> anyhow::Result<Projector> {
+    if kind != Kind::Generate {
+        anyhow::bail!(
+            "{}: a projector serves a model that generates",
+            path.display()
+        );
+    }
+    let projector = Projector::open(path)?;
+    projector
+        .check_text_model(&model.config.arch, model.config.n_embd)
+        .with_context(|| format!("projector {}", path.display()))?;
+    log::info!(
+        "projector {}: {}, {} positions an image",
+        path.display(),
+        projector.config.kind.name(),
+        projector.tokens_per_image()
+    );
+    Ok(projector)
+}
+
+/// The chat template in `path`, which must compile (it was asked for by name).
+fn chat_template_file(
+    tokenizer: &Tokenizer,
+    path: &std::path::Path,
+) -> anyhow::Result<ChatTemplate> {
+    let src = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the chat template {}", path.display()))?;
+    let bos = tokenizer.special_text(tokenizer.bos);
+    let eos = tokenizer.special_text(tokenizer.eos);
+    ChatTemplate::new(&src, bos, eos)
+        .map_err(|e| anyhow::anyhow!("chat template {}: {e}", path.display()))
 }
 
 /// The model's chat template, compiled; `None` (chat disabled, with a warning) when it has

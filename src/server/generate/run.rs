@@ -8,9 +8,10 @@ use super::format::{Failure, Format};
 use super::models::Ready;
 use super::reply::{ChunkedBody, RawResponse};
 use super::work::Work;
-use crate::engine::{Event, RequestId};
+use crate::engine::{Event, PromptImage, RequestId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The outcome of a request whose client went away before it was answered.
@@ -270,6 +271,24 @@ enum Stop {
     Shed(RawResponse),
 }
 
+/// The work's images as rows of the model's width, by its projector.
+fn encode_images(ready: &Ready, work: &Work) -> Result<Vec<PromptImage>, Failure> {
+    if work.images.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(projector) = &ready.projector else {
+        return Err(Failure::Refused("this model reads no images".into()));
+    };
+    Ok(work
+        .images
+        .iter()
+        .map(|i| PromptImage {
+            at: i.at,
+            rows: Arc::new(projector.embed(&i.rgb)),
+        })
+        .collect())
+}
+
 /// A job's engine events, each tagged with the index of its prompt.
 type JobEvents = Receiver<(usize, Event)>;
 
@@ -278,8 +297,13 @@ type JobEvents = Receiver<(usize, Event)>;
 fn submit(ready: &Ready, work: &Work) -> Result<(Vec<RequestId>, JobEvents), Failure> {
     let mut ids: Vec<RequestId> = Vec::new();
     let (tx, rx) = mpsc::channel::<(usize, Event)>();
+    let images = encode_images(ready, work)?;
     for (pi, prompt) in work.prompts.iter().enumerate() {
-        match ready.engine.submit(prompt.clone(), work.params.clone()) {
+        let submitted =
+            ready
+                .engine
+                .submit_with_images(prompt.clone(), images.clone(), work.params.clone());
+        match submitted {
             Ok((id, events)) => {
                 ids.push(id);
                 let tx = tx.clone();

@@ -8,11 +8,20 @@ use crate::engine::GenParams;
 pub struct Work {
     /// One or more prompts (a completion batch), each run `params.n` times.
     pub prompts: Vec<Vec<u32>>,
+    /// A single prompt's images, placed at their positions (encoded when the work runs).
+    pub images: Vec<PendingImage>,
     pub params: GenParams,
     pub stop: Vec<String>,
     /// How a chat answer's text is split into reasoning, content and calls; `None`: the text
     /// is the answer (completions).
     pub rules: Option<OutputRules>,
+}
+
+/// An image decoded from a request, waiting to be encoded by the model's projector: it takes
+/// the prompt's positions from `at`.
+pub struct PendingImage {
+    pub at: usize,
+    pub rgb: crate::vision::Rgb,
 }
 
 impl Work {

@@ -1,5 +1,5 @@
 //! OpenAI's API as edgelm speaks it: the request bodies (`request`) parsed once and checked
-//! into one typed job (`parse`, `sampling`, `job`), the errors (`error`), the answers' shapes
+//! into one typed job (`parse`, `sampling`, `job`; a chat request's images in `images`), the errors (`error`), the answers' shapes
 //! (`answer`; the Responses API in `responses`), embeddings (`embeddings`), the models
 //! (`models`), `/tokenize` (`tokenize`), and the Prometheus text of `/metrics` (`metrics`).
 //! Nothing here runs a request: `generate` below does, writing in the shapes made here.
@@ -9,6 +9,7 @@ mod base64;
 mod embeddings;
 mod error;
 mod ids;
+mod images;
 mod job;
 mod metrics;
 mod models;

@@ -5,6 +5,7 @@
 
 use super::error::ApiError;
 use super::ids;
+use super::images::prompt_with_images;
 use super::job::{Flavor, Job};
 use super::request::{parse, ChatBody, CompletionBody, PromptInput, BOOKKEEPING};
 use super::responses::{self, ResponsesBody, Store, IGNORED};
@@ -13,6 +14,7 @@ use crate::chat::{self, Tool};
 use crate::grammar::{Constraint, ConstraintSpec, Grammars};
 use crate::server::generate::{Ready, Work};
 use crate::tokenizer::{ChatTemplate, Tokenizer};
+use crate::vision::Projector;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -65,6 +67,8 @@ pub struct Parsing<'a> {
     chat: Option<&'a ChatTemplate>,
     grammars: &'a Grammars,
     limits: Limits,
+    /// The model's projector, through which it reads images.
+    projector: Option<&'a Projector>,
     responses: Option<&'a Arc<Store>>,
     /// Starts response ids: tells this run of the server from earlier ones.
     boot_tag: &'a str,
@@ -77,6 +81,7 @@ impl<'a> Parsing<'a> {
             chat: ready.chat.as_ref(),
             grammars: &ready.grammars,
             limits: Limits::for_engine(ready.engine.limits.max_n),
+            projector: ready.projector.as_deref(),
             responses: Some(responses),
             boot_tag,
         }
@@ -119,6 +124,7 @@ impl<'a> Parsing<'a> {
             created: unix_now(),
             work: Work {
                 prompts,
+                images: Vec::new(),
                 params: v.params,
                 stop: v.stop,
                 rules: None,
@@ -153,7 +159,11 @@ impl<'a> Parsing<'a> {
         v.params.constraint = self.compile(setup.constraint)?;
         v.stop.extend(setup.stop);
         v.params.stop_tokens.extend(setup.stop_tokens);
-        let prompt = encode(tokenizer, &setup.prompt)?;
+        let parts = req.conversation.images();
+        let (prompt, images) = match parts.is_empty() {
+            true => (encode(tokenizer, &setup.prompt)?, Vec::new()),
+            false => prompt_with_images(tokenizer, self.projector, &setup.prompt, &parts)?,
+        };
         let logprobs = chat_logprobs(&req, limits)?;
         v.params.logprobs = logprobs;
         Ok(Job {
@@ -161,6 +171,7 @@ impl<'a> Parsing<'a> {
             created: unix_now(),
             work: Work {
                 prompts: vec![prompt],
+                images,
                 params: v.params,
                 stop: v.stop,
                 rules: Some(setup.rules),
@@ -315,6 +326,7 @@ pub fn fuzz_parse_request(
         chat,
         grammars,
         limits: Limits::for_engine(16),
+        projector: None,
         responses: None,
         boot_tag: "fuzz",
     };

@@ -39,11 +39,13 @@ use super::parallel::SharedSlice;
 use super::pool;
 use crate::kv::{KvPages, Part};
 
-/// Where one token of the batch sits: its sequence's block table (of the layer's KV group), its
-/// position and the first position it sees (after `window` positions, only the last ones).
+/// Where one token of the batch sits: its sequence's block table (of the layer's KV group), the
+/// last position it sees and the first (after `window` positions, only the last ones).
 #[derive(Clone, Copy)]
 pub struct AttnToken<'a> {
     pub block_table: &'a [u32],
+    /// Its own position; past it where its attention is bidirectional (an encoder's span, an
+    /// image's positions).
     pub pos: usize,
     /// The first position attended to (0 without a window); the blocks before it may be gone.
     pub first: usize,
