@@ -221,6 +221,14 @@ pub struct BenchArgs {
     /// Tokens per text in the embedding batches.
     #[arg(long = "embed-tokens", default_value_t = 128)]
     pub embed_tokens: usize,
+    /// Bench images instead: the projector's encode time over --repeats rounds, then the time
+    /// to first token of a request with --image, the same request again (the prefix cache and
+    /// the recent images' rows), and with the image mirrored (another image).
+    #[arg(long)]
+    pub mmproj: Option<PathBuf>,
+    /// The image for the image bench (with --mmproj).
+    #[arg(long = "image", value_name = "PATH")]
+    pub image: Option<PathBuf>,
     #[command(flatten)]
     pub compute: ComputeArgs,
 }
@@ -348,6 +356,16 @@ pub struct RunArgs {
     /// System message for --chat.
     #[arg(long)]
     pub system: Option<String>,
+    /// A chat template (Jinja) for --chat instead of the GGUF's.
+    #[arg(long = "chat-template-file", value_name = "PATH")]
+    pub chat_template_file: Option<PathBuf>,
+    /// A projector file (llama.cpp's mmproj GGUF) through which the model reads --image.
+    #[arg(long)]
+    pub mmproj: Option<PathBuf>,
+    /// An image file (PNG, JPEG, WebP, GIF) for the prompt; repeat it for several. Each
+    /// stands where the prompt says `<__media__>`, or before the prompt where it does not.
+    #[arg(long = "image", value_name = "PATH")]
+    pub image: Vec<PathBuf>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,

@@ -320,7 +320,7 @@ fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
     let (mut ours, mut q8) = (Vec::new(), Vec::new());
     for image in images() {
         let rgb = decode(&std::fs::read(&image).unwrap()).unwrap();
-        let rows = Arc::new(projector.embed(&rgb));
+        let rows = projector.embed(&rgb);
         for (pair, (prompt, text)) in PAIRS.iter().enumerate() {
             // Each text, then the next one's: longer than CONTINUATION tokens.
             let text = format!("{text} {}", PAIRS[(pair + 1) % PAIRS.len()].1);

@@ -38,5 +38,6 @@ pub use output::ChatOutput;
 pub use prompt::{render_prompt, Conversation, Offer};
 pub use setup::{prepare, ChatSetup, OutputRules};
 pub use types::{
-    Call, Delta, Function, ImagePart, ImageUrl, Message, MessageContent, Syntax, Tool, IMAGE_MARKER,
+    Call, ContentPart, Delta, Function, ImagePart, ImageUrl, Message, MessageContent, Syntax, Tool,
+    IMAGE_MARKER,
 };

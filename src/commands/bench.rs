@@ -219,6 +219,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.embeddings {
         return super::bench_embeddings::run(&args);
     }
+    if args.mmproj.is_some() || args.image.is_some() {
+        return super::bench_images::run(&args);
+    }
     let threads = init_threads(&args.compute)?;
     args.compute.backend.resolve("benchmarking");
     if args.repeats == 0 || args.n_gen < 2 || args.n_prompt == 0 {
@@ -373,7 +376,10 @@ fn load_lookup_task(args: &BenchArgs, model: &Model) -> Result<Option<LookupTask
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
     let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file)?;
     let prompt = match tokenizer.chat_template() {
-        Some(_) => super::generate::render_chat(&tokenizer, None, &text)?,
+        Some(_) => {
+            let tmpl = super::chat_template(&tokenizer, None)?;
+            super::generate::render_chat(&tmpl, None, &text)?
+        }
         None => text,
     };
     Ok(Some(LookupTask {

@@ -4,9 +4,10 @@
 use super::{engine_config, init_threads, kv_bytes_for};
 use crate::cli::RunArgs;
 use anyhow::{bail, Result};
-use edgelm::engine::{Engine, Event, GenParams, SamplingParams};
+use edgelm::engine::{Engine, Event, GenParams, PromptImage, SamplingParams};
 use edgelm::model::Model;
 use edgelm::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+use edgelm::vision::Projector;
 use std::io::Write;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -20,7 +21,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     let model = Arc::new(Model::load(&args.model.model)?);
     let tok = Tokenizer::from_gguf(&model.file)?;
     let ctx = model.config.context_length;
-    let ids = prompt_ids(&args, &tok, ctx)?;
+    let projector = super::open_projector(args.mmproj.as_deref(), &model)?;
+    let (ids, images) = prompt_ids(&args, &tok, projector.as_ref(), ctx)?;
     let n_predict = args.n_predict.min(ctx - ids.len());
     let mut config = engine_config(&args.compute);
     // One sequence: a pool just big enough for it unless a size was given.
@@ -33,7 +35,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     let t_submit = Instant::now();
-    let (_, events) = engine.submit(ids.clone(), gen_params(&args, n_predict))?;
+    let (_, events) =
+        engine.submit_with_images(ids.clone(), images, gen_params(&args, n_predict))?;
     let (generated, first_token_at) = stream_text(events, &tok)?;
     let first = first_token_at.unwrap_or_else(Instant::now);
     let prompt_s = first.duration_since(t_submit).as_secs_f64();
@@ -52,15 +55,22 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// The prompt's token ids (rendered by the chat template with `--chat`), refused when empty
-/// or when it fills the model's context `ctx`.
-fn prompt_ids(args: &RunArgs, tok: &Tokenizer, ctx: usize) -> Result<Vec<u32>> {
+/// The prompt's token ids (rendered by the chat template with `--chat`) and its images,
+/// encoded; refused when empty or when it fills the model's context `ctx`.
+fn prompt_ids(
+    args: &RunArgs,
+    tok: &Tokenizer,
+    projector: Option<&Projector>,
+    ctx: usize,
+) -> Result<(Vec<u32>, Vec<PromptImage>)> {
+    let user = super::with_image_markers(&args.prompt, args.image.len())?;
     let prompt = if args.chat {
-        render_chat(tok, args.system.as_deref(), &args.prompt)?
+        let tmpl = super::chat_template(tok, args.chat_template_file.as_deref())?;
+        render_chat(&tmpl, args.system.as_deref(), &user)?
     } else {
-        args.prompt.clone()
+        user
     };
-    let ids = tok.encode(&prompt, true)?;
+    let (ids, images) = super::prompt_with_images(tok, projector, &prompt, &args.image)?;
     if ids.is_empty() {
         bail!("the prompt is empty: nothing to continue from");
     }
@@ -70,7 +80,7 @@ fn prompt_ids(args: &RunArgs, tok: &Tokenizer, ctx: usize) -> Result<Vec<u32>> {
             ids.len()
         );
     }
-    Ok(ids)
+    Ok((ids, images))
 }
 
 /// The request the flags describe, for at most `n_predict` tokens.
@@ -119,12 +129,8 @@ fn stream_text(events: Receiver<Event>, tok: &Tokenizer) -> Result<(usize, Optio
     Ok((generated, first_token_at))
 }
 
-/// `user` (and `system`) as the model's chat template renders them, ready for the reply.
-pub(super) fn render_chat(tok: &Tokenizer, system: Option<&str>, user: &str) -> Result<String> {
-    let Some(src) = tok.chat_template() else {
-        bail!("--chat: the model has no chat template (tokenizer.chat_template)");
-    };
-    let tmpl = ChatTemplate::new(src, tok.special_text(tok.bos), tok.special_text(tok.eos))?;
+/// `user` (and `system`) as the chat template `tmpl` renders them, ready for the reply.
+pub(super) fn render_chat(tmpl: &ChatTemplate, system: Option<&str>, user: &str) -> Result<String> {
     let mut msgs = Vec::new();
     if let Some(s) = system {
         msgs.push(ChatMessage {

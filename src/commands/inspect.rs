@@ -6,6 +6,7 @@ use edgelm::chat::Syntax;
 use edgelm::gguf::{summarize, GgufFile};
 use edgelm::model::{Arch, Model};
 use edgelm::tokenizer::Tokenizer;
+use edgelm::vision::Projector;
 use std::sync::Arc;
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -14,6 +15,10 @@ pub fn run(args: InspectArgs) -> Result<()> {
         .with_context(|| format!("cannot read {}", args.model.display()))?;
     let file = Arc::new(file);
     println!("{}", summarize(&file));
+    if file.architecture() == Some("clip") {
+        println!("{}", projector_support(&file));
+        return Ok(());
+    }
     println!("{}", support(&file));
     if let Some(line) = tool_calls(&file) {
         println!("{line}");
@@ -31,6 +36,15 @@ fn tool_calls(file: &GgufFile) -> Option<String> {
         syntax.name(),
         syntax.example()
     ))
+}
+
+/// One line for a projector file (llama.cpp's mmproj): what it is, or why edgelm does not
+/// run it.
+fn projector_support(file: &Arc<GgufFile>) -> String {
+    match Projector::from_file(file.clone()) {
+        Ok(p) => format!("supported:    yes ({})", p.describe()),
+        Err(e) => format!("supported:    no: {e:#}"),
+    }
 }
 
 /// One line: how edgelm runs the model, or why it does not.
@@ -143,6 +157,20 @@ mod tests {
             );
             let line = arch.describe();
             assert!(line.starts_with(&format!("{}: ", arch.name)), "{line}");
+        }
+    }
+
+    /// A projector file of a type edgelm does not run is told every type it does.
+    #[test]
+    fn inspect_names_every_projector_type() {
+        let bytes = GgufWriter::new()
+            .kv("general.architecture", Value::String("clip".into()))
+            .kv("clip.projector_type", Value::String("no-such-type".into()))
+            .to_bytes();
+        let line = projector_support(&Arc::new(GgufFile::from_bytes(bytes).unwrap()));
+        assert!(line.starts_with("supported:    no:"), "{line}");
+        for p in edgelm::vision::PROJECTORS {
+            assert!(line.contains(p.name), "{} is missing from: {line}", p.name);
         }
     }
 

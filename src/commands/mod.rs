@@ -2,12 +2,14 @@
 
 pub mod bench;
 mod bench_embeddings;
+mod bench_images;
 pub mod doctor;
 pub mod generate;
 pub mod inspect;
 pub mod kv_plan;
 pub mod loadgen;
 pub mod perplexity;
+mod prompt;
 pub mod serve;
 pub mod tokenize;
 
@@ -15,6 +17,7 @@ use crate::cli::ComputeArgs;
 use anyhow::Result;
 use edgelm::engine::EngineConfig;
 use edgelm::model::Model;
+pub use prompt::{chat_template, open_projector, prompt_with_images, with_image_markers};
 
 /// KV pool bytes that hold one sequence of `tokens` tokens (in whole blocks, prefilled in
 /// steps of `--max-batched-tokens`) for this model and page format; 0 when the format does not

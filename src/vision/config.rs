@@ -127,7 +127,7 @@ impl VisionConfig {
                 self.patch_size
             );
         }
-        if self.std.iter().any(|s| *s == 0.0) {
+        if self.std.contains(&0.0) {
             bail!("clip.vision.image_std has a 0");
         }
         Ok(())

@@ -33,7 +33,7 @@ pub struct ProjectorType {
 pub const PROJECTORS: [ProjectorType; 1] = [ProjectorType {
     name: "gemma3",
     kind: ProjectorKind::Gemma3,
-    models: "Gemma 3 4B/12B/27B (SigLIP, pooled 4 × 4)",
+    models: "Gemma 3 4B/12B/27B",
     text_arch: "gemma3",
     image_begin: "<start_of_image>",
     image_end: "<end_of_image>",
@@ -94,5 +94,28 @@ mod tests {
             e.contains("'llava'") && e.contains(&projector_names()),
             "{e}"
         );
+    }
+
+    /// README's introduction names every projector type edgelm runs, and so does
+    /// docs/api.md's images section.
+    #[test]
+    fn the_readme_and_the_api_guide_name_every_projector_type() {
+        let readme = include_str!("../../README.md");
+        let intro = &readme[..readme.find("\n## ").expect("a first section")];
+        let api = include_str!("../../docs/api.md");
+        let images = &api[api.find("## Images").expect("an images section")..];
+        let images = &images[..images[3..].find("\n## ").map_or(images.len(), |e| e + 3)];
+        for p in PROJECTORS {
+            assert!(
+                intro.contains(&format!("of type {}", p.name)),
+                "README's introduction does not name {}",
+                p.name
+            );
+            assert!(
+                images.contains(p.name),
+                "docs/api.md's images section does not name {}",
+                p.name
+            );
+        }
     }
 }

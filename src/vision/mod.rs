@@ -24,30 +24,66 @@ use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use weights::VisionWeights;
 
 /// A loaded projector file: its settings and its weights (matrices read from the mapping).
 pub struct Projector {
     pub config: VisionConfig,
-    file: GgufFile,
+    file: Arc<GgufFile>,
     weights: VisionWeights,
+    /// Recent images' rows: a follow-up turn that sends the same frame again is not encoded
+    /// again.
+    recent: Mutex<Recent>,
 }
+
+/// The rows of the images encoded last, newest last, within a budget of bytes.
+struct Recent {
+    entries: Vec<Arc<Embedded>>,
+    budget: usize,
+}
+
+impl Recent {
+    fn get(&mut self, key: u64) -> Option<Arc<Embedded>> {
+        let at = self.entries.iter().position(|e| e.key == key)?;
+        let hit = self.entries.remove(at);
+        self.entries.push(hit.clone());
+        Some(hit)
+    }
+
+    /// Keeps `rows`, dropping the oldest entries until the rest fit the budget.
+    fn put(&mut self, rows: Arc<Embedded>) {
+        self.entries.push(rows);
+        let bytes = |e: &Arc<Embedded>| e.rows.len() * 4;
+        while self.entries.iter().map(bytes).sum::<usize>() > self.budget {
+            self.entries.remove(0);
+        }
+    }
+}
+
+/// Bytes of recent images' rows a projector keeps by default (a real Gemma 3 image's 256
+/// rows of 2,560 are 2.5 MiB).
+pub const RECENT_IMAGES_BYTES: usize = 64 << 20;
 
 impl Projector {
     /// Loads and checks `path`; a file with a key, tensor or type edgelm does not implement
     /// is refused.
     pub fn open(path: &Path) -> Result<Projector> {
         let file = GgufFile::open(path).with_context(|| format!("{}", path.display()))?;
-        Self::from_file(file).with_context(|| format!("projector {}", path.display()))
+        Self::from_file(Arc::new(file)).with_context(|| format!("projector {}", path.display()))
     }
 
-    pub fn from_file(file: GgufFile) -> Result<Projector> {
+    pub fn from_file(file: Arc<GgufFile>) -> Result<Projector> {
         let config = VisionConfig::from_gguf(&file)?;
         let weights = VisionWeights::load(&file, &config)?;
         Ok(Projector {
             config,
             file,
             weights,
+            recent: Mutex::new(Recent {
+                entries: Vec::new(),
+                budget: RECENT_IMAGES_BYTES,
+            }),
         })
     }
 
@@ -68,6 +104,25 @@ impl Projector {
             );
         }
         Ok(())
+    }
+
+    /// One line on what it is: its type, the ViT's shape, and what an image becomes.
+    pub fn describe(&self) -> String {
+        let c = &self.config;
+        format!(
+            "{} projector ({}): a ViT of {} blocks {} wide, {}-pixel images in patches of {} \
+             merged {} × {}, {} rows of {} an image",
+            c.kind.name(),
+            c.kind.info().models,
+            c.n_layers,
+            c.n_embd,
+            c.image_size,
+            c.patch_size,
+            c.n_merge,
+            c.n_merge,
+            self.tokens_per_image(),
+            c.projection_dim
+        )
     }
 
     /// Rows one image becomes in the text model.
@@ -118,14 +173,25 @@ impl Projector {
     }
 
     /// `img` encoded as the rows a prompt gives the text model in place of its image's
-    /// positions, keyed by [`image_key`].
-    pub fn embed(&self, img: &Rgb) -> Embedded {
-        Embedded {
+    /// positions, keyed by [`image_key`]: from the recent images' rows where it is one of
+    /// them.
+    pub fn embed(&self, img: &Rgb) -> Arc<Embedded> {
+        let key = image_key(img);
+        if let Some(hit) = self.recent().get(key) {
+            return hit;
+        }
+        let rows = Arc::new(Embedded {
             rows: self.encode(img),
             width: self.config.projection_dim,
-            key: image_key(img),
+            key,
             bidirectional: self.config.kind.info().bidirectional,
-        }
+        });
+        self.recent().put(rows.clone());
+        rows
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -141,29 +141,7 @@ impl<'a> CpuStep<'a> {
             })
             .collect();
         let bt = kv.geometry().block_size;
-        let span_len = batch.span_lengths();
-        // Each token attends through its own position, or further where its input row says
-        // so (an image whose positions see each other).
-        let mut through = batch.positions.clone();
-        for input in &batch.inputs {
-            through[input.token] = input.through;
-        }
-        let attn_tokens = (0..layout.num_groups())
-            .map(|g| {
-                (0..n)
-                    .map(|i| AttnToken {
-                        block_table: &batch.block_tables[batch.seq_of[i]][g],
-                        pos: through[i],
-                        first: layout.first_visible(g, batch.positions[i]),
-                        // ggml's tiled path for long prompt spans, as the peer; and for the
-                        // tokens the model generates, where no peer arithmetic is held to:
-                        // its vector softmax costs less than the per-row path's scalar one,
-                        // and a run of drafts shares each decoded tile.
-                        tiled: span_len[batch.seq_of[i]] >= TILE || batch.is_generated(i),
-                    })
-                    .collect()
-            })
-            .collect();
+        let attn_tokens = attn_tokens(batch, layout);
         let slots = (0..layout.num_groups())
             .map(|g| (0..n).map(|i| batch.slot(i, g, bt)).collect())
             .collect();
@@ -753,4 +731,32 @@ fn delta_span(
             }
         }
     });
+}
+
+/// Per KV group, each token of `batch` as attention sees it: its block table, the last and
+/// first positions it attends to, and its path. A token attends through its own position, or
+/// further where its input row says so (an image whose positions see each other).
+fn attn_tokens<'a>(batch: &'a BatchMeta, layout: &KvLayout) -> Vec<Vec<AttnToken<'a>>> {
+    let n = batch.len();
+    let span_len = batch.span_lengths();
+    let mut through = batch.positions.clone();
+    for input in &batch.inputs {
+        through[input.token] = input.through;
+    }
+    (0..layout.num_groups())
+        .map(|g| {
+            (0..n)
+                .map(|i| AttnToken {
+                    block_table: &batch.block_tables[batch.seq_of[i]][g],
+                    pos: through[i],
+                    first: layout.first_visible(g, batch.positions[i]),
+                    // ggml's tiled path for long prompt spans, as the peer; and for the
+                    // tokens the model generates, where no peer arithmetic is held to: its
+                    // vector softmax costs less than the per-row path's scalar one, and a run
+                    // of drafts shares each decoded tile.
+                    tiled: span_len[batch.seq_of[i]] >= TILE || batch.is_generated(i),
+                })
+                .collect()
+        })
+        .collect()
 }

@@ -11,7 +11,6 @@ use super::work::Work;
 use crate::engine::{Event, PromptImage, RequestId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The outcome of a request whose client went away before it was answered.
@@ -284,7 +283,7 @@ fn encode_images(ready: &Ready, work: &Work) -> Result<Vec<PromptImage>, Failure
         .iter()
         .map(|i| PromptImage {
             at: i.at,
-            rows: Arc::new(projector.embed(&i.rgb)),
+            rows: projector.embed(&i.rgb),
         })
         .collect())
 }

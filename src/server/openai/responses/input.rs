@@ -3,7 +3,7 @@
 //! them (plus ids), since a later turn continues from them.
 
 use super::super::error::ApiError;
-use crate::chat::Message;
+use crate::chat::{ContentPart, ImageUrl, Message, MessageContent};
 use serde_json::{json, Value};
 
 /// `input` as a list of items: a string is one user message.
@@ -50,7 +50,8 @@ pub fn chat_messages(items: &[Value]) -> Result<Vec<Message>, ApiError> {
                 if !matches!(role, "user" | "system" | "developer" | "assistant") {
                     return Err(bad_input(format!("unknown message role '{role}'")));
                 }
-                let mut m = Message::text_of(role, content_text(item.get("content"))?);
+                let mut m = Message::text_of(role, "");
+                m.content = Some(message_content(item.get("content"))?);
                 if role == "assistant" {
                     m.reasoning_content = reasoning.take();
                 }
@@ -112,8 +113,48 @@ fn call_output(item: &Value) -> Result<Message, ApiError> {
     Ok(m)
 }
 
+/// A message's content: its text, or where it holds images, its parts in order (text parts as
+/// chat text parts, each `input_image` as a chat `image_url` part).
+fn message_content(content: Option<&Value>) -> Result<MessageContent, ApiError> {
+    let parts = match content {
+        Some(Value::Array(parts)) if parts.iter().any(|p| p["type"] == "input_image") => parts,
+        _ => return Ok(MessageContent::Text(content_text(content)?)),
+    };
+    let part = |p: &Value| -> Result<ContentPart, ApiError> {
+        if p["type"] != "input_image" {
+            let text = content_text(Some(&Value::Array(vec![p.clone()])))?;
+            return Ok(ContentPart {
+                kind: "text".into(),
+                text: Some(text),
+                image_url: None,
+            });
+        }
+        if p.get("file_id").is_some_and(|f| !f.is_null()) {
+            return Err(bad_input(
+                "input_image by file_id is not supported (there is no files API): send image_url as a data: URL",
+            ));
+        }
+        let url = p
+            .get("image_url")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad_input("an input_image part needs image_url (a data: URL)"))?;
+        Ok(ContentPart {
+            kind: "image_url".into(),
+            text: None,
+            image_url: Some(ImageUrl {
+                url: url.to_string(),
+                detail: p.get("detail").and_then(Value::as_str).map(str::to_string),
+            }),
+        })
+    };
+    Ok(MessageContent::Parts(
+        parts.iter().map(part).collect::<Result<_, _>>()?,
+    ))
+}
+
 /// A message's content as text: a string, or its text parts (`input_text`, `output_text`,
-/// `refusal`) joined. Images, files and audio are refused by name.
+/// `refusal`) joined. Images (outside a message's content), files and audio are refused by
+/// name.
 fn content_text(content: Option<&Value>) -> Result<String, ApiError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),

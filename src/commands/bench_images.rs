@@ -1,0 +1,125 @@
+//! `edgelm bench --mmproj F --image I`: what an image costs. The projector's encode time
+//! (median of `--repeats` rounds, as llama.cpp's libmtmd is timed by `mtmd-embed`), then the
+//! time to first token of a request that carries the image, of the same request again (its
+//! prompt from the prefix cache, its rows from the recent images'), and of the request with
+//! the image mirrored (another image: encoded, and a miss after the text before it).
+
+use super::{engine_config, init_threads, kv_bytes_for, open_projector};
+use crate::cli::BenchArgs;
+use anyhow::{bail, Context, Result};
+use edgelm::chat::IMAGE_MARKER;
+use edgelm::engine::{Engine, EngineHandle, Event, GenParams};
+use edgelm::model::Model;
+use edgelm::tokenizer::Tokenizer;
+use edgelm::vision::{decode, Projector, Rgb};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The text after the image in each timed request.
+const PROMPT: &str = "Describe this image in one sentence.";
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let (Some(_), Some(image)) = (&args.mmproj, &args.image) else {
+        bail!("the image bench needs both --mmproj and --image");
+    };
+    if args.repeats == 0 {
+        bail!("--repeats must be ≥ 1");
+    }
+    let threads = init_threads(&args.compute)?;
+    let model = Arc::new(Model::load(&args.model.model)?);
+    let projector = open_projector(args.mmproj.as_deref(), &model)?.expect("given");
+    let tok = Tokenizer::from_gguf(&model.file)?;
+    let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
+    let rgb = decode(&bytes).with_context(|| format!("image {}", image.display()))?;
+    let mut encode_ms: Vec<f64> = (0..args.repeats)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(projector.encode(&rgb));
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    encode_ms.sort_by(f64::total_cmp);
+    println!(
+        "image encode ({} projector, {} × {} pixels, {threads} threads): median {:.1} ms of {} rounds ({})",
+        projector.config.kind.name(),
+        rgb.width,
+        rgb.height,
+        encode_ms[encode_ms.len() / 2],
+        encode_ms.len(),
+        encode_ms.iter().map(|t| format!("{t:.1}")).collect::<Vec<_>>().join(", ")
+    );
+    let prompt = format!("{IMAGE_MARKER}{PROMPT}");
+    let (ids, _) = projector.prompt_tokens(&tok, &prompt, IMAGE_MARKER, 0)?;
+    let mut config = engine_config(&args.compute);
+    if args.compute.kv_memory_mib.is_none() {
+        config.kv_memory_bytes = 4 * kv_bytes_for(&model, &args.compute, ids.len() + 8);
+    }
+    let (engine, thread) = Engine::start(model.clone(), tok.eog_tokens().to_vec(), config)?;
+    let timed = |img: &Rgb| first_token_s(&engine, &projector, &tok, &prompt, img);
+    let cold = timed(&rgb);
+    let again = timed(&rgb);
+    let other = timed(&mirrored(&rgb));
+    engine.shutdown();
+    let _ = thread.join();
+    let (cold, again, other) = (cold?, again?, other?);
+    println!(
+        "time to first token, {} prompt positions: cold {:.1} ms; the same image and text again \
+         {:.1} ms ({:.0}% of cold); another image {:.1} ms",
+        ids.len(),
+        cold * 1e3,
+        again * 1e3,
+        100.0 * again / cold,
+        other * 1e3
+    );
+    Ok(())
+}
+
+/// Seconds from the image's bytes decoded to the first token of a greedy request for
+/// `prompt` with `img` (its rows made, or found among the recent images', on the way).
+fn first_token_s(
+    engine: &EngineHandle,
+    projector: &Projector,
+    tok: &Tokenizer,
+    prompt: &str,
+    img: &Rgb,
+) -> Result<f64> {
+    let t = Instant::now();
+    let (ids, starts) = projector.prompt_tokens(tok, prompt, IMAGE_MARKER, 0)?;
+    let images = vec![edgelm::engine::PromptImage {
+        at: starts[0],
+        rows: projector.embed(img),
+    }];
+    let params = GenParams {
+        max_tokens: Some(1),
+        ..Default::default()
+    };
+    let (_, events) = engine.submit_with_images(ids, images, params)?;
+    for event in events {
+        match event {
+            Event::Token { .. } => return Ok(t.elapsed().as_secs_f64()),
+            Event::Error(e) => bail!("the request failed: {e}"),
+            _ => {}
+        }
+    }
+    bail!("the request ended without a token")
+}
+
+/// `img` mirrored left to right: another image of the same size and content.
+fn mirrored(img: &Rgb) -> Rgb {
+    let row = img.width * 3;
+    let data = img
+        .data
+        .chunks_exact(row)
+        .flat_map(|r| {
+            r.chunks_exact(3)
+                .rev()
+                .flatten()
+                .copied()
+                .collect::<Vec<u8>>()
+        })
+        .collect();
+    Rgb {
+        data,
+        ..img.clone()
+    }
+}

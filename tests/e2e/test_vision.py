@@ -1,0 +1,170 @@
+"""Images in, end to end: `edgelm serve --mmproj` on Gemma 3 270M with the suite's test
+projector (made by `cargo test --test vision` from the reference model's tensors), asked by the
+official openai client (chat with an image part, whole and streamed; Responses with
+`input_image`) and by LangChain; the prefix cache keyed by the image; and hostile images, each
+a 400 that names the part, after which the server still serves and every KV block is back."""
+
+import base64
+import io
+import struct
+import zlib
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import BadRequestError, OpenAI
+from PIL import Image
+
+from conftest import ROOT, Server
+
+GEMMA3 = ROOT / "models" / "gemma-3-270m-Q4_K_M.gguf"
+TEMPLATE = ROOT / "tests" / "data" / "gemma3-chat-template.jinja"
+PHOTOS = ROOT / "tests" / "data" / "images"
+
+
+def projector_file() -> Path:
+    made = sorted((ROOT / "target" / "test-models").glob("test-mmproj-gemma3.r*.gguf"),
+                  key=lambda p: int(p.stem.rsplit(".r", 1)[1]))
+    assert made, "the test projector is missing: run cargo test --release --test vision first"
+    return made[-1]
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def photo(name: str) -> bytes:
+    return (PHOTOS / name).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def vision():
+    s = Server("--mmproj", str(projector_file()), "--chat-template-file", str(TEMPLATE), model=GEMMA3)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(vision):
+    return OpenAI(base_url=vision.base + "/v1", api_key="none")
+
+
+def ask(client, image: str, text="What is in this picture?", **kw):
+    return client.chat.completions.create(
+        model="gemma", temperature=0, max_tokens=16,
+        messages=[{"role": "user", "content": [
+            {"type": "text", "text": text},
+            {"type": "image_url", "image_url": {"url": image, "detail": "auto"}}]}], **kw)
+
+
+def test_a_chat_with_an_image_answers_whole_and_streamed_alike(client, vision):
+    url = data_url(photo("coffee.png"))
+    whole = ask(client, url)
+    assert whole.choices[0].message.content
+    # The image's 64 positions and their begin and end tokens count as prompt tokens.
+    plain = client.chat.completions.create(
+        model="gemma", temperature=0, max_tokens=1,
+        messages=[{"role": "user", "content": "What is in this picture?"}])
+    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + 64 + 2
+    streamed = "".join(c.choices[0].delta.content or "" for c in ask(client, url, stream=True) if c.choices)
+    assert streamed == whole.choices[0].message.content
+    vision.wait_idle()
+    assert vision.metrics()["edgelm_kv_blocks_used"] == 0
+
+
+def test_the_same_image_again_is_a_prefix_cache_hit_and_another_is_not(client):
+    first = ask(client, data_url(photo("chelsea.png")), text="Describe it.")
+    again = ask(client, data_url(photo("chelsea.png")), text="Describe it.")
+    other = ask(client, data_url(photo("rocket.jpg")), text="Describe it.")
+    prompt = first.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens >= prompt - 16
+    # The blocks after the text before the image are another image's: not reused.
+    assert other.usage.prompt_tokens_details.cached_tokens < 16
+    assert other.choices[0].message.content != first.choices[0].message.content
+
+
+def test_responses_take_an_input_image_and_refuse_a_file_id(client):
+    url = data_url(photo("coffee.png"))
+    r = client.responses.create(
+        model="gemma", temperature=0, max_output_tokens=16,
+        input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "What is in this picture?"},
+            {"type": "input_image", "image_url": url, "detail": "auto"}]}])
+    assert r.output_text == ask(client, url).choices[0].message.content
+    with pytest.raises(BadRequestError) as e:
+        client.responses.create(model="gemma", input=[{"role": "user", "content": [
+            {"type": "input_image", "file_id": "file-123", "detail": "auto"}]}])
+    assert "file_id" in str(e.value)
+
+
+def test_langchain_sends_an_image_message(vision):
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=vision.base + "/v1", api_key="none", model="gemma", temperature=0, max_tokens=8)
+    reply = llm.invoke([HumanMessage(content=[
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": data_url(photo("camera.png"))}}])])
+    assert reply.content
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header (checksum right) declares WIDTH × HEIGHT pixels, with one tiny
+    compressed row behind it: a decompression bomb's first bytes."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def encoded(img: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    img.save(out, fmt)
+    return out.getvalue()
+
+
+def test_hostile_images_get_a_400_naming_the_part_and_nothing_leaks(vision):
+    png, jpg = photo("chelsea.png"), photo("rocket.jpg")
+    refused = {
+        "truncated PNG": data_url(png[: len(png) // 2]),
+        "corrupt JPEG": data_url(jpg[:200] + bytes(len(jpg) - 200), "image/jpeg"),
+        "truncated WebP": data_url(encoded(Image.open(PHOTOS / "coffee.png"), "WEBP")[:300], "image/webp"),
+        "a 50,000 × 50,000 bomb": data_url(png_header_only(50_000, 50_000)),
+        "base64 that is not": "data:image/png;base64,@@@not base64@@@",
+        "a remote URL": "https://example.com/cat.png",
+        "not a data URL": "ftp://example.com/cat.png",
+    }
+    for what, url in refused.items():
+        r = httpx.post(vision.base + "/v1/chat/completions", timeout=60, json={
+            "model": "gemma", "max_tokens": 4,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Look."}, {"type": "image_url", "image_url": {"url": url}}]}]})
+        assert r.status_code == 400, (what, r.text)
+        err = r.json()["error"]
+        assert err["param"] == "messages[0].content[1]", (what, err)
+    base = Image.open(PHOTOS / "coffee.png")
+    accepted = {
+        "a MIME type that lies": data_url(png, "image/jpeg"),
+        "16-bit PNG": data_url(encoded(base.convert("I;16"), "PNG")),
+        "palette PNG": data_url(encoded(base.convert("P"), "PNG")),
+        "CMYK JPEG": data_url(encoded(base.convert("CMYK"), "JPEG"), "image/jpeg"),
+        "GIF": data_url(encoded(base.convert("P"), "GIF"), "image/gif"),
+        "WebP": data_url(encoded(base, "WEBP"), "image/webp"),
+    }
+    for what, url in accepted.items():
+        r = httpx.post(vision.base + "/v1/chat/completions", timeout=60, json={
+            "model": "gemma", "max_tokens": 2,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Look."}, {"type": "image_url", "image_url": {"url": url}}]}]})
+        assert r.status_code == 200, (what, r.text)
+    vision.wait_idle()
+    assert vision.metrics()["edgelm_kv_blocks_used"] == 0
+    assert httpx.get(vision.base + "/health").status_code == 200
+
+
+def test_a_model_without_a_projector_refuses_an_image_part(server):
+    r = httpx.post(server.base + "/v1/chat/completions", json={
+        "model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(photo("coffee.png"))}}]}]})
+    assert r.status_code == 400
+    assert "projector" in r.json()["error"]["message"]
