@@ -852,6 +852,46 @@ mod tests {
         assert!(b.preempted.is_empty(), "a draft never preempts");
     }
 
+    /// A prompt of 100 tokens whose positions 10..50 are a bidirectional image.
+    fn with_image(id: SeqId) -> Sequence {
+        let mut seq = Sequence::new(id, id, id, vec![3; 100], 200);
+        seq.images.push(crate::engine::PromptImage {
+            at: 10,
+            rows: std::sync::Arc::new(crate::backend::batch::Embedded {
+                rows: vec![0.0; 40 * 2],
+                width: 2,
+                key: 9,
+                bidirectional: true,
+            }),
+        });
+        seq
+    }
+
+    #[test]
+    fn chunks_never_cut_an_image_whose_positions_see_each_other() {
+        let mut s = sched(64, 48);
+        s.add(with_image(1));
+        let mut chunks = Vec::new();
+        while !s.get(1).unwrap().is_decoding() {
+            let b = step(&mut s, 7);
+            chunks.extend(b.spans.iter().map(|sp| (sp.start, sp.len)));
+        }
+        assert_eq!(
+            chunks,
+            [(0, 10), (10, 48), (58, 42)],
+            "stops before the image, then takes all of it"
+        );
+        // The same prompt again reuses the cached blocks, image and all (the key matches);
+        // only whole blocks are cached, so it resumes at 96 and computes the rest.
+        s.add(with_image(2));
+        let b = step(&mut s, 7);
+        let second: Vec<(usize, usize)> = (b.spans.iter())
+            .filter(|sp| sp.seq == 2)
+            .map(|sp| (sp.start, sp.len))
+            .collect();
+        assert_eq!(second, [(96, 4)]);
+    }
+
     #[test]
     fn long_prompt_is_chunked_while_every_decode_gets_a_token_each_step() {
         let budget = 256;

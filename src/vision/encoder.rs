@@ -6,6 +6,7 @@
 use super::config::VisionConfig;
 use super::preprocess::Pixels;
 use super::weights::{VisionWeights, VitLayer};
+use crate::backend::cpu::attention::dot_f32;
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::ops::{activate, add_bias, add_in_place, layernorm_in_place};
 use crate::backend::cpu::parallel::{for_row_chunks, SharedSlice};
@@ -122,7 +123,7 @@ fn attend(q: &[f32], k: &[f32], v: &[f32], heads: usize, hd: usize, out: &mut [f
             let mut max = f32::NEG_INFINITY;
             for (j, s) in scores.iter_mut().enumerate() {
                 let kj = &k[j * width + head * hd..][..hd];
-                *s = dot(qi, kj) * scale;
+                *s = dot_f32(qi, kj) * scale;
                 max = max.max(*s);
             }
             let mut sum = 0.0;
@@ -140,22 +141,4 @@ fn attend(q: &[f32], k: &[f32], v: &[f32], heads: usize, hd: usize, out: &mut [f
             o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a / sum);
         }
     });
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight lanes, so that the compiler vectorises the sum.
-    let mut lanes = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }

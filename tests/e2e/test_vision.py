@@ -168,3 +168,15 @@ def test_a_model_without_a_projector_refuses_an_image_part(server):
             {"type": "image_url", "image_url": {"url": data_url(photo("coffee.png"))}}]}]})
     assert r.status_code == 400
     assert "projector" in r.json()["error"]["message"]
+
+
+def test_tokenize_counts_an_images_positions(vision):
+    def count(content):
+        r = httpx.post(vision.base + "/tokenize", json={"model": "gemma", "messages": [
+            {"role": "user", "content": content}]})
+        assert r.status_code == 200, r.text
+        return r.json()["count"]
+    plain = count("Look.")
+    with_image = count([{"type": "text", "text": "Look."},
+                        {"type": "image_url", "image_url": {"url": data_url(photo("coffee.png"))}}])
+    assert with_image == plain + 64 + 2

@@ -1,8 +1,9 @@
 //! `POST /tokenize` and `POST /detokenize`, in vLLM's shapes: a prompt, or messages rendered
-//! exactly as a chat request with the same fields renders them, counted in tokens; and token
-//! ids back to text.
+//! exactly as a chat request with the same fields renders them (an image as the positions it
+//! takes), counted in tokens; and token ids back to text.
 
 use super::error::ApiError;
+use super::images::prompt_with_images;
 use super::models::select;
 use super::request::{parse, DetokenizeBody, TokenizeBody};
 use super::sampling::token_ids;
@@ -14,6 +15,7 @@ use serde_json::{json, Value};
 pub fn tokenize(models: &Models, body: &[u8]) -> Result<Value, ApiError> {
     let req: TokenizeBody = parse(body, |b: &TokenizeBody| &b.extra, &[])?;
     let ready = select(models, req.model.as_deref(), None)?;
+    let mut images = Vec::new();
     let text = match (req.prompt, req.messages) {
         (Some(p), None) => p,
         (None, Some(messages)) => {
@@ -30,6 +32,7 @@ pub fn tokenize(models: &Models, body: &[u8]) -> Result<Value, ApiError> {
             };
             let offer = Offer::of(&conversation)?;
             let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+            images = conversation.images();
             render_prompt(tmpl, &conversation, &offer, add_generation_prompt)?
         }
         _ => {
@@ -38,10 +41,17 @@ pub fn tokenize(models: &Models, body: &[u8]) -> Result<Value, ApiError> {
             ))
         }
     };
-    let ids = ready
-        .tokenizer
-        .encode(&text, req.add_special_tokens.unwrap_or(true))
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // Images count as the positions they take (their rows' placeholders among the ids).
+    let ids = match images.is_empty() {
+        true => ready
+            .tokenizer
+            .encode(&text, req.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?,
+        false => {
+            let projector = ready.projector.as_deref();
+            prompt_with_images(&ready.tokenizer, projector, &text, &images)?.0
+        }
+    };
     Ok(json!({"count": ids.len(), "max_model_len": ready.engine.limits.context, "tokens": ids}))
 }
 

@@ -95,7 +95,7 @@ unsafe fn dot_f16_ggml_avx2(x: &[f32], y: &[f32]) -> f32 {
 }
 /// A dot product in eight independent partial sums (so it vectorises without reassociation
 /// being needed).
-pub(super) fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
     let tail: f32 = xc

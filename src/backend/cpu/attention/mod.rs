@@ -32,6 +32,8 @@ mod per_row;
 mod plan;
 mod tiled;
 
+pub use dot::dot_f32;
+
 use self::per_row::attend_rows;
 use self::plan::plan_units;
 use self::tiled::attend_chunk_tiled;
