@@ -130,15 +130,6 @@ impl Projector {
         self.config.tokens_per_image()
     }
 
-    /// Bytes of the matrices read from the file per image.
-    pub fn weight_bytes(&self) -> u64 {
-        self.weights
-            .matrices()
-            .iter()
-            .map(|m| (m.rows * m.row_bytes()) as u64)
-            .sum()
-    }
-
     /// `img` as `tokens_per_image()` rows of `projection_dim` values.
     pub fn encode(&self, img: &Rgb) -> Vec<f32> {
         let pixels = preprocess::preprocess(&self.config, img);

@@ -95,15 +95,6 @@ impl VisionWeights {
             arena,
         })
     }
-
-    /// Every matrix the encoder reads from the mapped file.
-    pub fn matrices(&self) -> Vec<&Mat> {
-        let mut all = vec![&self.patch];
-        for l in &self.layers {
-            all.extend([&l.q.0, &l.k.0, &l.v.0, &l.out.0, &l.up.0, &l.down.0]);
-        }
-        all
-    }
 }
 
 fn layer_norm(b: &mut Binder<'_>, name: &str, n: usize) -> Result<LayerNorm> {
