@@ -22,17 +22,13 @@ pub fn chat_template(tok: &Tokenizer, file: Option<&Path>) -> Result<ChatTemplat
             ),
         },
     };
-    ChatTemplate::new(&src, tok.special_text(tok.bos), tok.special_text(tok.eos))
+    tok.compile_chat_template(&src)
 }
 
 /// The projector file `path`, where one is given, checked against `model`.
 pub fn open_projector(path: Option<&Path>, model: &Model) -> Result<Option<Projector>> {
-    let Some(path) = path else { return Ok(None) };
-    let projector = Projector::open(path)?;
-    projector
-        .check_text_model(&model.config.arch, model.config.n_embd)
-        .with_context(|| format!("projector {}", path.display()))?;
-    Ok(Some(projector))
+    path.map(|p| Projector::open_beside(p, &model.config))
+        .transpose()
 }
 
 /// `prompt` with one image marker per image: as it is where it has them all, else with the

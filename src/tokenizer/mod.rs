@@ -223,6 +223,16 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// The chat template `source` compiled for this vocabulary (its `bos_token` and
+    /// `eos_token`).
+    pub fn compile_chat_template(&self, source: &str) -> Result<ChatTemplate> {
+        ChatTemplate::new(
+            source,
+            self.special_text(self.bos),
+            self.special_text(self.eos),
+        )
+    }
+
     /// The text of a token id, for templates that need `bos_token`/`eos_token`.
     pub fn special_text(&self, id: Option<u32>) -> String {
         id.map(|id| self.token_piece(id)).unwrap_or_default()

@@ -21,6 +21,7 @@ pub use kinds::{projector_kind, projector_names, ProjectorKind, ProjectorType, P
 
 use crate::backend::batch::Embedded;
 use crate::gguf::GgufFile;
+use crate::model::ModelConfig;
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
@@ -85,6 +86,16 @@ impl Projector {
                 budget: RECENT_IMAGES_BYTES,
             }),
         })
+    }
+
+    /// Loads `path` (as [`Projector::open`]) for the text model of `text`, which its rows
+    /// must be made for.
+    pub fn open_beside(path: &Path, text: &ModelConfig) -> Result<Projector> {
+        let projector = Self::open(path)?;
+        projector
+            .check_text_model(&text.arch, text.n_embd)
+            .with_context(|| format!("projector {}", path.display()))?;
+        Ok(projector)
     }
 
     /// Refuses a text model the projector's rows are not made for.

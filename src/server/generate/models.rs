@@ -192,10 +192,7 @@ fn open_projector(path: &std::path::Path, model: &Model, kind: Kind) -> anyhow::
             path.display()
         );
     }
-    let projector = Projector::open(path)?;
-    projector
-        .check_text_model(&model.config.arch, model.config.n_embd)
-        .with_context(|| format!("projector {}", path.display()))?;
+    let projector = Projector::open_beside(path, &model.config)?;
     log::info!(
         "projector {}: {}, {} positions an image",
         path.display(),
@@ -212,9 +209,8 @@ fn chat_template_file(
 ) -> anyhow::Result<ChatTemplate> {
     let src = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the chat template {}", path.display()))?;
-    let bos = tokenizer.special_text(tokenizer.bos);
-    let eos = tokenizer.special_text(tokenizer.eos);
-    ChatTemplate::new(&src, bos, eos)
+    tokenizer
+        .compile_chat_template(&src)
         .map_err(|e| anyhow::anyhow!("chat template {}: {e}", path.display()))
 }
 
@@ -222,9 +218,7 @@ fn chat_template_file(
 /// none or it does not compile.
 fn chat_template(tokenizer: &Tokenizer, id: &str) -> Option<ChatTemplate> {
     let src = tokenizer.chat_template()?;
-    let bos = tokenizer.special_text(tokenizer.bos);
-    let eos = tokenizer.special_text(tokenizer.eos);
-    match ChatTemplate::new(src, bos, eos) {
+    match tokenizer.compile_chat_template(src) {
         Ok(t) => Some(t),
         Err(e) => {
             log::warn!(
