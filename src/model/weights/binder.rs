@@ -38,30 +38,11 @@ impl<'a> Binder<'a> {
     }
 
     pub(crate) fn opt_mat(&mut self, name: &str, cols: usize, rows: usize) -> Result<Option<Mat>> {
-        let Some(idx) = self.index(name) else {
+        if self.index(name).is_none() {
             return Ok(None);
-        };
-        let info = &self.file.tensors()[idx];
-        let dims = &info.dims;
-        let two_d = dims.len() >= 2 && dims[2..].iter().all(|&d| d == 1);
-        if !two_d || dims[0] != cols as u64 || dims[1] != rows as u64 {
-            bail!("tensor '{name}' has dims {dims:?}, expected [{cols}, {rows}]");
         }
-        if !quant::is_supported(info.ty) {
-            bail!(
-                "tensor '{name}' has type {} which edgelm cannot compute with",
-                info.ty
-            );
-        }
-        self.used[idx] = true;
-        Ok(Some(Mat {
-            name: name.to_owned(),
-            ty: info.ty,
-            cols,
-            rows,
-            tensor: idx,
-            first_row: 0,
-        }))
+        self.flat_mat(name, &[cols as u64, rows as u64], cols, rows)
+            .map(Some)
     }
 
     /// A tensor of exactly `dims` (ggml order; trailing 1s aside), of a type edgelm computes
