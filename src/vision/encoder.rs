@@ -5,13 +5,11 @@
 
 use super::config::VisionConfig;
 use super::preprocess::Pixels;
-use super::weights::{VisionWeights, VitLayer};
-use crate::backend::cpu::attention::dot_f32;
+use super::weights::{Linear, VisionWeights, VitLayer};
 use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::ops::{activate, add_bias, add_in_place, layernorm_in_place};
-use crate::backend::cpu::parallel::{for_row_chunks, SharedSlice};
-use crate::backend::cpu::pool;
-use crate::backend::ops::{Activation, LayerNorm, Mat, VecRef};
+use crate::backend::cpu::parallel::for_row_chunks;
+use crate::backend::ops::{Activation, LayerNorm};
 use crate::gguf::GgufFile;
 
 /// The ViT's output for one image: one row of `n_embd` per patch, row-major by patch row.
@@ -25,13 +23,14 @@ pub fn run_vit(
     let patches = im2col(pixels, cfg.patch_size);
     let n = patches.len() / (3 * cfg.patch_size * cfg.patch_size);
     let mut x = vec![0.0; n * e];
-    matmul_biased(file, &w.arena, (&w.patch, w.patch_bias), &patches, &mut x);
+    matmul_biased(file, &w.arena, &w.patch, &patches, &mut x);
     add_in_place(&mut x, w.positions.of(&w.arena));
     if let Some(norm) = w.pre_norm {
         layer_norm(&mut x, &w.arena, norm, cfg.eps);
     }
+    let mut buffers = Buffers::new(n, cfg);
     for layer in &w.layers {
-        block(file, &w.arena, cfg, layer, &mut x);
+        block(file, &w.arena, cfg, layer, &mut x, &mut buffers);
     }
     if let Some(norm) = w.post_norm {
         layer_norm(&mut x, &w.arena, norm, cfg.eps);
@@ -39,42 +38,66 @@ pub fn run_vit(
     x
 }
 
-/// One block: `x += attn(ln1(x))`, then `x += ffn(ln2(x))`.
-fn block(file: &GgufFile, arena: &[f32], cfg: &VisionConfig, l: &VitLayer, x: &mut [f32]) {
-    let e = cfg.n_embd;
-    let n = x.len() / e;
-    let mut h = x.to_vec();
-    layer_norm(&mut h, arena, l.ln1, cfg.eps);
-    let [mut q, mut k, mut v] = [0; 3].map(|_| vec![0.0; n * e]);
-    for (m, out) in [(&l.q, &mut q), (&l.k, &mut k), (&l.v, &mut v)] {
-        matmul_biased(file, arena, (&m.0, m.1), &h, out);
-    }
-    attend(&q, &k, &v, cfg.n_head, cfg.head_dim, &mut h);
-    let mut proj = vec![0.0; n * e];
-    matmul_biased(file, arena, (&l.out.0, l.out.1), &h, &mut proj);
-    add_in_place(x, &proj);
+/// A block's intermediate rows, allocated once for all the blocks of an image.
+struct Buffers {
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    proj: Vec<f32>,
+    up: Vec<f32>,
+}
 
-    h.copy_from_slice(x);
-    layer_norm(&mut h, arena, l.ln2, cfg.eps);
-    let mut up = vec![0.0; n * cfg.n_ff];
-    matmul_biased(file, arena, (&l.up.0, l.up.1), &h, &mut up);
-    for_row_chunks(&mut up, cfg.n_ff, |_, rows| {
+impl Buffers {
+    fn new(n: usize, cfg: &VisionConfig) -> Buffers {
+        let rows = || vec![0.0; n * cfg.n_embd];
+        Buffers {
+            h: rows(),
+            q: rows(),
+            k: rows(),
+            v: rows(),
+            proj: rows(),
+            up: vec![0.0; n * cfg.n_ff],
+        }
+    }
+}
+
+/// One block: `x += attn(ln1(x))`, then `x += ffn(ln2(x))`.
+fn block(
+    file: &GgufFile,
+    arena: &[f32],
+    cfg: &VisionConfig,
+    l: &VitLayer,
+    x: &mut [f32],
+    b: &mut Buffers,
+) {
+    b.h.copy_from_slice(x);
+    layer_norm(&mut b.h, arena, l.ln1, cfg.eps);
+    for (m, out) in [(&l.q, &mut b.q), (&l.k, &mut b.k), (&l.v, &mut b.v)] {
+        matmul_biased(file, arena, m, &b.h, out);
+    }
+    super::attention::attend(&b.q, &b.k, &b.v, cfg.n_head, cfg.head_dim, &mut b.h);
+    matmul_biased(file, arena, &l.out, &b.h, &mut b.proj);
+    add_in_place(x, &b.proj);
+
+    b.h.copy_from_slice(x);
+    layer_norm(&mut b.h, arena, l.ln2, cfg.eps);
+    matmul_biased(file, arena, &l.up, &b.h, &mut b.up);
+    for_row_chunks(&mut b.up, cfg.n_ff, |_, rows| {
         activate(Activation::GeluTanh, rows).expect("GELU has an ungated form")
     });
-    matmul_biased(file, arena, (&l.down.0, l.down.1), &up, &mut proj);
-    add_in_place(x, &proj);
+    matmul_biased(file, arena, &l.down, &b.up, &mut b.proj);
+    add_in_place(x, &b.proj);
 }
 
 /// `out = x · mᵀ + bias`, row by row.
-fn matmul_biased(
-    file: &GgufFile,
-    arena: &[f32],
-    (m, bias): (&Mat, VecRef),
-    x: &[f32],
-    out: &mut [f32],
-) {
-    matmul(m.data(file), m.ty, m.rows, m.cols, x, out);
-    let bias = bias.of(arena);
+fn matmul_biased(file: &GgufFile, arena: &[f32], l: &Linear, x: &[f32], out: &mut [f32]) {
+    let m = &l.mat;
+    match &l.dense {
+        Some(dense) => dense.matmul(x, out),
+        None => matmul(m.data(file), m.ty, m.rows, m.cols, x, out),
+    }
+    let bias = l.bias.of(arena);
     for_row_chunks(out, m.rows, |_, rows| {
         rows.chunks_exact_mut(bias.len())
             .for_each(|r| add_bias(r, bias))
@@ -102,43 +125,4 @@ fn im2col(pixels: &Pixels, p: usize) -> Vec<f32> {
         }
     }
     rows
-}
-
-/// Bidirectional multi-head attention over every row: `out` (n × heads·hd) is each head's
-/// softmax(q·kᵀ / √hd)·v, in f32.
-fn attend(q: &[f32], k: &[f32], v: &[f32], heads: usize, hd: usize, out: &mut [f32]) {
-    let width = heads * hd;
-    let n = q.len() / width;
-    let scale = 1.0 / (hd as f32).sqrt();
-    // Tasks of (head, a run of queries): each writes its own queries' slice of its head.
-    let per_task = n.div_ceil(pool::threads() * 2).clamp(1, 64);
-    let runs = n.div_ceil(per_task);
-    let shared = SharedSlice::new(out);
-    pool::parallel_for(heads * runs, |task| {
-        let (head, run) = (task / runs, task % runs);
-        let mut scores = vec![0.0f32; n];
-        let mut acc = vec![0.0f32; hd];
-        for i in run * per_task..((run + 1) * per_task).min(n) {
-            let qi = &q[i * width + head * hd..][..hd];
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
-                let kj = &k[j * width + head * hd..][..hd];
-                *s = dot_f32(qi, kj) * scale;
-                max = max.max(*s);
-            }
-            let mut sum = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            acc.fill(0.0);
-            for (j, &s) in scores.iter().enumerate() {
-                let vj = &v[j * width + head * hd..][..hd];
-                acc.iter_mut().zip(vj).for_each(|(a, &b)| *a += s * b);
-            }
-            // SAFETY: query i's slice of this head belongs to this task alone.
-            let o = unsafe { shared.slice_mut(i * width + head * hd, hd) };
-            o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a / sum);
-        }
-    });
 }

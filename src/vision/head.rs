@@ -2,31 +2,19 @@
 
 use super::config::VisionConfig;
 use super::weights::{Head, VisionWeights};
-use crate::backend::cpu::matmul::matmul;
 use crate::backend::cpu::ops::rmsnorm_in_place;
 
 /// `vit` (one row of `n_embd` per patch, row-major by patch row) as the text model's rows.
 pub fn project(cfg: &VisionConfig, w: &VisionWeights, vit: &[f32]) -> Vec<f32> {
     match &w.head {
-        Head::Gemma3 {
-            norm,
-            projection,
-            ty,
-        } => {
+        Head::Gemma3 { norm, projection } => {
             let mut pooled = average_pool(vit, cfg.patches_per_side(), cfg.n_merge, cfg.n_embd);
             let norm = norm.of(&w.arena);
             pooled
                 .chunks_exact_mut(cfg.n_embd)
                 .for_each(|row| rmsnorm_in_place(row, norm, cfg.eps));
             let mut out = vec![0.0; cfg.tokens_per_image() * cfg.projection_dim];
-            matmul(
-                projection,
-                *ty,
-                cfg.projection_dim,
-                cfg.n_embd,
-                &pooled,
-                &mut out,
-            );
+            projection.matmul(&pooled, &mut out);
             out
         }
     }

@@ -6,6 +6,7 @@
 //! Reading order: `kinds` (the one table of projector types), `config`, `weights`, then the
 //! path above.
 
+mod attention;
 mod config;
 mod decode;
 mod encoder;

@@ -3,22 +3,32 @@
 
 use super::config::VisionConfig;
 use super::kinds::ProjectorKind;
+use crate::backend::cpu::gemm::DenseMatrix;
 use crate::backend::ops::{LayerNorm, Mat, VecRef};
 use crate::gguf::GgufFile;
 use crate::model::Binder;
-use crate::quant::{self, GgmlType};
+use crate::quant::GgmlType;
 use anyhow::{bail, Result};
 
 /// One ViT block: pre-norm attention and pre-norm GELU FFN, every matrix with its bias.
 pub struct VitLayer {
     pub ln1: LayerNorm,
-    pub q: (Mat, VecRef), // [n_embd × n_embd]
-    pub k: (Mat, VecRef),
-    pub v: (Mat, VecRef),
-    pub out: (Mat, VecRef),
+    pub q: Linear, // [n_embd × n_embd]
+    pub k: Linear,
+    pub v: Linear,
+    pub out: Linear,
     pub ln2: LayerNorm,
-    pub up: (Mat, VecRef),   // [n_ff × n_embd]
-    pub down: (Mat, VecRef), // [n_embd × n_ff]
+    pub up: Linear,   // [n_ff × n_embd]
+    pub down: Linear, // [n_embd × n_ff]
+}
+
+/// A matrix and its bias. F16, BF16 and F32 matrices (what mmproj files mostly hold) are
+/// repacked at load for the tiled dense GEMM; quantized ones stay in the file for the
+/// quantized matmul.
+pub struct Linear {
+    pub mat: Mat,
+    pub dense: Option<DenseMatrix>,
+    pub bias: VecRef,
 }
 
 /// What turns the ViT's rows into rows of the text model's width.
@@ -26,17 +36,15 @@ pub enum Head {
     /// Gemma 3: pooled, RMS-normed by `norm`, projected by `projection`.
     Gemma3 {
         norm: VecRef,
-        /// [projection_dim × n_embd], in the file's type (F16 or F32), transposed at load: the
-        /// file stores it the other way round.
-        projection: Vec<u8>,
-        ty: GgmlType,
+        /// [projection_dim × n_embd], transposed at load (the file stores it the other way
+        /// round) into the dense GEMM's panels.
+        projection: DenseMatrix,
     },
 }
 
 pub struct VisionWeights {
     /// Each patch's 3 × p × p pixels (channel, row, column) to the ViT's width.
-    pub patch: Mat, // [n_embd × 3·p·p]
-    pub patch_bias: VecRef,
+    pub patch: Linear, // [n_embd × 3·p·p]
     /// One learned row per patch position.
     pub positions: VecRef, // [n_patches × n_embd]
     pub pre_norm: Option<LayerNorm>,
@@ -58,7 +66,7 @@ impl VisionWeights {
             3 * p * p,
             e,
         )?;
-        let patch_bias = b.vector("v.patch_embd.bias", e)?;
+        let patch = Linear::new(file, patch, b.vector("v.patch_embd.bias", e)?);
         let n_patches = cfg.patches_per_side() * cfg.patches_per_side();
         let positions = b.vector("v.position_embd.weight", n_patches * e)?;
         let pre_norm = opt_layer_norm(&mut b, "v.pre_ln", e)?;
@@ -69,24 +77,19 @@ impl VisionWeights {
         let head = match cfg.kind {
             ProjectorKind::Gemma3 => {
                 let norm = b.vector("mm.soft_emb_norm.weight", e)?;
-                let (projection, ty) = transposed(
+                let projection = transposed(
                     &mut b,
                     file,
                     "mm.input_projection.weight",
                     e,
                     cfg.projection_dim,
                 )?;
-                Head::Gemma3 {
-                    norm,
-                    projection,
-                    ty,
-                }
+                Head::Gemma3 { norm, projection }
             }
         };
         let arena = b.finish(&format!("projector '{}'", cfg.kind.name()))?;
         Ok(VisionWeights {
             patch,
-            patch_bias,
             positions,
             pre_norm,
             layers,
@@ -114,12 +117,18 @@ fn opt_layer_norm(b: &mut Binder<'_>, name: &str, n: usize) -> Result<Option<Lay
     }
 }
 
+impl Linear {
+    fn new(file: &GgufFile, mat: Mat, bias: VecRef) -> Linear {
+        let dense = DenseMatrix::pack(mat.ty, mat.data(file), mat.rows, mat.cols);
+        Linear { mat, dense, bias }
+    }
+}
+
 /// A matrix of `rows` rows of `cols` and its bias of `rows`.
-fn biased(b: &mut Binder<'_>, name: &str, cols: usize, rows: usize) -> Result<(Mat, VecRef)> {
-    Ok((
-        b.mat(&format!("{name}.weight"), cols, rows)?,
-        b.vector(&format!("{name}.bias"), rows)?,
-    ))
+fn biased(b: &mut Binder<'_>, name: &str, cols: usize, rows: usize) -> Result<Linear> {
+    let mat = b.mat(&format!("{name}.weight"), cols, rows)?;
+    let bias = b.vector(&format!("{name}.bias"), rows)?;
+    Ok(Linear::new(b.file(), mat, bias))
 }
 
 fn vit_layer(b: &mut Binder<'_>, cfg: &VisionConfig, i: usize) -> Result<VitLayer> {
@@ -147,14 +156,14 @@ fn vit_layer(b: &mut Binder<'_>, cfg: &VisionConfig, i: usize) -> Result<VitLaye
 }
 
 /// A projection the file stores as `cols` rows of `rows` values (ggml multiplies by its
-/// transpose), laid out as `rows` rows of `cols` for the matmul kernels, in its own type.
+/// transpose), laid out as `rows` rows of `cols` and packed for the dense GEMM.
 fn transposed(
     b: &mut Binder<'_>,
     file: &GgufFile,
     name: &str,
     cols: usize,
     rows: usize,
-) -> Result<(Vec<u8>, GgmlType)> {
+) -> Result<DenseMatrix> {
     let idx = b.tensor(name, &[rows as u64, cols as u64])?;
     let info = &file.tensors()[idx];
     let width = match info.ty {
@@ -171,6 +180,5 @@ fn transposed(
             projection[to..to + width].copy_from_slice(&data[from..from + width]);
         }
     }
-    debug_assert!(quant::is_supported(info.ty));
-    Ok((projection, info.ty))
+    Ok(DenseMatrix::pack(info.ty, &projection, rows, cols).expect("a dense type"))
 }

@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod delta_net;
 mod f16_round;
+pub mod gemm;
 pub mod matmul;
 pub mod moe;
 pub mod ops;

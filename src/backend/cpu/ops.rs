@@ -70,25 +70,39 @@ fn rms_scales(group: &[f32], n: usize, eps: f32) -> [f32; RMS_ROWS_AT_ONCE] {
     scales
 }
 
+fma_dispatch! {
 /// Layer norm of each row of `x` in place (rows of `w.len()` values), as ggml's `norm` then
 /// `mul` and `add`: the sum in f64 and its mean rounded to f32, each value less the mean, the
 /// squares of those summed in f64 into the variance, then `· 1/√(var + ε)`, `· w`, `+ b`.
+/// The f64 sums run in eight lanes (ggml's run in one): a sequential chain is bound by the
+/// adder's latency, and the mean and variance in f32 come out the same either way but for
+/// one rounding in billions.
 pub fn layernorm_in_place(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
     let n = w.len();
     for row in x.chunks_exact_mut(n) {
-        let sum: f64 = row.iter().map(|&v| f64::from(v)).sum();
-        let mean = (sum / n as f64) as f32;
-        let mut squares = 0.0f64;
-        for v in row.iter_mut() {
-            *v -= mean;
-            squares += f64::from(*v * *v);
+        let mut lanes = [0f64; 8];
+        let mut chunks = row.chunks_exact(8);
+        for c in &mut chunks {
+            lanes.iter_mut().zip(c).for_each(|(l, &v)| *l += f64::from(v));
         }
+        let tail: f64 = chunks.remainder().iter().map(|&v| f64::from(v)).sum();
+        let sum = lanes.iter().sum::<f64>() + tail;
+        let mean = (sum / n as f64) as f32;
+        row.iter_mut().for_each(|v| *v -= mean);
+        let mut lanes = [0f64; 8];
+        let mut chunks = row.chunks_exact(8);
+        for c in &mut chunks {
+            lanes.iter_mut().zip(c).for_each(|(l, &v)| *l += f64::from(v * v));
+        }
+        let tail: f64 = chunks.remainder().iter().map(|&v| f64::from(v * v)).sum();
+        let squares = lanes.iter().sum::<f64>() + tail;
         let var = (squares / n as f64) as f32;
         let scale = 1.0 / (var + eps).sqrt();
         for ((v, &g), &c) in row.iter_mut().zip(w).zip(b) {
             *v = *v * scale * g + c;
         }
     }
+}
 }
 
 /// Precomputed RoPE rotation angles for one position, in ggml's order of operations
@@ -175,9 +189,11 @@ pub fn activate(act: crate::backend::ops::Activation, x: &mut [f32]) -> anyhow::
     use crate::backend::ops::Activation::*;
     // Checked first, so that a caller may validate `act` on an empty slice.
     match act {
+        // Through the gated form's vector kernels, gated by ones: times 1.0 is exact.
         GeluTanh => {
-            let table = gelu_table();
-            x.iter_mut().for_each(|v| *v = gelu_looked_up(*v, table));
+            const ONES: [f32; 256] = [1.0; 256];
+            x.chunks_mut(ONES.len())
+                .for_each(|c| gelu_mul(c, &ONES[..c.len()]));
         }
         Silu => x.iter_mut().for_each(|v| *v /= 1.0 + expf_v(0.0 - *v)),
         SwigluOai => anyhow::bail!("gpt-oss's SwiGLU has no ungated form"),

@@ -23,6 +23,11 @@ impl<'a> Binder<'a> {
     }
 
     /// The dims of tensor `name`, where the file has it.
+    /// The file the tensors are bound from.
+    pub(crate) fn file(&self) -> &'a GgufFile {
+        self.file
+    }
+
     pub(crate) fn dims(&self, name: &str) -> Option<&[u64]> {
         self.index(name).map(|i| &self.file.tensors()[i].dims[..])
     }
