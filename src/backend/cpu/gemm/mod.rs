@@ -387,7 +387,7 @@ mod tests {
                         want[(r0 + r) * outputs..][..outputs].copy_from_slice(&tile[r][..outputs]);
                     }
                 }
-                let mut run = |name: &str, f: &dyn Fn(*mut f32)| {
+                let run = |name: &str, f: &dyn Fn(*mut f32)| {
                     let mut got = vec![f32::NAN; rows * outputs];
                     f(got.as_mut_ptr());
                     assert_eq!(got, want, "{name} {ty:?} {rows} rows");
