@@ -14,6 +14,7 @@ pub struct Profile {
     pub models: Vec<ModelSection>,
     pub server: ServerSection,
     pub engine: EngineSection,
+    pub images: ImagesSection,
     pub log: LogSection,
 }
 
@@ -115,6 +116,23 @@ pub struct EngineSection {
     pub state_snapshot_mib: usize,
 }
 
+/// Where a request's images may come from besides `data:` URLs. By default nowhere: an
+/// appliance does not reach out on a client's behalf.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields, default)]
+pub struct ImagesSection {
+    /// Hosts (`name` or `name:port`, as the URL writes them) whose `http://` image URLs a
+    /// request may name; empty: remote URLs are refused.
+    pub fetch_hosts: Vec<String>,
+    /// The largest image a fetch may bring, in KiB.
+    pub fetch_max_kib: usize,
+    /// Seconds a fetch may take, connecting included.
+    pub fetch_timeout_s: f64,
+    /// A folder whose files (and its subfolders') a request may name as `file://` URLs; empty:
+    /// none.
+    pub folder: PathBuf,
+}
+
 #[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogSection {
@@ -196,6 +214,47 @@ impl Default for EngineSection {
         }
     }
 }
+
+impl Default for ImagesSection {
+    fn default() -> Self {
+        ImagesSection {
+            fetch_hosts: Vec::new(),
+            fetch_max_kib: 20 * 1024,
+            fetch_timeout_s: 5.0,
+            folder: PathBuf::new(),
+        }
+    }
+}
+
+impl ImagesSection {
+    /// Hosts that name a host, a fetch size and time that bound something.
+    fn check(&self) -> Check {
+        let host_ok = |h: &String| {
+            !h.is_empty()
+                && h.parse::<http::uri::Authority>()
+                    .is_ok_and(|a| a.as_str() == h && !h.contains('@'))
+        };
+        if let Some(h) = self.fetch_hosts.iter().find(|h| !host_ok(h)) {
+            return bad(
+                "images.fetch_hosts",
+                format!("{h:?} is not a host (name or name:port, no scheme, path or user)"),
+            );
+        }
+        if !(1..=MAX_IMAGE_FETCH_KIB).contains(&self.fetch_max_kib) {
+            return bad(
+                "images.fetch_max_kib",
+                format!("must be 1 to {MAX_IMAGE_FETCH_KIB}"),
+            );
+        }
+        if !(0.1..=600.0).contains(&self.fetch_timeout_s) {
+            return bad("images.fetch_timeout_s", "must be 0.1 to 600");
+        }
+        Ok(())
+    }
+}
+
+/// The largest image a fetch may bring (256 MiB): far above any photograph's file.
+const MAX_IMAGE_FETCH_KIB: usize = 256 * 1024;
 
 impl Default for LogSection {
     fn default() -> Self {
@@ -486,6 +545,7 @@ impl Profile {
         self.server.check_address()?;
         self.server.check_limits()?;
         self.engine.check()?;
+        self.images.check()?;
         if !matches!(
             self.log.level.as_str(),
             "error" | "warn" | "info" | "debug" | "trace"
@@ -645,6 +705,22 @@ mod tests {
         assert!(err.contains("kv_typo") && err.contains("line 2"), "{err}");
         let err = Profile::parse("[engine]\nkv_type = \"q3\"\n").unwrap_err();
         assert!(err.contains("q3"), "{err}");
+    }
+
+    #[test]
+    fn image_hosts_are_hosts_and_fetches_are_bounded() {
+        let p = Profile::parse("[images]\nfetch_hosts = [\"camera.local\", \"10.0.0.7:8080\"]\n");
+        assert_eq!(p.unwrap().images.fetch_hosts.len(), 2);
+        for host in ["http://camera.local", "camera.local/x", "user@camera", ""] {
+            let text = format!("[images]\nfetch_hosts = [{host:?}]\n");
+            let err = Profile::parse(&text).unwrap_err();
+            assert!(
+                err.starts_with("images.fetch_hosts (line 2)"),
+                "{host}: {err}"
+            );
+        }
+        let err = Profile::parse("[images]\nfetch_timeout_s = 0\n").unwrap_err();
+        assert!(err.starts_with("images.fetch_timeout_s"), "{err}");
     }
 
     #[test]

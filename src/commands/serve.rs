@@ -62,6 +62,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             p.server.response_store_mib << 20,
         ),
         models: p.served_models(),
+        images: p.images.clone(),
     };
     serve(config, stop, drain)
 }

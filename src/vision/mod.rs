@@ -14,11 +14,13 @@ mod head;
 mod kinds;
 mod preprocess;
 mod resize;
+mod sources;
 mod weights;
 
 pub use config::VisionConfig;
 pub use decode::{decode, Rgb};
 pub use kinds::{projector_kind, projector_names, ProjectorKind, ProjectorType, PROJECTORS};
+pub use sources::ImageSources;
 
 use crate::backend::batch::Embedded;
 use crate::gguf::GgufFile;

@@ -5,9 +5,12 @@ official openai client (chat with an image part, whole and streamed; Responses w
 a 400 that names the part, after which the server still serves and every KV block is back."""
 
 import base64
+import functools
 import io
 import struct
+import threading
 import zlib
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -142,6 +145,17 @@ def test_hostile_images_get_a_400_naming_the_part_and_nothing_leaks(vision):
         assert r.status_code == 400, (what, r.text)
         err = r.json()["error"]
         assert err["param"] == "messages[0].content[1]", (what, err)
+    # Images past the context: the one that crosses its end is named (before any is decoded).
+    context = httpx.post(vision.base + "/tokenize", json={"model": "gemma", "prompt": "x"}).json()["max_model_len"]
+    tiny = {"type": "image_url", "image_url": {"url": data_url(encoded(Image.new("RGB", (4, 4)), "PNG"))}}
+    r = httpx.post(vision.base + "/v1/chat/completions", timeout=60, json={
+        "model": "gemma", "max_tokens": 4,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Look."}] + [tiny] * (context // 66 + 2)}]})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "do not fit the context length" in err["message"], err
+    crossing = int(err["param"].removeprefix("messages[0].content[").removesuffix("]"))
+    assert 1 < crossing <= context // 66 + 1, err
     base = Image.open(PHOTOS / "coffee.png")
     accepted = {
         "a MIME type that lies": data_url(png, "image/jpeg"),
@@ -160,6 +174,36 @@ def test_hostile_images_get_a_400_naming_the_part_and_nothing_leaks(vision):
     vision.wait_idle()
     assert vision.metrics()["edgelm_kv_blocks_used"] == 0
     assert httpx.get(vision.base + "/health").status_code == 200
+
+
+def test_a_profile_lets_images_come_from_listed_hosts_and_its_folder(tmp_path, client):
+    """A camera-like HTTP server on loopback, listed by address in the profile, and the photos'
+    folder: those URLs answer as the same image sent as a data URL does; any other host, a
+    file outside the folder, a 404 and https are 400s naming the part."""
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(PHOTOS))
+    camera = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=camera.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{camera.server_address[1]}"
+    profile = tmp_path / "images.toml"
+    profile.write_text(f'[images]\nfetch_hosts = ["{host}"]\nfetch_max_kib = 4096\n'
+                       f'folder = "{PHOTOS}"\n')
+    s = Server("--config", str(profile), "--mmproj", str(projector_file()),
+               "--chat-template-file", str(TEMPLATE), model=GEMMA3)
+    try:
+        local = OpenAI(base_url=s.base + "/v1", api_key="none")
+        want = ask(client, data_url(photo("coffee.png"))).choices[0].message.content
+        for url in (f"http://{host}/coffee.png", f"file://{PHOTOS / 'coffee.png'}"):
+            assert ask(local, url).choices[0].message.content == want, url
+        for url in (f"http://localhost:{camera.server_address[1]}/coffee.png", f"http://{host}/missing.png",
+                    f"https://{host}/coffee.png", f"file://{PHOTOS}/../README.md", "file:///etc/hostname"):
+            with pytest.raises(BadRequestError) as e:
+                ask(local, url)
+            assert e.value.body["param"] == "messages[0].content[1]", (url, e.value.body)
+        s.wait_idle()
+        assert s.metrics()["edgelm_kv_blocks_used"] == 0
+    finally:
+        s.stop()
+        camera.shutdown()
 
 
 def test_a_model_without_a_projector_refuses_an_image_part(server):

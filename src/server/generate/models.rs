@@ -9,7 +9,7 @@ use crate::grammar::Grammars;
 use crate::kv::shares::{self, ShareRequest};
 use crate::model::Model;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
-use crate::vision::Projector;
+use crate::vision::{ImageSources, Projector};
 use anyhow::Context;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -49,6 +49,8 @@ pub struct Ready {
 /// Every model the server holds, the first one first.
 pub struct Models {
     pub list: Vec<Ready>,
+    /// Where requests' images may come from besides `data:` URLs (the profile's `[images]`).
+    pub images: ImageSources,
 }
 
 impl Models {
@@ -62,6 +64,7 @@ impl Models {
     pub fn load(
         models: &[ModelSection],
         engine: &EngineConfig,
+        images: ImageSources,
     ) -> anyhow::Result<(Models, Vec<JoinHandle<()>>)> {
         let several = models.len() > 1;
         if several && engine.backend == crate::backend::select::Backend::Cuda {
@@ -97,7 +100,7 @@ impl Models {
             list.push(ready);
             threads.push(thread);
         }
-        Ok((Models { list }, threads))
+        Ok((Models { list, images }, threads))
     }
 }
 

@@ -54,7 +54,7 @@ impl Server {
         let body = Body::parse(path, body)?;
         let ready = openai::select(models, body.model(), Some(Kind::Generate))?;
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let job = Parsing::new(ready, &self.responses, &self.boot_tag).job(body, n)?;
+        let job = Parsing::new(models, ready, &self.responses, &self.boot_tag).job(body, n)?;
         Ok((ready, job))
     }
 

@@ -9,6 +9,7 @@ use crate::config::ModelSection;
 use crate::engine::EngineConfig;
 use crate::server::generate::{Models, RawResponse};
 use crate::server::openai::{ApiError, Store};
+use crate::vision::ImageSources;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +35,8 @@ pub struct ServeConfig {
     /// Responses kept for `previous_response_id`: at most this many, in at most this many
     /// bytes.
     pub response_store: (usize, usize),
+    /// Where requests' images may come from besides `data:` URLs.
+    pub images: crate::config::ImagesSection,
 }
 
 impl ServeConfig {
@@ -140,7 +143,10 @@ impl Server {
 
     /// Loads the models and starts their engines (the server answers 503 until this is done).
     pub fn load(&self) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
-        let (models, threads) = Models::load(&self.config.models, &self.config.engine)?;
+        let c = &self.config.images;
+        let timeout = std::time::Duration::from_secs_f64(c.fetch_timeout_s);
+        let images = ImageSources::new(&c.fetch_hosts, c.fetch_max_kib, timeout, &c.folder)?;
+        let (models, threads) = Models::load(&self.config.models, &self.config.engine, images)?;
         let _ = self.ready.set(models);
         Ok(threads)
     }

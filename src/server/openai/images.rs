@@ -1,4 +1,5 @@
-//! A chat request's images: each `image_url` part's data URL decoded into pixels, and the
+//! A chat request's images: each `image_url` part's bytes read ([`ImageSources`]) and decoded into
+//! pixels, and the
 //! rendered prompt's markers replaced by what the projector's model reads around an image
 //! (its begin and end text) and the image's positions. Errors name the content part.
 
@@ -6,21 +7,33 @@ use super::error::ApiError;
 use crate::chat::{ImagePart, IMAGE_MARKER};
 use crate::server::generate::PendingImage;
 use crate::tokenizer::Tokenizer;
-use crate::vision::{decode, Projector};
-use base64::Engine as _;
+use crate::vision::{decode, ImageSources, Projector};
 
 /// The token an image's positions hold in the prompt: any id would do, as their rows replace
 /// its embedding; it counts as a prompt token like the image's other positions.
 const PLACEHOLDER: u32 = 0;
 
+/// Where a request's images come from and what they are read into.
+pub struct ImageInput<'a> {
+    pub projector: Option<&'a Projector>,
+    pub sources: &'a ImageSources,
+    /// The model's context length: an image whose positions pass it is refused by name.
+    pub context: usize,
+}
+
 /// `prompt` (a rendered chat prompt with one [`IMAGE_MARKER`] per image of `parts`, in order)
 /// as tokens, and the images to place at their positions.
 pub fn prompt_with_images(
     tokenizer: &Tokenizer,
-    projector: Option<&Projector>,
+    input: &ImageInput<'_>,
     prompt: &str,
     parts: &[ImagePart],
 ) -> Result<(Vec<u32>, Vec<PendingImage>), ApiError> {
+    let ImageInput {
+        projector,
+        sources,
+        context,
+    } = *input;
     let Some(projector) = projector else {
         return Err(ApiError::bad_request(
             "this model reads no images: it is served without a projector file (serve --mmproj)",
@@ -37,38 +50,35 @@ pub fn prompt_with_images(
         ))
         .param("messages"));
     }
-    let rgbs = parts.iter().map(image_of).collect::<Result<Vec<_>, _>>()?;
     let (tokens, starts) = projector
         .prompt_tokens(tokenizer, prompt, IMAGE_MARKER, PLACEHOLDER)
         .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
+    let rows = projector.tokens_per_image();
+    if let Some((part, at)) = parts
+        .iter()
+        .zip(&starts)
+        .find(|(_, &at)| at + rows > context)
+    {
+        return Err(ApiError::bad_request(format!(
+            "{}: the image's {rows} positions, from position {at}, do not fit the context \
+             length of {context} tokens",
+            part.param
+        ))
+        .param(&part.param));
+    }
+    // Read and decoded only once the prompt is known to fit.
+    let rgbs = (parts.iter().map(|p| image_of(sources, p))).collect::<Result<Vec<_>, _>>()?;
     let images = (starts.into_iter().zip(rgbs))
         .map(|(at, rgb)| PendingImage { at, rgb })
         .collect();
     Ok((tokens, images))
 }
 
-/// The pixels of an image part: a base64 `data:` URL decoded (its bytes decide the format,
-/// whatever MIME type it names). Remote URLs are not fetched: an appliance does not reach out
-/// on a client's behalf.
-fn image_of(part: &ImagePart) -> Result<crate::vision::Rgb, ApiError> {
+/// The pixels of an image part: its bytes read from where its URL says (if the server
+/// allows it), then decoded (the bytes decide the format, whatever MIME type the URL names).
+fn image_of(sources: &ImageSources, part: &ImagePart) -> Result<crate::vision::Rgb, ApiError> {
     let bad =
         |why: String| ApiError::bad_request(format!("{}: {why}", part.param)).param(&part.param);
-    let url = part.url.url.trim();
-    if url.starts_with("http://") || url.starts_with("https://") {
-        return Err(bad(
-            "remote image URLs are not fetched; send the image as a data: URL".into(),
-        ));
-    }
-    let Some((head, data)) = url.strip_prefix("data:").and_then(|u| u.split_once(',')) else {
-        return Err(bad(
-            "image_url.url must be a data: URL (data:image/png;base64,...)".into(),
-        ));
-    };
-    if !head.ends_with(";base64") {
-        return Err(bad("the data: URL is not base64 (;base64)".into()));
-    }
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(data)
-        .map_err(|e| bad(format!("the data: URL's base64 does not decode ({e})")))?;
+    let bytes = sources.read(&part.url.url).map_err(bad)?;
     decode(&bytes).map_err(|e| bad(format!("{e:#}")))
 }

@@ -5,16 +5,16 @@
 
 use super::error::ApiError;
 use super::ids;
-use super::images::prompt_with_images;
+use super::images::{prompt_with_images, ImageInput};
 use super::job::{Flavor, Job};
 use super::request::{parse, ChatBody, CompletionBody, PromptInput, BOOKKEEPING};
 use super::responses::{self, ResponsesBody, Store, IGNORED};
 use super::sampling::{self, Endpoint, Limits};
 use crate::chat::{self, Tool};
 use crate::grammar::{Constraint, ConstraintSpec, Grammars};
-use crate::server::generate::{Ready, Work};
+use crate::server::generate::{Models, Ready, Work};
 use crate::tokenizer::{ChatTemplate, Tokenizer};
-use crate::vision::Projector;
+use crate::vision::{ImageSources, Projector};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -69,19 +69,30 @@ pub struct Parsing<'a> {
     limits: Limits,
     /// The model's projector, through which it reads images.
     projector: Option<&'a Projector>,
+    /// Where images may come from besides `data:` URLs.
+    sources: &'a ImageSources,
+    /// The model's context length (an image passing it is refused by name).
+    context: usize,
     responses: Option<&'a Arc<Store>>,
     /// Starts response ids: tells this run of the server from earlier ones.
     boot_tag: &'a str,
 }
 
 impl<'a> Parsing<'a> {
-    pub fn new(ready: &'a Ready, responses: &'a Arc<Store>, boot_tag: &'a str) -> Parsing<'a> {
+    pub fn new(
+        models: &'a Models,
+        ready: &'a Ready,
+        responses: &'a Arc<Store>,
+        boot_tag: &'a str,
+    ) -> Parsing<'a> {
         Parsing {
             tokenizer: &ready.tokenizer,
             chat: ready.chat.as_ref(),
             grammars: &ready.grammars,
             limits: Limits::for_engine(ready.engine.limits.max_n),
             projector: ready.projector.as_deref(),
+            sources: &models.images,
+            context: ready.engine.limits.context,
             responses: Some(responses),
             boot_tag,
         }
@@ -162,7 +173,14 @@ impl<'a> Parsing<'a> {
         let parts = req.conversation.images();
         let (prompt, images) = match parts.is_empty() {
             true => (encode(tokenizer, &setup.prompt)?, Vec::new()),
-            false => prompt_with_images(tokenizer, self.projector, &setup.prompt, &parts)?,
+            false => {
+                let input = ImageInput {
+                    projector: self.projector,
+                    sources: self.sources,
+                    context: self.context,
+                };
+                prompt_with_images(tokenizer, &input, &setup.prompt, &parts)?
+            }
         };
         let logprobs = chat_logprobs(&req, limits)?;
         v.params.logprobs = logprobs;
@@ -327,6 +345,8 @@ pub fn fuzz_parse_request(
         grammars,
         limits: Limits::for_engine(16),
         projector: None,
+        sources: &ImageSources::data_only(),
+        context: usize::MAX,
         responses: None,
         boot_tag: "fuzz",
     };

@@ -3,7 +3,7 @@
 //! takes), counted in tokens; and token ids back to text.
 
 use super::error::ApiError;
-use super::images::prompt_with_images;
+use super::images::{prompt_with_images, ImageInput};
 use super::models::select;
 use super::request::{parse, DetokenizeBody, TokenizeBody};
 use super::sampling::token_ids;
@@ -48,8 +48,13 @@ pub fn tokenize(models: &Models, body: &[u8]) -> Result<Value, ApiError> {
             .encode(&text, req.add_special_tokens.unwrap_or(true))
             .map_err(|e| ApiError::bad_request(e.to_string()))?,
         false => {
-            let projector = ready.projector.as_deref();
-            prompt_with_images(&ready.tokenizer, projector, &text, &images)?.0
+            // Counted whatever the context: /tokenize measures, it does not refuse.
+            let input = ImageInput {
+                projector: ready.projector.as_deref(),
+                sources: &models.images,
+                context: usize::MAX,
+            };
+            prompt_with_images(&ready.tokenizer, &input, &text, &images)?.0
         }
     };
     Ok(json!({"count": ids.len(), "max_model_len": ready.engine.limits.context, "tokens": ids}))

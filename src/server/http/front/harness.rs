@@ -54,6 +54,7 @@ impl Harness {
                 max_rejections_per_s: 0.0,
             },
             response_store: (16, 1 << 20),
+            images: Default::default(),
         };
         let server = Server::new(config);
         let (generate, other) = handler_pools(&server).expect("handler threads");
