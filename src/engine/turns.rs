@@ -98,6 +98,36 @@ impl TurnSeat {
     }
 }
 
+/// The longest slice of paced work while no stream decodes: long enough to cost nothing in
+/// turn changes, short enough that a request arriving meanwhile starts soon.
+const IDLE_SLICE_S: f64 = 0.1;
+
+impl TurnSeat {
+    /// One slice of work beside the engines' steps (an image's encoder): waits for a turn,
+    /// then runs `piece` (false once no work remains) while the slice lasts: at most
+    /// `slowdown - 1` times the slowest decode-only step of the engines' streams, as their
+    /// prefill is paced ([`super::pacer::PrefillPacer`]), and at least one piece. Returns
+    /// whether work remains.
+    pub fn run_slice(&self, slowdown: f64, piece: &mut dyn FnMut() -> bool) -> bool {
+        let _turn = self.take();
+        let streams = self.elsewhere();
+        let budget_s = match (streams.sequences, streams.step_s) {
+            (0, _) | (_, None) => IDLE_SLICE_S,
+            (_, Some(step)) if slowdown > 1.0 => (slowdown - 1.0) * step,
+            (_, Some(_)) => IDLE_SLICE_S,
+        };
+        let start = std::time::Instant::now();
+        loop {
+            if !piece() {
+                return false;
+            }
+            if start.elapsed().as_secs_f64() >= budget_s {
+                return true;
+            }
+        }
+    }
+}
+
 /// A step's turn: the next one starts when it is dropped.
 pub struct Turn(Arc<StepTurns>);
 
@@ -143,6 +173,30 @@ mod tests {
         let runs: Vec<usize> = order.chunk_by(|a, b| a == b).map(|r| r.len()).collect();
         let middle = &runs[1..runs.len().saturating_sub(1).max(1)];
         assert!(middle.iter().all(|&n| n <= 2), "{order:?}");
+    }
+
+    #[test]
+    fn a_slice_runs_as_long_as_the_streams_allow_and_at_least_one_piece() {
+        let turns = Arc::new(StepTurns::default());
+        let (engine, encoder) = (turns.seat(), turns.seat());
+        let run = |budget_pieces: &mut usize| {
+            let mut n = 0;
+            let more = encoder.run_slice(2.0, &mut || {
+                n += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                n < *budget_pieces
+            });
+            (n, more)
+        };
+        // Nothing decodes: the idle slice (100 ms) outlasts 10 pieces of 2 ms.
+        assert_eq!(run(&mut 10), (10, false));
+        // A stream decodes at 10 ms a step: a slice of (2 - 1) × 10 ms, about five pieces.
+        engine.publish(1, Some(0.010));
+        let (n, more) = run(&mut 1000);
+        assert!(more && (4..=6).contains(&n), "{n} pieces");
+        // A step far shorter than a piece: still one piece a slice, so the work progresses.
+        engine.publish(1, Some(0.000_01));
+        assert_eq!(run(&mut 1000), (1, true));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::backend::cpu::parallel::SharedSlice;
 use crate::backend::cpu::pool;
 use crate::cpu_features::fma_dispatch;
 use std::cell::Cell;
+use std::ops::Range;
 
 /// Queries a task scores at once: their scores fit in L2 for thousands of patches.
 const QUERY_BLOCK: usize = 128;
@@ -22,83 +23,111 @@ thread_local! {
 
 /// `out` (n × heads·hd) = each head's softmax(q·kᵀ / √hd)·v, over every row of `q`, `k`, `v`
 /// (n × heads·hd each).
+#[cfg(test)]
 pub fn attend(q: &[f32], k: &[f32], v: &[f32], heads: usize, hd: usize, out: &mut [f32]) {
-    let width = heads * hd;
-    let n = q.len() / width;
-    assert!(q.len() == n * width && k.len() == q.len() && v.len() == q.len());
-    assert!(out.len() == q.len());
-    let scale = 1.0 / (hd as f32).sqrt();
-    // Each head's keys and values packed once, for all its blocks of queries.
-    let (key_len, value_len) = (packed_len(n, hd), packed_len(hd, n));
-    let mut packed = vec![0f32; heads * (key_len + value_len)];
-    let shared = SharedSlice::new(&mut packed);
-    pool::parallel_for(heads, |head| {
-        // SAFETY: each head's part of `packed` is its task's alone.
-        let part = unsafe { shared.slice_mut(head * (key_len + value_len), key_len + value_len) };
-        let (keys, values) = part.split_at_mut(key_len);
-        pack_rows_f32(&k[head * hd..], width, n, hd, keys);
-        pack_columns_f32(&v[head * hd..], width, n, hd, values);
-    });
-    let blocks = n.div_ceil(QUERY_BLOCK);
-    let shared = SharedSlice::new(out);
-    pool::parallel_for(heads * blocks, |task| {
-        let (head, block) = (task / blocks, task % blocks);
-        let q0 = block * QUERY_BLOCK;
-        let rows = (n - q0).min(QUERY_BLOCK);
-        let (keys, values) =
-            packed[head * (key_len + value_len)..][..key_len + value_len].split_at(key_len);
+    let kv = KeysValues::pack(k, v, heads, hd);
+    kv.attend(q, 0..kv.n, out);
+}
+
+/// Every head's keys and values packed once into the GEMM's panels, for all its blocks of
+/// queries (which an encoder in slices runs a few at a time).
+pub struct KeysValues {
+    packed: Vec<f32>,
+    n: usize,
+    heads: usize,
+    hd: usize,
+}
+
+impl KeysValues {
+    /// `k` and `v`: n × heads·hd each.
+    pub fn pack(k: &[f32], v: &[f32], heads: usize, hd: usize) -> KeysValues {
+        let width = heads * hd;
+        let n = k.len() / width;
+        assert!(k.len() == n * width && v.len() == k.len());
+        let part = packed_len(n, hd) + packed_len(hd, n);
+        let mut packed = vec![0f32; heads * part];
+        let shared = SharedSlice::new(&mut packed);
+        pool::parallel_for(heads, |head| {
+            // SAFETY: each head's part of `packed` is its task's alone.
+            let part = unsafe { shared.slice_mut(head * part, part) };
+            let (keys, values) = part.split_at_mut(packed_len(n, hd));
+            pack_rows_f32(&k[head * hd..], width, n, hd, keys);
+            pack_columns_f32(&v[head * hd..], width, n, hd, values);
+        });
+        KeysValues {
+            packed,
+            n,
+            heads,
+            hd,
+        }
+    }
+
+    /// Rows `queries` of `out` (n × heads·hd, as `q`): their softmax(q·kᵀ / √hd)·v per head.
+    pub fn attend(&self, q: &[f32], queries: Range<usize>, out: &mut [f32]) {
+        let (n, width) = (self.n, self.heads * self.hd);
+        assert!(q.len() == n * width && out.len() == q.len() && queries.end <= n);
+        let blocks = queries.len().div_ceil(QUERY_BLOCK);
+        let shared = SharedSlice::new(out);
+        pool::parallel_for(self.heads * blocks, |task| {
+            let (head, block) = (task / blocks, task % blocks);
+            let q0 = queries.start + block * QUERY_BLOCK;
+            let rows = (queries.end - q0).min(QUERY_BLOCK);
+            let at = shared.span_ptr(q0 * width + head * self.hd, (rows - 1) * width + self.hd);
+            // SAFETY: rows q0..q0 + rows of this head's columns belong to this task alone.
+            unsafe { self.attend_block(q, head, q0, rows, at) };
+        });
+    }
+
+    /// One head's block of `rows` queries from `q0`, written at `out` (row q0 of the head's
+    /// columns, rows `heads·hd` apart).
+    ///
+    /// # Safety
+    /// Those rows of the head's columns are the caller's.
+    unsafe fn attend_block(&self, q: &[f32], head: usize, q0: usize, rows: usize, out: *mut f32) {
+        let (n, hd, width) = (self.n, self.hd, self.heads * self.hd);
+        let part = packed_len(n, hd) + packed_len(hd, n);
+        let (keys, values) = self.packed[head * part..][..part].split_at(packed_len(n, hd));
         let mut scores = SCORES.take();
         scores.resize(QUERY_BLOCK * n, 0.0);
-        let queries = &q[q0 * width + head * hd..];
-        let queries = &queries[..(rows - 1) * width + hd];
+        let queries = &q[q0 * width + head * hd..][..(rows - 1) * width + hd];
         for p in 0..n.div_ceil(PANEL) {
             let panel = PanelRef::F32 {
                 values: &keys[p * hd * PANEL..][..hd * PANEL],
                 stride: PANEL,
             };
-            let cols = (n - p * PANEL).min(PANEL);
+            let (at, cols) = (scores[p * PANEL..].as_mut_ptr(), (n - p * PANEL).min(PANEL));
             // SAFETY: each score row holds n values; this panel writes its own columns.
-            unsafe {
-                panel_product(
-                    queries,
-                    width,
-                    hd,
-                    panel,
-                    scores[p * PANEL..].as_mut_ptr(),
-                    n,
-                    cols,
-                )
-            };
+            unsafe { panel_product(queries, width, hd, panel, at, n, cols) };
         }
         let mut sums = [0f32; QUERY_BLOCK];
+        let scale = 1.0 / (hd as f32).sqrt();
         softmax_rows(&mut scores[..rows * n], n, scale, &mut sums[..rows]);
-        let at = shared.span_ptr(q0 * width + head * hd, (rows - 1) * width + hd);
         for p in 0..hd.div_ceil(PANEL) {
             let panel = PanelRef::F32 {
                 values: &values[p * n * PANEL..][..n * PANEL],
                 stride: PANEL,
             };
             let cols = (hd - p * PANEL).min(PANEL);
-            // SAFETY: rows q0.. of this head's columns belong to this task alone.
+            // SAFETY: the caller's rows; this panel writes its own columns.
             unsafe {
                 panel_product(
                     &scores[..rows * n],
                     n,
                     n,
                     panel,
-                    at.add(p * PANEL),
+                    out.add(p * PANEL),
                     width,
                     cols,
                 )
             };
         }
         for (r, &sum) in sums[..rows].iter().enumerate() {
-            // SAFETY: as above: this task's row r of its head.
-            let o = unsafe { std::slice::from_raw_parts_mut(at.add(r * width), hd) };
+            // SAFETY: as above: the caller's row r of this head.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.add(r * width), hd) };
             o.iter_mut().for_each(|v| *v /= sum);
         }
         SCORES.set(scores);
-    });
+    }
 }
 
 fma_dispatch! {

@@ -1,8 +1,10 @@
 //! The ViT, as llama.cpp's `build_vit` computes it for SigLIP: each patch's pixels to a row
 //! (the patch convolution as one matmul), its learned position row added, then blocks of
 //! layer-normed bidirectional attention and GELU FFN, and a last layer norm. The matrices go
-//! through the CPU's matmul kernels (mmproj files are mostly F16).
+//! through the dense GEMM (mmproj files are mostly F16) or the quantized matmul. It runs a
+//! piece at a time, so that an image can be encoded in slices between engine steps.
 
+use super::attention::KeysValues;
 use super::config::VisionConfig;
 use super::preprocess::Pixels;
 use super::weights::{Linear, VisionWeights, VitLayer};
@@ -12,30 +14,182 @@ use crate::backend::cpu::parallel::for_row_chunks;
 use crate::backend::ops::{Activation, LayerNorm};
 use crate::gguf::GgufFile;
 
-/// The ViT's output for one image: one row of `n_embd` per patch, row-major by patch row.
-pub fn run_vit(
-    file: &GgufFile,
-    w: &VisionWeights,
-    cfg: &VisionConfig,
-    pixels: &Pixels,
-) -> Vec<f32> {
-    let e = cfg.n_embd;
-    let patches = im2col(pixels, cfg.patch_size);
-    let n = patches.len() / (3 * cfg.patch_size * cfg.patch_size);
-    let mut x = vec![0.0; n * e];
-    matmul_biased(file, &w.arena, &w.patch, &patches, &mut x);
-    add_in_place(&mut x, w.positions.of(&w.arena));
-    if let Some(norm) = w.pre_norm {
-        layer_norm(&mut x, &w.arena, norm, cfg.eps);
+/// Patch rows a piece of row-wise work takes (a multiple of every GEMM tile's rows): small
+/// enough that a piece of a large ViT is a few milliseconds, so that an encoder run in slices
+/// between engine steps keeps them short.
+const ROWS_PER_PIECE: usize = 96;
+
+/// Queries a piece of attention takes.
+const QUERIES_PER_PIECE: usize = 128;
+
+/// One image's ViT, run a piece at a time ([`VitRun::piece`]): the patch embedding and each
+/// block's row-wise parts by runs of rows, its attention by runs of queries. Every row's
+/// arithmetic is the same however the pieces fall.
+pub struct VitRun<'a> {
+    file: &'a GgufFile,
+    w: &'a VisionWeights,
+    cfg: &'a VisionConfig,
+    patches: Vec<f32>,
+    x: Vec<f32>,
+    b: Buffers,
+    n: usize,
+    at: Stage,
+    kv: Option<KeysValues>,
+}
+
+/// Where a run is: the next piece starts at `row`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stage {
+    Embed {
+        row: usize,
+    },
+    Block {
+        layer: usize,
+        part: Part,
+        row: usize,
+    },
+    Done,
+}
+
+/// A block's parts: the rows' norm and Q, K, V; attention (once all rows have their K and V);
+/// the rows' output projection, norm and FFN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Part {
+    Qkv,
+    Attention,
+    Ffn,
+}
+
+impl<'a> VitRun<'a> {
+    pub fn new(
+        file: &'a GgufFile,
+        w: &'a VisionWeights,
+        cfg: &'a VisionConfig,
+        pixels: &Pixels,
+    ) -> VitRun<'a> {
+        let patches = im2col(pixels, cfg.patch_size);
+        let n = patches.len() / (3 * cfg.patch_size * cfg.patch_size);
+        VitRun {
+            file,
+            w,
+            cfg,
+            patches,
+            x: vec![0.0; n * cfg.n_embd],
+            b: Buffers::new(n, cfg),
+            n,
+            at: Stage::Embed { row: 0 },
+            kv: None,
+        }
     }
-    let mut buffers = Buffers::new(n, cfg);
-    for layer in &w.layers {
-        block(file, &w.arena, cfg, layer, &mut x, &mut buffers);
+
+    /// Runs the next piece; false once the run is over (then [`VitRun::output`]).
+    pub fn piece(&mut self) -> bool {
+        let (e, arena) = (self.cfg.n_embd, &self.w.arena);
+        let next = match self.at {
+            Stage::Embed { row } => {
+                let rows = row..(row + ROWS_PER_PIECE).min(self.n);
+                let p = 3 * self.cfg.patch_size * self.cfg.patch_size;
+                let x = &mut self.x[rows.start * e..rows.end * e];
+                let patches = &self.patches[rows.start * p..rows.end * p];
+                matmul_biased(self.file, arena, &self.w.patch, patches, x);
+                add_in_place(x, &self.w.positions.of(arena)[rows.start * e..rows.end * e]);
+                if let Some(norm) = self.w.pre_norm {
+                    layer_norm(x, arena, norm, self.cfg.eps);
+                }
+                match rows.end == self.n {
+                    true => self.block_start(0),
+                    false => Stage::Embed { row: rows.end },
+                }
+            }
+            Stage::Block { layer, part, row } => self.block_piece(layer, part, row),
+            Stage::Done => return false,
+        };
+        self.at = next;
+        if next == Stage::Done {
+            if let Some(norm) = self.w.post_norm {
+                layer_norm(&mut self.x, arena, norm, self.cfg.eps);
+            }
+        }
+        next != Stage::Done
     }
-    if let Some(norm) = w.post_norm {
-        layer_norm(&mut x, &w.arena, norm, cfg.eps);
+
+    /// One row of `n_embd` per patch, row-major by patch row (the run must be over).
+    pub fn output(self) -> Vec<f32> {
+        assert_eq!(self.at, Stage::Done, "the ViT has pieces left");
+        self.x
     }
-    x
+
+    fn block_start(&self, layer: usize) -> Stage {
+        match layer == self.w.layers.len() {
+            true => Stage::Done,
+            false => Stage::Block {
+                layer,
+                part: Part::Qkv,
+                row: 0,
+            },
+        }
+    }
+
+    /// One piece of block `layer`: `x += attn(ln1(x))`, then `x += ffn(ln2(x))`, by rows.
+    fn block_piece(&mut self, layer: usize, part: Part, row: usize) -> Stage {
+        let (cfg, arena, file) = (self.cfg, &self.w.arena, self.file);
+        let l = &self.w.layers[layer];
+        let (e, b) = (cfg.n_embd, &mut self.b);
+        let step = match part {
+            Part::Attention => QUERIES_PER_PIECE,
+            _ => ROWS_PER_PIECE,
+        };
+        let rows = row..(row + step).min(self.n);
+        let span = rows.start * e..rows.end * e;
+        match part {
+            Part::Qkv => {
+                let h = &mut b.h[span.clone()];
+                h.copy_from_slice(&self.x[span.clone()]);
+                layer_norm(h, arena, l.ln1, cfg.eps);
+                for (m, out) in [(&l.q, &mut b.q), (&l.k, &mut b.k), (&l.v, &mut b.v)] {
+                    matmul_biased(file, arena, m, h, &mut out[span.clone()]);
+                }
+            }
+            Part::Attention => {
+                let kv = self
+                    .kv
+                    .get_or_insert_with(|| KeysValues::pack(&b.k, &b.v, cfg.n_head, cfg.head_dim));
+                kv.attend(&b.q, rows.clone(), &mut b.h);
+            }
+            Part::Ffn => ffn_rows(
+                file,
+                arena,
+                cfg,
+                l,
+                &mut self.x[span.clone()],
+                b,
+                rows.clone(),
+            ),
+        }
+        if rows.end < self.n {
+            return Stage::Block {
+                layer,
+                part,
+                row: rows.end,
+            };
+        }
+        match part {
+            Part::Qkv => Stage::Block {
+                layer,
+                part: Part::Attention,
+                row: 0,
+            },
+            Part::Attention => {
+                self.kv = None;
+                Stage::Block {
+                    layer,
+                    part: Part::Ffn,
+                    row: 0,
+                }
+            }
+            Part::Ffn => self.block_start(layer + 1),
+        }
+    }
 }
 
 /// A block's intermediate rows, allocated once for all the blocks of an image.
@@ -62,32 +216,32 @@ impl Buffers {
     }
 }
 
-/// One block: `x += attn(ln1(x))`, then `x += ffn(ln2(x))`.
-fn block(
+/// Rows `rows` of a block after attention (`x` holds those rows, `b.h` the attention's
+/// output): `x += out(h)`, then `x += down(gelu(up(ln2(x))))`.
+fn ffn_rows(
     file: &GgufFile,
     arena: &[f32],
     cfg: &VisionConfig,
     l: &VitLayer,
     x: &mut [f32],
     b: &mut Buffers,
+    rows: std::ops::Range<usize>,
 ) {
-    b.h.copy_from_slice(x);
-    layer_norm(&mut b.h, arena, l.ln1, cfg.eps);
-    for (m, out) in [(&l.q, &mut b.q), (&l.k, &mut b.k), (&l.v, &mut b.v)] {
-        matmul_biased(file, arena, m, &b.h, out);
-    }
-    super::attention::attend(&b.q, &b.k, &b.v, cfg.n_head, cfg.head_dim, &mut b.h);
-    matmul_biased(file, arena, &l.out, &b.h, &mut b.proj);
-    add_in_place(x, &b.proj);
-
-    b.h.copy_from_slice(x);
-    layer_norm(&mut b.h, arena, l.ln2, cfg.eps);
-    matmul_biased(file, arena, &l.up, &b.h, &mut b.up);
-    for_row_chunks(&mut b.up, cfg.n_ff, |_, rows| {
+    let (e, f) = (cfg.n_embd, cfg.n_ff);
+    let span = rows.start * e..rows.end * e;
+    let proj = &mut b.proj[span.clone()];
+    matmul_biased(file, arena, &l.out, &b.h[span.clone()], proj);
+    add_in_place(x, proj);
+    let h = &mut b.h[span.clone()];
+    h.copy_from_slice(x);
+    layer_norm(h, arena, l.ln2, cfg.eps);
+    let up = &mut b.up[rows.start * f..rows.end * f];
+    matmul_biased(file, arena, &l.up, h, up);
+    for_row_chunks(up, f, |_, rows| {
         activate(Activation::GeluTanh, rows).expect("GELU has an ungated form")
     });
-    matmul_biased(file, arena, &l.down, &b.up, &mut b.proj);
-    add_in_place(x, &b.proj);
+    matmul_biased(file, arena, &l.down, up, proj);
+    add_in_place(x, proj);
 }
 
 /// `out = x · mᵀ + bias`, row by row.

@@ -146,9 +146,23 @@ impl Projector {
 
     /// `img` as `tokens_per_image()` rows of `projection_dim` values.
     pub fn encode(&self, img: &Rgb) -> Vec<f32> {
+        self.encode_in_slices(img, &mut |piece| while piece() {})
+    }
+
+    /// [`Projector::encode`] in slices: `slice` is called with a function that runs the next
+    /// piece of the ViT (a few milliseconds) and says whether more remain, runs as many as
+    /// its time allows and returns; it is called again until none remain.
+    pub fn encode_in_slices(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Vec<f32> {
         let pixels = preprocess::preprocess(&self.config, img);
-        let vit = encoder::run_vit(&self.file, &self.weights, &self.config, &pixels);
-        head::project(&self.config, &self.weights, &vit)
+        let mut run = encoder::VitRun::new(&self.file, &self.weights, &self.config, &pixels);
+        let mut more = true;
+        while more {
+            slice(&mut || {
+                more = run.piece();
+                more
+            });
+        }
+        head::project(&self.config, &self.weights, &run.output())
     }
 
     /// `prompt` (text with one `marker` where each image goes) as the text model reads it,
@@ -181,12 +195,18 @@ impl Projector {
     /// positions, keyed by [`image_key`]: from the recent images' rows where it is one of
     /// them.
     pub fn embed(&self, img: &Rgb) -> Arc<Embedded> {
+        self.embed_in_slices(img, &mut |piece| while piece() {})
+    }
+
+    /// [`Projector::embed`], encoding (where it must) in slices as
+    /// [`Projector::encode_in_slices`] does.
+    pub fn embed_in_slices(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Arc<Embedded> {
         let key = image_key(img);
         if let Some(hit) = self.recent().get(key) {
             return hit;
         }
         let rows = Arc::new(Embedded {
-            rows: self.encode(img),
+            rows: self.encode_in_slices(img, slice),
             width: self.config.projection_dim,
             key,
             bidirectional: self.config.kind.info().bidirectional,
@@ -199,6 +219,10 @@ impl Projector {
         self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// Runs pieces of an encoder (the function it is given: false once none remain) for as long
+/// as its caller allows.
+pub type Slicer<'a> = dyn FnMut(&mut dyn FnMut() -> bool) + 'a;
 
 /// What identifies an image's rows to the prefix cache: a hash of its size and pixels (the
 /// same frame sent again, however it was encoded as a file, is the same image).

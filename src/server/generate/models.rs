@@ -3,7 +3,7 @@
 //! taking turns on the CPU (`engine::turns`).
 
 use crate::config::ModelSection;
-use crate::engine::turns::StepTurns;
+use crate::engine::turns::{StepTurns, TurnSeat};
 use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::grammar::Grammars;
 use crate::kv::shares::{self, ShareRequest};
@@ -44,6 +44,15 @@ pub struct Ready {
     pub kind: Kind,
     /// Its projector, through which it reads images (`ModelSection::mmproj`).
     pub projector: Option<Arc<Projector>>,
+    /// Where its images are encoded: in slices that take turns with the engine's steps,
+    /// paced against its streams as its prefill is (present with a projector).
+    pub encoder: Option<PacedEncoder>,
+}
+
+/// An image encoder's place among the engine's turns, and how much a slice may slow a step.
+pub struct PacedEncoder {
+    pub seat: TurnSeat,
+    pub slowdown: f64,
 }
 
 /// Every model the server holds, the first one first.
@@ -87,7 +96,9 @@ impl Models {
                     .collect::<Vec<_>>(),
             )?,
         };
-        let turns = several.then(|| Arc::new(StepTurns::default()));
+        // Engines of several models take turns, and so do an engine and its images' encoder.
+        let encoders = loaded.iter().any(|l| l.projector.is_some());
+        let turns = (several || encoders).then(|| Arc::new(StepTurns::default()));
         let mut list = Vec::new();
         let mut threads = Vec::new();
         for (l, kv_memory_bytes) in loaded.into_iter().zip(budgets) {
@@ -172,6 +183,13 @@ impl Loaded {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs());
         let grammars = Grammars::new(&tokenizer)?;
+        let encoder = match (&projector, &engine.turns) {
+            (Some(_), Some(turns)) => Some(PacedEncoder {
+                seat: turns.seat(),
+                slowdown: engine.prefill_pacing,
+            }),
+            _ => None,
+        };
         let (engine, thread) = Engine::start(model, tokenizer.eog_tokens().to_vec(), engine)?;
         let ready = Ready {
             engine,
@@ -182,6 +200,7 @@ impl Loaded {
             model_created,
             kind,
             projector,
+            encoder,
         };
         Ok((ready, thread))
     }

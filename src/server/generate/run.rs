@@ -278,12 +278,19 @@ fn encode_images(ready: &Ready, work: &Work) -> Result<Vec<PromptImage>, Failure
     let Some(projector) = &ready.projector else {
         return Err(Failure::Refused("this model reads no images".into()));
     };
+    // Encoded in slices between the engine's steps, so that its streams keep their pace.
+    let mut slice = |piece: &mut dyn FnMut() -> bool| match &ready.encoder {
+        Some(e) => {
+            e.seat.run_slice(e.slowdown, piece);
+        }
+        None => while piece() {},
+    };
     Ok(work
         .images
         .iter()
         .map(|i| PromptImage {
             at: i.at,
-            rows: projector.embed(&i.rgb),
+            rows: projector.embed_in_slices(&i.rgb, &mut slice),
         })
         .collect())
 }
