@@ -179,6 +179,35 @@ fn every_model_a_profile_serves_is_checked() {
     assert!(!out.status.success());
 }
 
+/// A model with a projector: the file opened beside it and a frame encoded; a projector made
+/// for another text model fails, naming why.
+#[test]
+fn a_models_projector_is_checked_beside_it() {
+    let dir = scratch("projector");
+    let p = dir.join("profile.toml");
+    let mmproj = test_mmproj("gemma3");
+    let text = format!(
+        "[model]\npath = {:?}\nmmproj = {mmproj:?}\n\n[[models]]\npath = {:?}\nid = \"other\"\n\
+         mmproj = {mmproj:?}\n",
+        gemma3_path(),
+        model_path(),
+    );
+    std::fs::write(&p, text).unwrap();
+    let (out, report) = doctor_json(&["--config".as_ref(), p.as_os_str()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let ok = check(&report, "projector");
+    assert_eq!(ok["status"], "pass", "{ok}");
+    assert_eq!(ok["details"]["positions_per_image"], 64, "{ok}");
+    assert!(ok["details"]["encode_ms"].as_f64().unwrap() > 0.0, "{ok}");
+    let wrong = check(&report, "projector other");
+    assert_eq!(wrong["status"], "fail", "{wrong}");
+    assert!(
+        wrong["reason"].as_str().unwrap().contains("feeds a gemma3 text model"),
+        "{wrong}"
+    );
+    assert!(!out.status.success());
+}
+
 fn link_model(dir: &Path) -> PathBuf {
     let m = dir.join("model.gguf");
     std::os::unix::fs::symlink(model_path(), &m).unwrap();

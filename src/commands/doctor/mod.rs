@@ -4,6 +4,7 @@
 
 mod bundle;
 mod model;
+mod projector;
 mod service;
 mod system;
 
@@ -191,6 +192,7 @@ pub fn diagnose(args: &DoctorArgs) -> (Context, Report) {
     checks.push(model::kv_plan(&ctx, parsed.as_ref()));
     checks.push(service::port(&ctx));
     checks.push(model::self_test(&ctx, parsed.is_some()));
+    checks.extend(projector::projectors(&ctx));
     (ctx, Report { checks })
 }
 
