@@ -158,6 +158,10 @@ pub struct KvPlanArgs {
     /// together, which share the pool as `serve` divides it.
     #[arg(short = 'm', long = "model", value_name = "[ID=]PATH", required = true)]
     pub model: Vec<String>,
+    /// A model's projector file (llama.cpp's mmproj GGUF): what its images take. With several
+    /// models, write ID=PATH for the one it belongs to.
+    #[arg(long = "mmproj", value_name = "[ID=]PATH")]
+    pub mmproj: Vec<String>,
     /// Context length each sequence could reach.
     #[arg(long, default_value_t = 8192)]
     pub ctx: usize,

@@ -202,7 +202,10 @@ fn a_models_projector_is_checked_beside_it() {
     let wrong = check(&report, "projector other");
     assert_eq!(wrong["status"], "fail", "{wrong}");
     assert!(
-        wrong["reason"].as_str().unwrap().contains("feeds a gemma3 text model"),
+        wrong["reason"]
+            .as_str()
+            .unwrap()
+            .contains("feeds a gemma3 text model"),
         "{wrong}"
     );
     assert!(!out.status.success());

@@ -393,3 +393,50 @@ fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
         same(&q8)
     );
 }
+
+/// `kv-plan --mmproj` says what a model's images take (opened strictly beside it, as `serve`
+/// opens it), and refuses a projector made for another text model in one line.
+#[test]
+fn kv_plan_counts_what_images_take() {
+    let mmproj = test_mmproj("gemma3");
+    let out = common::edgelm()
+        .args(["kv-plan", "--json", "-m"])
+        .arg(gemma3_path())
+        .arg("--mmproj")
+        .arg(&mmproj)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let images = &v["images"];
+    assert_eq!(images["positions_per_image"], 64, "{v}");
+    let per_token = v["plan"]["kv_bytes_per_token"].as_u64().unwrap();
+    assert_eq!(
+        images["kv_bytes_per_image"].as_u64(),
+        Some(64 * per_token),
+        "{v}"
+    );
+    assert_eq!(images["images_per_sequence"], 8192 / 64, "{v}");
+    // Its F16 matrices repacked: at least every ViT matrix's 2 bytes a weight.
+    assert!(images["weights_bytes"].as_u64().unwrap() > 4 * 2 * (4 * 576 * 576 + 2 * 576 * 1536));
+    let out = common::edgelm()
+        .args(["kv-plan", "-m"])
+        .arg(repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        .arg("--mmproj")
+        .arg(&mmproj)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    assert!(
+        err.contains("feeds a gemma3 text model, not llama"),
+        "{err}"
+    );
+}

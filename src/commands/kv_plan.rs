@@ -19,7 +19,8 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         .memory_mib
         .checked_mul(1 << 20)
         .context("--memory-mib is too large")?;
-    let specs: Vec<ModelSection> = args.model.iter().map(|m| model_section(m)).collect();
+    let mut specs: Vec<ModelSection> = args.model.iter().map(|m| model_section(m)).collect();
+    attach_projectors(&args.mmproj, &mut specs)?;
     let mut models = Vec::new();
     for spec in &specs {
         super::require_model(&spec.path)?;
@@ -53,11 +54,16 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
     let mut plans = Vec::new();
     for ((spec, model, embeds), bytes) in models.iter().zip(budgets) {
         let plan = plan(&args, model, bytes)?;
+        let images = match &spec.mmproj {
+            Some(path) => Some(images(path, model, &plan, args.ctx)?),
+            None => None,
+        };
         plans.push(json!({
             "id": spec.served_id(),
             "kind": if *embeds { "embed" } else { "generate" },
             "memory_bytes": bytes,
             "plan": plan,
+            "images": images,
         }));
         if !args.json {
             if models.len() > 1 {
@@ -66,16 +72,80 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
                 println!("== {id} ({kind}, {} MiB of the pool)", bytes >> 20);
             }
             print_plan(&args, model, &plan, bytes);
+            if let Some(images) = &images {
+                print_images(images);
+            }
         }
     }
     if args.json {
         let out = match plans.as_slice() {
-            [one] => one["plan"].clone(),
+            [one] if one["images"].is_null() => one["plan"].clone(),
+            [one] => json!({ "plan": one["plan"], "images": one["images"] }),
             _ => json!({ "models": plans }),
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     Ok(())
+}
+
+/// Each `--mmproj [ID=]PATH` given to the model it names (the first without an id).
+fn attach_projectors(mmproj: &[String], specs: &mut [ModelSection]) -> Result<()> {
+    for arg in mmproj {
+        let given = model_section(arg);
+        let spec = match given.id.as_str() {
+            "" => &mut specs[0],
+            id => (specs.iter_mut().find(|s| s.served_id() == id))
+                .with_context(|| format!("--mmproj {arg}: no --model has the id {id:?}"))?,
+        };
+        spec.mmproj = Some(given.path);
+    }
+    Ok(())
+}
+
+/// What `model`'s images take with the projector at `path` (opened strictly, as `serve`
+/// opens it): positions and KV bytes an image, images a sequence of `ctx` holds, and the
+/// projector's memory.
+fn images(
+    path: &std::path::Path,
+    model: &Model,
+    plan: &KvPlan,
+    ctx: usize,
+) -> Result<serde_json::Value> {
+    let projector = edgelm::vision::Projector::open_beside(path, &model.config)?;
+    let positions = projector.tokens_per_image();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (weights, encoding) = projector.memory_bytes(threads);
+    Ok(json!({
+        "projector": projector.describe(),
+        "positions_per_image": positions,
+        "kv_bytes_per_image": positions * plan.kv_bytes_per_token,
+        "images_per_sequence": ctx / positions,
+        "weights_bytes": weights,
+        "encoding_bytes": encoding,
+        "recent_rows_bytes": edgelm::vision::RECENT_IMAGES_BYTES,
+    }))
+}
+
+/// [`images`] as text.
+fn print_images(images: &serde_json::Value) {
+    let mib = |key: &str| images[key].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
+    println!(
+        "projector             {}",
+        images["projector"].as_str().unwrap_or("")
+    );
+    println!(
+        "images                {} positions an image, {:.2} MiB of KV; {} images fit a sequence",
+        images["positions_per_image"],
+        mib("kv_bytes_per_image"),
+        images["images_per_sequence"]
+    );
+    println!(
+        "projector memory      {:.1} MiB of weights, up to {:.1} MiB more while an image is \
+         encoded, {:.0} MiB of recent images' rows",
+        mib("weights_bytes"),
+        mib("encoding_bytes"),
+        mib("recent_rows_bytes")
+    );
 }
 
 /// The plan for `model` over `memory` bytes of pool.

@@ -14,7 +14,7 @@ use std::cell::Cell;
 use std::ops::Range;
 
 /// Queries a task scores at once: their scores fit in L2 for thousands of patches.
-const QUERY_BLOCK: usize = 128;
+pub const QUERY_BLOCK: usize = 128;
 
 thread_local! {
     /// A task's scores, kept per thread: fresh ones cost their pages' zeroing every task.

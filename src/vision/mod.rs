@@ -139,6 +139,17 @@ impl Projector {
         )
     }
 
+    /// Bytes the projector's weights take in memory, and the most an image's encoding adds
+    /// while it runs (its patches, the ViT's rows and attention's packed keys and values; the
+    /// scores per pool thread).
+    pub fn memory_bytes(&self, threads: usize) -> (usize, usize) {
+        let c = &self.config;
+        let n = c.patches_per_side() * c.patches_per_side();
+        let rows = n * (3 * c.patch_size * c.patch_size + 8 * c.n_embd + c.n_ff);
+        let scores = threads * attention::QUERY_BLOCK * n;
+        (self.weights.bytes(), (rows + scores) * 4)
+    }
+
     /// Rows one image becomes in the text model.
     pub fn tokens_per_image(&self) -> usize {
         self.config.tokens_per_image()

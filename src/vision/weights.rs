@@ -56,6 +56,23 @@ pub struct VisionWeights {
 }
 
 impl VisionWeights {
+    /// Bytes the weights take in memory (the head's projection, the ViT's matrices and the
+    /// vectors).
+    pub fn bytes(&self) -> usize {
+        let layers: usize = (self.layers.iter())
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.out, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        let head = match &self.head {
+            Head::Gemma3 { projection, .. } => projection.bytes(),
+        };
+        self.patch.bytes() + layers + head + self.arena.len() * 4
+    }
+
     pub fn load(file: &GgufFile, cfg: &VisionConfig) -> Result<VisionWeights> {
         let mut b = Binder::new(file);
         let e = cfg.n_embd;
@@ -118,6 +135,14 @@ fn opt_layer_norm(b: &mut Binder<'_>, name: &str, n: usize) -> Result<Option<Lay
 }
 
 impl Linear {
+    /// Bytes its matrix takes: the panels where repacked, else the file's rows (mapped).
+    pub fn bytes(&self) -> usize {
+        match &self.dense {
+            Some(d) => d.bytes(),
+            None => self.mat.rows * self.mat.row_bytes(),
+        }
+    }
+
     fn new(file: &GgufFile, mat: Mat, bias: VecRef) -> Linear {
         let dense = DenseMatrix::pack(mat.ty, mat.data(file), mat.rows, mat.cols);
         Linear { mat, dense, bias }

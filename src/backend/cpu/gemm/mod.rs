@@ -94,6 +94,14 @@ impl DenseMatrix {
         })
     }
 
+    /// Bytes the panels take in memory.
+    pub fn bytes(&self) -> usize {
+        match &self.panels {
+            Panels::F16(v) => v.len() * 2,
+            Panels::F32(v) => v.len() * 4,
+        }
+    }
+
     fn panel(&self, p: usize) -> PanelRef<'_> {
         let len = self.depth * PANEL;
         match &self.panels {
