@@ -366,7 +366,13 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_x86_kernels_match_the_portable_one_bit_for_bit() {
+        type Tile =
+            unsafe fn(*const f32, usize, usize, PanelRef<'_>, *mut f32, usize, usize, usize);
         let hw = crate::cpu_features::hardware();
+        let kernels: [(&str, bool, usize, Tile); 2] = [
+            ("avx512", hw.avx512_vnni, avx512::ROWS, avx512::tile),
+            ("avx2", hw.avx2, avx2::ROWS, avx2::tile),
+        ];
         let (outputs, depth) = (27, 19);
         let x = values(12 * depth, 4);
         let w16: Vec<u8> = values(outputs * depth, 6)
@@ -400,35 +406,22 @@ mod tests {
                     f(got.as_mut_ptr());
                     assert_eq!(got, want, "{name} {ty:?} {rows} rows");
                 };
-                if hw.avx512_vnni && rows <= avx512::ROWS {
-                    // SAFETY: detected; `x` holds 12 rows; each output row has `outputs`.
-                    run("avx512", &|out| unsafe {
-                        avx512::tile(
-                            x.as_ptr(),
-                            depth,
-                            depth,
-                            m.panel(0),
-                            out,
-                            outputs,
-                            outputs,
-                            rows,
-                        )
-                    });
-                }
-                if hw.avx2 && rows <= avx2::ROWS {
-                    // SAFETY: as above.
-                    run("avx2", &|out| unsafe {
-                        avx2::tile(
-                            x.as_ptr(),
-                            depth,
-                            depth,
-                            m.panel(0),
-                            out,
-                            outputs,
-                            outputs,
-                            rows,
-                        )
-                    });
+                for (name, has, most, tile) in kernels {
+                    if has && rows <= most {
+                        // SAFETY: detected; `x` holds 12 rows; each output row has `outputs`.
+                        run(name, &|out| unsafe {
+                            tile(
+                                x.as_ptr(),
+                                depth,
+                                depth,
+                                m.panel(0),
+                                out,
+                                outputs,
+                                outputs,
+                                rows,
+                            )
+                        });
+                    }
                 }
             }
         }
