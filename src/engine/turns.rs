@@ -188,12 +188,13 @@ mod tests {
             });
             (n, more)
         };
-        // Nothing decodes: the idle slice (100 ms) outlasts 10 pieces of 2 ms.
-        assert_eq!(run(&mut 10), (10, false));
-        // A stream decodes at 10 ms a step: a slice of (2 - 1) × 10 ms, about five pieces.
+        // Nothing decodes: the idle slice (100 ms) outlasts 5 pieces of 2 ms.
+        assert_eq!(run(&mut 5), (5, false));
+        // A stream decodes at 10 ms a step: a slice of (2 - 1) × 10 ms. Each piece sleeps at
+        // least 2 ms, so the slice ends by the sixth (a loaded machine may end it sooner).
         engine.publish(1, Some(0.010));
         let (n, more) = run(&mut 1000);
-        assert!(more && (4..=6).contains(&n), "{n} pieces");
+        assert!(more && (1..=6).contains(&n), "{n} pieces");
         // A step far shorter than a piece: still one piece a slice, so the work progresses.
         engine.publish(1, Some(0.000_01));
         assert_eq!(run(&mut 1000), (1, true));
