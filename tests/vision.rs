@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{edited_copy, gemma3_path, kept, peer_tool, repo_root, test_mmproj, TensorEntry};
+use common::{
+    edited_copy, gemma3_path, kept, peer_tool, repo_root, test_mmproj, test_vlm_text, TensorEntry,
+};
 use edgelm::gguf::Value;
 use edgelm::vision::{decode, projector_names, Projector};
 use std::path::{Path, PathBuf};
@@ -25,7 +27,7 @@ fn images() -> Vec<PathBuf> {
 }
 
 /// The peer's rows for `image` (kept beside the test projector while neither changes), and
-/// the text tokens libmtmd puts before and after them.
+/// its line: the prompt as libmtmd lays it out (`layout` ids and `[rows]` of each view).
 fn peer_rows(text_model: &Path, mmproj: &Path, image: &Path) -> (Vec<f32>, String) {
     let stem = format!(
         "{}-{}",
@@ -68,8 +70,50 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 
 #[test]
 fn gemma3_image_rows_agree_with_libmtmd_on_every_photograph() {
-    let text = gemma3_path();
-    let mmproj = test_mmproj("gemma3");
+    image_rows_agree_with_libmtmd("gemma3");
+}
+
+#[test]
+fn idefics3_image_rows_agree_with_libmtmd_on_every_photograph() {
+    image_rows_agree_with_libmtmd("idefics3");
+}
+
+/// The prompt `<__media__>` alone as edgelm lays it out for `img` (after its BOS), written
+/// as libmtmd's layout line writes it (text ids, `[rows]` for each view).
+fn layout_line(projector: &Projector, text: &Path, img: &edgelm::vision::Rgb) -> String {
+    let model = edgelm::gguf::GgufFile::open(text).unwrap();
+    let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model).unwrap();
+    let (tokens, starts) = projector
+        .prompt_tokens(
+            &tokenizer,
+            "<__media__>",
+            "<__media__>",
+            0,
+            &[(img.width, img.height)],
+        )
+        .unwrap();
+    let rows = projector.config.rows_per_view();
+    let mut pieces = Vec::new();
+    // libmtmd's harness tokenizes without BOS.
+    let mut i = tokenizer.encode("", true).unwrap().len();
+    while i < tokens.len() {
+        match starts[0].contains(&i) {
+            true => {
+                pieces.push(format!("[{rows}]"));
+                i += rows;
+            }
+            false => {
+                pieces.push(tokens[i].to_string());
+                i += 1;
+            }
+        }
+    }
+    pieces.join(",")
+}
+
+fn image_rows_agree_with_libmtmd(kind: &str) {
+    let text = test_vlm_text(kind);
+    let mmproj = test_mmproj(kind);
     let projector = Projector::open(&mmproj).unwrap();
     let width = projector.config.projection_dim;
     for image in images() {
@@ -77,6 +121,12 @@ fn gemma3_image_rows_agree_with_libmtmd_on_every_photograph() {
         let rgb = decode(&std::fs::read(&image).unwrap()).unwrap();
         let ours = projector.encode(&rgb);
         let name = image.file_name().unwrap().to_string_lossy();
+        let layout = line.split(" layout ").nth(1).expect("a layout").trim();
+        assert_eq!(
+            layout_line(&projector, &text, &rgb),
+            layout,
+            "{name}: the prompt's layout"
+        );
         // In slices of one piece each (as between engine steps): the same rows, bit for bit.
         let mut slices = 0;
         let sliced = projector.encode_in_slices(&rgb, &mut |piece| {
@@ -84,7 +134,12 @@ fn gemma3_image_rows_agree_with_libmtmd_on_every_photograph() {
             piece();
         });
         assert!(sliced == ours && slices > 10, "{name}: {slices} slices");
-        assert_eq!(ours.len(), projector.tokens_per_image() * width, "{name}");
+        let views = layout.matches('[').count();
+        assert_eq!(
+            ours.len(),
+            views * projector.config.rows_per_view() * width,
+            "{name}"
+        );
         assert_eq!(ours.len(), peer.len(), "{name}: {line}");
         let cosines: Vec<f64> = ours
             .chunks(width)
@@ -193,27 +248,36 @@ fn a_projector_is_refused_beside_a_text_model_it_was_not_made_for() {
     assert!(e.contains("576"), "{e}");
 }
 
-/// The prompts of the logits test (`<__media__>` where the image goes, as in a rendered Gemma
-/// 3 chat) and the text each is teacher-forced through.
+/// A user's turn (`<__media__>` where the image goes) as the chat template of `kind`'s text
+/// model renders it, asking for the answer.
+fn chat_prompt(kind: &str, user: &str) -> String {
+    match kind {
+        "gemma3" => format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"),
+        _ => format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"),
+    }
+}
+
+/// The user turns of the logits test (`<__media__>` where the image goes) and the text each
+/// is teacher-forced through.
 const PAIRS: [(&str, &str); 5] = [
     (
-        "<start_of_turn>user\n<__media__>What is in this picture?<end_of_turn>\n<start_of_turn>model\n",
+        "<__media__>What is in this picture?",
         "The picture shows a small animal sitting on a wooden floor next to a window. The light comes from the left and falls on its fur, which is striped grey and brown. In the background there is a plant in a pot, a chair and a white wall with a painting hanging on it.",
     ),
     (
-        "<start_of_turn>user\nDescribe the colours of this image.\n<__media__><end_of_turn>\n<start_of_turn>model\n",
+        "Describe the colours of this image.\n<__media__>",
         "Most of the image is in warm colours: orange, red and a soft yellow near the centre. The edges are darker, almost black, and there is a thin blue line along the top. A few white spots stand out on the right side, where the light is strongest, and the shadows below are deep brown.",
     ),
     (
-        "<start_of_turn>user\n<__media__>\nIs there a person in this photograph? Answer briefly.<end_of_turn>\n<start_of_turn>model\n",
+        "<__media__>\nIs there a person in this photograph? Answer briefly.",
         "No, there is no person in this photograph. It shows an object on a table, photographed from above in daylight, with a plain background. Nothing in it moves, and there are no hands, faces or shadows of people anywhere in the frame, so the answer is simply that it contains no one at all.",
     ),
     (
-        "<start_of_turn>user\nRead any text you can see in the image.<__media__><end_of_turn>\n<start_of_turn>model\n",
+        "Read any text you can see in the image.<__media__>",
         "I cannot see any readable text in this image. There are some shapes that look like letters near the bottom edge, but they are too small and blurred to read. If you have a sharper copy of the picture, or a closer view of that part, I can try again and tell you what the words say.",
     ),
     (
-        "<start_of_turn>user\n<__media__>Write one sentence for a caption.<end_of_turn>\n<start_of_turn>model\n",
+        "<__media__>Write one sentence for a caption.",
         "A quiet moment captured in natural light, where simple shapes and soft colours come together to tell a small story about an ordinary day. The caption should be short, so here it is again in fewer words: an ordinary day, seen up close, in soft light and warm colours, with nothing out of place.",
     ),
 ];
@@ -225,13 +289,13 @@ const CONTINUATION: usize = 64;
 /// cache of `kv_type` (kept while nothing they come from changes); and the prompt's ids as
 /// it saw them (image positions as -1).
 fn peer_logits(
+    text_model: &Path,
     mmproj: &Path,
     image: &Path,
     (pair, prompt): (usize, &str),
     cont: &[u32],
     kv_type: &str,
 ) -> (Vec<f32>, Vec<i64>) {
-    let text_model = gemma3_path();
     let dir = repo_root().join("target/peer-vision");
     let stem = format!(
         "{}-{}-p{pair}-{kv_type}",
@@ -253,11 +317,11 @@ fn peer_logits(
     let tool = peer_tool("mtmd-logits");
     kept(
         &line_path,
-        &[&text_model, mmproj, image, &tool, &prompt_path, &cont_path],
+        &[text_model, mmproj, image, &tool, &prompt_path, &cont_path],
         || {
             let out = Command::new(&tool)
                 .args([
-                    &text_model,
+                    text_model,
                     mmproj,
                     image,
                     &prompt_path,
@@ -313,47 +377,61 @@ fn kld_rows(base: &[f32], other: &[f32], vocab: usize) -> Vec<(f64, bool)> {
 }
 
 #[test]
-fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
+fn gemma3_logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
+    logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache("gemma3");
+}
+
+#[test]
+fn idefics3_logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
+    logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache("idefics3");
+}
+
+fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache(kind: &str) {
     use edgelm::engine::{PromptImage, Session, SessionConfig};
     use edgelm::kv::KvType;
     use edgelm::model::{Logits, Model};
     use std::sync::Arc;
 
-    let model = Arc::new(Model::load(&gemma3_path()).unwrap());
+    let text_model = test_vlm_text(kind);
+    let model = Arc::new(Model::load(&text_model).unwrap());
     let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
     let vocab = model.config.vocab_size;
-    let mmproj = test_mmproj("gemma3");
+    let mmproj = test_mmproj(kind);
     let projector = Projector::open(&mmproj).unwrap();
     let mut session = Session::new(model, SessionConfig::cpu(KvType::F16, 16, 512, 512)).unwrap();
     let (mut ours, mut q8) = (Vec::new(), Vec::new());
     for image in images() {
         let rgb = decode(&std::fs::read(&image).unwrap()).unwrap();
-        let rows = projector.embed(&rgb);
-        for (pair, (prompt, text)) in PAIRS.iter().enumerate() {
+        let views = projector.embed(&rgb);
+        for (pair, (user, text)) in PAIRS.iter().enumerate() {
+            let prompt = chat_prompt(kind, user);
             // Each text, then the next one's: longer than CONTINUATION tokens.
             let text = format!("{text} {}", PAIRS[(pair + 1) % PAIRS.len()].1);
             let cont = tokenizer.encode(&text, false).unwrap()[..CONTINUATION].to_vec();
-            let (base, peer_ids) = peer_logits(&mmproj, &image, (pair, prompt), &cont, "f16");
-            let (peer_q8, _) = peer_logits(&mmproj, &image, (pair, prompt), &cont, "q8_0");
+            let peer = |kv| peer_logits(&text_model, &mmproj, &image, (pair, &prompt), &cont, kv);
+            let ((base, peer_ids), (peer_q8, _)) = (peer("f16"), peer("q8_0"));
+            let size = [(rgb.width, rgb.height)];
             let (tokens, starts) = projector
-                .prompt_tokens(&tokenizer, prompt, "<__media__>", 0)
+                .prompt_tokens(&tokenizer, &prompt, "<__media__>", 0, &size)
                 .unwrap();
+            let images: Vec<PromptImage> = (starts[0].iter().zip(&views))
+                .map(|(&at, rows)| PromptImage {
+                    at,
+                    rows: rows.clone(),
+                })
+                .collect();
             let as_peer: Vec<i64> = (0..tokens.len())
-                .map(|i| match starts[0] <= i && i < starts[0] + rows.len() {
+                .map(|i| match images.iter().any(|v| v.at <= i && i < v.end()) {
                     true => -1,
                     false => i64::from(tokens[i]),
                 })
                 .collect();
             assert_eq!(as_peer, peer_ids, "the prompt's ids, pair {pair}");
-            let image_at = PromptImage {
-                at: starts[0],
-                rows: rows.clone(),
-            };
             let mut all = tokens.clone();
             all.extend(&cont[..CONTINUATION - 1]);
             session.reset();
             let logits = session
-                .extend_with_images(&all, std::slice::from_ref(&image_at), Logits::All)
+                .extend_with_images(&all, &images, Logits::All)
                 .unwrap();
             let ours_rows = &logits[(tokens.len() - 1) * vocab..];
             assert_eq!(ours_rows.len(), base.len(), "rows of pair {pair}");
@@ -365,8 +443,8 @@ fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
     let same = |v: &[(f64, bool)]| 100.0 * v.iter().filter(|r| r.1).count() as f64 / v.len() as f64;
     let n = ours.len();
     eprintln!(
-        "{} image+prompt pairs, {n} scored tokens: edgelm's mean KLD {:.6} (same top {:.2}%), \
-         llama.cpp's q8_0 cache's {:.6} ({:.2}%)",
+        "{kind}: {} image+prompt pairs, {n} scored tokens: edgelm's mean KLD {:.6} (same top \
+         {:.2}%), llama.cpp's q8_0 cache's {:.6} ({:.2}%)",
         n / CONTINUATION,
         mean(&ours),
         same(&ours),

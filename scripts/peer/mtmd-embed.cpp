@@ -4,10 +4,12 @@
 //
 //   mtmd-embed MODEL MMPROJ IMAGE OUT [THREADS [ROUNDS]]
 //
-// Writes OUT as little-endian f32, n_tokens rows of n_embd, and prints one line:
-//   tokens N embd E encode_ms M1,M2,... text BEFORE|AFTER
-// where BEFORE and AFTER are the token ids mtmd puts around the image (comma-separated) and
-// each M is one round's encode time (the image preprocessed once, encoded ROUNDS times).
+// Writes OUT as little-endian f32: every image chunk's rows (n_embd values each), in prompt
+// order (a tiled image is several chunks: its tiles and overview). Prints one line:
+//   tokens N embd E encode_ms M1,M2,... layout L
+// where N counts the image rows, each M is one round's encode time of all the image's chunks
+// (the image preprocessed once, encoded ROUNDS times), and L is the prompt as mtmd lays it
+// out, comma-separated: text token ids, and [R] for an image chunk of R rows.
 #include "llama.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
@@ -69,44 +71,51 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "mtmd-embed: mtmd_tokenize failed\n");
         return 1;
     }
-    std::string before, after;
-    const mtmd_input_chunk * image = nullptr;
+    std::string layout;
+    std::vector<const mtmd_input_chunk *> images;
     for (size_t i = 0; i < mtmd_input_chunks_size(chunks); i++) {
         const mtmd_input_chunk * c = mtmd_input_chunks_get(chunks, i);
+        std::string piece;
         if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_IMAGE) {
-            if (image) {
-                fprintf(stderr, "mtmd-embed: the image became several chunks\n");
-                return 1;
-            }
-            image = c;
+            images.push_back(c);
+            piece = "[" + std::to_string(mtmd_input_chunk_get_n_tokens(c)) + "]";
         } else {
-            (image ? after : before) += ids(c);
+            piece = ids(c);
+        }
+        if (!piece.empty()) {
+            layout += (layout.empty() ? "" : ",") + piece;
         }
     }
-    if (!image) {
+    if (images.empty()) {
         fprintf(stderr, "mtmd-embed: no image chunk\n");
         return 1;
     }
-    std::string times;
-    for (int r = 0; r < rounds; r++) {
-        auto t0 = std::chrono::steady_clock::now();
-        if (mtmd_encode_chunk(ctx, image) != 0) {
-            fprintf(stderr, "mtmd-embed: mtmd_encode_chunk failed\n");
-            return 1;
-        }
-        auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0);
-        times += (r ? "," : "") + std::to_string(ms.count());
-    }
-    const size_t n_tokens = mtmd_input_chunk_get_n_tokens(image);
     const int n_embd = llama_model_n_embd_inp(model);
+    std::string times;
+    std::vector<float> rows;
+    for (int r = 0; r < rounds; r++) {
+        double ms = 0;
+        rows.clear();
+        for (const mtmd_input_chunk * image : images) {
+            auto t0 = std::chrono::steady_clock::now();
+            if (mtmd_encode_chunk(ctx, image) != 0) {
+                fprintf(stderr, "mtmd-embed: mtmd_encode_chunk failed\n");
+                return 1;
+            }
+            ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            const float * embd = mtmd_get_output_embd(ctx);
+            rows.insert(rows.end(), embd, embd + mtmd_input_chunk_get_n_tokens(image) * n_embd);
+        }
+        times += (r ? "," : "") + std::to_string(ms);
+    }
+    const size_t n_tokens = rows.size() / n_embd;
     FILE * out = fopen(argv[4], "wb");
-    if (!out || fwrite(mtmd_get_output_embd(ctx), sizeof(float), n_tokens * n_embd, out)
-            != n_tokens * n_embd) {
+    if (!out || fwrite(rows.data(), sizeof(float), rows.size(), out) != rows.size()) {
         fprintf(stderr, "mtmd-embed: cannot write %s\n", argv[4]);
         return 1;
     }
     fclose(out);
-    printf("tokens %zu embd %d encode_ms %s text %s|%s\n", n_tokens, n_embd, times.c_str(),
-        before.c_str(), after.c_str());
+    printf("tokens %zu embd %d encode_ms %s layout %s\n", n_tokens, n_embd, times.c_str(),
+        layout.c_str());
     return 0;
 }

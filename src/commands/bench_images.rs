@@ -49,7 +49,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         encode_ms.iter().map(|t| format!("{t:.1}")).collect::<Vec<_>>().join(", ")
     );
     let prompt = format!("{IMAGE_MARKER}{PROMPT}");
-    let (ids, _) = projector.prompt_tokens(&tok, &prompt, IMAGE_MARKER, 0)?;
+    let size = [(rgb.width, rgb.height)];
+    let (ids, _) = projector.prompt_tokens(&tok, &prompt, IMAGE_MARKER, 0, &size)?;
     let mut config = engine_config(&args.compute);
     if args.compute.kv_memory_mib.is_none() {
         config.kv_memory_bytes = 4 * kv_bytes_for(&model, &args.compute, ids.len() + 8);
@@ -84,11 +85,11 @@ fn first_token_s(
     img: &Rgb,
 ) -> Result<f64> {
     let t = Instant::now();
-    let (ids, starts) = projector.prompt_tokens(tok, prompt, IMAGE_MARKER, 0)?;
-    let images = vec![edgelm::engine::PromptImage {
-        at: starts[0],
-        rows: projector.embed(img),
-    }];
+    let size = [(img.width, img.height)];
+    let (ids, starts) = projector.prompt_tokens(tok, prompt, IMAGE_MARKER, 0, &size)?;
+    let images = (starts[0].iter().zip(projector.embed(img)))
+        .map(|(&at, rows)| edgelm::engine::PromptImage { at, rows })
+        .collect();
     let params = GenParams {
         max_tokens: Some(1),
         ..Default::default()

@@ -103,8 +103,8 @@ fn attach_projectors(mmproj: &[String], specs: &mut [ModelSection]) -> Result<()
 }
 
 /// What `model`'s images take with the projector at `path` (opened strictly, as `serve`
-/// opens it): positions and KV bytes an image, images a sequence of `ctx` holds, and the
-/// projector's memory.
+/// opens it): the most positions and KV bytes an image takes (a tiled image's largest
+/// grid), images a sequence of `ctx` holds at that, and the projector's memory.
 fn images(
     path: &std::path::Path,
     model: &Model,
@@ -112,7 +112,7 @@ fn images(
     ctx: usize,
 ) -> Result<serde_json::Value> {
     let projector = edgelm::vision::Projector::open_beside(path, &model.config)?;
-    let positions = projector.tokens_per_image();
+    let positions = projector.max_rows_per_image();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (weights, encoding) = projector.memory_bytes(threads);
     Ok(json!({
@@ -134,7 +134,7 @@ fn print_images(images: &serde_json::Value) {
         images["projector"].as_str().unwrap_or("")
     );
     println!(
-        "images                {} positions an image, {:.2} MiB of KV; {} images fit a sequence",
+        "images                at most {} positions an image, {:.2} MiB of KV; {} images fit a sequence",
         images["positions_per_image"],
         mib("kv_bytes_per_image"),
         images["images_per_sequence"]

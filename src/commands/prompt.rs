@@ -54,23 +54,31 @@ pub fn prompt_with_images(
     let Some(projector) = projector else {
         bail!("--image needs the model's projector file (--mmproj)");
     };
-    let (ids, starts) = projector.prompt_tokens(tok, prompt, IMAGE_MARKER, 0)?;
+    let rgbs = (images.iter())
+        .map(|path| {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            decode(&bytes).with_context(|| format!("image {}", path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let sizes: Vec<(usize, usize)> = rgbs.iter().map(|i| (i.width, i.height)).collect();
+    let (ids, starts) = projector.prompt_tokens(tok, prompt, IMAGE_MARKER, 0, &sizes)?;
     let t0 = std::time::Instant::now();
     let mut out = Vec::new();
-    for (path, at) in images.iter().zip(starts) {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let rgb = decode(&bytes).with_context(|| format!("image {}", path.display()))?;
-        out.push(PromptImage {
-            at,
-            rows: projector.embed(&rgb),
-        });
+    for (rgb, views) in rgbs.iter().zip(starts) {
+        let rows = projector.embed(rgb);
+        out.extend(
+            views
+                .into_iter()
+                .zip(rows)
+                .map(|(at, rows)| PromptImage { at, rows }),
+        );
     }
     log::info!(
-        "{} images encoded in {:.3} s ({} positions each)",
+        "{} images encoded in {:.3} s ({} positions)",
         images.len(),
         t0.elapsed().as_secs_f64(),
-        projector.tokens_per_image()
+        out.iter().map(|i| i.rows.len()).sum::<usize>()
     );
     Ok((ids, out))
 }

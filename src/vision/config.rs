@@ -23,14 +23,18 @@ pub struct VisionConfig {
     /// Per channel (R, G, B): a pixel is `(v / 255 - mean) / std`.
     pub mean: [f32; 3],
     pub std: [f32; 3],
-    /// Patches merged per side (Gemma 3: pooled `n_merge` × `n_merge`).
+    /// Patches merged per side (Gemma 3: pooled `n_merge` × `n_merge`; Idefics3:
+    /// pixel-shuffled).
     pub n_merge: usize,
+    /// Idefics3: the image is first resized so that its longer side is this many pixels,
+    /// then cut in tiles of `image_size` (`clip.vision.preproc_image_size`).
+    pub longest_edge: Option<usize>,
     /// The width of the rows the projector hands the text model.
     pub projection_dim: usize,
 }
 
 /// The `clip.*` keys this reader understands; any other is refused.
-const KNOWN: [&str; 18] = [
+const KNOWN: [&str; 19] = [
     "clip.projector_type",
     "clip.has_vision_encoder",
     "clip.has_audio_encoder",
@@ -49,6 +53,7 @@ const KNOWN: [&str; 18] = [
     "clip.vision.image_mean",
     "clip.vision.image_std",
     "clip.vision.projector.scale_factor",
+    "clip.vision.preproc_image_size",
 ];
 
 impl VisionConfig {
@@ -80,7 +85,23 @@ impl VisionConfig {
         }
         let image_size = size(file, "clip.vision.image_size")?;
         let patch_size = size(file, "clip.vision.patch_size")?;
-        let n_merge = opt_size(file, "clip.vision.projector.scale_factor")?.unwrap_or(4);
+        let n_merge = match (kind, opt_size(file, "clip.vision.projector.scale_factor")?) {
+            (ProjectorKind::Gemma3, merge) => merge.unwrap_or(4),
+            (ProjectorKind::Idefics3, Some(merge)) if merge > 1 => merge,
+            (ProjectorKind::Idefics3, _) => {
+                bail!("clip.vision.projector.scale_factor is missing or 1: Idefics3 shuffles by it")
+            }
+        };
+        let longest_edge = match kind {
+            ProjectorKind::Gemma3 => None,
+            // Older converters wrote no longest edge (llama.cpp then slices another way).
+            ProjectorKind::Idefics3 => {
+                Some(opt_size(file, "clip.vision.preproc_image_size")?.context(
+                    "clip.vision.preproc_image_size is missing (an older converter's file): \
+                     convert the model again with a current convert_hf_to_gguf.py",
+                )?)
+            }
+        };
         let side = image_size / patch_size;
         if image_size % patch_size != 0 || side % n_merge != 0 {
             bail!(
@@ -104,6 +125,7 @@ impl VisionConfig {
             mean: triple(file, "clip.vision.image_mean")?,
             std: triple(file, "clip.vision.image_std")?,
             n_merge,
+            longest_edge,
             projection_dim: size(file, "clip.vision.projection_dim")?,
         };
         cfg.check_plausible()?;
@@ -127,6 +149,16 @@ impl VisionConfig {
                 self.patch_size
             );
         }
+        if self
+            .longest_edge
+            .is_some_and(|l| l > 8192 || l < self.image_size)
+        {
+            bail!(
+                "clip.vision.preproc_image_size {} is implausible for tiles of {}",
+                self.longest_edge.unwrap_or(0),
+                self.image_size
+            );
+        }
         if self.std.contains(&0.0) {
             bail!("clip.vision.image_std has a 0");
         }
@@ -138,10 +170,20 @@ impl VisionConfig {
         self.image_size / self.patch_size
     }
 
-    /// Rows one image becomes in the text model.
-    pub fn tokens_per_image(&self) -> usize {
+    /// Rows one view of an image (the whole image, a tile or an overview) becomes in the
+    /// text model.
+    pub fn rows_per_view(&self) -> usize {
         let side = self.patches_per_side() / self.n_merge;
         side * side
+    }
+
+    /// The most views an image becomes: Idefics3's largest grid of tiles (a square image)
+    /// and its overview.
+    pub fn max_views(&self) -> usize {
+        match self.longest_edge {
+            None => 1,
+            Some(edge) => edge.div_ceil(self.image_size).pow(2) + 1,
+        }
     }
 }
 
@@ -203,5 +245,44 @@ fn triple(file: &GgufFile, key: &str) -> Result<[f32; 3]> {
     match values[..] {
         [r, g, b] if values.iter().all(|v| v.is_finite()) => Ok([r, g, b]),
         _ => bail!("{key} is not three finite numbers (one per channel)"),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A small Gemma 3-like config for unit tests of what follows from it.
+    pub fn gemma3_like() -> VisionConfig {
+        VisionConfig {
+            kind: ProjectorKind::Gemma3,
+            n_embd: 64,
+            n_ff: 128,
+            n_layers: 1,
+            n_head: 2,
+            head_dim: 32,
+            eps: 1e-6,
+            image_size: 224,
+            patch_size: 14,
+            mean: [0.5; 3],
+            std: [0.5; 3],
+            n_merge: 4,
+            longest_edge: None,
+            projection_dim: 64,
+        }
+    }
+
+    #[test]
+    fn idefics3_views_at_most_a_square_images_grid_and_its_overview() {
+        let c = VisionConfig {
+            kind: ProjectorKind::Idefics3,
+            image_size: 512,
+            patch_size: 16,
+            longest_edge: Some(2048),
+            ..gemma3_like()
+        };
+        assert_eq!(c.max_views(), 17);
+        assert_eq!(c.rows_per_view(), 64);
+        assert_eq!(gemma3_like().max_views(), 1);
     }
 }

@@ -7,9 +7,8 @@
 use super::attention::KeysValues;
 use super::config::VisionConfig;
 use super::preprocess::Pixels;
-use super::weights::{Linear, VisionWeights, VitLayer};
-use crate::backend::cpu::matmul::matmul;
-use crate::backend::cpu::ops::{activate, add_bias, add_in_place, layernorm_in_place};
+use super::weights::{VisionWeights, VitLayer};
+use crate::backend::cpu::ops::{activate, add_in_place, layernorm_in_place};
 use crate::backend::cpu::parallel::for_row_chunks;
 use crate::backend::ops::{Activation, LayerNorm};
 use crate::gguf::GgufFile;
@@ -91,7 +90,7 @@ impl<'a> VitRun<'a> {
                 let p = 3 * self.cfg.patch_size * self.cfg.patch_size;
                 let x = &mut self.x[rows.start * e..rows.end * e];
                 let patches = &self.patches[rows.start * p..rows.end * p];
-                matmul_biased(self.file, arena, &self.w.patch, patches, x);
+                self.w.patch.apply(self.file, arena, patches, x);
                 add_in_place(x, &self.w.positions.of(arena)[rows.start * e..rows.end * e]);
                 if let Some(norm) = self.w.pre_norm {
                     layer_norm(x, arena, norm, self.cfg.eps);
@@ -147,7 +146,7 @@ impl<'a> VitRun<'a> {
                 h.copy_from_slice(&self.x[span.clone()]);
                 layer_norm(h, arena, l.ln1, cfg.eps);
                 for (m, out) in [(&l.q, &mut b.q), (&l.k, &mut b.k), (&l.v, &mut b.v)] {
-                    matmul_biased(file, arena, m, h, &mut out[span.clone()]);
+                    m.apply(file, arena, h, &mut out[span.clone()]);
                 }
             }
             Part::Attention => {
@@ -230,32 +229,18 @@ fn ffn_rows(
     let (e, f) = (cfg.n_embd, cfg.n_ff);
     let span = rows.start * e..rows.end * e;
     let proj = &mut b.proj[span.clone()];
-    matmul_biased(file, arena, &l.out, &b.h[span.clone()], proj);
+    l.out.apply(file, arena, &b.h[span.clone()], proj);
     add_in_place(x, proj);
     let h = &mut b.h[span.clone()];
     h.copy_from_slice(x);
     layer_norm(h, arena, l.ln2, cfg.eps);
     let up = &mut b.up[rows.start * f..rows.end * f];
-    matmul_biased(file, arena, &l.up, h, up);
+    l.up.apply(file, arena, h, up);
     for_row_chunks(up, f, |_, rows| {
         activate(Activation::GeluTanh, rows).expect("GELU has an ungated form")
     });
-    matmul_biased(file, arena, &l.down, up, proj);
+    l.down.apply(file, arena, up, proj);
     add_in_place(x, proj);
-}
-
-/// `out = x · mᵀ + bias`, row by row.
-fn matmul_biased(file: &GgufFile, arena: &[f32], l: &Linear, x: &[f32], out: &mut [f32]) {
-    let m = &l.mat;
-    match &l.dense {
-        Some(dense) => dense.matmul(x, out),
-        None => matmul(m.data(file), m.ty, m.rows, m.cols, x, out),
-    }
-    let bias = l.bias.of(arena);
-    for_row_chunks(out, m.rows, |_, rows| {
-        rows.chunks_exact_mut(bias.len())
-            .for_each(|r| add_bias(r, bias))
-    });
 }
 
 fn layer_norm(x: &mut [f32], arena: &[f32], norm: LayerNorm, eps: f32) {

@@ -3,9 +3,12 @@
 use super::config::VisionConfig;
 use super::weights::{Head, VisionWeights};
 use crate::backend::cpu::ops::rmsnorm_in_place;
+use crate::gguf::GgufFile;
 
-/// `vit` (one row of `n_embd` per patch, row-major by patch row) as the text model's rows.
-pub fn project(cfg: &VisionConfig, w: &VisionWeights, vit: &[f32]) -> Vec<f32> {
+/// `vit` (one row of `n_embd` per patch of a view, row-major by patch row) as the text
+/// model's rows.
+pub fn project(cfg: &VisionConfig, w: &VisionWeights, file: &GgufFile, vit: &[f32]) -> Vec<f32> {
+    let mut out = vec![0.0; cfg.rows_per_view() * cfg.projection_dim];
     match &w.head {
         Head::Gemma3 { norm, projection } => {
             let mut pooled = average_pool(vit, cfg.patches_per_side(), cfg.n_merge, cfg.n_embd);
@@ -13,11 +16,31 @@ pub fn project(cfg: &VisionConfig, w: &VisionWeights, vit: &[f32]) -> Vec<f32> {
             pooled
                 .chunks_exact_mut(cfg.n_embd)
                 .for_each(|row| rmsnorm_in_place(row, norm, cfg.eps));
-            let mut out = vec![0.0; cfg.tokens_per_image() * cfg.projection_dim];
             projection.matmul(&pooled, &mut out);
-            out
+        }
+        Head::Idefics3 { fc } => {
+            let shuffled = pixel_shuffle(vit, cfg.patches_per_side(), cfg.n_merge, cfg.n_embd);
+            fc.apply(file, &w.arena, &shuffled, &mut out);
         }
     }
+    out
+}
+
+/// Each `k` × `k` square of patches (of a `side` × `side` grid) as one row of its patches'
+/// rows side by side, row-major within the square: llama.cpp's `build_patch_merge_permute`
+/// (Idefics3's `pixel_shuffle`).
+fn pixel_shuffle(rows: &[f32], side: usize, k: usize, width: usize) -> Vec<f32> {
+    let out_side = side / k;
+    let mut out = Vec::with_capacity(rows.len());
+    for oy in 0..out_side {
+        for ox in 0..out_side {
+            for ky in 0..k {
+                let first = (oy * k + ky) * side + ox * k;
+                out.extend_from_slice(&rows[first * width..(first + k) * width]);
+            }
+        }
+    }
+    out
 }
 
 /// Each `k` × `k` square of patches (of a `side` × `side` grid) averaged into one row:
@@ -49,5 +72,16 @@ mod tests {
         // A 4 × 4 grid of one-value rows, numbered by position, pooled 2 × 2.
         let rows: Vec<f32> = (0..16).map(|v| v as f32).collect();
         assert_eq!(average_pool(&rows, 4, 2, 1), vec![2.5, 4.5, 10.5, 12.5]);
+    }
+
+    #[test]
+    fn pixel_shuffle_puts_each_squares_patches_side_by_side() {
+        // A 4 × 4 grid of one-value rows, numbered by position, shuffled 2 × 2.
+        let rows: Vec<f32> = (0..16).map(|v| v as f32).collect();
+        let out: Vec<f32> = [0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15]
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        assert_eq!(pixel_shuffle(&rows, 4, 2, 1), out);
     }
 }

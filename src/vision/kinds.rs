@@ -9,6 +9,10 @@ pub enum ProjectorKind {
     /// Gemma 3's: a SigLIP ViT, its patches average-pooled `n_merge` × `n_merge`, an RMS norm
     /// ("soft embedding norm") and a projection to the text model's width.
     Gemma3,
+    /// Idefics3's (SmolVLM, SmolVLM2): a SigLIP ViT run on each tile of the image and on a
+    /// whole-image overview, each view's patches pixel-shuffled `n_merge` × `n_merge` into
+    /// wider rows and projected by one matrix.
+    Idefics3,
 }
 
 /// One row of [`PROJECTORS`].
@@ -21,24 +25,27 @@ pub struct ProjectorType {
     pub models: &'static str,
     /// The text architecture the projector's rows are made for.
     pub text_arch: &'static str,
-    /// What the prompt holds before and after an image's rows (tokenized as text, with
-    /// special tokens: llama.cpp's `img_beg` and `img_end`).
-    pub image_begin: &'static str,
-    pub image_end: &'static str,
     /// An image's positions attend to each other, not only to those before them.
     pub bidirectional: bool,
 }
 
 /// The projector types edgelm implements, in the order the docs list them.
-pub const PROJECTORS: [ProjectorType; 1] = [ProjectorType {
-    name: "gemma3",
-    kind: ProjectorKind::Gemma3,
-    models: "Gemma 3 4B/12B/27B",
-    text_arch: "gemma3",
-    image_begin: "<start_of_image>",
-    image_end: "<end_of_image>",
-    bidirectional: true,
-}];
+pub const PROJECTORS: [ProjectorType; 2] = [
+    ProjectorType {
+        name: "gemma3",
+        kind: ProjectorKind::Gemma3,
+        models: "Gemma 3 4B/12B/27B",
+        text_arch: "gemma3",
+        bidirectional: true,
+    },
+    ProjectorType {
+        name: "idefics3",
+        kind: ProjectorKind::Idefics3,
+        models: "SmolVLM and SmolVLM2 256M/500M/2.2B",
+        text_arch: "llama",
+        bidirectional: false,
+    },
+];
 
 /// The names of [`PROJECTORS`], as a refusal lists them.
 pub fn projector_names() -> String {

@@ -1,7 +1,8 @@
 //! Images in: a projector file (llama.cpp's mmproj GGUF, `clip.*` keys) loaded strictly beside
 //! the text model, and an image turned into rows of the text model's width. The path of one
-//! image: `decode` (bytes to RGB, with limits) → `preprocess` (the peer's resize, padding and
-//! normalisation) → `encoder` (the ViT) → `head` (the projector proper).
+//! image: `decode` (bytes to RGB, with limits) → `preprocess` (the peer's resize, padding,
+//! tiling and normalisation: one or more views) → `encoder` (the ViT, per view) → `head` (the
+//! projector proper); `layout` says where each view's rows go in the prompt.
 //!
 //! Reading order: `kinds` (the one table of projector types), `config`, `weights`, then the
 //! path above.
@@ -12,6 +13,7 @@ mod decode;
 mod encoder;
 mod head;
 mod kinds;
+mod layout;
 mod preprocess;
 mod resize;
 mod sources;
@@ -41,24 +43,28 @@ pub struct Projector {
     recent: Mutex<Recent>,
 }
 
-/// The rows of the images encoded last, newest last, within a budget of bytes.
+/// The rows of the images encoded last (each image's views), newest last, within a budget
+/// of bytes.
 struct Recent {
-    entries: Vec<Arc<Embedded>>,
+    entries: Vec<(u64, Views)>,
     budget: usize,
 }
 
+/// An image's views' rows, in prompt order.
+pub type Views = Vec<Arc<Embedded>>;
+
 impl Recent {
-    fn get(&mut self, key: u64) -> Option<Arc<Embedded>> {
-        let at = self.entries.iter().position(|e| e.key == key)?;
+    fn get(&mut self, key: u64) -> Option<Views> {
+        let at = self.entries.iter().position(|e| e.0 == key)?;
         let hit = self.entries.remove(at);
         self.entries.push(hit.clone());
-        Some(hit)
+        Some(hit.1)
     }
 
-    /// Keeps `rows`, dropping the oldest entries until the rest fit the budget.
-    fn put(&mut self, rows: Arc<Embedded>) {
-        self.entries.push(rows);
-        let bytes = |e: &Arc<Embedded>| e.rows.len() * 4;
+    /// Keeps `views`, dropping the oldest entries until the rest fit the budget.
+    fn put(&mut self, key: u64, views: Views) {
+        self.entries.push((key, views));
+        let bytes = |e: &(u64, Views)| e.1.iter().map(|v| v.rows.len() * 4).sum::<usize>();
         while self.entries.iter().map(bytes).sum::<usize>() > self.budget {
             self.entries.remove(0);
         }
@@ -66,7 +72,7 @@ impl Recent {
 }
 
 /// Bytes of recent images' rows a projector keeps by default (a real Gemma 3 image's 256
-/// rows of 2,560 are 2.5 MiB).
+/// rows of 2,560 are 2.5 MiB; a SmolVLM-256M photo's 13 views of 64 rows of 576, 1.8 MiB).
 pub const RECENT_IMAGES_BYTES: usize = 64 << 20;
 
 impl Projector {
@@ -123,9 +129,17 @@ impl Projector {
     /// One line on what it is: its type, the ViT's shape, and what an image becomes.
     pub fn describe(&self) -> String {
         let c = &self.config;
+        let views = match c.longest_edge {
+            None => "an image".to_string(),
+            Some(edge) => format!(
+                "a view (tiles of an image resized to {edge} pixels on its longer side, and an \
+                 overview: at most {} views)",
+                c.max_views()
+            ),
+        };
         format!(
             "{} projector ({}): a ViT of {} blocks {} wide, {}-pixel images in patches of {} \
-             merged {} × {}, {} rows of {} an image",
+             merged {} × {}, {} rows of {} {views}",
             c.kind.name(),
             c.kind.info().models,
             c.n_layers,
@@ -134,28 +148,30 @@ impl Projector {
             c.patch_size,
             c.n_merge,
             c.n_merge,
-            self.tokens_per_image(),
+            c.rows_per_view(),
             c.projection_dim
         )
     }
 
     /// Bytes the projector's weights take in memory, and the most an image's encoding adds
-    /// while it runs (its patches, the ViT's rows and attention's packed keys and values; the
-    /// scores per pool thread).
+    /// while it runs (a view's patches, the ViT's rows and attention's packed keys and values,
+    /// the scores per pool thread; the views' rows).
     pub fn memory_bytes(&self, threads: usize) -> (usize, usize) {
         let c = &self.config;
         let n = c.patches_per_side() * c.patches_per_side();
         let rows = n * (3 * c.patch_size * c.patch_size + 8 * c.n_embd + c.n_ff);
         let scores = threads * attention::QUERY_BLOCK * n;
-        (self.weights.bytes(), (rows + scores) * 4)
+        let views = self.max_rows_per_image() * c.projection_dim;
+        (self.weights.bytes(), (rows + scores + views) * 4)
     }
 
-    /// Rows one image becomes in the text model.
-    pub fn tokens_per_image(&self) -> usize {
-        self.config.tokens_per_image()
+    /// The most rows one image becomes in the text model (a tiled image's largest grid).
+    pub fn max_rows_per_image(&self) -> usize {
+        self.config.max_views() * self.config.rows_per_view()
     }
 
-    /// `img` as `tokens_per_image()` rows of `projection_dim` values.
+    /// `img`'s views, each as `rows_per_view()` rows of `projection_dim` values, one after
+    /// another in prompt order.
     pub fn encode(&self, img: &Rgb) -> Vec<f32> {
         self.encode_in_slices(img, &mut |piece| while piece() {})
     }
@@ -164,66 +180,91 @@ impl Projector {
     /// piece of the ViT (a few milliseconds) and says whether more remain, runs as many as
     /// its time allows and returns; it is called again until none remain.
     pub fn encode_in_slices(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Vec<f32> {
-        let pixels = preprocess::preprocess(&self.config, img);
-        let mut run = encoder::VitRun::new(&self.file, &self.weights, &self.config, &pixels);
-        let mut more = true;
-        while more {
-            slice(&mut || {
-                more = run.piece();
-                more
-            });
+        let (cfg, w) = (&self.config, &self.weights);
+        let mut out = Vec::new();
+        for pixels in preprocess::preprocess(cfg, img) {
+            let mut run = encoder::VitRun::new(&self.file, w, cfg, &pixels);
+            let mut more = true;
+            while more {
+                slice(&mut || {
+                    more = run.piece();
+                    more
+                });
+            }
+            out.extend(head::project(cfg, w, &self.file, &run.output()));
         }
-        head::project(&self.config, &self.weights, &run.output())
+        out
     }
 
-    /// `prompt` (text with one `marker` where each image goes) as the text model reads it,
-    /// as llama.cpp's `mtmd_tokenize` makes it: each piece of text tokenized on its own (BOS
-    /// before the first where the vocabulary wants one), and around each image the type's
-    /// begin and end text; an image's positions hold `placeholder`. Returns the tokens and
-    /// each image's first position.
+    /// `prompt` (text with one `marker` where each image goes; `sizes` are the images'
+    /// widths and heights, in order) as the text model reads it, as llama.cpp's
+    /// `mtmd_tokenize` makes it: each piece of text tokenized on its own (BOS before the first
+    /// where the vocabulary wants one), each image laid out as its type's [`layout`] says,
+    /// its views' positions holding `placeholder`. Returns the tokens and, per image, each
+    /// view's first position.
     pub fn prompt_tokens(
         &self,
         tokenizer: &Tokenizer,
         prompt: &str,
         marker: &str,
         placeholder: u32,
-    ) -> Result<(Vec<u32>, Vec<usize>)> {
-        let info = self.config.kind.info();
+        sizes: &[(usize, usize)],
+    ) -> Result<(Vec<u32>, Vec<Vec<usize>>)> {
         let mut pieces = prompt.split(marker);
         let mut tokens = tokenizer.encode(pieces.next().unwrap_or(""), true)?;
         let mut starts = Vec::new();
-        for text_after in pieces {
-            tokens.extend(tokenizer.encode(info.image_begin, false)?);
-            starts.push(tokens.len());
-            tokens.extend(std::iter::repeat_n(placeholder, self.tokens_per_image()));
-            tokens.extend(tokenizer.encode(info.image_end, false)?);
+        for (i, text_after) in pieces.enumerate() {
+            let &(width, height) = sizes.get(i).context("more image markers than images")?;
+            let mut views = Vec::new();
+            for part in layout::image_parts(&self.config, width, height) {
+                match part {
+                    layout::Part::Text(text) => tokens.extend(tokenizer.encode(&text, false)?),
+                    layout::Part::View => {
+                        views.push(tokens.len());
+                        let rows = self.config.rows_per_view();
+                        tokens.extend(std::iter::repeat_n(placeholder, rows));
+                    }
+                }
+            }
+            starts.push(views);
             tokens.extend(tokenizer.encode(text_after, false)?);
+        }
+        if starts.len() != sizes.len() {
+            bail!("{} image markers for {} images", starts.len(), sizes.len());
         }
         Ok((tokens, starts))
     }
 
-    /// `img` encoded as the rows a prompt gives the text model in place of its image's
-    /// positions, keyed by [`image_key`]: from the recent images' rows where it is one of
-    /// them.
-    pub fn embed(&self, img: &Rgb) -> Arc<Embedded> {
+    /// `img` encoded as the rows a prompt gives the text model in place of its views'
+    /// positions, each view keyed by [`image_key`] and its place: from the recent images'
+    /// rows where it is one of them.
+    pub fn embed(&self, img: &Rgb) -> Views {
         self.embed_in_slices(img, &mut |piece| while piece() {})
     }
 
     /// [`Projector::embed`], encoding (where it must) in slices as
     /// [`Projector::encode_in_slices`] does.
-    pub fn embed_in_slices(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Arc<Embedded> {
+    pub fn embed_in_slices(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Views {
         let key = image_key(img);
         if let Some(hit) = self.recent().get(key) {
             return hit;
         }
-        let rows = Arc::new(Embedded {
-            rows: self.encode_in_slices(img, slice),
-            width: self.config.projection_dim,
-            key,
-            bidirectional: self.config.kind.info().bidirectional,
-        });
-        self.recent().put(rows.clone());
-        rows
+        let width = self.config.projection_dim;
+        let rows = self.encode_in_slices(img, slice);
+        let views: Views = (rows.chunks(self.config.rows_per_view() * width).enumerate())
+            .map(|(i, view)| {
+                Arc::new(Embedded {
+                    rows: view.to_vec(),
+                    width,
+                    // Views of one image differ by their place, never collide with another
+                    // image's but by chance.
+                    key: key.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    bidirectional: self.config.kind.info().bidirectional,
+                })
+            })
+            .collect();
+        self.recent().put(key, views.clone());
+        views
     }
 
     fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {

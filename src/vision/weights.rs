@@ -4,6 +4,9 @@
 use super::config::VisionConfig;
 use super::kinds::ProjectorKind;
 use crate::backend::cpu::gemm::DenseMatrix;
+use crate::backend::cpu::matmul::matmul;
+use crate::backend::cpu::ops::add_bias;
+use crate::backend::cpu::parallel::for_row_chunks;
 use crate::backend::ops::{LayerNorm, Mat, VecRef};
 use crate::gguf::GgufFile;
 use crate::model::Binder;
@@ -22,13 +25,13 @@ pub struct VitLayer {
     pub down: Linear, // [n_embd × n_ff]
 }
 
-/// A matrix and its bias. F16, BF16 and F32 matrices (what mmproj files mostly hold) are
-/// repacked at load for the tiled dense GEMM; quantized ones stay in the file for the
-/// quantized matmul.
+/// A matrix and its bias, if it has one. F16, BF16 and F32 matrices (what mmproj files mostly
+/// hold) are repacked at load for the tiled dense GEMM; quantized ones stay in the file for
+/// the quantized matmul.
 pub struct Linear {
     pub mat: Mat,
     pub dense: Option<DenseMatrix>,
-    pub bias: VecRef,
+    pub bias: Option<VecRef>,
 }
 
 /// What turns the ViT's rows into rows of the text model's width.
@@ -40,6 +43,9 @@ pub enum Head {
         /// round) into the dense GEMM's panels.
         projection: DenseMatrix,
     },
+    /// Idefics3: each pixel-shuffled row (`n_merge`² patches side by side) projected by `fc`
+    /// ([projection_dim × n_embd·n_merge²], no bias).
+    Idefics3 { fc: Linear },
 }
 
 pub struct VisionWeights {
@@ -69,6 +75,7 @@ impl VisionWeights {
             .sum();
         let head = match &self.head {
             Head::Gemma3 { projection, .. } => projection.bytes(),
+            Head::Idefics3 { fc } => fc.bytes(),
         };
         self.patch.bytes() + layers + head + self.arena.len() * 4
     }
@@ -83,7 +90,7 @@ impl VisionWeights {
             3 * p * p,
             e,
         )?;
-        let patch = Linear::new(file, patch, b.vector("v.patch_embd.bias", e)?);
+        let patch = Linear::new(file, patch, Some(b.vector("v.patch_embd.bias", e)?));
         let n_patches = cfg.patches_per_side() * cfg.patches_per_side();
         let positions = b.vector("v.position_embd.weight", n_patches * e)?;
         let pre_norm = opt_layer_norm(&mut b, "v.pre_ln", e)?;
@@ -102,6 +109,13 @@ impl VisionWeights {
                     cfg.projection_dim,
                 )?;
                 Head::Gemma3 { norm, projection }
+            }
+            ProjectorKind::Idefics3 => {
+                let shuffled = e * cfg.n_merge * cfg.n_merge;
+                let fc = b.mat("mm.model.fc.weight", shuffled, cfg.projection_dim)?;
+                Head::Idefics3 {
+                    fc: Linear::new(file, fc, None),
+                }
             }
         };
         let arena = b.finish(&format!("projector '{}'", cfg.kind.name()))?;
@@ -143,9 +157,25 @@ impl Linear {
         }
     }
 
-    fn new(file: &GgufFile, mat: Mat, bias: VecRef) -> Linear {
+    fn new(file: &GgufFile, mat: Mat, bias: Option<VecRef>) -> Linear {
         let dense = DenseMatrix::pack(mat.ty, mat.data(file), mat.rows, mat.cols);
         Linear { mat, dense, bias }
+    }
+
+    /// `out = x · matᵀ + bias`, row by row.
+    pub fn apply(&self, file: &GgufFile, arena: &[f32], x: &[f32], out: &mut [f32]) {
+        let m = &self.mat;
+        match &self.dense {
+            Some(dense) => dense.matmul(x, out),
+            None => matmul(m.data(file), m.ty, m.rows, m.cols, x, out),
+        }
+        if let Some(bias) = self.bias {
+            let bias = bias.of(arena);
+            for_row_chunks(out, m.rows, |_, rows| {
+                rows.chunks_exact_mut(bias.len())
+                    .for_each(|r| add_bias(r, bias))
+            });
+        }
     }
 }
 
@@ -153,7 +183,7 @@ impl Linear {
 fn biased(b: &mut Binder<'_>, name: &str, cols: usize, rows: usize) -> Result<Linear> {
     let mat = b.mat(&format!("{name}.weight"), cols, rows)?;
     let bias = b.vector(&format!("{name}.bias"), rows)?;
-    Ok(Linear::new(b.file(), mat, bias))
+    Ok(Linear::new(b.file(), mat, Some(bias)))
 }
 
 fn vit_layer(b: &mut Binder<'_>, cfg: &VisionConfig, i: usize) -> Result<VitLayer> {

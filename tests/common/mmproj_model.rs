@@ -2,7 +2,9 @@
 //! model's tensors as the other test models are: a small SigLIP ViT whose blocks are the
 //! reference model's 576-wide layers re-laid (its Q rows of another layer as K, its output
 //! matrices as V), position and patch rows cut from its token embeddings, and each projector
-//! type's head. Matrices are F16, as in real mmproj files; norms and biases F32.
+//! type's head. Matrices are F16, as in real mmproj files; norms and biases F32. Each type's
+//! text model is a real one: Gemma 3 270M for `gemma3`; for `idefics3`, SmolVLM's own text
+//! model, SmolLM2 (the reference model), with the tokens SmolVLM adds to its vocabulary.
 
 use super::test_models::{made_once, vector, Tensor};
 use super::{gemma3_path, model_path};
@@ -16,20 +18,92 @@ const PATCH: usize = 14;
 const BLOCKS: usize = 4;
 /// Gemma 3's test head pools 2 × 2 (a real one 4 × 4 of 64 × 64 patches): 64 rows an image.
 const GEMMA3_MERGE: usize = 2;
-/// Bumped when the recipe changes, so that files made by an older one are not reused.
-const RECIPE: u32 = 3;
+/// Idefics3's test head shuffles 4 × 4, as SmolVLM's: 16 rows a view; images are resized to
+/// 448 pixels on their longer side, so a photograph is 2 × 2 tiles and an overview.
+const IDEFICS3_MERGE: usize = 4;
+const IDEFICS3_LONGEST_EDGE: usize = 448;
+/// Bumped when the SmolVLM text model's recipe changes.
+const SMOLVLM_RECIPE: u32 = 1;
+/// What the Idefics3 head's matrix is scaled by (see [`head`]).
+const IDEFICS3_FC_SCALE: f32 = 0.006;
+/// Bumped when a type's recipe changes, so that files made by an older one are not reused.
+fn recipe(kind: &str) -> u32 {
+    match kind {
+        "gemma3" => 3,
+        _ => 1,
+    }
+}
 
 /// The test projector of `kind` (a `clip.projector_type`), made on first use.
 pub fn test_mmproj(kind: &str) -> PathBuf {
-    assert_eq!(kind, "gemma3", "no test projector of type {kind}");
-    // The head's width is the text model's: Gemma 3 270M's.
-    let text = GgufFile::open(gemma3_path()).unwrap();
-    let text_embd = text.get_u32("gemma3.embedding_length").unwrap() as usize;
+    // The head's width is the text model's.
+    let text = GgufFile::open(test_vlm_text(kind)).unwrap();
+    let arch = text.get_str("general.architecture").unwrap().to_string();
+    let text_embd = text.get_u32(&format!("{arch}.embedding_length")).unwrap() as usize;
     made_once(
-        &format!("test-mmproj-{kind}.r{RECIPE}.gguf"),
+        &format!("test-mmproj-{kind}.r{}.gguf", recipe(kind)),
         &model_path(),
-        |source| build(source, text_embd),
+        |source| build(source, kind, text_embd),
     )
+}
+
+/// The text model a test projector of `kind` feeds.
+pub fn test_vlm_text(kind: &str) -> PathBuf {
+    match kind {
+        "gemma3" => gemma3_path(),
+        "idefics3" => made_once(
+            &format!("test-smolvlm-text.r{SMOLVLM_RECIPE}.gguf"),
+            &model_path(),
+            smolvlm_text,
+        ),
+        _ => panic!("no test projector of type {kind}"),
+    }
+}
+
+/// SmolVLM's text model: SmolLM2 with the tokens SmolVLM's processor writes around an
+/// image's views (special tokens, as the converter types them), each given the embedding
+/// row of an ordinary token.
+fn smolvlm_text(source: &Path) -> Vec<u8> {
+    let file = GgufFile::open(source).unwrap();
+    let mut added: Vec<String> = ["<fake_token_around_image>", "<image>", "<global-img>"]
+        .map(String::from)
+        .to_vec();
+    for row in 1..=6 {
+        added.extend((1..=6).map(|col| format!("<row_{row}_col_{col}>")));
+    }
+    added.push("<end_of_utterance>".into());
+    let mut w = GgufWriter::new();
+    for (key, value) in file.metadata() {
+        let value = match (key.as_str(), value) {
+            ("tokenizer.ggml.tokens", Value::Array(Array::String(t))) => {
+                Value::Array(Array::String(t.iter().chain(&added).cloned().collect()))
+            }
+            ("tokenizer.ggml.token_type", Value::Array(Array::I32(t))) => {
+                let control = std::iter::repeat_n(3, added.len());
+                Value::Array(Array::I32(t.iter().copied().chain(control).collect()))
+            }
+            (k, _) if k.starts_with("tokenizer.ggml.") && k.ends_with('s') => {
+                assert!(k == "tokenizer.ggml.merges", "{k} would need rows too");
+                value.clone()
+            }
+            _ => value.clone(),
+        };
+        w = w.kv(key.clone(), value);
+    }
+    for t in file.tensors() {
+        let mut bytes = file.tensor_data(t).to_vec();
+        let mut dims = t.dims.clone();
+        if t.name == "token_embd.weight" {
+            let row = bytes.len() / dims[1] as usize;
+            for i in 0..added.len() {
+                let from = (2000 + 37 * i) * row;
+                bytes.extend_from_within(from..from + row);
+            }
+            dims[1] += added.len() as u64;
+        }
+        w = w.tensor(t.name.clone(), &dims, t.ty, bytes);
+    }
+    w.to_bytes()
 }
 
 /// Dequantized values of tensor `name` of `file`.
@@ -61,7 +135,7 @@ fn f32_matrix(name: &str, dims: &[usize], values: &[f32]) -> Tensor {
     (name.into(), dims, GgmlType::F32, bytes)
 }
 
-fn build(source: &Path, text_embd: usize) -> Vec<u8> {
+fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
     let file = GgufFile::open(source).unwrap();
     let e = file.get_u32("llama.embedding_length").unwrap() as usize;
     let n_ff = file.get_u32("llama.feed_forward_length").unwrap() as usize;
@@ -105,27 +179,19 @@ fn build(source: &Path, text_embd: usize) -> Vec<u8> {
         t.push(f32_tensor(&name("ln2.weight"), &src("ffn_norm", b)));
         t.push(vector(&name("ln2.bias"), e, 0.0, 0.02));
     }
-    t.push(f32_tensor(
-        "v.post_ln.weight",
-        &values(&file, "output_norm.weight"),
-    ));
+    // Idefics3's rows are its patches' rows side by side, unpooled: with the reference
+    // model's final norm (a few large weights) every row of a photograph leans the same way.
+    t.push(match kind {
+        "gemma3" => f32_tensor("v.post_ln.weight", &values(&file, "output_norm.weight")),
+        _ => vector("v.post_ln.weight", e, 1.0, 0.1),
+    });
     t.push(vector("v.post_ln.bias", e, 0.0, 0.02));
-    t.push(vector("mm.soft_emb_norm.weight", e, 1.0, 0.1));
-    // Stored as ggml multiplies by its transpose: text_embd values a row, e rows. Scaled so
-    // that an image's rows are about as large as the text model's scaled token embeddings
-    // (RMS near 1): three times larger, the text model turns chaotic after an image
-    // (llama.cpp's own q8_0 cache then moves its logits by a mean KLD near 0.1).
-    let projection: Vec<f32> = run(6000, text_embd * e).iter().map(|v| v / 3.0).collect();
-    t.push(f16_tensor(
-        "mm.input_projection.weight",
-        &[text_embd, e],
-        &projection,
-    ));
+    let (merge, mut head_keys) = head(kind, &run, e, text_embd, &mut t);
 
     let f32s = |v: [f32; 3]| Value::Array(Array::F32(v.to_vec()));
-    let keys: Vec<(&str, Value)> = vec![
+    let mut keys: Vec<(&str, Value)> = vec![
         ("general.architecture", Value::String("clip".into())),
-        ("clip.projector_type", Value::String("gemma3".into())),
+        ("clip.projector_type", Value::String(kind.into())),
         ("clip.has_vision_encoder", Value::Bool(true)),
         ("clip.use_gelu", Value::Bool(true)),
         ("clip.vision.embedding_length", Value::U32(e as u32)),
@@ -146,9 +212,10 @@ fn build(source: &Path, text_embd: usize) -> Vec<u8> {
         ("clip.vision.image_std", f32s([0.5; 3])),
         (
             "clip.vision.projector.scale_factor",
-            Value::U32(GEMMA3_MERGE as u32),
+            Value::U32(merge as u32),
         ),
     ];
+    keys.append(&mut head_keys);
     let mut w = GgufWriter::new();
     for (k, v) in keys {
         w = w.kv(k, v);
@@ -157,4 +224,47 @@ fn build(source: &Path, text_embd: usize) -> Vec<u8> {
         w = w.tensor(name, &dims, ty, bytes);
     }
     w.to_bytes()
+}
+
+/// The head of `kind` (its tensors pushed on `t`): its merge factor and the keys it adds.
+fn head(
+    kind: &str,
+    run: &dyn Fn(usize, usize) -> Vec<f32>,
+    e: usize,
+    text_embd: usize,
+    t: &mut Vec<Tensor>,
+) -> (usize, Vec<(&'static str, Value)>) {
+    match kind {
+        "gemma3" => {
+            t.push(vector("mm.soft_emb_norm.weight", e, 1.0, 0.1));
+            // Stored as ggml multiplies by its transpose: text_embd values a row, e rows.
+            // Scaled so that an image's rows are about as large as the text model's scaled
+            // token embeddings (RMS near 1): three times larger, the text model turns chaotic
+            // after an image (llama.cpp's own q8_0 cache then moves its logits by a mean KLD
+            // near 0.1).
+            let projection: Vec<f32> = run(6000, text_embd * e).iter().map(|v| v / 3.0).collect();
+            t.push(f16_tensor(
+                "mm.input_projection.weight",
+                &[text_embd, e],
+                &projection,
+            ));
+            (GEMMA3_MERGE, Vec::new())
+        }
+        "idefics3" => {
+            // Each shuffled row is 16 patches' rows side by side. Scaled so that a view's
+            // rows are about as large as SmolLM2's token embeddings.
+            let wide = e * IDEFICS3_MERGE * IDEFICS3_MERGE;
+            let fc: Vec<f32> = run(6000, wide * text_embd)
+                .iter()
+                .map(|v| v * IDEFICS3_FC_SCALE)
+                .collect();
+            t.push(f16_tensor("mm.model.fc.weight", &[wide, text_embd], &fc));
+            let keys = vec![(
+                "clip.vision.preproc_image_size",
+                Value::U32(IDEFICS3_LONGEST_EDGE as u32),
+            )];
+            (IDEFICS3_MERGE, keys)
+        }
+        _ => panic!("no test projector of type {kind}"),
+    }
 }

@@ -14,7 +14,7 @@ pub use bert_model::{bert_test_model, BERT_CONTEXT};
 #[allow(unused_imports)]
 pub use gemma_embedding_model::{gemma_embedding_test_model, GEMMA_EMBEDDING_TEST_WINDOW};
 #[allow(unused_imports)]
-pub use mmproj_model::{test_mmproj, MMPROJ_IMAGE_SIZE};
+pub use mmproj_model::{test_mmproj, test_vlm_text, MMPROJ_IMAGE_SIZE};
 #[allow(unused_imports)]
 pub use nomic_bert_model::{nomic_bert_test_model, NOMIC_CONTEXT};
 #[allow(unused_imports)]

@@ -53,7 +53,7 @@ fn check(name: String, model: &Path, mmproj: &Path) -> Check {
     let rows = projector.encode(&frame);
     let encode_ms = start.elapsed().as_secs_f64() * 1e3;
     c.detail("projector", projector.describe());
-    c.detail("positions_per_image", projector.tokens_per_image());
+    c.detail("positions_per_image", projector.max_rows_per_image());
     c.detail("encode_ms", encode_ms);
     if rows.iter().any(|v| !v.is_finite()) {
         return c.fail(

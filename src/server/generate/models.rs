@@ -216,10 +216,10 @@ fn open_projector(path: &std::path::Path, model: &Model, kind: Kind) -> anyhow::
     }
     let projector = Projector::open_beside(path, &model.config)?;
     log::info!(
-        "projector {}: {}, {} positions an image",
+        "projector {}: {}, at most {} positions an image",
         path.display(),
         projector.config.kind.name(),
-        projector.tokens_per_image()
+        projector.max_rows_per_image()
     );
     Ok(projector)
 }

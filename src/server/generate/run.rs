@@ -285,14 +285,12 @@ fn encode_images(ready: &Ready, work: &Work) -> Result<Vec<PromptImage>, Failure
         }
         None => while piece() {},
     };
-    Ok(work
-        .images
-        .iter()
-        .map(|i| PromptImage {
-            at: i.at,
-            rows: projector.embed_in_slices(&i.rgb, &mut slice),
-        })
-        .collect())
+    let mut out = Vec::new();
+    for image in &work.images {
+        let views = projector.embed_in_slices(&image.rgb, &mut slice);
+        out.extend((image.views.iter().zip(views)).map(|(&at, rows)| PromptImage { at, rows }));
+    }
+    Ok(out)
 }
 
 /// A job's engine events, each tagged with the index of its prompt.

@@ -17,10 +17,10 @@ pub struct Work {
     pub rules: Option<OutputRules>,
 }
 
-/// An image decoded from a request, waiting to be encoded by the model's projector: it takes
-/// the prompt's positions from `at`.
+/// An image decoded from a request, waiting to be encoded by the model's projector: its views
+/// take the prompt's positions from each of `views` (their first positions, in order).
 pub struct PendingImage {
-    pub at: usize,
+    pub views: Vec<usize>,
     pub rgb: crate::vision::Rgb,
 }
 

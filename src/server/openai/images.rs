@@ -50,26 +50,25 @@ pub fn prompt_with_images(
         ))
         .param("messages"));
     }
-    let (tokens, starts) = projector
-        .prompt_tokens(tokenizer, prompt, IMAGE_MARKER, PLACEHOLDER)
-        .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
-    let rows = projector.tokens_per_image();
-    if let Some((part, at)) = parts
-        .iter()
-        .zip(&starts)
-        .find(|(_, &at)| at + rows > context)
-    {
-        return Err(ApiError::bad_request(format!(
-            "{}: the image's {rows} positions, from position {at}, do not fit the context \
-             length of {context} tokens",
-            part.param
-        ))
-        .param(&part.param));
-    }
-    // Read and decoded only once the prompt is known to fit.
     let rgbs = (parts.iter().map(|p| image_of(sources, p))).collect::<Result<Vec<_>, _>>()?;
+    let sizes: Vec<(usize, usize)> = rgbs.iter().map(|i| (i.width, i.height)).collect();
+    let (tokens, starts) = projector
+        .prompt_tokens(tokenizer, prompt, IMAGE_MARKER, PLACEHOLDER, &sizes)
+        .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
+    let rows = projector.config.rows_per_view();
+    for (part, views) in parts.iter().zip(&starts) {
+        let (at, end) = (views[0], views[views.len() - 1] + rows);
+        if end > context {
+            return Err(ApiError::bad_request(format!(
+                "{}: the image's positions {at}..{end} do not fit the context length of \
+                 {context} tokens",
+                part.param
+            ))
+            .param(&part.param));
+        }
+    }
     let images = (starts.into_iter().zip(rgbs))
-        .map(|(at, rgb)| PendingImage { at, rgb })
+        .map(|(views, rgb)| PendingImage { views, rgb })
         .collect();
     Ok((tokens, images))
 }
