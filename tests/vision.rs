@@ -501,6 +501,16 @@ fn kv_plan_counts_what_images_take() {
     assert_eq!(images["images_per_sequence"], 8192 / 64, "{v}");
     // Its F16 matrices repacked: at least every ViT matrix's 2 bytes a weight.
     assert!(images["weights_bytes"].as_u64().unwrap() > 4 * 2 * (4 * 576 * 576 + 2 * 576 * 1536));
+    // Idefics3's: its largest grid (2 × 2 tiles of 16 rows) and the overview.
+    let out = common::run_ok(
+        common::edgelm()
+            .args(["kv-plan", "--json", "-m"])
+            .arg(test_vlm_text("idefics3"))
+            .arg("--mmproj")
+            .arg(test_mmproj("idefics3")),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["images"]["positions_per_image"], 5 * 16, "{v}");
     let out = common::edgelm()
         .args(["kv-plan", "-m"])
         .arg(repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -517,4 +527,68 @@ fn kv_plan_counts_what_images_take() {
         err.contains("feeds a gemma3 text model, not llama"),
         "{err}"
     );
+}
+
+/// `run` and `bench` take an image for each projector type: `run`'s greedy text differs
+/// between two photographs (the image reaches the text model) and its prompt counts the
+/// image's positions; `bench` times the encode and the time to first token.
+#[test]
+fn run_and_bench_take_an_image_for_each_projector_type() {
+    for kind in ["gemma3", "idefics3"] {
+        let (text, mmproj) = (test_vlm_text(kind), test_mmproj(kind));
+        let run = |image: Option<&str>| {
+            let mut cmd = common::edgelm();
+            cmd.args(["run", "--chat", "--temp", "0", "-n", "12", "-t", "2", "-m"])
+                .arg(&text)
+                .args(["-p", "What is in this picture?"]);
+            if kind == "gemma3" {
+                // Gemma 3 270M carries no chat template.
+                cmd.arg("--chat-template-file")
+                    .arg(repo_root().join("tests/data/gemma3-chat-template.jinja"));
+            }
+            if let Some(image) = image {
+                cmd.arg("--mmproj")
+                    .arg(&mmproj)
+                    .arg("--image")
+                    .arg(repo_root().join("tests/data/images").join(image));
+            }
+            let out = common::run_ok(&mut cmd);
+            let err = String::from_utf8_lossy(&out.stderr).to_string();
+            let prompt: usize = err
+                .split("prompt: ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{kind}: no prompt count in {err}"));
+            (String::from_utf8_lossy(&out.stdout).to_string(), prompt)
+        };
+        let (plain, plain_prompt) = run(None);
+        let (cat, cat_prompt) = run(Some("chelsea.png"));
+        let (rocket, _) = run(Some("rocket.jpg"));
+        eprintln!("{kind}: {plain:?} / {cat:?} / {rocket:?}");
+        assert!(
+            cat != rocket,
+            "{kind}: the same text for two photographs: {cat:?}"
+        );
+        let projector = Projector::open(&mmproj).unwrap();
+        assert!(
+            cat_prompt >= plain_prompt + projector.config.rows_per_view(),
+            "{kind}: {cat_prompt} prompt tokens with the image, {plain_prompt} without"
+        );
+        let out = common::run_ok(
+            common::edgelm()
+                .args(["bench", "-r", "1", "-t", "2", "-m"])
+                .arg(&text)
+                .arg("--mmproj")
+                .arg(&mmproj)
+                .arg("--image")
+                .arg(repo_root().join("tests/data/images/coffee.png")),
+        );
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            report.contains(&format!("image encode ({kind} projector"))
+                && report.contains("time to first token"),
+            "{report}"
+        );
+    }
 }

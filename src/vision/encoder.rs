@@ -113,9 +113,19 @@ impl<'a> VitRun<'a> {
     }
 
     /// One row of `n_embd` per patch, row-major by patch row (the run must be over).
-    pub fn output(self) -> Vec<f32> {
+    pub fn output(&self) -> &[f32] {
         assert_eq!(self.at, Stage::Done, "the ViT has pieces left");
-        self.x
+        &self.x
+    }
+
+    /// The run over again for another view of the same size (a tile after a tile), in the
+    /// buffers of this one: a tiled image does not fault in fresh pages for each view.
+    pub fn restart(mut self, pixels: &Pixels) -> VitRun<'a> {
+        let patches = im2col(pixels, self.cfg.patch_size);
+        assert_eq!(patches.len(), self.patches.len(), "views of one size");
+        self.patches = patches;
+        self.at = Stage::Embed { row: 0 };
+        self
     }
 
     fn block_start(&self, layer: usize) -> Stage {

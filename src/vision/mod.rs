@@ -182,8 +182,12 @@ impl Projector {
     pub fn encode_in_slices(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Vec<f32> {
         let (cfg, w) = (&self.config, &self.weights);
         let mut out = Vec::new();
+        let mut last: Option<encoder::VitRun> = None;
         for pixels in preprocess::preprocess(cfg, img) {
-            let mut run = encoder::VitRun::new(&self.file, w, cfg, &pixels);
+            let mut run = match last.take() {
+                Some(run) => run.restart(&pixels),
+                None => encoder::VitRun::new(&self.file, w, cfg, &pixels),
+            };
             let mut more = true;
             while more {
                 slice(&mut || {
@@ -191,7 +195,8 @@ impl Projector {
                     more
                 });
             }
-            out.extend(head::project(cfg, w, &self.file, &run.output()));
+            out.extend(head::project(cfg, w, &self.file, run.output()));
+            last = Some(run);
         }
         out
     }

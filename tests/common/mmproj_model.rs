@@ -30,7 +30,7 @@ const IDEFICS3_FC_SCALE: f32 = 0.006;
 fn recipe(kind: &str) -> u32 {
     match kind {
         "gemma3" => 3,
-        _ => 1,
+        _ => 4,
     }
 }
 

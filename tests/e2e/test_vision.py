@@ -1,12 +1,15 @@
-"""Images in, end to end: `edgelm serve --mmproj` on Gemma 3 270M with the suite's test
-projector (made by `cargo test --test vision` from the reference model's tensors), asked by the
-official openai client (chat with an image part, whole and streamed; Responses with
-`input_image`) and by LangChain; the prefix cache keyed by the image; and hostile images, each
-a 400 that names the part, after which the server still serves and every KV block is back."""
+"""Images in, end to end, for each projector type: `edgelm serve --mmproj` with the suite's test
+projectors (made by `cargo test --test vision` from the reference model's tensors), gemma3 beside
+Gemma 3 270M and idefics3 beside SmolVLM's text model (SmolLM2 with SmolVLM's tokens, made by the
+same test), asked by the official openai client (chat with an image part, whole and streamed;
+Responses with `input_image`) and by LangChain; the prefix cache keyed by the image; and hostile
+images, each a 400 that names the part, after which the server still serves and every KV block
+is back."""
 
 import base64
 import functools
 import io
+import math
 import struct
 import threading
 import zlib
@@ -25,11 +28,43 @@ TEMPLATE = ROOT / "tests" / "data" / "gemma3-chat-template.jinja"
 PHOTOS = ROOT / "tests" / "data" / "images"
 
 
-def projector_file() -> Path:
-    made = sorted((ROOT / "target" / "test-models").glob("test-mmproj-gemma3.r*.gguf"),
-                  key=lambda p: int(p.stem.rsplit(".r", 1)[1]))
-    assert made, "the test projector is missing: run cargo test --release --test vision first"
-    return made[-1]
+def made(prefix: str) -> Path:
+    """The newest recipe of the test model PREFIX.rN.gguf."""
+    files = sorted((ROOT / "target" / "test-models").glob(f"{prefix}.r*.gguf"),
+                   key=lambda p: int(p.stem.rsplit(".r", 1)[1]))
+    assert files, f"{prefix} is missing: run cargo test --release --test vision first"
+    return files[-1]
+
+
+def projector_file(family: str = "gemma3") -> Path:
+    return made(f"test-mmproj-{family}")
+
+
+def serve(family: str, *extra: str) -> Server:
+    """`edgelm serve` of FAMILY's text model with its test projector (and Gemma 3's chat
+    template with image parts; SmolLM2's own renders the image marker in the text)."""
+    if family == "gemma3":
+        return Server("--mmproj", str(projector_file(family)), "--chat-template-file", str(TEMPLATE),
+                      *extra, model=GEMMA3)
+    return Server("--mmproj", str(projector_file(family)), *extra, model=made("test-smolvlm-text"))
+
+
+def image_positions(family: str, width: int, height: int) -> int:
+    """The prompt positions an image of WIDTH × HEIGHT takes, its markers included: gemma3's
+    64 rows between two markers; idefics3's test projector resizes to 448 pixels on the longer
+    side, in tiles of 224 of 16 rows, each after two marker tokens, a newline between rows of
+    tiles, then the overview's 16 rows after three tokens and before one."""
+    if family == "gemma3":
+        return 64 + 2
+    aspect = width / height
+    if width >= height:
+        w, h = 448, int(448 / aspect)
+        h += h % 2
+    else:
+        w, h = int(448 * aspect), 448
+        w += w % 2
+    cols, rows = math.ceil(w / 224), math.ceil(h / 224)
+    return cols * rows * (16 + 2) + (rows - 1) + 3 + 16 + 1
 
 
 def data_url(data: bytes, mime: str = "image/png") -> str:
@@ -40,9 +75,10 @@ def photo(name: str) -> bytes:
     return (PHOTOS / name).read_bytes()
 
 
-@pytest.fixture(scope="module")
-def vision():
-    s = Server("--mmproj", str(projector_file()), "--chat-template-file", str(TEMPLATE), model=GEMMA3)
+@pytest.fixture(scope="module", params=["gemma3", "idefics3"])
+def vision(request):
+    s = serve(request.param)
+    s.family = request.param
     yield s
     s.stop()
 
@@ -64,25 +100,28 @@ def test_a_chat_with_an_image_answers_whole_and_streamed_alike(client, vision):
     url = data_url(photo("coffee.png"))
     whole = ask(client, url)
     assert whole.choices[0].message.content
-    # The image's 64 positions and their begin and end tokens count as prompt tokens.
+    # The image's positions and its markers count as prompt tokens.
     plain = client.chat.completions.create(
         model="gemma", temperature=0, max_tokens=1,
         messages=[{"role": "user", "content": "What is in this picture?"}])
-    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + 64 + 2
+    size = Image.open(PHOTOS / "coffee.png").size
+    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + image_positions(vision.family, *size)
     streamed = "".join(c.choices[0].delta.content or "" for c in ask(client, url, stream=True) if c.choices)
     assert streamed == whole.choices[0].message.content
     vision.wait_idle()
     assert vision.metrics()["edgelm_kv_blocks_used"] == 0
 
 
-def test_the_same_image_again_is_a_prefix_cache_hit_and_another_is_not(client):
+def test_the_same_image_again_is_a_prefix_cache_hit_and_another_is_not(client, vision):
     first = ask(client, data_url(photo("chelsea.png")), text="Describe it.")
     again = ask(client, data_url(photo("chelsea.png")), text="Describe it.")
     other = ask(client, data_url(photo("rocket.jpg")), text="Describe it.")
     prompt = first.usage.prompt_tokens
     assert again.usage.prompt_tokens_details.cached_tokens >= prompt - 16
-    # The blocks after the text before the image are another image's: not reused.
-    assert other.usage.prompt_tokens_details.cached_tokens < 16
+    # The blocks of the image's positions are another image's: not reused (the text before
+    # it may be; the image's positions alone are more than a 16-token block).
+    text = prompt - image_positions(vision.family, *Image.open(PHOTOS / "chelsea.png").size)
+    assert other.usage.prompt_tokens_details.cached_tokens <= text
     assert other.choices[0].message.content != first.choices[0].message.content
 
 
@@ -145,17 +184,18 @@ def test_hostile_images_get_a_400_naming_the_part_and_nothing_leaks(vision):
         assert r.status_code == 400, (what, r.text)
         err = r.json()["error"]
         assert err["param"] == "messages[0].content[1]", (what, err)
-    # Images past the context: the one that crosses its end is named (before any is decoded).
+    # Images past the context: the one that crosses its end is named.
     context = httpx.post(vision.base + "/tokenize", json={"model": "gemma", "prompt": "x"}).json()["max_model_len"]
     tiny = {"type": "image_url", "image_url": {"url": data_url(encoded(Image.new("RGB", (4, 4)), "PNG"))}}
+    per_image = image_positions(vision.family, 4, 4)
     r = httpx.post(vision.base + "/v1/chat/completions", timeout=60, json={
         "model": "gemma", "max_tokens": 4,
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Look."}] + [tiny] * (context // 66 + 2)}]})
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Look."}] + [tiny] * (context // per_image + 2)}]})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert "do not fit the context length" in err["message"], err
     crossing = int(err["param"].removeprefix("messages[0].content[").removesuffix("]"))
-    assert 1 < crossing <= context // 66 + 1, err
+    assert 1 < crossing <= context // per_image + 1, err
     base = Image.open(PHOTOS / "coffee.png")
     accepted = {
         "a MIME type that lies": data_url(png, "image/jpeg"),
@@ -176,7 +216,7 @@ def test_hostile_images_get_a_400_naming_the_part_and_nothing_leaks(vision):
     assert httpx.get(vision.base + "/health").status_code == 200
 
 
-def test_a_profile_lets_images_come_from_listed_hosts_and_its_folder(tmp_path, client):
+def test_a_profile_lets_images_come_from_listed_hosts_and_its_folder(tmp_path, client, vision):
     """A camera-like HTTP server on loopback, listed by address in the profile, and the photos'
     folder: those URLs answer as the same image sent as a data URL does; any other host, a
     file outside the folder, a 404 and https are 400s naming the part."""
@@ -187,8 +227,7 @@ def test_a_profile_lets_images_come_from_listed_hosts_and_its_folder(tmp_path, c
     profile = tmp_path / "images.toml"
     profile.write_text(f'[images]\nfetch_hosts = ["{host}"]\nfetch_max_kib = 4096\n'
                        f'folder = "{PHOTOS}"\n')
-    s = Server("--config", str(profile), "--mmproj", str(projector_file()),
-               "--chat-template-file", str(TEMPLATE), model=GEMMA3)
+    s = serve(vision.family, "--config", str(profile))
     try:
         local = OpenAI(base_url=s.base + "/v1", api_key="none")
         want = ask(client, data_url(photo("coffee.png"))).choices[0].message.content
@@ -223,4 +262,4 @@ def test_tokenize_counts_an_images_positions(vision):
     plain = count("Look.")
     with_image = count([{"type": "text", "text": "Look."},
                         {"type": "image_url", "image_url": {"url": data_url(photo("coffee.png"))}}])
-    assert with_image == plain + 64 + 2
+    assert with_image == plain + image_positions(vision.family, *Image.open(PHOTOS / "coffee.png").size)
