@@ -246,6 +246,23 @@ fn a_projector_is_refused_beside_a_text_model_it_was_not_made_for() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("576"), "{e}");
+    // An idefics3 projector beside SmolLM2 itself, whose vocabulary lacks SmolVLM's tokens:
+    // refused in one line, not run with its markers read as plain text.
+    let out = common::edgelm()
+        .args(["run", "-n", "1", "-p", "hi", "-m"])
+        .arg(common::model_path())
+        .arg("--mmproj")
+        .arg(test_mmproj("idefics3"))
+        .arg("--image")
+        .arg(repo_root().join("tests/data/images/chelsea.png"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    assert!(err.contains("no token <fake_token_around_image>"), "{err}");
 }
 
 /// A user's turn (`<__media__>` where the image goes) as the chat template of `kind`'s text

@@ -27,8 +27,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let threads = init_threads(&args.compute)?;
     let model = Arc::new(Model::load(&args.model.model)?);
-    let projector = open_projector(args.mmproj.as_deref(), &model)?.expect("given");
     let tok = Tokenizer::from_gguf(&model.file)?;
+    let projector = open_projector(args.mmproj.as_deref(), &model, &tok)?.expect("given");
     let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
     let rgb = decode(&bytes).with_context(|| format!("image {}", image.display()))?;
     let mut encode_ms: Vec<f64> = (0..args.repeats)

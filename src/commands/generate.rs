@@ -21,7 +21,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let model = Arc::new(Model::load(&args.model.model)?);
     let tok = Tokenizer::from_gguf(&model.file)?;
     let ctx = model.config.context_length;
-    let projector = super::open_projector(args.mmproj.as_deref(), &model)?;
+    let projector = super::open_projector(args.mmproj.as_deref(), &model, &tok)?;
     let (ids, images) = prompt_ids(&args, &tok, projector.as_ref(), ctx)?;
     let n_predict = args.n_predict.min(ctx - ids.len());
     let mut config = engine_config(&args.compute);

@@ -25,10 +25,18 @@ pub fn chat_template(tok: &Tokenizer, file: Option<&Path>) -> Result<ChatTemplat
     tok.compile_chat_template(&src)
 }
 
-/// The projector file `path`, where one is given, checked against `model`.
-pub fn open_projector(path: Option<&Path>, model: &Model) -> Result<Option<Projector>> {
-    path.map(|p| Projector::open_beside(p, &model.config))
-        .transpose()
+/// The projector file `path`, where one is given, checked against `model` and its vocabulary.
+pub fn open_projector(
+    path: Option<&Path>,
+    model: &Model,
+    tok: &Tokenizer,
+) -> Result<Option<Projector>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let projector = Projector::open_beside(path, &model.config)?;
+    (projector.check_vocabulary(tok)).with_context(|| format!("projector {}", path.display()))?;
+    Ok(Some(projector))
 }
 
 /// `prompt` with one image marker per image: as it is where it has them all, else with the

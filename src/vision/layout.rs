@@ -15,6 +15,15 @@ pub enum Part {
     View,
 }
 
+/// Texts of `kind`'s layout that must each be one token of the text model's vocabulary (its
+/// special tokens): without them the markers would be read as plain text.
+pub fn marker_tokens(kind: ProjectorKind) -> &'static [&'static str] {
+    match kind {
+        ProjectorKind::Gemma3 => &["<start_of_image>", "<end_of_image>"],
+        ProjectorKind::Idefics3 => &["<fake_token_around_image>", "<global-img>", "<row_1_col_1>"],
+    }
+}
+
 /// The parts an image of `width` × `height` pixels becomes, in prompt order.
 pub fn image_parts(cfg: &VisionConfig, width: usize, height: usize) -> Vec<Part> {
     let text = |t: &str| Part::Text(t.to_string());

@@ -126,6 +126,23 @@ impl Projector {
         Ok(())
     }
 
+    /// Refuses a text model whose vocabulary lacks the special tokens the type's prompts
+    /// hold around an image (a model other than the one the projector was made for).
+    pub fn check_vocabulary(&self, tokenizer: &Tokenizer) -> Result<()> {
+        let kind = self.config.kind;
+        for marker in layout::marker_tokens(kind) {
+            if tokenizer.encode(marker, false)?.len() != 1 {
+                bail!(
+                    "the text model's vocabulary has no token {marker}, which the prompts of a \
+                     projector of type {} hold around an image: serve it with the model it was \
+                     made for",
+                    kind.name()
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// One line on what it is: its type, the ViT's shape, and what an image becomes.
     pub fn describe(&self) -> String {
         let c = &self.config;

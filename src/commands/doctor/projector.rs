@@ -5,6 +5,7 @@ use super::{Check, Context};
 use edgelm::config::ModelSection;
 use edgelm::gguf::GgufFile;
 use edgelm::model::ModelConfig;
+use edgelm::tokenizer::Tokenizer;
 use edgelm::vision::{Projector, Rgb};
 use std::path::Path;
 use std::time::Instant;
@@ -27,14 +28,16 @@ pub fn projectors(ctx: &Context) -> Vec<Check> {
 fn check(name: String, model: &Path, mmproj: &Path) -> Check {
     let mut c = Check::new(name);
     c.detail("path", mmproj.display().to_string());
-    let config = GgufFile::open(model)
+    let text = GgufFile::open(model)
         .map_err(anyhow::Error::from)
-        .and_then(|f| ModelConfig::from_gguf(&f));
-    let Ok(config) = config else {
+        .and_then(|f| Ok((ModelConfig::from_gguf(&f)?, Tokenizer::from_gguf(&f)?)));
+    let Ok((config, tokenizer)) = text else {
         return c.fail("its model did not load", "fix the model check first");
     };
+    let opened = Projector::open_beside(mmproj, &config)
+        .and_then(|p| p.check_vocabulary(&tokenizer).map(|()| p));
     let projector =
-        match Projector::open_beside(mmproj, &config) {
+        match opened {
             Ok(p) => p,
             Err(e) => return c.fail(
                 format!("{e:#}").replace('\n', " "),

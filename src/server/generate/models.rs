@@ -138,7 +138,7 @@ impl Loaded {
         };
         let projector = match &spec.mmproj {
             None => None,
-            Some(path) => Some(Arc::new(open_projector(path, &model, kind)?)),
+            Some(path) => Some(Arc::new(open_projector(path, &model, &tokenizer, kind)?)),
         };
         Ok(Loaded {
             spec: spec.clone(),
@@ -207,7 +207,12 @@ impl Loaded {
 }
 
 /// The projector file `path`, checked against the model that reads its rows.
-fn open_projector(path: &std::path::Path, model: &Model, kind: Kind) -> anyhow::Result<Projector> {
+fn open_projector(
+    path: &std::path::Path,
+    model: &Model,
+    tokenizer: &Tokenizer,
+    kind: Kind,
+) -> anyhow::Result<Projector> {
     if kind != Kind::Generate {
         anyhow::bail!(
             "{}: a projector serves a model that generates",
@@ -215,6 +220,8 @@ fn open_projector(path: &std::path::Path, model: &Model, kind: Kind) -> anyhow::
         );
     }
     let projector = Projector::open_beside(path, &model.config)?;
+    (projector.check_vocabulary(tokenizer))
+        .with_context(|| format!("projector {}", path.display()))?;
     log::info!(
         "projector {}: {}, at most {} positions an image",
         path.display(),
