@@ -8,7 +8,6 @@
 //!   tokens: see `layout`.)
 //! - Free blocks (refcount 0) sit in an LRU queue. A freed block keeps its hash and can still
 //!   be hit; it is only evicted, lazily, when the queue hands it out for new data.
-//!
 //! - Every cached full block, and the partly filled last block a sequence leaves behind, is
 //!   also a prefix source (`prefix_sources`): a prompt may copy the start of one.
 //!
@@ -173,9 +172,9 @@ impl BlockPool {
         meta.refcount += 1;
     }
 
-    /// Registers a block of `group` that now holds `tokens` (a full block) under `hash`, and
-    /// as a prefix source after `parent` whose positions `keys` describe. If another block
-    /// already has that identity, this one simply stays uncached.
+    /// Registers a block of `group` that is now `full` under `hash`, and as a prefix source
+    /// after its parent. If another block already has that identity, this one simply stays
+    /// uncached.
     pub fn register(&mut self, block: u32, hash: u64, group: usize, full: &FullBlock) {
         debug_assert_eq!(full.tokens.len(), self.block_size);
         let meta = &mut self.blocks[block as usize];
