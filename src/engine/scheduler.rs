@@ -233,8 +233,7 @@ impl Scheduler {
         self.running.retain(|&s| s != id);
         self.waiting.retain(|&s| s != id);
         let mut seq = seq;
-        let keep_tail = !self.has_state_slots();
-        release_blocks(&mut self.pool, keep_tail, &mut seq);
+        seq.blocks.release_all(&mut self.pool);
         Self::release_slot(&mut self.slots, &mut seq);
         Some(seq)
     }
@@ -423,7 +422,7 @@ impl Scheduler {
             if !self.take_slot(id) {
                 break;
             }
-            let (restores, copies) = (batch.state_copies.len(), batch.copies.len());
+            let restores = batch.state_copies.len();
             self.attach_cached_prefix(id, batch);
             let len = self.seqs[&id].uncut_chunk(lanes.allow(long, self.seqs[&id].pending()));
             match (len > 0).then(|| self.grow(id, len, batch)) {
@@ -442,7 +441,6 @@ impl Scheduler {
                     s.blocks.release_all(&mut self.pool);
                     Self::release_slot(&mut self.slots, s);
                     batch.state_copies.truncate(restores);
-                    batch.copies.truncate(copies);
                     break;
                 }
             }
@@ -603,19 +601,7 @@ impl Scheduler {
             usable,
             |k| resumable[k],
         );
-        let mut hits = bt * blocks;
-        // The rest of the last block from a prefix source (where the cached full blocks end,
-        // at most up to the last token); a hybrid resumes only where a snapshot was kept.
-        if !self.has_state_slots() {
-            let s = self.seqs.get_mut(&id).expect("seq exists");
-            let upto = (s.tokens.len() - 1).min(hits + bt - 1);
-            let keys = s.position_keys(hits..upto);
-            let parent = blocks.checked_sub(1).map(|i| s.block_hashes[i]);
-            hits += s
-                .blocks
-                .attach_tail(&mut self.pool, parent, &keys, &mut batch.copies);
-        }
-        let s = self.seqs.get_mut(&id).expect("seq exists");
+        let hits = bt * blocks;
         s.num_computed = hits;
         if s.preemptions == 0 {
             s.cached_tokens = hits.min(s.prompt_len);
@@ -662,9 +648,8 @@ impl Scheduler {
 
     fn preempt(&mut self, id: SeqId, batch: &mut ScheduledBatch) {
         self.running.retain(|&s| s != id);
-        let keep_tail = !self.has_state_slots();
         let s = self.seqs.get_mut(&id).expect("running seq exists");
-        release_blocks(&mut self.pool, keep_tail, s);
+        s.blocks.release_all(&mut self.pool);
         Self::release_slot(&mut self.slots, s);
         s.num_computed = 0;
         s.draft.clear();
@@ -703,21 +688,6 @@ impl Scheduler {
     }
 }
 
-/// Returns every block `s` holds, its partly filled last block kept as a prefix source where
-/// `keep_tail` (a repeat of its tokens copies it instead of computing them again; not for a
-/// hybrid, whose state resumes only where a snapshot was kept).
-fn release_blocks(pool: &mut BlockPool, keep_tail: bool, s: &mut Sequence) {
-    let bt = pool.block_size();
-    let (k, filled) = (s.num_computed / bt, s.num_computed % bt);
-    if filled == 0 || !keep_tail {
-        s.blocks.release_all(pool);
-        return;
-    }
-    let parent = k.checked_sub(1).map(|i| s.hash_of_block(i, bt));
-    let keys = s.position_keys(k * bt..s.num_computed);
-    s.blocks.release_keeping_tail(pool, k, parent, &keys);
-}
-
 /// `s`'s K/V now holds its tokens up to `to` (exclusive; at or past `num_computed`): they count
 /// as computed and as progress, and blocks they fill join the prefix cache.
 fn mark_computed(pool: &mut BlockPool, s: &mut Sequence, to: usize) {
@@ -727,11 +697,8 @@ fn mark_computed(pool: &mut BlockPool, s: &mut Sequence, to: usize) {
     s.num_computed = to;
     let full = to / bt;
     s.hashes_up_to(full, bt);
-    if full > before {
-        let keys = s.position_keys(before * bt..full * bt);
-        s.blocks
-            .register_full(pool, before..full, &s.block_hashes, &s.tokens, &keys);
-    }
+    s.blocks
+        .register_full(pool, before..full, &s.block_hashes, &s.tokens);
 }
 
 #[cfg(test)]
@@ -1024,11 +991,10 @@ mod tests {
         let b = step(&mut s, 7);
         assert_eq!(len_of(&b, 0), Some(budget));
         assert_eq!(len_of(&b, 1), None);
-        // Its 18 whole blocks are cached now, and the start of the 19th is copied out of the
-        // long prompt's: it computes only its last token.
+        // Its 18 whole blocks are cached now: it computes only the rest.
         let b = step(&mut s, 7);
-        assert_eq!(len_of(&b, 1), Some(1));
-        assert_eq!(s.get(1).unwrap().cached_tokens, 299);
+        assert_eq!(len_of(&b, 1), Some(300 - 18 * 16));
+        assert_eq!(s.get(1).unwrap().cached_tokens, 18 * 16);
     }
 
     #[test]
@@ -1126,78 +1092,11 @@ mod tests {
         assert_eq!(b.spans[0].start, 32);
         assert_eq!(b.spans[0].len, 3);
         assert_eq!(s.counters.prefix_hit_tokens, 32);
-        // Exactly a cached prompt: its last block's start is copied out of the cached block
-        // (a prefix source), and only the last token is computed, for its logits.
+        // Exactly a cached prompt: the last block is recomputed for its logits.
         s.add(Sequence::new(3, 3, 3, prompt[..32].to_vec(), 100));
         let b = step(&mut s, 1);
         let sp = b.spans.iter().find(|sp| sp.seq == 3).unwrap();
-        assert_eq!((sp.start, sp.len), (31, 1));
-        assert_eq!(b.copies.len(), 1);
-        assert_eq!(s.get(3).unwrap().cached_tokens, 31);
-    }
-
-    #[test]
-    fn a_finished_prompt_leaves_its_partly_filled_block_for_a_repeat_to_copy() {
-        let mut s = sched(64, 512);
-        let prompt: Vec<u32> = (0..40).collect();
-        s.add(Sequence::new(1, 1, 1, prompt.clone(), 100));
-        step(&mut s, 999);
-        let tail = s.get(1).unwrap().blocks.tables()[0][2];
-        s.remove(1);
-        // The same prompt: two cached blocks, then positions 32..39 copied from the block
-        // sequence 1 left partly filled; the last token is computed.
-        s.add(Sequence::new(2, 2, 2, prompt.clone(), 100));
-        let b = step(&mut s, 1);
-        assert_eq!((b.spans[0].start, b.spans[0].len), (39, 1));
-        assert_eq!(b.copies.len(), 1);
-        assert_eq!(
-            b.copies[0].0, tail,
-            "copied from the finished sequence's block"
-        );
-        assert_ne!(
-            s.get(2).unwrap().blocks.tables()[0][2],
-            tail,
-            "into a fresh one"
-        );
-        s.remove(2);
-        // A prompt that differs at position 36: positions 32..36 are copied.
-        let mut p3 = prompt[..36].to_vec();
-        p3.extend([7, 7, 7]);
-        s.add(Sequence::new(3, 3, 3, p3, 100));
-        let b = step(&mut s, 1);
-        assert_eq!((b.spans[0].start, b.spans[0].len), (36, 3));
-        s.remove(3);
-        assert_eq!(s.pool.used(), 0);
-    }
-
-    #[test]
-    fn a_partly_filled_block_is_copied_only_for_the_same_image() {
-        let mut s = sched(64, 512);
-        let short = |id, key| {
-            let mut seq = with_image(id);
-            seq.tokens.truncate(60);
-            seq.prompt_len = 60;
-            std::sync::Arc::get_mut(&mut seq.images[0].rows)
-                .unwrap()
-                .key = key;
-            seq
-        };
-        s.add(short(1, 9));
-        step(&mut s, 7);
-        s.remove(1);
-        // Positions 48..50 of the partly filled block are the image's: the same image copies
-        // them (and the text after), another image computes from there.
-        s.add(short(2, 9));
-        let b = step(&mut s, 7);
-        assert_eq!((b.spans[0].start, b.spans[0].len), (59, 1));
-        s.remove(2);
-        s.add(short(3, 10));
-        let b = step(&mut s, 7);
-        assert_eq!(
-            (b.spans[0].start, b.spans[0].len),
-            (10, 50),
-            "a miss from the image on"
-        );
+        assert_eq!((sp.start, sp.len), (16, 16));
     }
 
     #[test]

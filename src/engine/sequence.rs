@@ -188,20 +188,6 @@ impl Sequence {
         &self.block_hashes[..n]
     }
 
-    /// One key per position of `range` (prefix sources, `kv::prefix_sources`): its token,
-    /// or within an image the image's key and the position's offset in it (top bit set, so
-    /// never a token).
-    pub fn position_keys(&self, range: Range<usize>) -> Vec<u64> {
-        range
-            .map(
-                |p| match self.images.iter().find(|i| i.at <= p && p < i.end()) {
-                    Some(i) => block_hash(Some(i.rows.key), &[(p - i.at) as u32]) | 1 << 63,
-                    None => u64::from(self.tokens[p]),
-                },
-            )
-            .collect()
-    }
-
     /// The image rows that positions `range` (a span of this step) take, for a span whose
     /// first token is token `first` of the batch.
     pub fn row_inputs(&self, range: Range<usize>, first: usize) -> Vec<RowInput> {

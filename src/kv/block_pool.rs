@@ -8,14 +8,11 @@
 //!   tokens: see `layout`.)
 //! - Free blocks (refcount 0) sit in an LRU queue. A freed block keeps its hash and can still
 //!   be hit; it is only evicted, lazily, when the queue hands it out for new data.
-//! - Every cached full block, and the partly filled last block a sequence leaves behind, is
-//!   also a prefix source (`prefix_sources`): a prompt may copy the start of one.
 //!
 //! Pure bookkeeping over block ids: the bytes live in [`super::KvPages`].
 
 use super::layout::NO_BLOCK;
 use super::lru::LruList;
-use super::prefix_sources::{PrefixSources, SourceAt};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
@@ -27,8 +24,6 @@ struct BlockMeta {
     /// The tokens a cached block holds and its KV group (to re-check hits).
     tokens: Vec<u32>,
     group: usize,
-    /// Set while the block is a prefix source, where it is recorded.
-    source: Option<SourceAt>,
 }
 
 #[derive(Debug, Clone)]
@@ -37,16 +32,7 @@ pub struct BlockPool {
     free: LruList,
     /// (chained hash, group) → block.
     cached: HashMap<(u64, usize), u32>,
-    sources: PrefixSources,
     block_size: usize,
-}
-
-/// A full block's contents as the prefix cache records them: the chained hash of the blocks
-/// before it, its tokens, and one key per position (`prefix_sources`).
-pub struct FullBlock<'a> {
-    pub parent: Option<u64>,
-    pub tokens: &'a [u32],
-    pub keys: &'a [u64],
 }
 
 /// The hash identifying a full block: chained over its parent's hash, so equal tokens at
@@ -69,7 +55,6 @@ impl BlockPool {
             blocks: vec![BlockMeta::default(); blocks],
             free,
             cached: HashMap::new(),
-            sources: PrefixSources::default(),
             block_size,
         }
     }
@@ -109,9 +94,6 @@ impl BlockPool {
         if let Some(h) = meta.hash.take() {
             self.cached.remove(&(h, meta.group));
             meta.tokens.clear();
-        }
-        if let Some(at) = meta.source.take() {
-            self.sources.remove(at, b);
         }
         meta.refcount = 1;
         Some(b)
@@ -159,55 +141,26 @@ impl BlockPool {
     /// Looks a full block up by hash; on a verified hit the caller gets a reference to it.
     pub fn lookup(&mut self, hash: u64, group: usize, tokens: &[u32]) -> Option<u32> {
         let b = self.peek(hash, group, tokens)?;
-        self.hold(b);
+        let meta = &mut self.blocks[b as usize];
+        if meta.refcount == 0 {
+            self.free.remove(b);
+        }
+        meta.refcount += 1;
         Some(b)
     }
 
-    /// Takes a reference to `block`, free or not (a free block keeps its identities).
-    pub fn hold(&mut self, block: u32) {
-        let meta = &mut self.blocks[block as usize];
-        if meta.refcount == 0 {
-            self.free.remove(block);
-        }
-        meta.refcount += 1;
-    }
-
-    /// Registers a block of `group` that is now `full` under `hash`, and as a prefix source
-    /// after its parent. If another block already has that identity, this one simply stays
-    /// uncached.
-    pub fn register(&mut self, block: u32, hash: u64, group: usize, full: &FullBlock) {
-        debug_assert_eq!(full.tokens.len(), self.block_size);
+    /// Registers a block of `group` that now holds `tokens` (a full block) under `hash`. If
+    /// another block already has that identity, this one simply stays uncached.
+    pub fn register(&mut self, block: u32, hash: u64, group: usize, tokens: &[u32]) {
+        debug_assert_eq!(tokens.len(), self.block_size);
         let meta = &mut self.blocks[block as usize];
         if meta.hash.is_some() || self.cached.contains_key(&(hash, group)) {
             return;
         }
         meta.hash = Some(hash);
-        meta.tokens = full.tokens.to_vec();
+        meta.tokens = tokens.to_vec();
         meta.group = group;
         self.cached.insert((hash, group), block);
-        self.add_source(block, (full.parent, group), full.keys);
-    }
-
-    /// Records the partly filled block a sequence leaves behind as a prefix source, its filled
-    /// positions described by `keys`: only from its last owner (another would write on).
-    pub fn register_tail(&mut self, block: u32, at: SourceAt, keys: &[u64]) {
-        if self.blocks[block as usize].refcount == 1 {
-            self.add_source(block, at, keys);
-        }
-    }
-
-    fn add_source(&mut self, block: u32, at: SourceAt, keys: &[u64]) {
-        let meta = &mut self.blocks[block as usize];
-        if meta.source.is_none() && !keys.is_empty() {
-            meta.source = Some(at);
-            self.sources.insert(at, block, keys.to_vec());
-        }
-    }
-
-    /// The prefix source at `at` whose filled positions match the longest start of `keys`
-    /// (no reference taken), and that length.
-    pub fn longest_source(&self, at: SourceAt, keys: &[u64]) -> Option<(u32, usize)> {
-        self.sources.longest_match(at, keys)
     }
 
     /// Checks every structural invariant; `tables` are all live block tables. Used by tests.
@@ -247,19 +200,6 @@ impl BlockPool {
                 }
             }
         }
-        for (b, meta) in self.blocks.iter().enumerate() {
-            if meta
-                .source
-                .is_some_and(|at| !self.sources.holds(at, b as u32))
-            {
-                return Err(format!("block {b}: a prefix source not recorded"));
-            }
-        }
-        for (at, b) in self.sources.entries() {
-            if self.blocks[b as usize].source != Some(at) {
-                return Err(format!("prefix source entry for block {b} is stale"));
-            }
-        }
         for (&(h, _), &b) in &self.cached {
             if self.blocks[b as usize].hash != Some(h) {
                 return Err(format!("cache entry for block {b} has a stale hash"));
@@ -282,14 +222,6 @@ impl BlockPool {
 mod tests {
     use super::*;
 
-    fn full(parent: Option<u64>, tokens: &[u32]) -> FullBlock<'_> {
-        FullBlock {
-            parent,
-            tokens,
-            keys: &[],
-        }
-    }
-
     #[test]
     fn allocate_until_empty_then_release() {
         let mut p = BlockPool::new(3, 16);
@@ -307,8 +239,8 @@ mod tests {
         let a = p.allocate().unwrap();
         let b = p.allocate().unwrap();
         let (ha, hb) = (block_hash(None, &[1, 2]), block_hash(Some(7), &[3, 4]));
-        p.register(a, ha, 0, &full(None, &[1, 2]));
-        p.register(b, hb, 0, &full(Some(7), &[3, 4]));
+        p.register(a, ha, 0, &[1, 2]);
+        p.register(b, hb, 0, &[3, 4]);
         p.release(a); // a freed first: evicted first
         p.release(b);
         assert_eq!(p.lookup(hb, 0, &[3, 4]), Some(b), "free but still cached");
@@ -318,28 +250,6 @@ mod tests {
         assert_eq!(c, a, "LRU: the older free block is reused");
         assert_eq!(p.lookup(ha, 0, &[1, 2]), None, "evicted on reuse");
         p.check_invariants([&[b][..], &[c][..]]).unwrap();
-    }
-
-    #[test]
-    fn a_tail_is_a_source_from_its_last_owner_until_its_block_is_reused() {
-        let mut p = BlockPool::new(1, 4);
-        let a = p.allocate().unwrap();
-        p.retain(a); // shared by a fork: the other owner would write on
-        p.register_tail(a, (Some(3), 0), &[1, 2]);
-        assert_eq!(p.longest_source((Some(3), 0), &[1, 2]), None);
-        p.release(a);
-        p.register_tail(a, (Some(3), 0), &[1, 2]);
-        p.release(a);
-        assert_eq!(p.longest_source((Some(3), 0), &[1, 2, 5]), Some((a, 2)));
-        p.check_invariants(std::iter::empty()).unwrap();
-        let b = p.allocate().unwrap();
-        assert_eq!(b, a, "the only free block");
-        assert_eq!(
-            p.longest_source((Some(3), 0), &[1, 2]),
-            None,
-            "evicted on reuse"
-        );
-        p.check_invariants([&[b][..]]).unwrap();
     }
 
     #[test]

@@ -7,17 +7,15 @@ mod lru;
 mod page_format;
 mod pages;
 pub mod plan;
-mod prefix_sources;
 mod seq_blocks;
 pub mod shares;
 mod snapshots;
 mod states;
 
-pub use block_pool::{block_hash, BlockPool, FullBlock};
+pub use block_pool::{block_hash, BlockPool};
 pub use layout::{KvGroup, KvLayout, NO_BLOCK};
 pub use page_format::{KvType, HADAMARD_DIM};
 pub use pages::{KvPages, PageGeometry, Part};
-pub use prefix_sources::SourceAt;
 pub use seq_blocks::SeqBlocks;
 pub use snapshots::{snapshot_count, StateSnapshots, SNAPSHOT_STRIDE_TOKENS};
 pub use states::StateSlots;

@@ -3,7 +3,7 @@
 //! window rule (blocks behind a group's window go back to the pool) lives in one place.
 
 use super::layout::{KvLayout, NO_BLOCK};
-use super::{BlockPool, FullBlock};
+use super::BlockPool;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SeqBlocks {
@@ -159,89 +159,22 @@ impl SeqBlocks {
         k
     }
 
-    /// Copies the longest matching start of a prefix source into a fresh block after the
-    /// `k` leading blocks the tables hold (`attach_prefix`): at most `keys.len()` positions,
-    /// the same number in every group, each group's source found after `parent` (the hash
-    /// of those `k` blocks). The copies go to `copies` (they run before the step writes).
-    /// Returns the positions it covers (0: none copied).
-    pub fn attach_tail(
-        &mut self,
-        pool: &mut BlockPool,
-        parent: Option<u64>,
-        keys: &[u64],
-        copies: &mut Vec<(u32, u32)>,
-    ) -> usize {
-        let groups = self.tables.len();
-        let found: Option<Vec<(u32, usize)>> = (0..groups)
-            .map(|g| pool.longest_source((parent, g), keys))
-            .collect();
-        let Some(found) = found else {
-            return 0;
-        };
-        let len = found.iter().map(|&(_, n)| n).min().unwrap_or(0);
-        if len == 0 {
-            return 0;
-        }
-        // Held while the fresh blocks are taken, so that none is a source itself.
-        for &(source, _) in &found {
-            pool.hold(source);
-        }
-        let room = pool.free_count() >= groups;
-        for (table, &(source, _)) in self.tables.iter_mut().zip(&found) {
-            if room {
-                let fresh = pool.allocate().expect("counted free above");
-                copies.push((source, fresh));
-                table.push(fresh);
-            }
-            pool.release(source);
-        }
-        if !room {
-            return 0;
-        }
-        len
-    }
-
-    /// Registers blocks `blocks` (now full) in the prefix cache, in every group that holds them;
-    /// `keys` describe their positions (`prefix_sources`).
+    /// Registers blocks `blocks` (now full) in the prefix cache, in every group that holds them.
     pub fn register_full(
         &self,
         pool: &mut BlockPool,
         blocks: std::ops::Range<usize>,
         hashes: &[u64],
         tokens: &[u32],
-        keys: &[u64],
     ) {
         let bt = pool.block_size();
-        let first = blocks.start;
         for (g, table) in self.tables.iter().enumerate() {
             for i in blocks.clone() {
                 if let Some(&b) = table.get(i).filter(|&&b| b != NO_BLOCK) {
-                    let full = FullBlock {
-                        parent: i.checked_sub(1).map(|p| hashes[p]),
-                        tokens: &tokens[i * bt..(i + 1) * bt],
-                        keys: &keys[(i - first) * bt..(i - first + 1) * bt],
-                    };
-                    pool.register(b, hashes[i], g, &full);
+                    pool.register(b, hashes[i], g, &tokens[i * bt..(i + 1) * bt]);
                 }
             }
         }
-    }
-
-    /// Returns every block, first recording block `k`, partly filled with the positions
-    /// `keys` describe, as a prefix source after `parent` in every group.
-    pub fn release_keeping_tail(
-        &mut self,
-        pool: &mut BlockPool,
-        k: usize,
-        parent: Option<u64>,
-        keys: &[u64],
-    ) {
-        for (g, table) in self.tables.iter().enumerate() {
-            if let Some(&b) = table.get(k).filter(|&&b| b != NO_BLOCK) {
-                pool.register_tail(b, (parent, g), keys);
-            }
-        }
-        self.release_all(pool);
     }
 }
 
@@ -301,11 +234,7 @@ mod tests {
         let mut copies = Vec::new();
         for i in 0..8 {
             a.grow(&mut pool, &layout, i * bt, bt, &mut copies);
-            let keys: Vec<u64> = tokens[i * bt..(i + 1) * bt]
-                .iter()
-                .map(|&t| t.into())
-                .collect();
-            a.register_full(&mut pool, i..i + 1, &h, &tokens, &keys);
+            a.register_full(&mut pool, i..i + 1, &h, &tokens);
         }
         a.release_all(&mut pool);
         // Position 32 reads 25.. (blocks 6 and 7) in the windowed group: those are still
