@@ -248,21 +248,27 @@ fn a_projector_is_refused_beside_a_text_model_it_was_not_made_for() {
     assert!(e.contains("576"), "{e}");
     // An idefics3 projector beside SmolLM2 itself, whose vocabulary lacks SmolVLM's tokens:
     // refused in one line, not run with its markers read as plain text.
-    let out = common::edgelm()
-        .args(["run", "-n", "1", "-p", "hi", "-m"])
-        .arg(common::model_path())
-        .arg("--mmproj")
-        .arg(test_mmproj("idefics3"))
-        .arg("--image")
-        .arg(repo_root().join("tests/data/images/chelsea.png"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = one_line_failure(
+        common::edgelm()
+            .args(["run", "-n", "1", "-p", "hi", "-m"])
+            .arg(common::model_path())
+            .arg("--mmproj")
+            .arg(test_mmproj("idefics3"))
+            .arg("--image")
+            .arg(repo_root().join("tests/data/images/chelsea.png")),
+    );
+    assert!(err.contains("no token <fake_token_around_image>"), "{err}");
+}
+
+/// Runs `cmd`, which must fail with a one-line message: that message.
+fn one_line_failure(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         !out.status.success() && err.trim().lines().count() == 1,
         "{err}"
     );
-    assert!(err.contains("no token <fake_token_around_image>"), "{err}");
+    err
 }
 
 /// A user's turn (`<__media__>` where the image goes) as the chat template of `kind`'s text
@@ -528,17 +534,12 @@ fn kv_plan_counts_what_images_take() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["images"]["positions_per_image"], 5 * 16, "{v}");
-    let out = common::edgelm()
-        .args(["kv-plan", "-m"])
-        .arg(repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-        .arg("--mmproj")
-        .arg(&mmproj)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.trim().lines().count() == 1,
-        "{err}"
+    let err = one_line_failure(
+        common::edgelm()
+            .args(["kv-plan", "-m"])
+            .arg(repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+            .arg("--mmproj")
+            .arg(&mmproj),
     );
     assert!(
         err.contains("feeds a gemma3 text model, not llama"),
