@@ -111,7 +111,8 @@ fn images(
     plan: &KvPlan,
     ctx: usize,
 ) -> Result<serde_json::Value> {
-    let projector = edgelm::vision::Projector::open_beside(path, &model.config)?;
+    let vocab = edgelm::tokenizer::Tokenizer::from_gguf(&model.file)?;
+    let projector = edgelm::vision::Projector::open_beside(path, &model.config, &vocab)?;
     let positions = projector.max_rows_per_image();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (weights, encoding) = projector.memory_bytes(threads);

@@ -34,8 +34,7 @@ pub fn open_projector(
     let Some(path) = path else {
         return Ok(None);
     };
-    let projector = Projector::open_beside(path, &model.config)?;
-    (projector.check_vocabulary(tok)).with_context(|| format!("projector {}", path.display()))?;
+    let projector = Projector::open_beside(path, &model.config, tok)?;
     Ok(Some(projector))
 }
 

@@ -98,11 +98,11 @@ impl Projector {
     }
 
     /// Loads `path` (as [`Projector::open`]) for the text model of `text`, which its rows
-    /// must be made for.
-    pub fn open_beside(path: &Path, text: &ModelConfig) -> Result<Projector> {
+    /// must be made for and whose vocabulary `vocab` must hold its image markers.
+    pub fn open_beside(path: &Path, text: &ModelConfig, vocab: &Tokenizer) -> Result<Projector> {
         let projector = Self::open(path)?;
-        projector
-            .check_text_model(&text.arch, text.n_embd)
+        (projector.check_text_model(&text.arch, text.n_embd))
+            .and_then(|()| projector.check_vocabulary(vocab))
             .with_context(|| format!("projector {}", path.display()))?;
         Ok(projector)
     }
@@ -197,6 +197,11 @@ impl Projector {
     /// piece of the ViT (a few milliseconds) and says whether more remain, runs as many as
     /// its time allows and returns; it is called again until none remain.
     pub fn encode_in_slices(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Vec<f32> {
+        self.encode_views(img, slice).concat()
+    }
+
+    /// Each of `img`'s views encoded (in slices), in prompt order.
+    fn encode_views(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Vec<Vec<f32>> {
         let (cfg, w) = (&self.config, &self.weights);
         let mut out = Vec::new();
         let mut last: Option<encoder::VitRun> = None;
@@ -212,7 +217,7 @@ impl Projector {
                     more
                 });
             }
-            out.extend(head::project(cfg, w, &self.file, run.output()));
+            out.push(head::project(cfg, w, &self.file, run.output()));
             last = Some(run);
         }
         out
@@ -272,11 +277,10 @@ impl Projector {
             return hit;
         }
         let width = self.config.projection_dim;
-        let rows = self.encode_in_slices(img, slice);
-        let views: Views = (rows.chunks(self.config.rows_per_view() * width).enumerate())
-            .map(|(i, view)| {
+        let views: Views = (self.encode_views(img, slice).into_iter().enumerate())
+            .map(|(i, rows)| {
                 Arc::new(Embedded {
-                    rows: view.to_vec(),
+                    rows,
                     width,
                     // Views of one image differ by their place, never collide with another
                     // image's but by chance.

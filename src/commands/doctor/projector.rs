@@ -34,10 +34,8 @@ fn check(name: String, model: &Path, mmproj: &Path) -> Check {
     let Ok((config, tokenizer)) = text else {
         return c.fail("its model did not load", "fix the model check first");
     };
-    let opened = Projector::open_beside(mmproj, &config)
-        .and_then(|p| p.check_vocabulary(&tokenizer).map(|()| p));
     let projector =
-        match opened {
+        match Projector::open_beside(mmproj, &config, &tokenizer) {
             Ok(p) => p,
             Err(e) => return c.fail(
                 format!("{e:#}").replace('\n', " "),

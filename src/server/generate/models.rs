@@ -219,9 +219,7 @@ fn open_projector(
             path.display()
         );
     }
-    let projector = Projector::open_beside(path, &model.config)?;
-    (projector.check_vocabulary(tokenizer))
-        .with_context(|| format!("projector {}", path.display()))?;
+    let projector = Projector::open_beside(path, &model.config, tokenizer)?;
     log::info!(
         "projector {}: {}, at most {} positions an image",
         path.display(),
