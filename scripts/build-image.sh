@@ -14,6 +14,8 @@
 #   EDGELM_ARM64_BIN=PATH  use this already built arm64 glibc cuda binary (default: build it)
 #   EDGELM_IMAGE_TAG=TAG   image tag (default: the version `edgelm --version` prints)
 #   EDGELM_IMAGE_OUT=PATH  archive path (default target/image/edgelm-oci.tar)
+#   EDGELM_BUILD_PROFILE=suite  build with the suite's profile instead of `release` (as
+#                               scripts/build-static.sh)
 #   CARGO_TARGET_DIR is honoured for the builds; CARGO="flock /work/cargo.lock cargo" serialises.
 # Check:  skopeo inspect --raw oci-archive:target/image/edgelm-oci.tar   (both platforms)
 # Import: sudo k3s ctr images import target/image/edgelm-oci.tar
@@ -33,13 +35,15 @@ if [ -z "$amd64" ]; then
 fi
 arm64=${EDGELM_ARM64_BIN:-}
 if [ -z "$arm64" ]; then
-    echo "==> building aarch64-unknown-linux-gnu (release, --features cuda)"
+    profile=${EDGELM_BUILD_PROFILE:-release}
+    echo "==> building aarch64-unknown-linux-gnu ($profile, --features cuda)"
     # Debian's cross gcc links (as in scripts/test-aarch64.sh); cudarc needs no CUDA to build.
+    # Not stripped by the profile: that would rebuild every dependency the suite's aarch64 build
+    # (scripts/test-aarch64.sh, given the same target dir) has built; the image strips below.
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
     CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
-    CARGO_PROFILE_RELEASE_STRIP=symbols \
-        $CARGO build --release --locked --features cuda --target aarch64-unknown-linux-gnu --bin edgelm
-    arm64=$tdir/aarch64-unknown-linux-gnu/release/edgelm
+        $CARGO build --profile "$profile" --locked --features cuda --target aarch64-unknown-linux-gnu --bin edgelm
+    arm64=$tdir/aarch64-unknown-linux-gnu/$profile/edgelm
 fi
 for b in "$amd64" "$arm64"; do
     [ -x "$b" ] || { echo "missing binary $b" >&2; exit 1; }
@@ -53,7 +57,7 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/amd64" "$work/arm64/lib/aarch64-linux-gnu"
 install -m 0755 "$amd64" "$work/amd64/edgelm"
 install -m 0755 "$arm64" "$work/arm64/edgelm"
-# Symbols stripped (a no-op for the binaries built here, which are stripped already).
+# Symbols stripped (the static amd64 binary is stripped already; the arm64 one is not).
 strip "$work/amd64/edgelm"
 aarch64-linux-gnu-strip "$work/arm64/edgelm"
 

@@ -27,8 +27,10 @@ export EDGELM_CACHE_DIR="$emu/ptx-cache"
 export EDGELM_CUDA_TEST_PROMPTS="${EDGELM_CUDA_TEST_PROMPTS:-2}"
 export EDGELM_CUDA_TEST_TOKENS="${EDGELM_CUDA_TEST_TOKENS:-8}"
 export EDGELM_CUDA_TEST_DRAWS="${EDGELM_CUDA_TEST_DRAWS:-2000}"
-# Every architecture's test model: a 20-token prompt per sequence and 2 decode steps.
+# Every architecture's test model: a 20-token prompt per sequence and 2 decode steps, on its
+# first 6 layers (each kind of layer a test model has is among them).
 export EDGELM_CUDA_TEST_ARCH_PROMPT="${EDGELM_CUDA_TEST_ARCH_PROMPT:-20}"
+export EDGELM_CUDA_TEST_LAYERS="${EDGELM_CUDA_TEST_LAYERS:-6}"
 export EDGELM_CUDA_TEST_ARCH_STEPS="${EDGELM_CUDA_TEST_ARCH_STEPS:-2}"
 
 run_tests() {

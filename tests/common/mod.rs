@@ -19,7 +19,7 @@ pub use mmproj_model::{test_mmproj, test_vlm_text, MMPROJ_IMAGE_SIZE};
 pub use nomic_bert_model::{nomic_bert_test_model, NOMIC_CONTEXT};
 #[allow(unused_imports)]
 pub use test_models::{
-    test_model, GEMMA3_TEST_WINDOW, TEST_ARCHS, TEST_EXPERTS, TEST_EXPERTS_USED,
+    test_model, test_model_cut, GEMMA3_TEST_WINDOW, TEST_ARCHS, TEST_EXPERTS, TEST_EXPERTS_USED,
 };
 
 use std::path::{Path, PathBuf};

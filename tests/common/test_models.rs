@@ -80,6 +80,59 @@ pub fn test_model(arch: &str) -> PathBuf {
     )
 }
 
+/// The test model of `arch` cut to its first `layers` layers, with `block_count` and every
+/// per-layer array cut alike. For the CUDA emulator, whose runs take seconds per layer: six
+/// layers keep every kind of layer a test model has (lfm2's convolution, qwen35's DeltaNet and
+/// gemma3's global layer are each layer 5, smollm3's layer without RoPE is layer 3).
+pub fn test_model_cut(arch: &str, layers: usize) -> PathBuf {
+    made_once(
+        &format!("test-{arch}.r{RECIPE}.layers{layers}.gguf"),
+        &test_model(arch),
+        |source| cut(source, layers),
+    )
+}
+
+fn cut(source: &Path, layers: usize) -> Vec<u8> {
+    let file = GgufFile::open(source).unwrap();
+    let count_key = format!("{}.block_count", file.architecture().unwrap());
+    let all = file.get_u32(&count_key).unwrap() as usize;
+    assert!(layers <= all, "{source:?} has {all} layers, not {layers}");
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata() {
+        let v = match v {
+            _ if *k == count_key => Value::U32(layers as u32),
+            Value::Array(a) => Value::Array(per_layer_cut(a, all, layers)),
+            v => v.clone(),
+        };
+        w = w.kv(k.clone(), v);
+    }
+    for t in file.tensors() {
+        let layer = t.name.strip_prefix("blk.").map(|rest| {
+            let l = rest.split('.').next().unwrap();
+            l.parse::<usize>().unwrap()
+        });
+        if layer.is_none_or(|l| l < layers) {
+            let (name, dims, ty, bytes) = raw_tensor(&file, &t.name);
+            w = w.tensor(name, &dims, ty, bytes);
+        }
+    }
+    w.to_bytes()
+}
+
+/// `a` cut to its first `layers` entries if it has one per layer (`all` of them), else `a`.
+fn per_layer_cut(a: &Array, all: usize, layers: usize) -> Array {
+    fn first<T: Clone>(v: &[T], n: usize) -> Vec<T> {
+        v[..n].to_vec()
+    }
+    match a {
+        Array::I32(v) if v.len() == all => Array::I32(first(v, layers)),
+        Array::U32(v) if v.len() == all => Array::U32(first(v, layers)),
+        Array::F32(v) if v.len() == all => Array::F32(first(v, layers)),
+        Array::Bool(v) if v.len() == all => Array::Bool(first(v, layers)),
+        a => a.clone(),
+    }
+}
+
 /// The test model file `name` (in `EDGELM_TEST_MODELS`, default target/test-models), made
 /// from `source` by `build` on first use and again when `source` is newer.
 pub(super) fn made_once(

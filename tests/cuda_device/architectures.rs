@@ -12,8 +12,9 @@
 //! The bar: as close to the CPU's f16 pages as the CPU's own q8_0 pages are, in distance
 //! (these models' rows are near-flat, so top-1 agreement is only reported).
 
+use super::device_test_model;
 use super::forward::{cpu_logits, executor, limit, logits, Agreement, BT};
-use crate::common::{test_model, TEST_ARCHS};
+use crate::common::TEST_ARCHS;
 use edgelm::backend::cuda::KvBudget;
 use edgelm::kv::{KvType, NO_BLOCK};
 use edgelm::model::{BatchMeta, Logits, Model, Window};
@@ -58,7 +59,7 @@ fn state_slot(b: &mut BatchMeta, model: &Model, s: usize) {
 const WINDOW: usize = 4;
 
 fn check(arch: &str) {
-    let mut model = Model::load(&test_model(arch)).unwrap();
+    let mut model = Model::load(&device_test_model(arch)).unwrap();
     for layer in &mut model.config.layers {
         if layer.window.is_some() {
             layer.window = Some(Window::Trailing(WINDOW));

@@ -4,9 +4,9 @@
 //! real binary's `run`, `perplexity`, `bench` and `serve` run them on the device. The
 //! architecture test (`architectures.rs`) checks their logits against the CPU's.
 
+use super::device_test_model;
 use super::forward::{executor, logits, BT};
 use super::moe::{run_perplexity_and_bench, serve_a_completion};
-use crate::common::test_model;
 use edgelm::backend::cuda::{CudaExecutor, KvBudget};
 use edgelm::kv::KvType;
 use edgelm::model::{BatchMeta, Logits, Model};
@@ -58,7 +58,7 @@ fn span(tokens: &[u32], pos: usize, block: u32, slot: u32) -> Span<'_> {
 /// fork C of A (state copied into slot 2, block copied) decodes the token A decodes, in the
 /// same step and in a decode graph with B: its logits are A's each time.
 fn states_stay_apart(arch: &str) {
-    let model = Arc::new(Model::load(&test_model(arch)).unwrap());
+    let model = Arc::new(Model::load(&device_test_model(arch)).unwrap());
     let mut x = executor(&model, KvType::F16, true, KvBudget::Blocks(8));
     let a: Vec<u32> = (0..8).map(|i| 100 + 37 * i).collect();
     let b: Vec<u32> = (0..8).map(|i| 2000 + 11 * i).collect();

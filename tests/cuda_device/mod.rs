@@ -11,12 +11,24 @@ mod moe;
 mod recurrent;
 mod sample;
 
+use crate::common::{test_model, test_model_cut};
 use edgelm::backend::cuda::CudaDevice;
+use std::path::PathBuf;
 
 fn open() -> CudaDevice {
     let dev = CudaDevice::open(0).unwrap_or_else(|e| panic!("no usable CUDA device: {e}"));
     eprintln!("{}", dev.info.summary());
     dev
+}
+
+/// The test model of `arch` the device tests run: cut to its first EDGELM_CUDA_TEST_LAYERS
+/// layers where that is set (the emulator's run, scripts/check-cuda-emu.sh), whole on a GPU.
+fn device_test_model(arch: &str) -> PathBuf {
+    let layers = std::env::var("EDGELM_CUDA_TEST_LAYERS").ok();
+    match layers.and_then(|v| v.parse().ok()) {
+        Some(layers) => test_model_cut(arch, layers),
+        None => test_model(arch),
+    }
 }
 
 /// xorshift64: reproducible test data.

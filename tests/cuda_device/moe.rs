@@ -5,9 +5,9 @@
 //! (`architectures.rs`) checks their logits; this checks that every command reaches the expert
 //! kernels through the engine, as a user would run them.
 
+use super::device_test_model;
 use super::gemm::case;
 use super::{open, Xs};
-use crate::common::test_model;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use edgelm::backend::cpu::moe::route;
 use edgelm::backend::cuda::launch::{moe_gemv_config, moe_gemv_kernel, MATMUL_TYPES};
@@ -72,7 +72,7 @@ fn cuda_mixtures_of_experts_run_perplexity_and_bench() {
 pub(super) fn run_perplexity_and_bench(arch: &str) {
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/gpl-2.txt");
     {
-        let model = test_model(arch);
+        let model = device_test_model(arch);
         let out = run(
             &["run", "--temp", "0", "-n", "2", "-p", "The license says"],
             &model,
@@ -178,7 +178,7 @@ pub(super) fn serve_a_completion(arch: &str) {
             format!(
                 "[model]\npath = {:?}\n[server]\nport = {port}\n[engine]\nbackend = \"cuda\"\n\
                  kv_memory_mib = 16\n",
-                test_model(arch)
+                device_test_model(arch)
             ),
         )
         .unwrap();
