@@ -34,26 +34,40 @@ export EDGELM_FUZZ_MODEL=$model
 triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
 bindir=$root/fuzz/target/$triple/release
 
-status=0
-summary=()
-for t in "${targets[@]}"; do
-    corpus=$root/target/fuzz-corpus/$t
-    artifacts=$root/target/fuzz-artifacts/$t
-    log=$root/target/fuzz-logs/$t.log
+# Runs target $1 for $secs seconds; its one summary line goes to target/fuzz-logs/$1.result.
+fuzz_one() {
+    local t=$1 corpus=$root/target/fuzz-corpus/$1 artifacts=$root/target/fuzz-artifacts/$1
+    local log=$root/target/fuzz-logs/$1.log rc=0 execs
     mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
     cp -R "fuzz/corpus/$t/." "$corpus/"
-    rc=0
     "$bindir/$t" "$corpus" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$artifacts/" >"$log" 2>&1 || rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
     [ -n "$execs" ] || execs=$(sed -n 's/^Done \([0-9]*\) runs.*/\1/p' "$log" | tail -n1)
     if [ "$rc" -eq 0 ]; then
-        summary+=("fuzz $t: ok, ${execs:-?} executions in ${secs}s")
+        echo "fuzz $t: ok, ${execs:-?} executions in ${secs}s" >"${log%.log}.result"
     else
-        status=1
-        summary+=("fuzz $t: FAILED (exit $rc) after ${execs:-?} executions; log $log, inputs in $artifacts")
+        echo "fuzz $t: FAILED (exit $rc) after ${execs:-?} executions; log $log, inputs in $artifacts" \
+            >"${log%.log}.result"
         grep -m1 -A6 -E 'panicked at|ERROR: libFuzzer' "$log" >&2 || tail -n 20 "$log" >&2
     fi
+}
+
+# Each libFuzzer process is one thread: EDGELM_FUZZ_JOBS of them (default: one per core) run
+# side by side.
+jobs=${EDGELM_FUZZ_JOBS:-$(nproc)}
+for t in "${targets[@]}"; do
+    rm -f "$root/target/fuzz-logs/$t.result"
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    fuzz_one "$t" &
+done
+wait
+status=0
+summary=()
+for t in "${targets[@]}"; do
+    line=$(cat "$root/target/fuzz-logs/$t.result" 2>/dev/null || echo "fuzz $t: FAILED (no result)")
+    [[ "$line" == *": ok,"* ]] || status=1
+    summary+=("$line")
 done
 printf '%s\n' "${summary[@]}"
 exit "$status"
