@@ -13,7 +13,8 @@
 # Debian packages (curl, Chromium, nodejs and npm, lintian and file, skopeo umoci haproxy
 # prometheus, cmake g++ make for the peer, the aarch64 cross toolchain and qemu-user);
 # autocannon (npm, into target/node); the rustup targets (aarch64 gnu, x86_64 and aarch64
-# musl); the nightly toolchain and cargo-fuzz.
+# musl). Not the nightly toolchain and cargo-fuzz: scripts/fuzz.sh, which is not a step of the
+# suite, installs those itself.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -79,14 +80,6 @@ for triple in aarch64-unknown-linux-gnu x86_64-unknown-linux-musl aarch64-unknow
         rustup --quiet target add "$triple"
     fi
 done
-if ! cargo +nightly --version >/dev/null 2>&1; then
-    log "rustup toolchain install nightly"
-    rustup toolchain install nightly --profile minimal
-fi
-if ! command -v cargo-fuzz >/dev/null; then
-    log "cargo install cargo-fuzz"
-    cargo install --quiet cargo-fuzz --locked
-fi
 
 # Everything again: what is still missing stops the run now, with its install line.
 problems=()
@@ -98,7 +91,6 @@ done
     $venv/bin/python -m pip install -r tests/e2e/requirements.txt")
 [ -x target/node/node_modules/.bin/autocannon ] \
     || problems+=("autocannon: npm install --prefix target/node autocannon@9")
-command -v cargo-fuzz >/dev/null || problems+=("cargo-fuzz: cargo install cargo-fuzz --locked")
 if [ ${#problems[@]} -gt 0 ]; then
     {
         echo "test-deps: could not install:"

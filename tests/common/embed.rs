@@ -12,6 +12,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The cosine every text may keep to the peer's vector, however close the peer's own variants
@@ -55,8 +56,37 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// The peer's runs for every text of `texts` under each of `runs`, made (and kept) by
+/// `PEER_JOBS` runs at a time, one thread each: a run of a short text is mostly the peer's
+/// start, on one thread, so runs side by side finish sooner than one after another with every
+/// core. (Runs of several threads each side by side would be far slower: the peer's threads
+/// spin at every barrier while another run holds their core.)
+fn make_peer_embeddings(
+    model: &Path,
+    digest: &str,
+    texts: &[String],
+    ctx: usize,
+    runs: &[PeerRun],
+) {
+    const PEER_JOBS: usize = 2;
+    let jobs: Vec<(&String, PeerRun)> = runs
+        .iter()
+        .flat_map(|&run| texts.iter().map(move |t| (t, run)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..PEER_JOBS {
+            scope.spawn(|| {
+                while let Some(&(text, run)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    peer_embedding(model, digest, text, ctx, run);
+                }
+            });
+        }
+    });
+}
+
 /// `llama-embedding` on `text` alone, given on the command line (a prompt file would lose a
-/// final newline), with a context of `ctx`, run as `run` says; its tokens from
+/// final newline), with a context of `ctx` and one thread, run as `run` says; its tokens from
 /// `--verbose-prompt`. Kept in target/peer-embeddings under the model's SHA-256 (`digest`:
 /// an edited model is written again on every run, with the same bytes) and that of the peer's
 /// arguments, the text among them; run again when the peer is newer than the kept file.
@@ -72,7 +102,7 @@ pub fn peer_embedding(
     let args: Vec<&str> = ["-p", text, "--embd-separator", SEP]
         .into_iter()
         .chain(["--embd-output-format", "json", "--verbose-prompt"])
-        .chain(["-c", &ctx, "-t", "2", "--no-warmup"])
+        .chain(["-c", &ctx, "-t", "1", "--no-warmup"])
         .chain(run.args().iter().copied())
         .collect();
     let key = sha256_hex(args.join("\0").as_bytes());
@@ -136,6 +166,20 @@ fn verbose_tokens(log: &str, listing: &str) -> Vec<u32> {
     ids
 }
 
+/// The peer's variants `model` is measured against. A model whose attention is not causal
+/// keeps no cache in the peer: its q8_0 run is its defaults' exactly, and is not run.
+fn peer_runs(model: &Path) -> &'static [PeerRun] {
+    let file = edgelm::gguf::GgufFile::open(model).unwrap();
+    let arch = file.architecture().expect("general.architecture");
+    let causal = edgelm::model::Family::from_arch(arch)
+        .expect("a supported family")
+        .causal();
+    match causal {
+        true => &[PeerRun::Q8_0Cache, PeerRun::PlainAttention],
+        false => &[PeerRun::PlainAttention],
+    }
+}
+
 /// Holds edgelm to `llama-embedding` on `model` (run with a context of `ctx`) for `texts`:
 /// the same tokens for every text, then [`assert_close`] against the peer's defaults, with its
 /// own variants as the yardstick (or, without `neighbours`, only [`assert_cosines`]). Prints
@@ -149,21 +193,18 @@ pub fn assert_matches_peer(
 ) {
     assert!(texts.len() >= 50, "{name}: only {} texts", texts.len());
     let digest = sha256_hex(&std::fs::read(model).unwrap());
+    let runs = peer_runs(model);
+    make_peer_embeddings(
+        model,
+        &digest,
+        texts,
+        ctx,
+        &[&[PeerRun::Defaults], runs].concat(),
+    );
     let peer: Vec<_> = texts
         .iter()
         .map(|t| peer_embedding(model, &digest, t, ctx, PeerRun::Defaults))
         .collect();
-    // A model whose attention is not causal keeps no cache in the peer: its q8_0 run is its
-    // defaults' exactly, and is not run.
-    let file = edgelm::gguf::GgufFile::open(model).unwrap();
-    let arch = file.architecture().expect("general.architecture");
-    let causal = edgelm::model::Family::from_arch(arch)
-        .expect("a supported family")
-        .causal();
-    let runs = match causal {
-        true => &[PeerRun::Q8_0Cache, PeerRun::PlainAttention][..],
-        false => &[PeerRun::PlainAttention][..],
-    };
     let variants: Vec<(PeerRun, Vec<Vec<f64>>)> = runs
         .iter()
         .map(|&run| {
