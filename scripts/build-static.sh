@@ -32,13 +32,14 @@ for arch in "${arches[@]}"; do
     fi
 done
 
+profile=${EDGELM_BUILD_PROFILE:-release}
 for arch in "${arches[@]}"; do
     triple=$(triple_of "$arch")
-    echo "==> building $triple (release, static)"
+    echo "==> building $triple ($profile, static)"
     # Symbols stripped: the packaged binary has no use for them and shrinks by a lot.
-    CARGO_PROFILE_RELEASE_STRIP=symbols \
-        $CARGO build --release --locked --target "$triple" --bin edgelm
+    env "CARGO_PROFILE_${profile^^}_STRIP=symbols" \
+        $CARGO build --profile "$profile" --locked --target "$triple" --bin edgelm
     mkdir -p "target/static/$arch"
-    cp "target/$triple/release/edgelm" "target/static/$arch/edgelm"
+    cp "target/$triple/$profile/edgelm" "target/static/$arch/edgelm"
     echo "    target/static/$arch/edgelm ($(du -h "target/static/$arch/edgelm" | cut -f1))"
 done
