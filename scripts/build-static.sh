@@ -3,9 +3,9 @@
 #   target/static/amd64/edgelm   (x86_64-unknown-linux-musl)
 #   target/static/arm64/edgelm   (aarch64-unknown-linux-musl)
 # Usage: scripts/build-static.sh [amd64|arm64]...   (default: both)
-#   EDGELM_BUILD_PROFILE=suite  build with the suite's profile (no LTO, parallel codegen units:
-#                               about half the time) instead of `release`; scripts/test.sh does,
-#                               the packaging scripts do not.
+#   EDGELM_BUILD_PROFILE=suite  build with the suite's profile (no LTO, parallel codegen units)
+#                               instead of `release`; scripts/test.sh does, the packaging
+#                               scripts do not.
 # Linking uses rust-lld from the toolchain (.cargo/config.toml); no C toolchain is needed.
 # Set CARGO="flock /work/cargo.lock cargo" to serialise builds on a shared machine.
 set -euo pipefail

@@ -55,10 +55,10 @@ fuzz_one() {
 
 # Each libFuzzer process is one thread: EDGELM_FUZZ_JOBS of them (default: one per core) run
 # side by side.
-jobs=${EDGELM_FUZZ_JOBS:-$(nproc)}
+side_by_side=${EDGELM_FUZZ_JOBS:-$(nproc)}
 for t in "${targets[@]}"; do
     rm -f "$root/target/fuzz-logs/$t.result"
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    while [ "$(jobs -rp | wc -l)" -ge "$side_by_side" ]; do wait -n || true; done
     fuzz_one "$t" &
 done
 wait

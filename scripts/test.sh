@@ -60,9 +60,9 @@ step cargo clippy --release --all-targets -- -D warnings
 step cargo clippy --release --features cuda --all-targets -- -D warnings
 step cargo test --profile suite -- --test-threads=1
 step scripts/test-aarch64.sh
-# The static binaries and the image's arm64 `cuda` build with the `suite` profile too (no LTO,
-# parallel codegen units: about half the build time of `release`, the same code); the arm64
-# one in scripts/test-aarch64.sh's target dir, whose dependencies are built already.
+# The static binaries and the image's arm64 `cuda` build with the `suite` profile too (the same
+# code as `release`, without its one-unit, link-time-optimised build on a single core); the
+# arm64 one in scripts/test-aarch64.sh's target dir, whose dependencies are built already.
 step env EDGELM_BUILD_PROFILE=suite scripts/build-static.sh
 arm64_cuda=target/aarch64-cross/aarch64-unknown-linux-gnu/suite/edgelm
 step env EDGELM_BUILD_PROFILE=suite CARGO_TARGET_DIR=target/aarch64-cross \

@@ -107,16 +107,18 @@ fn cut(source: &Path, layers: usize) -> Vec<u8> {
         w = w.kv(k.clone(), v);
     }
     for t in file.tensors() {
-        let layer = t.name.strip_prefix("blk.").map(|rest| {
-            let l = rest.split('.').next().unwrap();
-            l.parse::<usize>().unwrap()
-        });
-        if layer.is_none_or(|l| l < layers) {
+        if layer_of(&t.name).is_none_or(|l| l < layers) {
             let (name, dims, ty, bytes) = raw_tensor(&file, &t.name);
             w = w.tensor(name, &dims, ty, bytes);
         }
     }
     w.to_bytes()
+}
+
+/// The layer a tensor named `blk.L.…` belongs to; none for the others.
+fn layer_of(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("blk.")?;
+    Some(rest.split('.').next().unwrap().parse().unwrap())
 }
 
 /// `a` cut to its first `layers` entries if it has one per layer (`all` of them), else `a`.
@@ -209,7 +211,7 @@ fn build(source: &Path, arch: &str) -> Vec<u8> {
     let mut out: Vec<Tensor> = Vec::new();
     for t in file.tensors() {
         let parts: Vec<&str> = t.name.split('.').collect();
-        let layer = (parts[0] == "blk").then(|| parts[1].parse::<usize>().unwrap());
+        let layer = layer_of(&t.name);
         let kind = parts.get(2).copied().unwrap_or("");
         let tensor = raw(&t.name);
         if let (Some(l), "phi3") = (layer, arch) {
