@@ -610,3 +610,176 @@ fn run_and_bench_take_an_image_for_each_projector_type() {
         );
     }
 }
+
+/// Gemma 3's image positions see each other, so no chunk may cut them; beside a decoding
+/// stream the image goes through the text model a few layers per step instead of holding the
+/// stream for all of them. The stream's text is the one it gets alone (a generated token's
+/// arithmetic does not depend on the batch), the image's request is answered, and every block
+/// comes back.
+#[test]
+fn a_gemma3_image_beside_a_stream_goes_through_the_layers_a_few_per_step() {
+    use edgelm::engine::{Engine, EngineConfig, EngineHandle, Event, GenParams, SamplingParams};
+    use edgelm::kv::KvType;
+    use edgelm::model::Model;
+    use std::sync::mpsc::Receiver;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let model = Arc::new(Model::load(&test_vlm_text("gemma3")).unwrap());
+    let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
+    let (tokens, images) = gemma3_image_prompt(&model);
+    let greedy = |max_tokens| GenParams {
+        max_tokens: Some(max_tokens),
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let config = EngineConfig {
+        kv_type: KvType::F16,
+        block_size: 16,
+        kv_memory_bytes: 32 << 20,
+        max_seqs: 4,
+        max_batched_tokens: 512,
+        prefill_pacing: 1.5,
+        ..EngineConfig::default()
+    };
+    let start = || {
+        Engine::start(
+            model.clone(),
+            tokenizer.eog_tokens().to_vec(),
+            config.clone(),
+        )
+    };
+    let story = tokenizer
+        .encode("Once upon a time, in a quiet village,", true)
+        .unwrap();
+    let tokens_of = |rx: Receiver<Event>| -> Vec<u32> {
+        let mut out = Vec::new();
+        loop {
+            match rx
+                .recv_timeout(Duration::from_secs(300))
+                .expect("the engine answers")
+            {
+                Event::Token { token, .. } => out.push(token),
+                Event::Finished { .. } => return out,
+                Event::Error(e) => panic!("{e}"),
+                _ => {}
+            }
+        }
+    };
+    let stream = |engine: &EngineHandle| engine.submit(story.clone(), greedy(64)).unwrap().1;
+
+    let (engine, join) = start().unwrap();
+    let alone = tokens_of(stream(&engine));
+    drop(engine);
+    join.join().unwrap();
+
+    let (engine, join) = start().unwrap();
+    let stream_rx = stream(&engine);
+    let first = match stream_rx.recv_timeout(Duration::from_secs(300)) {
+        Ok(Event::Token { token, .. }) => token,
+        other => panic!("the stream's first token, not {other:?}"),
+    };
+    let (_, image_rx) =
+        (engine.submit_with_images(tokens.clone(), images.clone(), greedy(16))).unwrap();
+    let answer = tokens_of(image_rx);
+    let beside: Vec<u32> = std::iter::once(first).chain(tokens_of(stream_rx)).collect();
+    let stats = engine.stats();
+    eprintln!(
+        "the image beside a stream: {} steps' slices of its layers",
+        stats.layer_pass_slices
+    );
+    assert!(
+        stats.layer_pass_slices >= 2,
+        "the image went through the layers in {} slices",
+        stats.layer_pass_slices
+    );
+    assert_eq!(beside, alone, "the stream's text beside the image");
+    assert_eq!(answer.len(), 16, "the image's request answered");
+    // The engine publishes its figures after the step that sent the last event.
+    let waited = std::time::Instant::now();
+    while engine.stats().kv_blocks_used > 0 && waited.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(engine.stats().kv_blocks_used, 0, "every block back");
+    drop(engine);
+    join.join().unwrap();
+}
+
+/// An image's positions run through the text model a few layers at a time (the engine's layer
+/// passes) leave the pages as one pass does: the text after the image gets the same logits,
+/// bit for bit.
+#[test]
+fn an_image_run_a_few_layers_at_a_time_leaves_the_pages_as_one_pass_does() {
+    use edgelm::backend::cpu::step::CpuBuffers;
+    use edgelm::engine::request::row_inputs;
+    use edgelm::kv::{BlockPool, KvPages, KvType, SeqBlocks};
+    use edgelm::model::{BatchMeta, Logits, Model};
+    use std::ops::Range;
+
+    let kind = "gemma3";
+    let model = Model::load(&test_vlm_text(kind)).unwrap();
+    let (tokens, images) = gemma3_image_prompt(&model);
+    let (at, end) = (images[0].at, images[0].end());
+    let n = model.config.n_layers;
+    // `slices`: the image's layers a step at a time; none: the image in one pass.
+    let run = |slices: &[Range<usize>]| -> Vec<f32> {
+        let (bt, blocks_total) = (16, tokens.len().div_ceil(16) * model.layout.num_groups());
+        let geom = model.config.page_geometry(KvType::F16, bt);
+        let mut pages = KvPages::new(geom, blocks_total).unwrap();
+        let mut pool = BlockPool::new(blocks_total, bt);
+        let mut blocks = SeqBlocks::new(model.layout.num_groups());
+        blocks.grow(&mut pool, &model.layout, 0, tokens.len(), &mut Vec::new());
+        let span = |range: Range<usize>, want| {
+            let mut meta = BatchMeta::default();
+            meta.push_span(
+                &tokens[range.clone()],
+                range.start,
+                blocks.tables().to_vec(),
+                want,
+            );
+            meta.inputs = row_inputs(&images, range, 0);
+            meta
+        };
+        let mut bufs = CpuBuffers::default();
+        model
+            .forward(&span(0..at, Logits::None), &mut pages, &mut bufs)
+            .unwrap();
+        let image = span(at..end, Logits::None);
+        let mut residual = Vec::new();
+        for layers in slices {
+            (model.forward_layers(&image, &mut pages, &mut bufs, layers.clone(), &mut residual))
+                .unwrap();
+        }
+        if slices.is_empty() {
+            model.forward(&image, &mut pages, &mut bufs).unwrap();
+        }
+        let text = span(end..tokens.len(), Logits::All);
+        model.forward(&text, &mut pages, &mut bufs).unwrap();
+        bufs.logits().to_vec()
+    };
+    let whole = run(&[]);
+    assert_eq!(
+        run(std::slice::from_ref(&(0..n))),
+        whole,
+        "all layers in one slice"
+    );
+    assert_eq!(run(&[0..1, 1..2, 2..7, 7..n]), whole, "in four slices");
+}
+
+/// The suite's Gemma 3 test prompt with the first photograph: its tokens and its image.
+fn gemma3_image_prompt(
+    model: &edgelm::model::Model,
+) -> (Vec<u32>, Vec<edgelm::engine::PromptImage>) {
+    let tokenizer = edgelm::tokenizer::Tokenizer::from_gguf(&model.file).unwrap();
+    let projector = Projector::open(&test_mmproj("gemma3")).unwrap();
+    let rgb = decode(&std::fs::read(&images()[0]).unwrap()).unwrap();
+    let prompt = chat_prompt("gemma3", PAIRS[0].0);
+    let size = [(rgb.width, rgb.height)];
+    let (tokens, starts) =
+        (projector.prompt_tokens(&tokenizer, &prompt, "<__media__>", 0, &size)).unwrap();
+    let images = (starts[0].iter().zip(projector.embed(&rgb)))
+        .map(|(&at, rows)| edgelm::engine::PromptImage { at, rows })
+        .collect();
+    (tokens, images)
+}

@@ -5,6 +5,7 @@
 mod embed;
 #[cfg(test)]
 mod fake_executor;
+mod layer_pass;
 mod postprocess;
 mod requests;
 #[cfg(test)]
@@ -218,7 +219,8 @@ impl Engine {
             BlockPool::new(exec.blocks(), config.block_size),
             shape.layout,
         )
-        .with_state_slots(running_slots, exec.state_slots() - running_slots);
+        .with_state_slots(running_slots, exec.state_slots() - running_slots)
+        .with_layer_passes(exec.pass_layers());
         let limits = EngineLimits {
             // An encoder's input is computed whole, in one step: no longer than a step holds.
             context: match shape.encoder {
@@ -431,7 +433,7 @@ impl Engine {
         let batch = self
             .sched
             .schedule_paced(|decodes, left| pacer.prefill_budget(decodes, left, elsewhere));
-        (!batch.spans.is_empty()).then_some(batch)
+        (!batch.is_empty()).then_some(batch)
     }
 
     /// Gives each decoding sequence that may speculate its prompt-lookup draft: greedy (the
@@ -512,6 +514,7 @@ impl Engine {
                 })
             });
             let result = match readout {
+                _ if batch.spans.is_empty() => Ok(StepOutput::Tokens(Vec::new())),
                 Readout::DeviceSampled(rows) => self
                     .exec
                     .forward_sample(&meta, rows)
@@ -522,6 +525,7 @@ impl Engine {
             let masks = masking.map(|h| h.join().expect("the mask thread does not panic"));
             (result, masks)
         });
+        let result = result.and_then(|out| self.run_layer_passes(batch).map(|()| out));
         for (id, c) in mask_jobs {
             self.sched.get_mut(id).expect("live").constraint = Some(c);
         }
@@ -535,7 +539,7 @@ impl Engine {
         let (decode_spans, decode_tokens) = decodes.fold((0, 0), |(n, t), s| (n + 1, t + s.len));
         self.pacer.observe(
             decode_spans,
-            batch.num_tokens() - decode_tokens,
+            batch.num_tokens() - decode_tokens + batch.layer_pass_work(),
             started.elapsed().as_secs_f64(),
         );
         result
@@ -586,10 +590,10 @@ impl Engine {
     fn fail_batch(&mut self, batch: &ScheduledBatch, e: &anyhow::Error) {
         log::error!("forward pass failed: {e:#}");
         self.sched.abandon_state_saves(batch);
-        let reqs: Vec<RequestId> = batch
-            .spans
-            .iter()
-            .filter_map(|s| self.sched.get(s.seq).map(|s| s.request))
+        let seqs =
+            (batch.spans.iter().map(|s| s.seq)).chain(batch.layer_passes.iter().map(|p| p.seq));
+        let reqs: Vec<RequestId> = seqs
+            .filter_map(|id| self.sched.get(id).map(|s| s.request))
             .collect();
         for r in reqs {
             if let Some(st) = self.requests.get(&r) {

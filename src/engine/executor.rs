@@ -9,6 +9,7 @@ use crate::engine::sampler::{Sampler, SamplingParams};
 use crate::kv::{snapshot_count, KvPages, PageGeometry, StateSlots};
 use crate::model::{BatchMeta, Model};
 use anyhow::Result;
+use std::ops::Range;
 use std::sync::Arc;
 
 pub enum Executor {
@@ -212,6 +213,24 @@ impl Executor {
         }
     }
 
+    /// `batch` through `layers` only, from and into `residual` ([`Model::forward_layers`]):
+    /// the CPU's; the CUDA executor runs whole passes.
+    pub fn forward_layers(
+        &mut self,
+        model: &Model,
+        batch: &BatchMeta,
+        layers: Range<usize>,
+        residual: &mut Vec<f32>,
+    ) -> Result<()> {
+        match self {
+            Executor::Cpu(c) => {
+                model.forward_layers(batch, &mut c.pages, &mut c.bufs, layers, residual)
+            }
+            #[cfg(feature = "cuda")]
+            Executor::Cuda(_) => anyhow::bail!("the CUDA executor runs whole passes only"),
+        }
+    }
+
     /// The argmax of every logits row, computed where the logits are (on the GPU only the
     /// token ids come back).
     pub fn forward_greedy(&mut self, model: &Model, batch: &BatchMeta) -> Result<Vec<u32>> {
@@ -249,6 +268,21 @@ pub trait StepExecutor: Send {
     fn forward_greedy(&mut self, batch: &BatchMeta) -> Result<Vec<u32>>;
     /// The last forward pass's hidden rows (`BatchMeta::hidden_for`), rows × n_embd.
     fn take_hidden(&mut self) -> Vec<f32>;
+    /// The model's layers where a pass may stop between them and go on in a later step
+    /// ([`StepExecutor::forward_layers`]); 0 where passes run whole.
+    fn pass_layers(&self) -> usize {
+        0
+    }
+    /// Runs `batch` through `layers` only: from `residual` (the rows the layers before left;
+    /// from the embeddings where `layers` starts at 0), leaving the rows after them there.
+    fn forward_layers(
+        &mut self,
+        _batch: &BatchMeta,
+        _layers: Range<usize>,
+        _residual: &mut Vec<f32>,
+    ) -> Result<()> {
+        anyhow::bail!("this executor runs whole passes only")
+    }
     /// A pooled embedding through the model's projections (`Model::project_pooled`), on the
     /// host whatever the backend.
     fn project_pooled(&self, pooled: Vec<f32>) -> Vec<f32> {
@@ -321,6 +355,25 @@ impl StepExecutor for ModelExecutor {
 
     fn take_hidden(&mut self) -> Vec<f32> {
         self.exec.take_hidden()
+    }
+
+    /// A model with recurrent state runs whole passes: its state would move on a layer at a
+    /// time.
+    fn pass_layers(&self) -> usize {
+        match self.exec.is_cuda() || self.model.config.state_floats() > 0 {
+            true => 0,
+            false => self.model.config.n_layers,
+        }
+    }
+
+    fn forward_layers(
+        &mut self,
+        batch: &BatchMeta,
+        layers: Range<usize>,
+        residual: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.exec
+            .forward_layers(&self.model, batch, layers, residual)
     }
 }
 

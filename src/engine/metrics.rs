@@ -87,6 +87,9 @@ pub struct EngineStats {
     /// Prompt-lookup draft tokens verified, and how many of them the model agreed with.
     pub draft_tokens: u64,
     pub accepted_draft_tokens: u64,
+    /// Steps' slices of images that went through the model a few layers at a time beside
+    /// streams (`scheduler::layer_pass`).
+    pub layer_pass_slices: u64,
     pub ttft: Histogram,
     pub tpot: Histogram,
     /// Recent (unix seconds, TTFT seconds) samples for the status page's chart.
@@ -123,6 +126,7 @@ impl Default for EngineStats {
             grammar_mask_seconds: 0.0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
+            layer_pass_slices: 0,
             ttft: Histogram::new(TTFT_BUCKETS),
             tpot: Histogram::new(TPOT_BUCKETS),
             recent_ttft: Vec::new(),

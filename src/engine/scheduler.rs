@@ -8,11 +8,13 @@
 //! (they stay in the prefix cache) and it is re-queued at the front. Only after a step is
 //! planned does the engine run it and `commit` the result.
 
+mod layer_pass;
 mod state_slots;
 
 use super::sequence::{SeqId, Sequence};
 use crate::kv::{BlockPool, KvLayout, SeqBlocks};
 use crate::model::Logits;
+pub use layer_pass::PassSlice;
 pub use state_slots::StateSave;
 use state_slots::StateSlotPool;
 use std::collections::{HashMap, VecDeque};
@@ -132,12 +134,24 @@ pub struct ScheduledBatch {
     pub state_copies: Vec<(u32, u32)>,
     /// A hybrid's states to snapshot after the forward.
     pub state_saves: Vec<StateSave>,
+    /// Images going through the model a few layers per step (see `layer_pass`).
+    pub layer_passes: Vec<PassSlice>,
     pub preempted: Vec<SeqId>,
 }
 
 impl ScheduledBatch {
     pub fn num_tokens(&self) -> usize {
         self.spans.iter().map(|s| s.len).sum()
+    }
+
+    /// Whether the step runs nothing.
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty() && self.layer_passes.is_empty()
+    }
+
+    /// What its layer-pass slices are worth in prompt tokens (`PassSlice::work`).
+    pub fn layer_pass_work(&self) -> usize {
+        self.layer_passes.iter().map(|p| p.work()).sum()
     }
 }
 
@@ -164,6 +178,9 @@ pub struct Scheduler {
     /// A hybrid model's recurrent-state slots (`kv::StateSlots`): each running sequence holds
     /// one. `None` for a model that only attends.
     slots: Option<StateSlotPool>,
+    /// The model's layers, where images whose positions see each other may go through them a
+    /// few per step (`layer_pass`); 0 where they are computed whole.
+    pass_layers: usize,
 }
 
 enum Grow {
@@ -185,6 +202,7 @@ impl Scheduler {
             long_turn: false,
             counters: SchedulerCounters::default(),
             slots: None,
+            pass_layers: 0,
         }
     }
 
@@ -295,6 +313,11 @@ impl Scheduler {
         };
         let left = budget;
         budget = prefill_budget(protected, left).min(left);
+        budget = self.schedule_layer_passes(&prefilling, budget, &mut batch);
+        let prefilling: Vec<SeqId> = (prefilling.into_iter())
+            .filter(|id| self.seqs[id].layer_pass.is_none())
+            .collect();
+        let candidates = || prefilling.iter().chain(&admissible).copied();
         // An input computed whole is never cut, so a paced budget smaller than the oldest
         // such input would leave it waiting for as long as streams decode: the budget grows
         // to hold it, as a paced chunk never shrinks below its minimum.
@@ -458,7 +481,7 @@ impl Scheduler {
     /// Liveness: if nothing at all could run while sequences hold blocks, forces the newest
     /// out (the thrash bound yields to making progress).
     fn ensure_progress(&mut self, batch: &mut ScheduledBatch) {
-        if batch.spans.is_empty() && !self.running.is_empty() {
+        if batch.is_empty() && !self.running.is_empty() {
             if let Some(&victim) = self.running.iter().max_by_key(|&&s| self.seqs[&s].arrival) {
                 if self.running.len() > 1 || !self.waiting.is_empty() {
                     self.preempt(victim, batch);
@@ -632,6 +655,7 @@ impl Scheduler {
             .iter()
             .copied()
             .filter(|id| !batch.spans.iter().any(|sp| sp.seq == *id))
+            .filter(|id| !batch.layer_passes.iter().any(|p| p.seq == *id))
             .filter(|id| {
                 let s = &self.seqs[id];
                 *id == requester || s.preemptions == 0 || s.progress_since_preempt > 0
@@ -652,11 +676,13 @@ impl Scheduler {
         s.blocks.release_all(&mut self.pool);
         Self::release_slot(&mut self.slots, s);
         s.num_computed = 0;
+        s.layer_pass = None;
         s.draft.clear();
         s.preemptions += 1;
         s.progress_since_preempt = 0;
         // Its spans planned earlier in this step must not run.
         batch.spans.retain(|sp| sp.seq != id);
+        batch.layer_passes.retain(|p| p.seq != id);
         self.waiting.push_front(id);
         batch.preempted.push(id);
         self.counters.preemptions += 1;
@@ -666,6 +692,7 @@ impl Scheduler {
     /// cache, and so do a hybrid's saved states, as snapshots.
     pub fn commit(&mut self, batch: &ScheduledBatch) {
         self.keep_state_saves(batch);
+        self.commit_layer_passes(batch);
         for span in &batch.spans {
             let Some(s) = self.seqs.get_mut(&span.seq) else {
                 continue;

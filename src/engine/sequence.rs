@@ -75,6 +75,19 @@ pub struct Sequence {
     pub pooled: Option<Pooled>,
     /// Runs of its prompt given as rows (images), in order.
     pub images: Vec<PromptImage>,
+    /// The image at `num_computed` part-way through the model, a few layers per step
+    /// (`scheduler::layer_pass`).
+    pub layer_pass: Option<LayerPass>,
+}
+
+/// A bidirectional image on its way through the model a few layers per step: its blocks are
+/// held, its K/V written for the layers done, and its residual stream kept for the next ones.
+#[derive(Clone, Debug, Default)]
+pub struct LayerPass {
+    /// Layers run so far.
+    pub done: usize,
+    /// The image positions' residual stream after those layers (rows × n_embd).
+    pub residual: Vec<f32>,
 }
 
 impl Sequence {
@@ -115,6 +128,7 @@ impl Sequence {
             draft_cap: 0,
             pooled: None,
             images: Vec::new(),
+            layer_pass: None,
         }
     }
 
@@ -195,14 +209,26 @@ impl Sequence {
     }
 
     /// The most positions a chunk of its prompt must take at once: the rest of its largest
-    /// bidirectional image not yet computed (0 without one).
+    /// bidirectional image not yet computed (0 without one, or while one goes through the
+    /// layers a few per step).
     pub fn image_need(&self) -> usize {
+        if self.layer_pass.is_some() {
+            return 0;
+        }
         self.images
             .iter()
             .filter(|i| i.rows.bidirectional && i.end() > self.num_computed)
             .map(|i| i.end() - i.at.max(self.num_computed))
             .max()
             .unwrap_or(0)
+    }
+
+    /// The bidirectional image its next chunk starts with, if one does and prompt tokens
+    /// follow it (a pass through the layers computes no logits).
+    pub fn image_at_next_chunk(&self) -> Option<&PromptImage> {
+        self.images.iter().find(|i| {
+            i.rows.bidirectional && i.at == self.num_computed && i.end() < self.prompt_len
+        })
     }
 
     /// The longest prefill chunk of at most `len` pending tokens that does not cut an image

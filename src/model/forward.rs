@@ -11,6 +11,7 @@ use crate::backend::ops::{Attention, Buf, Experts, LayerNorm, Mat, Network, Ops,
 use crate::gguf::GgufFile;
 use crate::kv::{KvLayout, KvPages};
 use anyhow::{bail, Result};
+use std::ops::Range;
 use std::sync::Arc;
 
 impl Model {
@@ -23,6 +24,72 @@ impl Model {
         kv: &mut KvPages,
         bufs: &mut CpuBuffers,
     ) -> Result<()> {
+        let rotated = self.rotated(kv);
+        let mut step = self.cpu_step(batch, kv, bufs)?;
+        if !batch.is_empty() {
+            self.run_blocks(&mut step, rotated)?;
+        }
+        // The hidden rows first: the head then gathers its own rows into the same buffer.
+        if !batch.hidden_for.is_empty() {
+            self.run_final_norm(&mut step, &batch.hidden_for)?;
+            step.keep_hidden();
+        }
+        self.run_head(&mut step, &batch.logits_for)
+    }
+
+    /// Runs `batch` through `layers` only (an image whose positions see each other, a few
+    /// layers per engine step): from its embeddings where `layers` starts at 0, else from
+    /// `residual`, the rows the layers before it left; leaves the rows after `layers` in
+    /// `residual`. Each layer writes its K/V into the pages as [`Model::forward`] does, so the
+    /// slices of a pass leave the pages as one pass would.
+    pub fn forward_layers(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut KvPages,
+        bufs: &mut CpuBuffers,
+        layers: Range<usize>,
+        residual: &mut Vec<f32>,
+    ) -> Result<()> {
+        let rotated = self.rotated(kv);
+        if layers.end > self.weights.layers.len() {
+            bail!(
+                "layers {layers:?} of a model of {}",
+                self.weights.layers.len()
+            );
+        }
+        let mut step = self.cpu_step(batch, kv, bufs)?;
+        if layers.start == 0 {
+            self.run_input(&mut step)?;
+        } else {
+            let x = step.residual();
+            if residual.len() != x.len() {
+                bail!(
+                    "a residual of {} values for {} ({} rows)",
+                    residual.len(),
+                    x.len(),
+                    batch.len()
+                );
+            }
+            x.copy_from_slice(residual);
+        }
+        self.run_layers(&mut step, layers, rotated)?;
+        residual.clear();
+        residual.extend_from_slice(step.residual());
+        Ok(())
+    }
+
+    /// Whether the pages of `kv` hold K and V rotated (`KvType::rotated`).
+    fn rotated(&self, kv: &KvPages) -> bool {
+        kv.geometry().kv_type.rotated(self.config.head_dim)
+    }
+
+    /// A CPU step over `batch`, once the pool and the batch are checked against the model.
+    fn cpu_step<'a>(
+        &'a self,
+        batch: &'a BatchMeta,
+        kv: &'a mut KvPages,
+        bufs: &'a mut CpuBuffers,
+    ) -> Result<CpuStep<'a>> {
         let cfg = &self.config;
         let geom = *kv.geometry();
         if geom != cfg.page_geometry(geom.kv_type, geom.block_size) {
@@ -40,16 +107,26 @@ impl Model {
             arena: &self.weights.arena,
             packed: self.cpu_packed(),
         };
-        let mut step = CpuStep::new(w, kv, &self.layout, &self.shape, batch, bufs);
-        if !batch.is_empty() {
-            self.run_blocks(&mut step, geom.kv_type.rotated(cfg.head_dim))?;
+        Ok(CpuStep::new(w, kv, &self.layout, &self.shape, batch, bufs))
+    }
+
+    /// The step's input rows in X: the token embeddings (and an image's rows in place of
+    /// its positions'), with an encoder's input terms.
+    fn run_input<O: Ops>(&self, ops: &mut O) -> Result<()> {
+        let w = &self.weights;
+        ops.embed(&w.token_embd, self.config.embed_scale)?;
+        if let Some(enc) = &w.encoder {
+            self.encoder_input(ops, enc)?;
         }
-        // The hidden rows first: the head then gathers its own rows into the same buffer.
-        if !batch.hidden_for.is_empty() {
-            self.run_final_norm(&mut step, &batch.hidden_for)?;
-            step.keep_hidden();
+        Ok(())
+    }
+
+    /// Blocks `layers` over the residual stream in X.
+    fn run_layers<O: Ops>(&self, ops: &mut O, layers: Range<usize>, rotated: bool) -> Result<()> {
+        for li in layers {
+            self.block(ops, li, &self.weights.layers[li], rotated)?;
         }
-        self.run_head(&mut step, &batch.logits_for)
+        Ok(())
     }
 
     /// One layer's attention, from its input (the normed residual in H, or an encoder's
@@ -258,15 +335,8 @@ impl Network for Model {
     /// The embedding and every transformer block for the step's tokens: leaves the residual
     /// stream in X. `rotated`: the KV pages hold K and V rotated (`KvType::rotated`).
     fn run_blocks<O: Ops>(&self, ops: &mut O, rotated: bool) -> Result<()> {
-        let w = &self.weights;
-        ops.embed(&w.token_embd, self.config.embed_scale)?;
-        if let Some(enc) = &w.encoder {
-            self.encoder_input(ops, enc)?;
-        }
-        for (li, lw) in w.layers.iter().enumerate() {
-            self.block(ops, li, lw, rotated)?;
-        }
-        Ok(())
+        self.run_input(ops)?;
+        self.run_layers(ops, 0..self.weights.layers.len(), rotated)
     }
 
     /// An encoder has no final norm: its last block ends with one.

@@ -106,6 +106,11 @@ pub struct CpuStep<'a> {
 }
 
 impl<'a> CpuStep<'a> {
+    /// The residual stream (X): rows × n_embd, in the step's token order.
+    pub fn residual(&mut self) -> &mut [f32] {
+        &mut self.bufs.bufs[index(Buf::X)]
+    }
+
     /// Copies Head (the final-normed rows `Network::run_final_norm` left there) out as the
     /// step's hidden rows, before the LM head overwrites it.
     pub fn keep_hidden(&mut self) {

@@ -163,7 +163,7 @@ const GAUGES: [Series; 11] = [
 ];
 
 /// The engine's totals since start.
-const COUNTERS: [Series; 11] = [
+const COUNTERS: [Series; 12] = [
     (
         "edgelm_prefix_cache_queries_total",
         "counter",
@@ -193,6 +193,13 @@ const COUNTERS: [Series; 11] = [
         "counter",
         "Seconds spent computing the token masks of constrained requests.",
         |s| s.grammar_mask_seconds,
+    ),
+    (
+        "edgelm_layer_pass_slices_total",
+        "counter",
+        "Steps that ran an image a few layers at a time (its positions see each other) beside \
+         decoding streams.",
+        |s| s.layer_pass_slices as f64,
     ),
     (
         "edgelm_spec_decode_num_draft_tokens_total",
