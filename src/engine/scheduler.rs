@@ -880,7 +880,7 @@ mod tests {
     }
 
     /// A prompt of 100 tokens whose positions 10..50 are a bidirectional image.
-    fn with_image(id: SeqId) -> Sequence {
+    pub(super) fn with_image(id: SeqId) -> Sequence {
         let mut seq = Sequence::new(id, id, id, vec![3; 100], 200);
         seq.images.push(crate::engine::PromptImage {
             at: 10,

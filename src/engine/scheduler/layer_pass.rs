@@ -127,9 +127,9 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::with_image;
     use super::super::SchedulerConfig;
     use super::*;
-    use crate::engine::sequence::Sequence;
     use crate::kv::{BlockPool, KvLayout};
 
     /// A scheduler whose images may go through 6 layers a few per step.
@@ -139,21 +139,6 @@ mod tests {
             max_batched_tokens: 64,
         };
         Scheduler::new(config, BlockPool::new(32, 16), KvLayout::full(1)).with_layer_passes(6)
-    }
-
-    /// A prompt of 100 tokens whose positions 10..50 are a bidirectional image.
-    fn with_image(id: SeqId) -> Sequence {
-        let mut seq = Sequence::new(id, id, id, vec![3; 100], 200);
-        seq.images.push(crate::engine::PromptImage {
-            at: 10,
-            rows: std::sync::Arc::new(crate::backend::batch::Embedded {
-                rows: vec![0.0; 40 * 2],
-                width: 2,
-                key: 9,
-                bidirectional: true,
-            }),
-        });
-        seq
     }
 
     /// A step paced to `budget` prompt tokens, committed.
