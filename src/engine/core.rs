@@ -514,6 +514,7 @@ impl Engine {
                 })
             });
             let result = match readout {
+                // A step of layer-pass slices alone reads no rows out.
                 _ if batch.spans.is_empty() => Ok(StepOutput::Tokens(Vec::new())),
                 Readout::DeviceSampled(rows) => self
                     .exec
