@@ -81,7 +81,7 @@ impl Scheduler {
         budget
     }
 
-    /// Adds the slice of `id`'s pass after layer `done` that `budget` has room for; returns
+    /// Adds the slice of `seq`'s pass after layer `done` that `budget` has room for; returns
     /// the budget it takes (at most `budget`).
     fn push_slice(
         &self,
