@@ -209,12 +209,8 @@ impl Sequence {
     }
 
     /// The most positions a chunk of its prompt must take at once: the rest of its largest
-    /// bidirectional image not yet computed (0 without one, or while one goes through the
-    /// layers a few per step).
+    /// bidirectional image not yet computed (0 without one).
     pub fn image_need(&self) -> usize {
-        if self.layer_pass.is_some() {
-            return 0;
-        }
         self.images
             .iter()
             .filter(|i| i.rows.bidirectional && i.end() > self.num_computed)

@@ -4,31 +4,32 @@
 
 use super::Engine;
 use crate::engine::scheduler::{PassSlice, ScheduledBatch};
+use crate::engine::sequence::LayerPass;
 use crate::model::{BatchMeta, Logits};
 use anyhow::Result;
 
 impl Engine {
-    /// Runs the step's layer-pass slices.
+    /// Runs the step's layer-pass slices (a finished pass's residual goes with it when the
+    /// step is committed).
     pub(super) fn run_layer_passes(&mut self, batch: &ScheduledBatch) -> Result<()> {
         for slice in &batch.layer_passes {
             let meta = self.pass_meta(slice);
-            let s = self.sched.get_mut(slice.seq).expect("scheduled seq exists");
-            let pass = s
-                .layer_pass
-                .as_mut()
-                .expect("a slice's sequence is in a pass");
-            let mut residual = std::mem::take(&mut pass.residual);
+            let residual = &mut self.pass_of(slice).residual;
+            let mut rows = std::mem::take(residual);
             self.exec
-                .forward_layers(&meta, slice.layers.clone(), &mut residual)?;
+                .forward_layers(&meta, slice.layers.clone(), &mut rows)?;
             self.local.layer_pass_slices += 1;
-            if !slice.finishes() {
-                let s = self.sched.get_mut(slice.seq).expect("scheduled seq exists");
-                if let Some(pass) = s.layer_pass.as_mut() {
-                    pass.residual = residual;
-                }
-            }
+            self.pass_of(slice).residual = rows;
         }
         Ok(())
+    }
+
+    /// The pass a slice belongs to.
+    fn pass_of(&mut self, slice: &PassSlice) -> &mut LayerPass {
+        let s = self.sched.get_mut(slice.seq).expect("scheduled seq exists");
+        s.layer_pass
+            .as_mut()
+            .expect("a slice's sequence is in a pass")
     }
 
     /// A slice's image positions as the forward pass takes them (no logits: text follows).

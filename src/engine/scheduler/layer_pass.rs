@@ -56,11 +56,11 @@ impl Scheduler {
         if self.pass_layers == 0 {
             return budget;
         }
-        for &id in &self.running.clone() {
+        for &id in &self.running {
             let s = &self.seqs[&id];
             if let (Some(pass), Some(image)) = (&s.layer_pass, s.image_at_next_chunk()) {
                 let (done, start, len) = (pass.done, image.at, image.rows.len());
-                budget -= self.push_slice(id, start, len, done, budget, batch);
+                budget -= Self::push_slice(self.pass_layers, id, (start, len, done), budget, batch);
             }
         }
         for &id in prefilling {
@@ -75,24 +75,22 @@ impl Scheduler {
             if let Grow::Ok = self.grow(id, len, batch) {
                 let s = self.seqs.get_mut(&id).expect("prefilling seq exists");
                 s.layer_pass = Some(LayerPass::default());
-                budget -= self.push_slice(id, start, len, 0, budget, batch);
+                budget -= Self::push_slice(self.pass_layers, id, (start, len, 0), budget, batch);
             }
         }
         budget
     }
 
-    /// Adds the slice of `seq`'s pass after layer `done` that `budget` has room for; returns
-    /// the budget it takes (at most `budget`).
+    /// Adds the slice of `seq`'s pass through `n` layers (its image's `len` positions from
+    /// `start`, `done` layers run) that `budget` has room for; returns the budget it takes
+    /// (at most `budget`).
     fn push_slice(
-        &self,
+        n: usize,
         seq: SeqId,
-        start: usize,
-        len: usize,
-        done: usize,
+        (start, len, done): (usize, usize, usize),
         budget: usize,
         batch: &mut ScheduledBatch,
     ) -> usize {
-        let n = self.pass_layers;
         let layers = (n * budget / len.max(1)).clamp(1, n - done);
         let slice = PassSlice {
             seq,
