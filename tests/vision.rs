@@ -78,6 +78,11 @@ fn idefics3_image_rows_agree_with_libmtmd_on_every_photograph() {
     image_rows_agree_with_libmtmd("idefics3");
 }
 
+#[test]
+fn qwen3vl_image_rows_agree_with_libmtmd_on_every_photograph() {
+    image_rows_agree_with_libmtmd("qwen3vl");
+}
+
 /// The prompt `<__media__>` alone as edgelm lays it out for `img` (after its BOS), written
 /// as libmtmd's layout line writes it (text ids, `[rows]` for each view).
 fn layout_line(projector: &Projector, text: &Path, img: &edgelm::vision::Rgb) -> String {
@@ -92,7 +97,7 @@ fn layout_line(projector: &Projector, text: &Path, img: &edgelm::vision::Rgb) ->
             &[(img.width, img.height)],
         )
         .unwrap();
-    let rows = projector.config.rows_per_view();
+    let rows = projector.config.view_rows(img.width, img.height);
     let mut pieces = Vec::new();
     // libmtmd's harness tokenizes without BOS.
     let mut i = tokenizer.encode("", true).unwrap().len();
@@ -115,7 +120,7 @@ fn image_rows_agree_with_libmtmd(kind: &str) {
     let text = test_vlm_text(kind);
     let mmproj = test_mmproj(kind);
     let projector = Projector::open(&mmproj).unwrap();
-    let width = projector.config.projection_dim;
+    let width = projector.config.row_width();
     for image in images() {
         let (peer, line) = peer_rows(&text, &mmproj, &image);
         let rgb = decode(&std::fs::read(&image).unwrap()).unwrap();
@@ -137,31 +142,38 @@ fn image_rows_agree_with_libmtmd(kind: &str) {
         let views = layout.matches('[').count();
         assert_eq!(
             ours.len(),
-            views * projector.config.rows_per_view() * width,
+            views * projector.config.view_rows(rgb.width, rgb.height) * width,
             "{name}"
         );
         assert_eq!(ours.len(), peer.len(), "{name}: {line}");
+        // Each part of a row on its own (a Qwen3-VL row is its projection, then each
+        // DeepStack block's row): a small part's error does not hide in a large one's.
+        let part = projector.config.projection_dim;
         let cosines: Vec<f64> = ours
-            .chunks(width)
-            .zip(peer.chunks(width))
+            .chunks(part)
+            .zip(peer.chunks(part))
             .map(|(a, b)| cosine(a, b))
             .collect();
         let worst = cosines.iter().copied().fold(f64::INFINITY, f64::min);
         let mean = cosines.iter().sum::<f64>() / cosines.len() as f64;
         eprintln!(
-            "{name}: {} rows, cosine with libmtmd's: worst {worst:.6}, mean {mean:.6}",
-            cosines.len()
+            "{name}: {} rows of {} parts, cosine with libmtmd's: worst {worst:.6}, mean {mean:.6}",
+            ours.len() / width,
+            width / part
         );
         assert!(
             worst >= 0.999,
             "{name}: a row's cosine with the peer's is {worst}"
         );
         // The rows are not all alike: a projector that ignored its pixels would agree too.
-        let least_alike = ours
-            .chunks(width)
-            .map(|r| cosine(r, &ours[..width]))
-            .fold(f64::INFINITY, f64::min);
-        eprintln!("{name}: the least alike rows' cosine {least_alike:.4}");
+        let least_alike = (0..width / part)
+            .map(|p| {
+                (ours.chunks(width))
+                    .map(|r| cosine(&r[p * part..][..part], &ours[p * part..][..part]))
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .fold(f64::NEG_INFINITY, f64::max);
+        eprintln!("{name}: the least alike rows' cosine (the most alike part's) {least_alike:.4}");
         assert!(
             least_alike < 0.9,
             "{name}: every row is alike ({least_alike})"
@@ -174,7 +186,16 @@ fn refusal(
     name: &str,
     edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<TensorEntry>),
 ) -> String {
-    let path = edited_copy(&test_mmproj("gemma3"), name, edit);
+    refusal_of("gemma3", name, edit)
+}
+
+/// [`refusal`] of the test projector of `kind`.
+fn refusal_of(
+    kind: &str,
+    name: &str,
+    edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<TensorEntry>),
+) -> String {
+    let path = edited_copy(&test_mmproj(kind), name, edit);
     let e = Projector::open(&path).err().expect("refused");
     let line = format!("{e:#}");
     assert!(!line.contains('\n'), "{line}");
@@ -229,6 +250,25 @@ fn projector_files_edgelm_does_not_implement_are_refused_in_one_line() {
         e.contains("v.patch_embd.weight") && e.contains("dims"),
         "{e}"
     );
+    // Qwen3-VL's: a merge other than 2 × 2, DeepStack flags that do not fit the blocks, a
+    // DeepStack merger missing, the kernel's second frame missing.
+    let e = refusal_of("qwen3vl", "mmproj-qwen-merge.gguf", |kvs, _| {
+        set(kvs, "clip.vision.spatial_merge_size", Value::U32(3))
+    });
+    assert!(e.contains("spatial_merge_size is 3"), "{e}");
+    let e = refusal_of("qwen3vl", "mmproj-qwen-flags.gguf", |kvs, _| {
+        let flags = Value::Array(edgelm::gguf::Array::Bool(vec![true, false]));
+        set(kvs, "clip.vision.is_deepstack_layers", flags)
+    });
+    assert!(e.contains("2 entries for 4 blocks"), "{e}");
+    let e = refusal_of("qwen3vl", "mmproj-qwen-deepstack.gguf", |_, ts| {
+        ts.retain(|t| t.0 != "v.deepstack.2.fc2.weight")
+    });
+    assert!(e.contains("v.deepstack.2.fc2.weight"), "{e}");
+    let e = refusal_of("qwen3vl", "mmproj-qwen-frame.gguf", |_, ts| {
+        ts.retain(|t| t.0 != "v.patch_embd.weight.1")
+    });
+    assert!(e.contains("v.patch_embd.weight.1"), "{e}");
 }
 
 #[test]
@@ -258,6 +298,31 @@ fn a_projector_is_refused_beside_a_text_model_it_was_not_made_for() {
             .arg(repo_root().join("tests/data/images/chelsea.png")),
     );
     assert!(err.contains("no token <fake_token_around_image>"), "{err}");
+    // A Qwen3-VL model: its projector loads, its text architecture is not run, so `inspect`
+    // says it is not supported and `run` refuses it in one line.
+    let mmproj = test_mmproj("qwen3vl");
+    let out = common::edgelm()
+        .arg("inspect")
+        .arg(&mmproj)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("supported:"))
+        .unwrap_or("");
+    assert!(
+        line.starts_with("supported:    no") && line.contains("'qwen3vl'"),
+        "{text}"
+    );
+    let err = one_line_failure(
+        common::edgelm()
+            .args(["run", "-n", "1", "-p", "hi", "-m"])
+            .arg(test_vlm_text("qwen3vl"))
+            .arg("--mmproj")
+            .arg(&mmproj),
+    );
+    assert!(err.contains("'qwen3vl'"), "{err}");
 }
 
 /// Runs `cmd`, which must fail with a one-line message: that message.
@@ -590,7 +655,7 @@ fn run_and_bench_take_an_image_for_each_projector_type() {
         );
         let projector = Projector::open(&mmproj).unwrap();
         assert!(
-            cat_prompt >= plain_prompt + projector.config.rows_per_view(),
+            cat_prompt >= plain_prompt + projector.config.view_rows(451, 300),
             "{kind}: {cat_prompt} prompt tokens with the image, {plain_prompt} without"
         );
         let out = common::run_ok(

@@ -31,10 +31,20 @@ pub struct VisionConfig {
     pub longest_edge: Option<usize>,
     /// The width of the rows the projector hands the text model.
     pub projection_dim: usize,
+    /// Qwen3-VL: the blocks whose rows are merged by a DeepStack MLP of their own, each
+    /// giving a row of `projection_dim` beside each image row (`clip.vision.is_deepstack_layers`).
+    pub deepstack: Vec<usize>,
+    /// Qwen3-VL: an image keeps its aspect, resized to whole merged squares of patches, so
+    /// that it becomes between the first and the second number of rows (mtmd's limits).
+    pub dynamic_rows: Option<(usize, usize)>,
 }
 
+/// The rows a Qwen3-VL image becomes at least and at most (llama.cpp's defaults for the
+/// Qwen-VL types, from Qwen2.5-VL's `preprocessor_config.json`).
+const QWEN_VL_ROWS: (usize, usize) = (8, 4096);
+
 /// The `clip.*` keys this reader understands; any other is refused.
-const KNOWN: [&str; 19] = [
+const KNOWN: [&str; 21] = [
     "clip.projector_type",
     "clip.has_vision_encoder",
     "clip.has_audio_encoder",
@@ -54,6 +64,8 @@ const KNOWN: [&str; 19] = [
     "clip.vision.image_std",
     "clip.vision.projector.scale_factor",
     "clip.vision.preproc_image_size",
+    "clip.vision.spatial_merge_size",
+    "clip.vision.is_deepstack_layers",
 ];
 
 impl VisionConfig {
@@ -85,15 +97,11 @@ impl VisionConfig {
         }
         let image_size = size(file, "clip.vision.image_size")?;
         let patch_size = size(file, "clip.vision.patch_size")?;
-        let n_merge = match (kind, opt_size(file, "clip.vision.projector.scale_factor")?) {
-            (ProjectorKind::Gemma3, merge) => merge.unwrap_or(4),
-            (ProjectorKind::Idefics3, Some(merge)) if merge > 1 => merge,
-            (ProjectorKind::Idefics3, _) => {
-                bail!("clip.vision.projector.scale_factor is missing or 1: Idefics3 shuffles by it")
-            }
-        };
+        let n_merge = merge_of(file, kind)?;
+        let n_layers = size(file, "clip.vision.block_count")?;
+        let deepstack = deepstack_layers(file, kind, n_layers)?;
         let longest_edge = match kind {
-            ProjectorKind::Gemma3 => None,
+            ProjectorKind::Gemma3 | ProjectorKind::Qwen3vl => None,
             // Older converters wrote no longest edge (llama.cpp then slices another way).
             ProjectorKind::Idefics3 => {
                 Some(opt_size(file, "clip.vision.preproc_image_size")?.context(
@@ -113,7 +121,7 @@ impl VisionConfig {
             kind,
             n_embd,
             n_ff: size(file, "clip.vision.feed_forward_length")?,
-            n_layers: size(file, "clip.vision.block_count")?,
+            n_layers,
             n_head,
             head_dim,
             eps: file
@@ -127,6 +135,8 @@ impl VisionConfig {
             n_merge,
             longest_edge,
             projection_dim: size(file, "clip.vision.projection_dim")?,
+            deepstack,
+            dynamic_rows: (kind == ProjectorKind::Qwen3vl).then_some(QWEN_VL_ROWS),
         };
         cfg.check_plausible()?;
         Ok(cfg)
@@ -170,11 +180,21 @@ impl VisionConfig {
         self.image_size / self.patch_size
     }
 
-    /// Rows one view of an image (the whole image, a tile or an overview) becomes in the
-    /// text model.
-    pub fn rows_per_view(&self) -> usize {
-        let side = self.patches_per_side() / self.n_merge;
-        side * side
+    /// Rows each view of an image of `width` × `height` pixels (the whole image, a tile or
+    /// an overview: the views of an image are all one size) becomes in the text model.
+    pub fn view_rows(&self, width: usize, height: usize) -> usize {
+        let (w, h) = self.view_size(width, height);
+        let merged = self.patch_size * self.n_merge;
+        (w / merged) * (h / merged)
+    }
+
+    /// The pixels each view of an image of `width` × `height` is: the fixed size of the
+    /// type, or (Qwen3-VL) the image's own, resized within its range of rows.
+    pub fn view_size(&self, width: usize, height: usize) -> (usize, usize) {
+        match self.dynamic_rows {
+            None => (self.image_size, self.image_size),
+            Some(rows) => dynamic_size(width, height, self.patch_size * self.n_merge, rows),
+        }
     }
 
     /// The most views an image becomes: Idefics3's largest grid of tiles (a square image)
@@ -185,6 +205,95 @@ impl VisionConfig {
             Some(edge) => edge.div_ceil(self.image_size).pow(2) + 1,
         }
     }
+
+    /// The most rows a view becomes.
+    pub fn max_view_rows(&self) -> usize {
+        match self.dynamic_rows {
+            None => self.view_rows(self.image_size, self.image_size),
+            Some((_, most)) => most,
+        }
+    }
+
+    /// The width of an image row as the text model reads it: the projection, then each
+    /// DeepStack block's row beside it.
+    pub fn row_width(&self) -> usize {
+        self.projection_dim * (1 + self.deepstack.len())
+    }
+}
+
+/// An image of `width` × `height` resized to whole squares of `align` pixels, its aspect
+/// kept, so that it is between `rows.0` and `rows.1` squares: mtmd's
+/// `calc_size_preserved_ratio` (transformers' `smart_resize`), in its f32 arithmetic.
+pub fn dynamic_size(
+    width: usize,
+    height: usize,
+    align: usize,
+    rows: (usize, usize),
+) -> (usize, usize) {
+    let f = align as f32;
+    let (wf, hf) = (width as f32, height as f32);
+    let by = |x: f32, op: fn(f32) -> f32| (op(x / f) as usize) * align;
+    let (min_pixels, max_pixels) = (rows.0 * align * align, rows.1 * align * align);
+    let mut w = by(wf, f32::round).max(align);
+    let mut h = by(hf, f32::round).max(align);
+    if w * h > max_pixels {
+        let beta = (hf * wf / max_pixels as f32).sqrt();
+        h = by(hf / beta, f32::floor).max(align);
+        w = by(wf / beta, f32::floor).max(align);
+    } else if w * h < min_pixels {
+        let beta = (min_pixels as f32 / (hf * wf)).sqrt();
+        h = by(hf * beta, f32::ceil);
+        w = by(wf * beta, f32::ceil);
+    }
+    (w, h)
+}
+
+/// Patches merged per side by the projector of `kind`, from the key its type reads (and a
+/// key it does not read refused).
+fn merge_of(file: &GgufFile, kind: ProjectorKind) -> Result<usize> {
+    let merge = match (kind, opt_size(file, "clip.vision.projector.scale_factor")?) {
+        (ProjectorKind::Gemma3, merge) => merge.unwrap_or(4),
+        (ProjectorKind::Idefics3, Some(merge)) if merge > 1 => merge,
+        (ProjectorKind::Idefics3, _) => {
+            bail!("clip.vision.projector.scale_factor is missing or 1: Idefics3 shuffles by it")
+        }
+        (ProjectorKind::Qwen3vl, _) => {
+            match opt_size(file, "clip.vision.spatial_merge_size")?.unwrap_or(2) {
+                2 => 2,
+                m => bail!("clip.vision.spatial_merge_size is {m}: Qwen3-VL merges 2 × 2"),
+            }
+        }
+    };
+    if kind == ProjectorKind::Qwen3vl && file.get("clip.vision.projector.scale_factor").is_some() {
+        bail!("clip.vision.projector.scale_factor is set, which a qwen3vl projector does not read");
+    }
+    if kind != ProjectorKind::Qwen3vl && file.get("clip.vision.spatial_merge_size").is_some() {
+        bail!(
+            "clip.vision.spatial_merge_size is set, which a {} projector does not read",
+            kind.name()
+        );
+    }
+    Ok(merge)
+}
+
+/// The blocks `clip.vision.is_deepstack_layers` marks (Qwen3-VL's; no other type has any).
+fn deepstack_layers(file: &GgufFile, kind: ProjectorKind, n_layers: usize) -> Result<Vec<usize>> {
+    let key = "clip.vision.is_deepstack_layers";
+    let flags = match file.get(key) {
+        None => return Ok(Vec::new()),
+        Some(Value::Array(Array::Bool(flags))) => flags,
+        Some(_) => bail!("{key} is not an array of booleans"),
+    };
+    if kind != ProjectorKind::Qwen3vl && flags.contains(&true) {
+        bail!(
+            "{key} marks blocks, which a {} projector does not have",
+            kind.name()
+        );
+    }
+    if flags.len() != n_layers {
+        bail!("{key} has {} entries for {n_layers} blocks", flags.len());
+    }
+    Ok((0..n_layers).filter(|&i| flags[i]).collect())
 }
 
 /// Refuses a `clip.*` key edgelm does not read, and encoders other than a GELU vision ViT.
@@ -269,6 +378,8 @@ pub(crate) mod tests {
             n_merge: 4,
             longest_edge: None,
             projection_dim: 64,
+            deepstack: Vec::new(),
+            dynamic_rows: None,
         }
     }
 
@@ -282,7 +393,16 @@ pub(crate) mod tests {
             ..gemma3_like()
         };
         assert_eq!(c.max_views(), 17);
-        assert_eq!(c.rows_per_view(), 64);
+        assert_eq!(c.view_rows(4000, 3000), 64);
         assert_eq!(gemma3_like().max_views(), 1);
+    }
+
+    #[test]
+    fn qwen_images_keep_their_aspect_in_whole_squares_within_the_rows() {
+        // 451 × 300 in squares of 32: 448 × 288 (14 × 9 rows).
+        assert_eq!(dynamic_size(451, 300, 32, (8, 4096)), (448, 288));
+        // Too large: scaled down to at most 4,096 squares; too small: up to at least 8.
+        assert_eq!(dynamic_size(4000, 3000, 32, (8, 4096)), (2336, 1760));
+        assert_eq!(dynamic_size(40, 30, 32, (8, 4096)), (128, 96));
     }
 }

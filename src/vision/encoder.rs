@@ -6,8 +6,9 @@
 
 use super::attention::KeysValues;
 use super::config::VisionConfig;
+use super::kinds::ProjectorKind;
 use super::preprocess::Pixels;
-use super::weights::{VisionWeights, VitLayer};
+use super::weights::{Qkv, VisionWeights, VitLayer};
 use crate::backend::cpu::ops::{activate, add_in_place, layernorm_in_place};
 use crate::backend::cpu::parallel::for_row_chunks;
 use crate::backend::ops::{Activation, LayerNorm};
@@ -29,11 +30,17 @@ pub struct VitRun<'a> {
     w: &'a VisionWeights,
     cfg: &'a VisionConfig,
     patches: Vec<f32>,
+    /// Each patch row's learned position row (resized to the view's grid where it differs).
+    positions: Vec<f32>,
+    /// Qwen3-VL: each patch row's place in the grid (row, column), for its rotary positions.
+    places: Vec<(usize, usize)>,
     x: Vec<f32>,
     b: Buffers,
     n: usize,
     at: Stage,
     kv: Option<KeysValues>,
+    /// Qwen3-VL: each DeepStack block's merged rows (`projection_dim` wide), in block order.
+    deepstack: Vec<Vec<f32>>,
 }
 
 /// Where a run is: the next piece starts at `row`.
@@ -51,12 +58,13 @@ enum Stage {
 }
 
 /// A block's parts: the rows' norm and Q, K, V; attention (once all rows have their K and V);
-/// the rows' output projection, norm and FFN.
+/// the rows' output projection, norm and FFN; and a DeepStack block's merger.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Part {
     Qkv,
     Attention,
     Ffn,
+    Deepstack,
 }
 
 impl<'a> VitRun<'a> {
@@ -66,18 +74,34 @@ impl<'a> VitRun<'a> {
         cfg: &'a VisionConfig,
         pixels: &Pixels,
     ) -> VitRun<'a> {
-        let patches = im2col(pixels, cfg.patch_size);
-        let n = patches.len() / (3 * cfg.patch_size * cfg.patch_size);
+        let (p, e) = (cfg.patch_size, cfg.n_embd);
+        let grid = (pixels.width / p, pixels.height / p);
+        let mut patches = im2col(pixels, p);
+        let n = patches.len() / (3 * p * p);
+        let side = cfg.image_size / p;
+        let mut positions = resized_grid(w.positions.of(&w.arena), e, (side, side), grid);
+        let mut places = Vec::new();
+        if cfg.kind == ProjectorKind::Qwen3vl {
+            // Qwen3-VL's rows go by merged square (each square's 2 × 2 patches in a run), so
+            // that its merger takes runs of rows.
+            let order = merge_order(grid, cfg.n_merge);
+            patches = permuted(&patches, 3 * p * p, &order);
+            positions = permuted(&positions, e, &order);
+            places = order.iter().map(|&i| (i / grid.0, i % grid.0)).collect();
+        }
         VitRun {
             file,
             w,
             cfg,
             patches,
-            x: vec![0.0; n * cfg.n_embd],
+            positions,
+            places,
+            x: vec![0.0; n * e],
             b: Buffers::new(n, cfg),
             n,
             at: Stage::Embed { row: 0 },
             kv: None,
+            deepstack: Vec::new(),
         }
     }
 
@@ -91,7 +115,7 @@ impl<'a> VitRun<'a> {
                 let x = &mut self.x[rows.start * e..rows.end * e];
                 let patches = &self.patches[rows.start * p..rows.end * p];
                 self.w.patch.apply(self.file, arena, patches, x);
-                add_in_place(x, &self.w.positions.of(arena)[rows.start * e..rows.end * e]);
+                add_in_place(x, &self.positions[rows.start * e..rows.end * e]);
                 if let Some(norm) = self.w.pre_norm {
                     layer_norm(x, arena, norm, self.cfg.eps);
                 }
@@ -112,19 +136,22 @@ impl<'a> VitRun<'a> {
         next != Stage::Done
     }
 
-    /// One row of `n_embd` per patch, row-major by patch row (the run must be over).
-    pub fn output(&self) -> &[f32] {
+    /// One row of `n_embd` per patch, row-major by patch row (Qwen3-VL: by merged square),
+    /// and each DeepStack block's merged rows (the run must be over).
+    pub fn output(&self) -> (&[f32], &[Vec<f32>]) {
         assert_eq!(self.at, Stage::Done, "the ViT has pieces left");
-        &self.x
+        (&self.x, &self.deepstack)
     }
 
     /// The run over again for another view of the same size (a tile after a tile), in the
     /// buffers of this one: a tiled image does not fault in fresh pages for each view.
     pub fn restart(mut self, pixels: &Pixels) -> VitRun<'a> {
+        assert!(self.cfg.kind != ProjectorKind::Qwen3vl, "one view an image");
         let patches = im2col(pixels, self.cfg.patch_size);
         assert_eq!(patches.len(), self.patches.len(), "views of one size");
         self.patches = patches;
         self.at = Stage::Embed { row: 0 };
+        self.deepstack.clear();
         self
     }
 
@@ -148,17 +175,14 @@ impl<'a> VitRun<'a> {
             Part::Attention => QUERIES_PER_PIECE,
             _ => ROWS_PER_PIECE,
         };
+        if part == Part::Deepstack && row == 0 {
+            let rows = self.n / (cfg.n_merge * cfg.n_merge);
+            self.deepstack.push(vec![0.0; rows * cfg.projection_dim]);
+        }
         let rows = row..(row + step).min(self.n);
         let span = rows.start * e..rows.end * e;
         match part {
-            Part::Qkv => {
-                let h = &mut b.h[span.clone()];
-                h.copy_from_slice(&self.x[span.clone()]);
-                layer_norm(h, arena, l.ln1, cfg.eps);
-                for (m, out) in [(&l.q, &mut b.q), (&l.k, &mut b.k), (&l.v, &mut b.v)] {
-                    m.apply(file, arena, h, &mut out[span.clone()]);
-                }
-            }
+            Part::Qkv => qkv_rows(file, arena, cfg, l, &self.x, b, rows.clone(), &self.places),
             Part::Attention => {
                 let kv = self
                     .kv
@@ -174,6 +198,13 @@ impl<'a> VitRun<'a> {
                 b,
                 rows.clone(),
             ),
+            Part::Deepstack => {
+                let out = self
+                    .deepstack
+                    .last_mut()
+                    .expect("pushed at its first piece");
+                deepstack_rows(file, arena, cfg, l, &self.x, b, rows.clone(), out);
+            }
         }
         if rows.end < self.n {
             return Stage::Block {
@@ -196,7 +227,12 @@ impl<'a> VitRun<'a> {
                     row: 0,
                 }
             }
-            Part::Ffn => self.block_start(layer + 1),
+            Part::Ffn if l.deepstack.is_some() => Stage::Block {
+                layer,
+                part: Part::Deepstack,
+                row: 0,
+            },
+            Part::Ffn | Part::Deepstack => self.block_start(layer + 1),
         }
     }
 }
@@ -204,6 +240,8 @@ impl<'a> VitRun<'a> {
 /// A block's intermediate rows, allocated once for all the blocks of an image.
 struct Buffers {
     h: Vec<f32>,
+    /// A fused projection's Q, K and V side by side (empty where they are apart).
+    qkv: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -214,8 +252,10 @@ struct Buffers {
 impl Buffers {
     fn new(n: usize, cfg: &VisionConfig) -> Buffers {
         let rows = || vec![0.0; n * cfg.n_embd];
+        let fused = cfg.kind == ProjectorKind::Qwen3vl;
         Buffers {
             h: rows(),
+            qkv: vec![0.0; if fused { 3 * n * cfg.n_embd } else { 0 }],
             q: rows(),
             k: rows(),
             v: rows(),
@@ -223,6 +263,77 @@ impl Buffers {
             up: vec![0.0; n * cfg.n_ff],
         }
     }
+}
+
+/// Rows `rows` of a block before attention: `ln1(x)` to Q, K and V (Qwen3-VL: turned by
+/// their patches' `places` in the grid).
+#[allow(clippy::too_many_arguments)]
+fn qkv_rows(
+    file: &GgufFile,
+    arena: &[f32],
+    cfg: &VisionConfig,
+    l: &VitLayer,
+    x: &[f32],
+    b: &mut Buffers,
+    rows: std::ops::Range<usize>,
+    places: &[(usize, usize)],
+) {
+    let e = cfg.n_embd;
+    let span = rows.start * e..rows.end * e;
+    let h = &mut b.h[span.clone()];
+    h.copy_from_slice(&x[span.clone()]);
+    layer_norm(h, arena, l.ln1, cfg.eps);
+    match &l.qkv {
+        Qkv::Separate(qkv) => {
+            let [q, k, v] = &**qkv;
+            for (m, out) in [(q, &mut b.q), (k, &mut b.k), (v, &mut b.v)] {
+                m.apply(file, arena, h, &mut out[span.clone()]);
+            }
+        }
+        Qkv::Fused(qkv) => {
+            let fused = &mut b.qkv[rows.start * 3 * e..rows.end * 3 * e];
+            qkv.apply(file, arena, h, fused);
+            for (r, row) in fused.chunks_exact(3 * e).enumerate() {
+                let at = (rows.start + r) * e;
+                b.q[at..at + e].copy_from_slice(&row[..e]);
+                b.k[at..at + e].copy_from_slice(&row[e..2 * e]);
+                b.v[at..at + e].copy_from_slice(&row[2 * e..]);
+            }
+        }
+    }
+    if !places.is_empty() {
+        for out in [&mut b.q, &mut b.k] {
+            rope_2d(
+                &mut out[span.clone()],
+                &places[rows.clone()],
+                cfg.n_head,
+                cfg.head_dim,
+            );
+        }
+    }
+}
+
+/// Rows `rows` of a DeepStack block's output (`x`), each merged square's side by side,
+/// through its norm and MLP into `out` (the block's merged rows).
+#[allow(clippy::too_many_arguments)]
+fn deepstack_rows(
+    file: &GgufFile,
+    arena: &[f32],
+    cfg: &VisionConfig,
+    l: &VitLayer,
+    x: &[f32],
+    b: &mut Buffers,
+    rows: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let (norm, mlp) = l.deepstack.as_ref().expect("a DeepStack block");
+    let span = rows.start * cfg.n_embd..rows.end * cfg.n_embd;
+    let h = &mut b.h[span.clone()];
+    h.copy_from_slice(&x[span.clone()]);
+    layer_norm(h, arena, *norm, cfg.eps);
+    let (merged, d) = (cfg.n_merge * cfg.n_merge, cfg.projection_dim);
+    let out = &mut out[rows.start / merged * d..rows.end / merged * d];
+    mlp.apply(file, arena, h, &mut b.proj[span], out);
 }
 
 /// Rows `rows` of a block after attention (`x` holds those rows, `b.h` the attention's
@@ -258,13 +369,13 @@ fn layer_norm(x: &mut [f32], arena: &[f32], norm: LayerNorm, eps: f32) {
     for_row_chunks(x, w.len(), |_, rows| layernorm_in_place(rows, w, b, eps));
 }
 
-/// Each patch's pixels as one row, in the order of the convolution kernel's values: channel,
-/// then row, then column within the patch (ggml's `im2col`).
+/// Each patch's pixels as one row (row-major by patch), in the order of the convolution
+/// kernel's values: channel, then row, then column within the patch (ggml's `im2col`).
 fn im2col(pixels: &Pixels, p: usize) -> Vec<f32> {
-    let side = pixels.size / p;
-    let mut rows = Vec::with_capacity(side * side * 3 * p * p);
-    for py in 0..side {
-        for px in 0..side {
+    let (columns, lines) = (pixels.width / p, pixels.height / p);
+    let mut rows = Vec::with_capacity(columns * lines * 3 * p * p);
+    for py in 0..lines {
+        for px in 0..columns {
             for c in 0..3 {
                 for ky in 0..p {
                     let y = py * p + ky;
@@ -274,4 +385,127 @@ fn im2col(pixels: &Pixels, p: usize) -> Vec<f32> {
         }
     }
     rows
+}
+
+/// The patches of a `grid` (columns, rows) in merged-square order: each `k` × `k` square's
+/// patches row-major, the squares row-major (the order llama.cpp's Qwen-VL graphs permute
+/// the patch rows into).
+fn merge_order((columns, lines): (usize, usize), k: usize) -> Vec<usize> {
+    let mut order = Vec::with_capacity(columns * lines);
+    for sy in 0..lines / k {
+        for sx in 0..columns / k {
+            for dy in 0..k {
+                order.extend((0..k).map(|dx| (sy * k + dy) * columns + sx * k + dx));
+            }
+        }
+    }
+    order
+}
+
+/// Rows of `width` values taken in `order`.
+fn permuted(rows: &[f32], width: usize, order: &[usize]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows.len());
+    for &i in order {
+        out.extend_from_slice(&rows[i * width..(i + 1) * width]);
+    }
+    out
+}
+
+/// A grid of rows of `width` (`from`: columns, rows; row-major) resized to the grid `to`,
+/// bilinear with the corners aligned: ggml's `interpolate` with `ALIGN_CORNERS`, in its f32
+/// arithmetic. The same grid is returned as it is.
+fn resized_grid(rows: &[f32], width: usize, from: (usize, usize), to: (usize, usize)) -> Vec<f32> {
+    if from == to {
+        return rows.to_vec();
+    }
+    // Where output index `i` reads in an input of `n` (ggml's scale factor, corners aligned).
+    let source = |i: usize, n_out: usize, n_in: usize| -> (usize, usize, f32) {
+        let scale = match n_out > 1 && n_in > 1 {
+            true => (n_out - 1) as f32 / (n_in - 1) as f32,
+            false => n_out as f32 / n_in as f32,
+        };
+        let at = i as f32 / scale;
+        let first = (at.floor() as usize).min(n_in - 1);
+        let next = (first + 1).min(n_in - 1);
+        (first, next, (at - first as f32).clamp(0.0, 1.0))
+    };
+    let mut out = Vec::with_capacity(to.0 * to.1 * width);
+    for oy in 0..to.1 {
+        let (y0, y1, dy) = source(oy, to.1, from.1);
+        for ox in 0..to.0 {
+            let (x0, x1, dx) = source(ox, to.0, from.0);
+            let at = |x: usize, y: usize| &rows[(y * from.0 + x) * width..][..width];
+            let (a, b, c, d) = (at(x0, y0), at(x1, y0), at(x0, y1), at(x1, y1));
+            out.extend((0..width).map(|i| {
+                a[i] * (1.0 - dx) * (1.0 - dy)
+                    + b[i] * dx * (1.0 - dy)
+                    + c[i] * (1.0 - dx) * dy
+                    + d[i] * dx * dy
+            }));
+        }
+    }
+    out
+}
+
+/// Qwen3-VL's 2-D rotary positions on rows of `heads` heads of `hd` (each row's `places`:
+/// its patch's grid row and column), as ggml's `rope_multi` in vision mode computes them:
+/// each head's dimension `i` turns with `i + hd/2`, the first quarter of the pairs by the
+/// patch's row, the second by its column, at base 10,000 over `hd/2` dimensions.
+fn rope_2d(rows: &mut [f32], places: &[(usize, usize)], heads: usize, hd: usize) {
+    let (half, quarter) = (hd / 2, hd / 4);
+    let scale = 10_000f32.powf(-2.0 / half as f32);
+    let mut turns = vec![(0f32, 0f32); half];
+    for (row, &(y, x)) in rows.chunks_exact_mut(heads * hd).zip(places) {
+        // ggml multiplies each section's angle by the scale pair after pair (the second
+        // section's restarting from its own position), in f32.
+        let (mut by_row, mut by_column) = (y as f32, x as f32);
+        for (i, turn) in turns.iter_mut().enumerate() {
+            if i == quarter {
+                by_column = x as f32;
+            }
+            let theta = if i < quarter { by_row } else { by_column };
+            *turn = (theta.cos(), theta.sin());
+            by_row *= scale;
+            by_column *= scale;
+        }
+        for head in row.chunks_exact_mut(hd) {
+            for (i, &(cos, sin)) in turns.iter().enumerate() {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos - b * sin;
+                head[i + half] = a * sin + b * cos;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_squares_take_their_patches_in_runs() {
+        // A 4 × 2 grid in squares of 2: the left square's four patches, then the right's.
+        assert_eq!(merge_order((4, 2), 2), vec![0, 1, 4, 5, 2, 3, 6, 7]);
+    }
+
+    #[test]
+    fn a_grid_resized_with_aligned_corners_keeps_its_corners_and_blends_between() {
+        // A 2 × 2 grid of one-value rows to 3 × 3: corners kept, the centre their mean.
+        let out = resized_grid(&[0.0, 1.0, 2.0, 3.0], 1, (2, 2), (3, 3));
+        assert_eq!(out, vec![0.0, 0.5, 1.0, 1.0, 1.5, 2.0, 2.0, 2.5, 3.0]);
+        assert_eq!(resized_grid(&[7.0, 8.0], 2, (1, 1), (1, 1)), vec![7.0, 8.0]);
+    }
+
+    #[test]
+    fn rotary_positions_turn_by_row_then_column_and_leave_the_origin_alone() {
+        let mut rows: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        rope_2d(&mut rows, &[(0, 0)], 1, 8);
+        assert_eq!(rows, (0..8).map(|v| v as f32).collect::<Vec<_>>());
+        // Row 1, column 0: the first pair turns by one radian, the second (a column pair)
+        // not at all; lengths are kept.
+        let mut rows = vec![1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        rope_2d(&mut rows, &[(1, 0)], 1, 8);
+        assert!((rows[0] - 1f32.cos()).abs() < 1e-6 && (rows[4] - 1f32.sin()).abs() < 1e-6);
+        assert_eq!((rows[2], rows[6]), (1.0, 0.0));
+    }
 }

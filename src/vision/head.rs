@@ -5,13 +5,27 @@ use super::weights::{Head, VisionWeights};
 use crate::backend::cpu::ops::rmsnorm_in_place;
 use crate::gguf::GgufFile;
 
-/// `vit` (one row of `n_embd` per patch of a view, row-major by patch row) as the text
-/// model's rows.
-pub fn project(cfg: &VisionConfig, w: &VisionWeights, file: &GgufFile, vit: &[f32]) -> Vec<f32> {
-    let mut out = vec![0.0; cfg.rows_per_view() * cfg.projection_dim];
+/// `vit` (one row of `n_embd` per patch of a view, as [`super::encoder::VitRun::output`]
+/// orders them) and its DeepStack rows as the text model's rows ([`VisionConfig::row_width`]
+/// wide).
+pub fn project(
+    cfg: &VisionConfig,
+    w: &VisionWeights,
+    file: &GgufFile,
+    vit: &[f32],
+    deepstack: &[Vec<f32>],
+) -> Vec<f32> {
+    let merged = cfg.n_merge * cfg.n_merge;
+    let rows = vit.len() / cfg.n_embd / merged;
+    let mut out = vec![0.0; rows * cfg.projection_dim];
+    let side = || {
+        let side = (vit.len() / cfg.n_embd).isqrt();
+        assert_eq!(side * side * cfg.n_embd, vit.len(), "a square view");
+        side
+    };
     match &w.head {
         Head::Gemma3 { norm, projection } => {
-            let mut pooled = average_pool(vit, cfg.patches_per_side(), cfg.n_merge, cfg.n_embd);
+            let mut pooled = average_pool(vit, side(), cfg.n_merge, cfg.n_embd);
             let norm = norm.of(&w.arena);
             pooled
                 .chunks_exact_mut(cfg.n_embd)
@@ -19,8 +33,28 @@ pub fn project(cfg: &VisionConfig, w: &VisionWeights, file: &GgufFile, vit: &[f3
             projection.matmul(&pooled, &mut out);
         }
         Head::Idefics3 { fc } => {
-            let shuffled = pixel_shuffle(vit, cfg.patches_per_side(), cfg.n_merge, cfg.n_embd);
+            let shuffled = pixel_shuffle(vit, side(), cfg.n_merge, cfg.n_embd);
             fc.apply(file, &w.arena, &shuffled, &mut out);
+        }
+        // The ViT's rows come by merged square: each square's are a run, one wide row.
+        Head::Qwen3vl { mlp } => {
+            let mut scratch = vec![0.0; vit.len()];
+            mlp.apply(file, &w.arena, vit, &mut scratch, &mut out);
+        }
+    }
+    beside(out, deepstack, cfg.projection_dim)
+}
+
+/// Each row of `main` with the same row of each of `extra` after it (rows of `width`).
+fn beside(main: Vec<f32>, extra: &[Vec<f32>], width: usize) -> Vec<f32> {
+    if extra.is_empty() {
+        return main;
+    }
+    let mut out = Vec::with_capacity(main.len() * (1 + extra.len()));
+    for (i, row) in main.chunks_exact(width).enumerate() {
+        out.extend_from_slice(row);
+        for e in extra {
+            out.extend_from_slice(&e[i * width..(i + 1) * width]);
         }
     }
     out
@@ -66,6 +100,12 @@ fn average_pool(rows: &[f32], side: usize, k: usize, width: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deepstack_rows_go_beside_each_row() {
+        let out = beside(vec![1.0, 2.0], &[vec![3.0, 4.0], vec![5.0, 6.0]], 1);
+        assert_eq!(out, vec![1.0, 3.0, 5.0, 2.0, 4.0, 6.0]);
+    }
 
     #[test]
     fn pooling_averages_each_square_of_patches() {

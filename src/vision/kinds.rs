@@ -13,6 +13,11 @@ pub enum ProjectorKind {
     /// whole-image overview, each view's patches pixel-shuffled `n_merge` × `n_merge` into
     /// wider rows and projected by one matrix.
     Idefics3,
+    /// Qwen3-VL's: a ViT over the image at its own size (a grid of patches within a range of
+    /// rows, 2-D rotary positions, learned positions resized to the grid), each 2 × 2 square
+    /// of patches merged into one row by an MLP; some blocks' rows, merged by MLPs of their
+    /// own ("DeepStack"), go beside each row for the text model's first layers.
+    Qwen3vl,
 }
 
 /// One row of [`PROJECTORS`].
@@ -30,7 +35,7 @@ pub struct ProjectorType {
 }
 
 /// The projector types edgelm implements, in the order the docs list them.
-pub const PROJECTORS: [ProjectorType; 2] = [
+pub const PROJECTORS: [ProjectorType; 3] = [
     ProjectorType {
         name: "gemma3",
         kind: ProjectorKind::Gemma3,
@@ -43,6 +48,13 @@ pub const PROJECTORS: [ProjectorType; 2] = [
         kind: ProjectorKind::Idefics3,
         models: "SmolVLM and SmolVLM2 256M/500M/2.2B",
         text_arch: "llama",
+        bidirectional: false,
+    },
+    ProjectorType {
+        name: "qwen3vl_merger",
+        kind: ProjectorKind::Qwen3vl,
+        models: "Qwen3-VL 2B/4B/8B/32B",
+        text_arch: "qwen3vl",
         bidirectional: false,
     },
 ];

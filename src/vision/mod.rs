@@ -154,18 +154,33 @@ impl Projector {
                 c.max_views()
             ),
         };
+        let (size, rows) = match c.dynamic_rows {
+            None => (
+                format!("{}-pixel images", c.image_size),
+                c.max_view_rows().to_string(),
+            ),
+            Some((least, most)) => (
+                "images at their own size".into(),
+                format!("{least} to {most}"),
+            ),
+        };
+        let deepstack = match c.deepstack.len() {
+            0 => String::new(),
+            n => format!(
+                " (and beside each, {n} DeepStack rows from blocks {:?})",
+                c.deepstack
+            ),
+        };
         format!(
-            "{} projector ({}): a ViT of {} blocks {} wide, {}-pixel images in patches of {} \
-             merged {} × {}, {} rows of {} {views}",
+            "{} projector ({}): a ViT of {} blocks {} wide, {size} in patches of {} merged {} × \
+             {}, {rows} rows of {}{deepstack} {views}",
             c.kind.name(),
             c.kind.info().models,
             c.n_layers,
             c.n_embd,
-            c.image_size,
             c.patch_size,
             c.n_merge,
             c.n_merge,
-            c.rows_per_view(),
             c.projection_dim
         )
     }
@@ -175,20 +190,21 @@ impl Projector {
     /// the scores per pool thread; the views' rows).
     pub fn memory_bytes(&self, threads: usize) -> (usize, usize) {
         let c = &self.config;
-        let n = c.patches_per_side() * c.patches_per_side();
-        let rows = n * (3 * c.patch_size * c.patch_size + 8 * c.n_embd + c.n_ff);
+        let n = c.max_view_rows() * c.n_merge * c.n_merge;
+        // A fused Q, K and V (Qwen3-VL) takes three rows more.
+        let rows = n * (3 * c.patch_size * c.patch_size + 11 * c.n_embd + c.n_ff);
         let scores = threads * attention::QUERY_BLOCK * n;
-        let views = self.max_rows_per_image() * c.projection_dim;
+        let views = self.max_rows_per_image() * c.row_width();
         (self.weights.bytes(), (rows + scores + views) * 4)
     }
 
     /// The most rows one image becomes in the text model (a tiled image's largest grid).
     pub fn max_rows_per_image(&self) -> usize {
-        self.config.max_views() * self.config.rows_per_view()
+        self.config.max_views() * self.config.max_view_rows()
     }
 
-    /// `img`'s views, each as `rows_per_view()` rows of `projection_dim` values, one after
-    /// another in prompt order.
+    /// `img`'s views, each as [`VisionConfig::view_rows`] rows of
+    /// [`VisionConfig::row_width`] values, one after another in prompt order.
     pub fn encode(&self, img: &Rgb) -> Vec<f32> {
         self.encode_in_slices(img, &mut |piece| while piece() {})
     }
@@ -217,7 +233,8 @@ impl Projector {
                     more
                 });
             }
-            out.push(head::project(cfg, w, &self.file, run.output()));
+            let (vit, deepstack) = run.output();
+            out.push(head::project(cfg, w, &self.file, vit, deepstack));
             last = Some(run);
         }
         out
@@ -243,12 +260,12 @@ impl Projector {
         for (i, text_after) in pieces.enumerate() {
             let &(width, height) = sizes.get(i).context("more image markers than images")?;
             let mut views = Vec::new();
+            let rows = self.config.view_rows(width, height);
             for part in layout::image_parts(&self.config, width, height) {
                 match part {
                     layout::Part::Text(text) => tokens.extend(tokenizer.encode(&text, false)?),
                     layout::Part::View => {
                         views.push(tokens.len());
-                        let rows = self.config.rows_per_view();
                         tokens.extend(std::iter::repeat_n(placeholder, rows));
                     }
                 }
@@ -276,7 +293,7 @@ impl Projector {
         if let Some(hit) = self.recent().get(key) {
             return hit;
         }
-        let width = self.config.projection_dim;
+        let width = self.config.row_width();
         let views: Views = (self.encode_views(img, slice).into_iter().enumerate())
             .map(|(i, rows)| {
                 Arc::new(Embedded {

@@ -7,15 +7,16 @@ use super::decode::Rgb;
 use super::kinds::ProjectorKind;
 use super::resize::{resize, Filter};
 
-/// A square image of normalised values, row-major, 3 channels a pixel.
+/// An image of normalised values, row-major, 3 channels a pixel.
 pub struct Pixels {
-    pub size: usize,
+    pub width: usize,
+    pub height: usize,
     data: Vec<f32>,
 }
 
 impl Pixels {
     pub fn at(&self, x: usize, y: usize, channel: usize) -> f32 {
-        self.data[(y * self.size + x) * 3 + channel]
+        self.data[(y * self.width + x) * 3 + channel]
     }
 }
 
@@ -25,8 +26,14 @@ pub fn preprocess(cfg: &VisionConfig, img: &Rgb) -> Vec<Pixels> {
         // One fixed-size view, bilinear (mtmd's `fixed_size` preprocessor).
         ProjectorKind::Gemma3 => vec![normalise(
             cfg,
-            &fit_and_pad(img, cfg.image_size, Filter::Bilinear),
+            &fit_and_pad(img, (cfg.image_size, cfg.image_size), Filter::Bilinear),
         )],
+        // The image at its own size within the type's rows, bicubic (mtmd's `dyn_size`
+        // preprocessor: the aspect the whole squares leave is padded, not stretched).
+        ProjectorKind::Qwen3vl => {
+            let size = cfg.view_size(img.width, img.height);
+            vec![normalise(cfg, &fit_and_pad(img, size, Filter::Bicubic))]
+        }
         ProjectorKind::Idefics3 => idefics3_views(cfg, img)
             .iter()
             .map(|view| normalise(cfg, view))
@@ -99,25 +106,25 @@ fn crop(img: &Rgb, x0: usize, y0: usize, size: usize) -> Rgb {
     }
 }
 
-/// `img` scaled to fit a `size` × `size` square with its aspect kept (sides rounded up),
+/// `img` scaled to fit a `width` × `height` canvas with its aspect kept (sides rounded up),
 /// centred on black: mtmd's resize with `PAD_CEIL`.
-fn fit_and_pad(img: &Rgb, size: usize, filter: Filter) -> Rgb {
-    if (img.width, img.height) == (size, size) {
+fn fit_and_pad(img: &Rgb, (width, height): (usize, usize), filter: Filter) -> Rgb {
+    if (img.width, img.height) == (width, height) {
         return img.clone();
     }
-    let scale = (size as f32 / img.width as f32).min(size as f32 / img.height as f32);
-    let fit = |side: usize| (((side as f32) * scale).ceil() as usize).clamp(1, size);
-    let (w, h) = (fit(img.width), fit(img.height));
+    let scale = (width as f32 / img.width as f32).min(height as f32 / img.height as f32);
+    let fit = |side: usize, most: usize| (((side as f32) * scale).ceil() as usize).clamp(1, most);
+    let (w, h) = (fit(img.width, width), fit(img.height, height));
     let small = resize(img, w, h, filter);
     let mut canvas = Rgb {
-        width: size,
-        height: size,
-        data: vec![0; size * size * 3],
+        width,
+        height,
+        data: vec![0; width * height * 3],
     };
-    let (x0, y0) = ((size - w) / 2, (size - h) / 2);
+    let (x0, y0) = ((width - w) / 2, (height - h) / 2);
     for y in 0..h {
         let from = &small.data[y * w * 3..][..w * 3];
-        canvas.data[((y0 + y) * size + x0) * 3..][..w * 3].copy_from_slice(from);
+        canvas.data[((y0 + y) * width + x0) * 3..][..w * 3].copy_from_slice(from);
     }
     canvas
 }
@@ -131,7 +138,8 @@ fn normalise(cfg: &VisionConfig, img: &Rgb) -> Pixels {
         .map(|(i, &v)| (f32::from(v) / 255.0 - cfg.mean[i % 3]) / cfg.std[i % 3])
         .collect();
     Pixels {
-        size: img.width,
+        width: img.width,
+        height: img.height,
         data,
     }
 }
@@ -188,7 +196,7 @@ mod tests {
             height: 4,
             data: vec![255; 8 * 4 * 3],
         };
-        let out = fit_and_pad(&img, 4, Filter::Bilinear);
+        let out = fit_and_pad(&img, (4, 4), Filter::Bilinear);
         assert_eq!((out.width, out.height), (4, 4));
         let row = |y: usize| out.data[y * 12..(y + 1) * 12].to_vec();
         assert_eq!(row(0), vec![0; 12]);

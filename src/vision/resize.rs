@@ -5,7 +5,6 @@
 use super::decode::Rgb;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(dead_code)] // Bicubic and Lanczos: for the projector types that resize with them.
 pub enum Filter {
     Bilinear,
     Bicubic,

@@ -16,13 +16,27 @@ use anyhow::{bail, Result};
 /// One ViT block: pre-norm attention and pre-norm GELU FFN, every matrix with its bias.
 pub struct VitLayer {
     pub ln1: LayerNorm,
-    pub q: Linear, // [n_embd × n_embd]
-    pub k: Linear,
-    pub v: Linear,
+    pub qkv: Qkv,
     pub out: Linear,
     pub ln2: LayerNorm,
     pub up: Linear,   // [n_ff × n_embd]
     pub down: Linear, // [n_embd × n_ff]
+    /// Qwen3-VL's DeepStack: the block's rows, each merged square's side by side, normed
+    /// (over the merged width) and through an MLP to the text model's width.
+    pub deepstack: Option<(LayerNorm, Mlp)>,
+}
+
+/// A block's query, key and value projections: three matrices, or one of three times the
+/// rows (Qwen3-VL's `attn_qkv`: each row's Q, then K, then V).
+pub enum Qkv {
+    Separate(Box<[Linear; 3]>), // Q, K, V: [n_embd × n_embd] each
+    Fused(Linear),              // [3·n_embd × n_embd]
+}
+
+/// Two biased matrices with GELU between (llama.cpp's `build_ffn` with `FFN_GELU`).
+pub struct Mlp {
+    pub fc1: Linear,
+    pub fc2: Linear,
 }
 
 /// A matrix and its bias, if it has one. F16, BF16 and F32 matrices (what mmproj files mostly
@@ -46,6 +60,9 @@ pub enum Head {
     /// Idefics3: each pixel-shuffled row (`n_merge`² patches side by side) projected by `fc`
     /// ([projection_dim × n_embd·n_merge²], no bias).
     Idefics3 { fc: Linear },
+    /// Qwen3-VL: each merged square's rows (normed by the ViT's last norm) side by side,
+    /// through an MLP ([4·n_embd × 4·n_embd], then [projection_dim × 4·n_embd]).
+    Qwen3vl { mlp: Mlp },
 }
 
 pub struct VisionWeights {
@@ -67,15 +84,18 @@ impl VisionWeights {
     pub fn bytes(&self) -> usize {
         let layers: usize = (self.layers.iter())
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.out, &l.up, &l.down]
-                    .iter()
-                    .map(|m| m.bytes())
-                    .sum::<usize>()
+                let qkv = match &l.qkv {
+                    Qkv::Separate(qkv) => qkv.iter().map(Linear::bytes).sum(),
+                    Qkv::Fused(qkv) => qkv.bytes(),
+                };
+                let deepstack = l.deepstack.as_ref().map_or(0, |(_, mlp)| mlp.bytes());
+                qkv + l.out.bytes() + l.up.bytes() + l.down.bytes() + deepstack
             })
             .sum();
         let head = match &self.head {
             Head::Gemma3 { projection, .. } => projection.bytes(),
             Head::Idefics3 { fc } => fc.bytes(),
+            Head::Qwen3vl { mlp } => mlp.bytes(),
         };
         self.patch.bytes() + layers + head + self.arena.len() * 4
     }
@@ -84,13 +104,18 @@ impl VisionWeights {
         let mut b = Binder::new(file);
         let e = cfg.n_embd;
         let p = cfg.patch_size;
-        let patch = b.flat_mat(
-            "v.patch_embd.weight",
-            &[p as u64, p as u64, 3, e as u64],
-            3 * p * p,
-            e,
-        )?;
-        let patch = Linear::new(file, patch, Some(b.vector("v.patch_embd.bias", e)?));
+        let kernel = [p as u64, p as u64, 3, e as u64];
+        let patch = b.flat_mat("v.patch_embd.weight", &kernel, 3 * p * p, e)?;
+        let bias = Some(b.vector("v.patch_embd.bias", e)?);
+        let patch = match cfg.kind {
+            // Qwen3-VL's kernel spans two frames; a still image is both, so the two
+            // kernels (the converter's split of it) are one summed.
+            ProjectorKind::Qwen3vl => {
+                let second = b.flat_mat("v.patch_embd.weight.1", &kernel, 3 * p * p, e)?;
+                Linear::summed(file, patch, &second, bias)
+            }
+            _ => Linear::new(file, patch, bias),
+        };
         let n_patches = cfg.patches_per_side() * cfg.patches_per_side();
         let positions = b.vector("v.position_embd.weight", n_patches * e)?;
         let pre_norm = opt_layer_norm(&mut b, "v.pre_ln", e)?;
@@ -98,6 +123,9 @@ impl VisionWeights {
             .map(|i| vit_layer(&mut b, cfg, i))
             .collect::<Result<Vec<_>>>()?;
         let post_norm = opt_layer_norm(&mut b, "v.post_ln", e)?;
+        if cfg.kind == ProjectorKind::Qwen3vl && post_norm.is_none() {
+            bail!("a qwen3vl projector has no v.post_ln (its merger's norm)");
+        }
         let head = match cfg.kind {
             ProjectorKind::Gemma3 => {
                 let norm = b.vector("mm.soft_emb_norm.weight", e)?;
@@ -117,6 +145,9 @@ impl VisionWeights {
                     fc: Linear::new(file, fc, None),
                 }
             }
+            ProjectorKind::Qwen3vl => Head::Qwen3vl {
+                mlp: mlp(&mut b, ["mm.0", "mm.2"], cfg)?,
+            },
         };
         let arena = b.finish(&format!("projector '{}'", cfg.kind.name()))?;
         Ok(VisionWeights {
@@ -162,6 +193,24 @@ impl Linear {
         Linear { mat, dense, bias }
     }
 
+    /// `a + b` (two matrices of one shape), summed in f32 and packed for the dense GEMM.
+    fn summed(file: &GgufFile, a: Mat, b: &Mat, bias: Option<VecRef>) -> Linear {
+        let values = |m: &Mat| {
+            let mut out = vec![0.0; m.rows * m.cols];
+            crate::quant::dequantize_row(m.ty, m.data(file), &mut out).expect("a checked type");
+            out
+        };
+        let sum: Vec<u8> = (values(&a).iter().zip(values(b)))
+            .flat_map(|(x, y)| (x + y).to_le_bytes())
+            .collect();
+        let dense = DenseMatrix::pack(GgmlType::F32, &sum, a.rows, a.cols);
+        Linear {
+            mat: a,
+            dense,
+            bias,
+        }
+    }
+
     /// `out = x · matᵀ + bias`, row by row.
     pub fn apply(&self, file: &GgufFile, arena: &[f32], x: &[f32], out: &mut [f32]) {
         let m = &self.mat;
@@ -198,16 +247,64 @@ fn vit_layer(b: &mut Binder<'_>, cfg: &VisionConfig, i: usize) -> Result<VitLaye
         true => (name("ffn_down"), name("ffn_up")),
         false => (name("ffn_up"), name("ffn_down")),
     };
+    let qkv = match cfg.kind {
+        ProjectorKind::Qwen3vl => Qkv::Fused(biased(b, &name("attn_qkv"), e, 3 * e)?),
+        _ => Qkv::Separate(Box::new([
+            biased(b, &name("attn_q"), e, e)?,
+            biased(b, &name("attn_k"), e, e)?,
+            biased(b, &name("attn_v"), e, e)?,
+        ])),
+    };
+    let deepstack = match cfg.deepstack.contains(&i) {
+        true => {
+            let ds = |k: &str| format!("v.deepstack.{i}.{k}");
+            let norm = layer_norm(b, &ds("norm"), 4 * e)?;
+            Some((norm, mlp(b, [&ds("fc1"), &ds("fc2")], cfg)?))
+        }
+        false => None,
+    };
     Ok(VitLayer {
         ln1: layer_norm(b, &name("ln1"), e)?,
-        q: biased(b, &name("attn_q"), e, e)?,
-        k: biased(b, &name("attn_k"), e, e)?,
-        v: biased(b, &name("attn_v"), e, e)?,
+        qkv,
         out: biased(b, &name("attn_out"), e, e)?,
         ln2: layer_norm(b, &name("ln2"), e)?,
         up: biased(b, &up_name, e, cfg.n_ff)?,
         down: biased(b, &down_name, cfg.n_ff, e)?,
+        deepstack,
     })
+}
+
+/// Qwen3-VL's merger MLP `names` (its 2 × 2 squares' rows side by side, to the text
+/// model's width).
+fn mlp(b: &mut Binder<'_>, names: [&str; 2], cfg: &VisionConfig) -> Result<Mlp> {
+    let wide = cfg.n_embd * cfg.n_merge * cfg.n_merge;
+    Ok(Mlp {
+        fc1: biased(b, names[0], wide, wide)?,
+        fc2: biased(b, names[1], wide, cfg.projection_dim)?,
+    })
+}
+
+impl Mlp {
+    fn bytes(&self) -> usize {
+        self.fc1.bytes() + self.fc2.bytes()
+    }
+
+    /// `out = fc2(gelu(fc1(x)))`, row by row (`scratch`: a row of fc1's outputs per row).
+    pub fn apply(
+        &self,
+        file: &GgufFile,
+        arena: &[f32],
+        x: &[f32],
+        scratch: &mut [f32],
+        out: &mut [f32],
+    ) {
+        self.fc1.apply(file, arena, x, scratch);
+        for_row_chunks(scratch, self.fc1.mat.rows, |_, rows| {
+            crate::backend::cpu::ops::activate(crate::backend::ops::Activation::GeluTanh, rows)
+                .expect("GELU has an ungated form")
+        });
+        self.fc2.apply(file, arena, scratch, out);
+    }
 }
 
 /// A projection the file stores as `cols` rows of `rows` values (ggml multiplies by its

@@ -26,10 +26,20 @@ const IDEFICS3_LONGEST_EDGE: usize = 448;
 const SMOLVLM_RECIPE: u32 = 1;
 /// What the Idefics3 head's matrix is scaled by (see [`head`]).
 const IDEFICS3_FC_SCALE: f32 = 0.006;
+/// Qwen3-VL's test ViT: patches of 16 (as the real one), learned positions for a 16 × 16
+/// grid (resized to each image's), DeepStack rows from blocks 1 and 2.
+const QWEN3VL_PATCH: usize = 16;
+const QWEN3VL_GRID: usize = 16;
+const QWEN3VL_DEEPSTACK: [bool; BLOCKS] = [false, true, true, false];
+/// What the Qwen3-VL mergers' matrices are scaled by (see [`head`]).
+const QWEN3VL_FC_SCALE: f32 = 0.2;
+/// Bumped when the Qwen3-VL text model's recipe changes.
+const QWEN3VL_TEXT_RECIPE: u32 = 1;
 /// Bumped when a type's recipe changes, so that files made by an older one are not reused.
 fn recipe(kind: &str) -> u32 {
     match kind {
         "gemma3" => 3,
+        "qwen3vl" => 2,
         _ => 4,
     }
 }
@@ -56,8 +66,52 @@ pub fn test_vlm_text(kind: &str) -> PathBuf {
             &model_path(),
             smolvlm_text,
         ),
+        "qwen3vl" => made_once(
+            &format!("test-qwen3vl-text.r{QWEN3VL_TEXT_RECIPE}.gguf"),
+            &model_path(),
+            qwen3vl_text,
+        ),
         _ => panic!("no test projector of type {kind}"),
     }
+}
+
+/// A Qwen3-VL text model (architecture `qwen3vl`: qwen3's per-head Q and K norms, M-RoPE
+/// sections, DeepStack rows for its first layers) made of SmolLM2's tensors, its Q and K
+/// norms all ones, with Qwen's image markers in its vocabulary.
+fn qwen3vl_text(source: &Path) -> Vec<u8> {
+    let file = GgufFile::open(source).unwrap();
+    let head_dim = file.get_u32("llama.embedding_length").unwrap()
+        / file.get_u32("llama.attention.head_count").unwrap();
+    let deepstack = QWEN3VL_DEEPSTACK.iter().filter(|&&d| d).count() as u32;
+    let pairs = head_dim as i32 / 2;
+    let keys = vec![
+        (
+            "qwen3vl.n_deepstack_layers".to_string(),
+            Value::U32(deepstack),
+        ),
+        (
+            "qwen3vl.rope.dimension_sections".to_string(),
+            // Qwen3-VL's 24, 20, 20 of 64 pairs, in proportion to this model's pairs.
+            Value::Array(Array::I32(vec![
+                pairs * 3 / 8,
+                pairs * 5 / 16,
+                pairs * 5 / 16,
+                0,
+            ])),
+        ),
+    ];
+    let layers = file.get_u32("llama.block_count").unwrap() as usize;
+    let mut norms = Vec::new();
+    for l in 0..layers {
+        for k in ["attn_q_norm", "attn_k_norm"] {
+            norms.push(f32_tensor(
+                &format!("blk.{l}.{k}.weight"),
+                &vec![1.0; head_dim as usize],
+            ));
+        }
+    }
+    let added = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"].map(String::from);
+    with_tokens(&file, &added, Some(("qwen3vl", keys)), norms)
 }
 
 /// SmolVLM's text model: SmolLM2 with the tokens SmolVLM's processor writes around an
@@ -72,11 +126,30 @@ fn smolvlm_text(source: &Path) -> Vec<u8> {
         added.extend((1..=6).map(|col| format!("<row_{row}_col_{col}>")));
     }
     added.push("<end_of_utterance>".into());
+    with_tokens(&file, &added, None, Vec::new())
+}
+
+/// `file` (SmolLM2) with `added` control tokens at the end of its vocabulary, each given the
+/// embedding row of an ordinary token; `arch`: another architecture's name for its `llama.*`
+/// keys, and keys of its own; `extra`: tensors it adds.
+fn with_tokens(
+    file: &GgufFile,
+    added: &[String],
+    arch: Option<(&str, Vec<(String, Value)>)>,
+    extra: Vec<Tensor>,
+) -> Vec<u8> {
     let mut w = GgufWriter::new();
+    let renamed = |key: &str| match (&arch, key.strip_prefix("llama.")) {
+        (Some((name, _)), Some(rest)) => format!("{name}.{rest}"),
+        _ => key.to_string(),
+    };
     for (key, value) in file.metadata() {
         let value = match (key.as_str(), value) {
+            ("general.architecture", _) if arch.is_some() => {
+                Value::String(arch.as_ref().unwrap().0.into())
+            }
             ("tokenizer.ggml.tokens", Value::Array(Array::String(t))) => {
-                Value::Array(Array::String(t.iter().chain(&added).cloned().collect()))
+                Value::Array(Array::String(t.iter().chain(added).cloned().collect()))
             }
             ("tokenizer.ggml.token_type", Value::Array(Array::I32(t))) => {
                 let control = std::iter::repeat_n(3, added.len());
@@ -88,7 +161,13 @@ fn smolvlm_text(source: &Path) -> Vec<u8> {
             }
             _ => value.clone(),
         };
-        w = w.kv(key.clone(), value);
+        w = w.kv(renamed(key), value);
+    }
+    for (key, value) in arch.map(|a| a.1).unwrap_or_default() {
+        w = w.kv(key, value);
+    }
+    for (name, dims, ty, bytes) in extra {
+        w = w.tensor(name, &dims, ty, bytes);
     }
     for t in file.tensors() {
         let mut bytes = file.tensor_data(t).to_vec();
@@ -144,12 +223,17 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
     let embd = values(&file, "token_embd.weight");
     // Runs of token-embedding values, from well inside the vocabulary.
     let run = |first_token: usize, n: usize| embd[first_token * e..][..n].to_vec();
-    let side = MMPROJ_IMAGE_SIZE / PATCH;
+    let qwen = kind == "qwen3vl";
+    let (patch, side) = match qwen {
+        true => (QWEN3VL_PATCH, QWEN3VL_GRID),
+        false => (PATCH, MMPROJ_IMAGE_SIZE / PATCH),
+    };
+    let kernel = 3 * patch * patch * e;
     let mut t: Vec<Tensor> = vec![
         f16_tensor(
             "v.patch_embd.weight",
-            &[PATCH, PATCH, 3, e],
-            &run(1000, 3 * PATCH * PATCH * e),
+            &[patch, patch, 3, e],
+            &run(1000, kernel),
         ),
         vector("v.patch_embd.bias", e, 0.0, 0.02),
         // F32, as llama.cpp's converter keeps it (ggml adds it to f32 rows).
@@ -159,20 +243,52 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
             &run(3000, side * side * e),
         ),
     ];
+    if qwen {
+        // The kernel's second frame (a still image is both frames).
+        t.push(f16_tensor(
+            "v.patch_embd.weight.1",
+            &[patch, patch, 3, e],
+            &run(9000, kernel),
+        ));
+    }
     for b in 0..BLOCKS {
         let src = |k: &str, l: usize| values(&file, &format!("blk.{l}.{k}.weight"));
         let name = |k: &str| format!("v.blk.{b}.{k}");
         let other = (b + layers / 2) % layers;
-        for (k, w, rows, cols) in [
-            ("attn_q", src("attn_q", b), e, e),
-            ("attn_k", src("attn_q", other), e, e),
-            ("attn_v", src("attn_output", b), e, e),
+        let (q, k, v) = (
+            src("attn_q", b),
+            src("attn_q", other),
+            src("attn_output", b),
+        );
+        let mut matrices = vec![
             ("attn_out", src("attn_output", other), e, e),
             ("ffn_up", src("ffn_up", b), n_ff, e),
             ("ffn_down", src("ffn_down", b), e, n_ff),
-        ] {
+        ];
+        match qwen {
+            true => matrices.push(("attn_qkv", [q, k, v].concat(), 3 * e, e)),
+            false => matrices.extend([
+                ("attn_q", q, e, e),
+                ("attn_k", k, e, e),
+                ("attn_v", v, e, e),
+            ]),
+        }
+        for (k, w, rows, cols) in matrices {
             t.push(f16_tensor(&name(&format!("{k}.weight")), &[cols, rows], &w));
             t.push(vector(&name(&format!("{k}.bias")), rows, 0.0, 0.02));
+        }
+        if qwen && QWEN3VL_DEEPSTACK.get(b) == Some(&true) {
+            let ds = |k: &str| format!("v.deepstack.{b}.{k}");
+            t.push(vector(&ds("norm.weight"), 4 * e, 1.0, 0.1));
+            t.push(vector(&ds("norm.bias"), 4 * e, 0.0, 0.02));
+            merger(
+                &run,
+                12_000 + 3000 * b,
+                [&ds("fc1"), &ds("fc2")],
+                4 * e,
+                text_embd,
+                &mut t,
+            );
         }
         t.push(f32_tensor(&name("ln1.weight"), &src("attn_norm", b)));
         t.push(vector(&name("ln1.bias"), e, 0.0, 0.02));
@@ -186,12 +302,15 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
         _ => vector("v.post_ln.weight", e, 1.0, 0.1),
     });
     t.push(vector("v.post_ln.bias", e, 0.0, 0.02));
-    let (merge, mut head_keys) = head(kind, &run, e, text_embd, &mut t);
+    let mut head_keys = head(kind, &run, e, text_embd, &mut t);
 
     let f32s = |v: [f32; 3]| Value::Array(Array::F32(v.to_vec()));
     let mut keys: Vec<(&str, Value)> = vec![
         ("general.architecture", Value::String("clip".into())),
-        ("clip.projector_type", Value::String(kind.into())),
+        (
+            "clip.projector_type",
+            Value::String(projector_type(kind).into()),
+        ),
         ("clip.has_vision_encoder", Value::Bool(true)),
         ("clip.use_gelu", Value::Bool(true)),
         ("clip.vision.embedding_length", Value::U32(e as u32)),
@@ -203,17 +322,10 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
             Value::U32(n_head as u32),
         ),
         ("clip.vision.attention.layer_norm_epsilon", Value::F32(1e-6)),
-        (
-            "clip.vision.image_size",
-            Value::U32(MMPROJ_IMAGE_SIZE as u32),
-        ),
-        ("clip.vision.patch_size", Value::U32(PATCH as u32)),
+        ("clip.vision.image_size", Value::U32((side * patch) as u32)),
+        ("clip.vision.patch_size", Value::U32(patch as u32)),
         ("clip.vision.image_mean", f32s([0.5; 3])),
         ("clip.vision.image_std", f32s([0.5; 3])),
-        (
-            "clip.vision.projector.scale_factor",
-            Value::U32(merge as u32),
-        ),
     ];
     keys.append(&mut head_keys);
     let mut w = GgufWriter::new();
@@ -226,14 +338,51 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
     w.to_bytes()
 }
 
-/// The head of `kind` (its tensors pushed on `t`): its merge factor and the keys it adds.
+/// The `clip.projector_type` of the test projector of `kind` (llama.cpp names Qwen3-VL's
+/// by its merger).
+fn projector_type(kind: &str) -> &str {
+    match kind {
+        "qwen3vl" => "qwen3vl_merger",
+        _ => kind,
+    }
+}
+
+/// A Qwen3-VL merger MLP `names` (fc1: `wide` to `wide`, fc2: `wide` to `out`, biased), its
+/// matrices cut from the token embeddings from `first_token` on, scaled so that its rows
+/// are about as large as SmolLM2's token embeddings.
+fn merger(
+    run: &dyn Fn(usize, usize) -> Vec<f32>,
+    first_token: usize,
+    names: [&str; 2],
+    wide: usize,
+    out: usize,
+    t: &mut Vec<Tensor>,
+) {
+    let scaled = |v: Vec<f32>| v.iter().map(|x| x * QWEN3VL_FC_SCALE).collect::<Vec<_>>();
+    let fc1 = scaled(run(first_token, wide * wide));
+    let fc2: Vec<f32> = scaled(run(first_token + 1000, wide * out));
+    t.push(f16_tensor(
+        &format!("{}.weight", names[0]),
+        &[wide, wide],
+        &fc1,
+    ));
+    t.push(vector(&format!("{}.bias", names[0]), wide, 0.0, 0.02));
+    t.push(f16_tensor(
+        &format!("{}.weight", names[1]),
+        &[wide, out],
+        &fc2,
+    ));
+    t.push(vector(&format!("{}.bias", names[1]), out, 0.0, 0.02));
+}
+
+/// The head of `kind` (its tensors pushed on `t`): the keys it adds.
 fn head(
     kind: &str,
     run: &dyn Fn(usize, usize) -> Vec<f32>,
     e: usize,
     text_embd: usize,
     t: &mut Vec<Tensor>,
-) -> (usize, Vec<(&'static str, Value)>) {
+) -> Vec<(&'static str, Value)> {
     match kind {
         "gemma3" => {
             t.push(vector("mm.soft_emb_norm.weight", e, 1.0, 0.1));
@@ -248,7 +397,8 @@ fn head(
                 &[text_embd, e],
                 &projection,
             ));
-            (GEMMA3_MERGE, Vec::new())
+            let merge = Value::U32(GEMMA3_MERGE as u32);
+            vec![("clip.vision.projector.scale_factor", merge)]
         }
         "idefics3" => {
             // Each shuffled row is 16 patches' rows side by side. Scaled so that a view's
@@ -259,11 +409,26 @@ fn head(
                 .map(|v| v * IDEFICS3_FC_SCALE)
                 .collect();
             t.push(f16_tensor("mm.model.fc.weight", &[wide, text_embd], &fc));
-            let keys = vec![(
-                "clip.vision.preproc_image_size",
-                Value::U32(IDEFICS3_LONGEST_EDGE as u32),
-            )];
-            (IDEFICS3_MERGE, keys)
+            vec![
+                (
+                    "clip.vision.preproc_image_size",
+                    Value::U32(IDEFICS3_LONGEST_EDGE as u32),
+                ),
+                (
+                    "clip.vision.projector.scale_factor",
+                    Value::U32(IDEFICS3_MERGE as u32),
+                ),
+            ]
+        }
+        "qwen3vl" => {
+            merger(run, 20_000, ["mm.0", "mm.2"], 4 * e, text_embd, t);
+            vec![
+                ("clip.vision.spatial_merge_size", Value::U32(2)),
+                (
+                    "clip.vision.is_deepstack_layers",
+                    Value::Array(Array::Bool(QWEN3VL_DEEPSTACK.to_vec())),
+                ),
+            ]
         }
         _ => panic!("no test projector of type {kind}"),
     }

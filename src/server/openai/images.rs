@@ -55,8 +55,8 @@ pub fn prompt_with_images(
     let (tokens, starts) = projector
         .prompt_tokens(tokenizer, prompt, IMAGE_MARKER, PLACEHOLDER, &sizes)
         .map_err(|e| ApiError::bad_request(e.to_string()).param("messages"))?;
-    let rows = projector.config.rows_per_view();
-    for (part, views) in parts.iter().zip(&starts) {
+    for ((part, views), &(width, height)) in parts.iter().zip(&starts).zip(&sizes) {
+        let rows = projector.config.view_rows(width, height);
         let (at, end) = (views[0], views[views.len() - 1] + rows);
         if end > context {
             return Err(ApiError::bad_request(format!(
