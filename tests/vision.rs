@@ -275,14 +275,14 @@ fn projector_files_edgelm_does_not_implement_are_refused_in_one_line() {
 fn a_projector_is_refused_beside_a_text_model_it_was_not_made_for() {
     let projector = Projector::open(&test_mmproj("gemma3")).unwrap();
     let width = projector.config.projection_dim;
-    projector.check_text_model("gemma3", width).unwrap();
+    projector.check_text_model("gemma3", width, 0).unwrap();
     let e = projector
-        .check_text_model("llama", width)
+        .check_text_model("llama", width, 0)
         .unwrap_err()
         .to_string();
     assert!(e.contains("gemma3 text model, not llama"), "{e}");
     let e = projector
-        .check_text_model("gemma3", 576)
+        .check_text_model("gemma3", 576, 0)
         .unwrap_err()
         .to_string();
     assert!(e.contains("576"), "{e}");
@@ -298,31 +298,16 @@ fn a_projector_is_refused_beside_a_text_model_it_was_not_made_for() {
             .arg(repo_root().join("tests/data/images/chelsea.png")),
     );
     assert!(err.contains("no token <fake_token_around_image>"), "{err}");
-    // A Qwen3-VL model: its projector loads, its text architecture is not run, so `inspect`
-    // says it is not supported and `run` refuses it in one line.
-    let mmproj = test_mmproj("qwen3vl");
-    let out = common::edgelm()
-        .arg("inspect")
-        .arg(&mmproj)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("supported:"))
-        .unwrap_or("");
+    // A Qwen3-VL projector beside a text model that takes another count of DeepStack rows.
+    let projector = Projector::open(&test_mmproj("qwen3vl")).unwrap();
+    let e = projector
+        .check_text_model("qwen3vl", projector.config.projection_dim, 3)
+        .unwrap_err()
+        .to_string();
     assert!(
-        line.starts_with("supported:    no") && line.contains("'qwen3vl'"),
-        "{text}"
+        e.contains("2 DeepStack rows, the text model takes 3"),
+        "{e}"
     );
-    let err = one_line_failure(
-        common::edgelm()
-            .args(["run", "-n", "1", "-p", "hi", "-m"])
-            .arg(test_vlm_text("qwen3vl"))
-            .arg("--mmproj")
-            .arg(&mmproj),
-    );
-    assert!(err.contains("'qwen3vl'"), "{err}");
 }
 
 /// Runs `cmd`, which must fail with a one-line message: that message.
@@ -474,6 +459,11 @@ fn idefics3_logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() 
     logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache("idefics3");
 }
 
+#[test]
+fn qwen3vl_logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
+    logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache("qwen3vl");
+}
+
 fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache(kind: &str) {
     use edgelm::engine::{PromptImage, Session, SessionConfig};
     use edgelm::kv::KvType;
@@ -617,7 +607,7 @@ fn kv_plan_counts_what_images_take() {
 /// image's positions; `bench` times the encode and the time to first token.
 #[test]
 fn run_and_bench_take_an_image_for_each_projector_type() {
-    for kind in ["gemma3", "idefics3"] {
+    for kind in ["gemma3", "idefics3", "qwen3vl"] {
         let (text, mmproj) = (test_vlm_text(kind), test_mmproj(kind));
         let run = |image: Option<&str>| {
             let mut cmd = common::edgelm();
@@ -669,8 +659,10 @@ fn run_and_bench_take_an_image_for_each_projector_type() {
         );
         let report = String::from_utf8_lossy(&out.stdout);
         assert!(
-            report.contains(&format!("image encode ({kind} projector"))
-                && report.contains("time to first token"),
+            report.contains(&format!(
+                "image encode ({} projector",
+                projector.config.kind.name()
+            )) && report.contains("time to first token"),
             "{report}"
         );
     }

@@ -43,6 +43,10 @@ pub struct BatchMeta {
     /// Tokens whose input is a row given here instead of their embedding (an image's
     /// positions), in token order.
     pub inputs: Vec<RowInput>,
+    /// Per token, the three-part position (temporal, row, column) its RoPE turns by, where
+    /// a sequence's images take M-RoPE positions (Qwen3-VL); empty where every token turns
+    /// by its position. `positions` still place each token in its pages.
+    pub rope_positions: Vec<[usize; 3]>,
 }
 
 /// Rows that stand for a run of prompt positions in place of their tokens' embeddings: an
@@ -58,6 +62,10 @@ pub struct Embedded {
     /// Each position attends to all of the rows (Gemma 3's images), not only to those
     /// before it.
     pub bidirectional: bool,
+    /// The rows' grid (columns, rows), where they take M-RoPE positions (Qwen3-VL's
+    /// images): row `i` turns by the image's start, its grid row and its column, and the
+    /// image advances the positions after it by its longer side only.
+    pub grid: Option<(usize, usize)>,
 }
 
 impl Embedded {
@@ -105,6 +113,9 @@ impl BatchMeta {
         for (i, &t) in tokens.iter().enumerate() {
             self.tokens.push(t);
             self.positions.push(start + i);
+            if !self.rope_positions.is_empty() {
+                self.rope_positions.push([start + i; 3]);
+            }
             self.seq_of.push(seq);
             self.generated.push(false);
         }
@@ -117,6 +128,19 @@ impl BatchMeta {
             }
             Logits::All => self.logits_for.extend(first..first + tokens.len()),
         }
+    }
+
+    /// Gives the tokens from `first` on the three-part RoPE positions `parts` (one each); the
+    /// tokens before them, and any after, turn by their positions.
+    pub fn set_rope_positions(&mut self, first: usize, parts: &[[usize; 3]]) {
+        if parts.is_empty() {
+            return;
+        }
+        let plain = self.positions[self.rope_positions.len()..]
+            .iter()
+            .map(|&p| [p, p, p]);
+        self.rope_positions.extend(plain.collect::<Vec<_>>());
+        self.rope_positions[first..first + parts.len()].copy_from_slice(parts);
     }
 
     /// Asks for the hidden states of the last span's tokens `rows` (offsets into the span).
@@ -239,6 +263,16 @@ impl BatchMeta {
                 );
             }
         }
+        let rope = self.rope_positions.iter().flatten();
+        if !self.rope_positions.is_empty() && self.rope_positions.len() != self.tokens.len()
+            || rope.clone().any(|&p| p >= max_pos)
+        {
+            bail!(
+                "{} RoPE positions for {} tokens, or one beyond the context length {max_pos}",
+                self.rope_positions.len(),
+                self.tokens.len()
+            );
+        }
         // Each sequence's span of positions, in one pass over the tokens.
         let mut spans: Vec<Option<(usize, usize)>> = vec![None; self.block_tables.len()];
         for (&s, &p) in self.seq_of.iter().zip(&self.positions) {
@@ -315,4 +349,27 @@ pub enum Logits {
     None,
     Last,
     All,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_part_positions_go_to_their_tokens_and_the_others_turn_by_their_positions() {
+        let mut b = BatchMeta::default();
+        b.push_span(&[1, 2], 5, vec![vec![0]], Logits::Last);
+        b.push_span(&[3, 4], 9, vec![vec![1]], Logits::Last);
+        b.set_rope_positions(3, &[[2, 3, 4]]);
+        b.push_span(&[5], 20, vec![vec![2]], Logits::Last);
+        assert_eq!(
+            b.rope_positions,
+            [[5; 3], [6; 3], [9; 3], [2, 3, 4], [20; 3]]
+        );
+        // None given: none kept.
+        let mut plain = BatchMeta::default();
+        plain.push_span(&[1], 0, vec![vec![0]], Logits::Last);
+        plain.set_rope_positions(0, &[]);
+        assert!(plain.rope_positions.is_empty());
+    }
 }

@@ -341,6 +341,9 @@ pub trait Ops {
     fn layernorm(&mut self, buf: Buf, n: LayerNorm, eps: f32) -> Result<()>;
     /// X += the rows of `table` at the step's positions (absolute position embeddings).
     fn add_positions(&mut self, table: &Mat) -> Result<()>;
+    /// X += part `part` (1 for the first DeepStack row) of each input row the step gives
+    /// (Qwen3-VL's image positions; text positions add nothing).
+    fn add_deepstack(&mut self, part: usize) -> Result<()>;
     /// Each `out` = `x` times its matrix (transposed): matrices that share an input are given
     /// together, so the input is prepared once.
     fn matmul(&mut self, x: Buf, outs: &[(&Mat, Buf)]) -> Result<()>;
@@ -425,6 +428,13 @@ pub struct Shape {
     pub conv_taps: usize,
     /// The gated DeltaNets' shape (Qwen3.5; `None` without them).
     pub delta_net: Option<DeltaNetShape>,
+    /// Interleaved M-RoPE (Qwen3-VL): per rotated pair, the part of a three-part position
+    /// (0 temporal, 1 row, 2 column) that turns it, for the tokens a step gives such
+    /// positions (`BatchMeta::rope_positions`: an image's and the text after it).
+    pub mrope: Option<Vec<u8>>,
+    /// Qwen3-VL: the first layers that each add an image position's next DeepStack row to
+    /// their output; an input row is `widths.embd` times one more than this wide.
+    pub deepstack: usize,
 }
 
 /// The sizes of a model's mixture-of-experts FFNs (every such layer has the same).

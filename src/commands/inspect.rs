@@ -42,16 +42,7 @@ fn tool_calls(file: &GgufFile) -> Option<String> {
 /// run it.
 fn projector_support(file: &Arc<GgufFile>) -> String {
     match Projector::from_file(file.clone()) {
-        // A projector whose text architecture edgelm does not run serves nothing.
-        Ok(p) => match Arch::named(p.config.kind.text_arch()) {
-            Some(_) => format!("supported:    yes ({})", p.describe()),
-            None => format!(
-                "supported:    no: the projector loads ({}), but its text model's architecture \
-                 '{}' is not one edgelm runs",
-                p.describe(),
-                p.config.kind.text_arch()
-            ),
-        },
+        Ok(p) => format!("supported:    yes ({})", p.describe()),
         Err(e) => format!("supported:    no: {e:#}"),
     }
 }

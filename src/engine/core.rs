@@ -113,6 +113,9 @@ struct ModelShape {
     /// How embedding requests pool, and the width of a hidden row (n_embd).
     pooling: Pooling,
     hidden_width: usize,
+    /// The width of an image's input rows (the hidden width, and Qwen3-VL's DeepStack rows
+    /// beside it).
+    input_width: usize,
     /// An encoder: its attention is bidirectional, so each input is computed in one step
     /// (`Sequence::whole`), and it has no output head to generate with.
     encoder: bool,
@@ -195,6 +198,7 @@ impl Engine {
             state_bytes: cfg.state_floats() * 4,
             pooling: cfg.pooling,
             hidden_width: cfg.n_embd,
+            input_width: cfg.n_embd * (1 + cfg.deepstack_layers),
             encoder: !model.generates(),
         };
         let exec = Box::new(ModelExecutor { model, exec });
@@ -233,7 +237,7 @@ impl Engine {
             embedding_width: shape.pooling.embeds().then_some(shape.hidden_width),
             generation_refused: shape.encoder.then_some(ENCODER_GENERATES),
             step_tokens: config.max_batched_tokens,
-            input_width: shape.hidden_width,
+            input_width: shape.input_width,
             images_refused: exec.is_cuda().then_some(IMAGES_ON_CPU),
         };
         let local = EngineStats {
@@ -559,6 +563,8 @@ impl Engine {
                 .collect();
             let first = meta.tokens.len();
             meta.push_span(&tokens, span.start, s.blocks.tables().to_vec(), span.logits);
+            let rope = s.rope_positions(span.start..span.start + span.len);
+            meta.set_rope_positions(first, &rope);
             meta.inputs.extend(s.row_inputs(span.start..ran, first));
             if let Some(slot) = s.state_slot {
                 meta.set_state_slot(slot);

@@ -85,6 +85,34 @@ pub fn row_inputs(images: &[PromptImage], range: Range<usize>, first: usize) -> 
     out
 }
 
+/// The three-part RoPE positions of positions `range` of a sequence whose prompt holds
+/// `images`, where any of them takes M-RoPE positions (Qwen3-VL's, as llama.cpp's
+/// `mtmd_image_tokens_get_decoder_pos`): an image's row turns by its start (less what the
+/// images before it saved), its grid row and its column; the image then advances the count
+/// by its grid's longer side, not its rows. Empty where no image takes them.
+pub fn rope_positions(images: &[PromptImage], range: Range<usize>) -> Vec<[usize; 3]> {
+    if images.iter().all(|i| i.rows.grid.is_none()) {
+        return Vec::new();
+    }
+    range
+        .map(|pos| {
+            // What the images before `pos` (or holding it) save.
+            let mut saved = 0;
+            for image in images.iter().take_while(|i| i.at <= pos) {
+                let Some((columns, lines)) = image.rows.grid else {
+                    continue;
+                };
+                if pos < image.end() {
+                    let (start, i) = (image.at - saved, pos - image.at);
+                    return [start, start + i / columns, start + i % columns];
+                }
+                saved += image.rows.len() - columns.max(lines);
+            }
+            [pos - saved; 3]
+        })
+        .collect()
+}
+
 /// The longest chunk of at most `len` positions from `start` that does not cut an image whose
 /// positions see each other: it stops before such an image, or takes all of it when it starts
 /// inside one (0 when `len` cannot hold the rest of it).
@@ -99,6 +127,52 @@ pub fn uncut_chunk(images: &[PromptImage], start: usize, len: usize) -> usize {
         }
     }
     len
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::batch::Embedded;
+    use std::sync::Arc;
+
+    fn image(at: usize, grid: Option<(usize, usize)>, len: usize) -> PromptImage {
+        let rows = Arc::new(Embedded {
+            rows: vec![0.0; len],
+            width: 1,
+            key: 1,
+            bidirectional: false,
+            grid,
+        });
+        PromptImage { at, rows }
+    }
+
+    #[test]
+    fn mrope_images_turn_by_row_and_column_and_move_the_text_after_by_their_longer_side() {
+        // Three text positions, a 3 × 2 image (6 rows), then text: it takes the image's
+        // start plus 3, not 6.
+        let images = [image(3, Some((3, 2)), 6)];
+        let got = rope_positions(&images, 2..11);
+        let want = [
+            [2, 2, 2],
+            [3, 3, 3],
+            [3, 3, 4],
+            [3, 3, 5],
+            [3, 4, 3],
+            [3, 4, 4],
+            [3, 4, 5],
+            [6, 6, 6],
+            [7, 7, 7],
+        ];
+        assert_eq!(got, want);
+        // A second image after it starts where the text has moved to.
+        let two = [image(3, Some((3, 2)), 6), image(10, Some((1, 2)), 2)];
+        assert_eq!(
+            rope_positions(&two, 10..13),
+            [[7, 7, 7], [7, 8, 7], [9, 9, 9]]
+        );
+        // Images without a grid: no three-part positions at all.
+        assert!(rope_positions(&[image(3, None, 6)], 0..10).is_empty());
+    }
 }
 
 #[derive(Clone, Debug)]

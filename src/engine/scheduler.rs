@@ -889,6 +889,7 @@ mod tests {
                 width: 2,
                 key: 9,
                 bidirectional: true,
+                grid: None,
             }),
         });
         seq

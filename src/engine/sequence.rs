@@ -3,7 +3,7 @@
 //! The scheduler holds every live sequence in one map; the engine reaches them through it.
 
 use super::pooled::Pooled;
-use super::request::{row_inputs, uncut_chunk, PromptImage, RequestId};
+use super::request::{rope_positions, row_inputs, uncut_chunk, PromptImage, RequestId};
 use super::sampler::{Sampler, SamplingParams};
 use crate::backend::batch::RowInput;
 use crate::grammar::{Constraint, Mask};
@@ -208,6 +208,12 @@ impl Sequence {
         row_inputs(&self.images, range, first)
     }
 
+    /// The three-part RoPE positions of positions `range`, where its images take M-RoPE
+    /// positions ([`rope_positions`]; empty where they do not).
+    pub fn rope_positions(&self, range: Range<usize>) -> Vec<[usize; 3]> {
+        rope_positions(&self.images, range)
+    }
+
     /// The most positions a chunk of its prompt must take at once: the rest of its largest
     /// bidirectional image not yet computed (0 without one).
     pub fn image_need(&self) -> usize {
@@ -250,6 +256,7 @@ mod tests {
                 width: 2,
                 key,
                 bidirectional,
+                grid: None,
             }),
         });
         s

@@ -3,7 +3,7 @@
 //! sequences the same way).
 
 use super::executor::{Executor, ExecutorPlan};
-use super::request::{row_inputs, uncut_chunk, PromptImage};
+use super::request::{rope_positions, row_inputs, uncut_chunk, PromptImage};
 use crate::backend::select::Backend;
 use crate::kv::{BlockPool, KvType, SeqBlocks};
 use crate::model::{BatchMeta, Logits, Model};
@@ -48,6 +48,9 @@ pub struct Session {
     len: usize,
     /// The longest sequence the pool holds.
     capacity: usize,
+    /// The images the sequence holds so far (the text after an M-RoPE image turns by
+    /// positions they moved).
+    images: Vec<PromptImage>,
 }
 
 impl Session {
@@ -82,6 +85,7 @@ impl Session {
             exec,
             chunk,
             len: 0,
+            images: Vec::new(),
         })
     }
 
@@ -160,9 +164,10 @@ impl Session {
                 self.capacity()
             );
         }
+        self.images.extend_from_slice(images);
         let layout = &self.model.layout;
         let mut out = Vec::new();
-        let chunks = self.chunks(tokens.len(), images)?;
+        let chunks = self.chunks(tokens.len(), &self.images)?;
         let parts = chunks.len();
         for (ci, range) in chunks.into_iter().enumerate() {
             let part = &tokens[range];
@@ -185,7 +190,9 @@ impl Session {
             };
             let mut batch = BatchMeta::default();
             batch.push_span(part, self.len, self.blocks.tables().to_vec(), w);
-            batch.inputs = row_inputs(images, self.len..self.len + part.len(), 0);
+            let range = self.len..self.len + part.len();
+            batch.set_rope_positions(0, &rope_positions(&self.images, range.clone()));
+            batch.inputs = row_inputs(&self.images, range, 0);
             // A session's one sequence has the pool's one state slot (a hybrid's; a model that
             // only attends has none, and the device refuses a slot outside its pool).
             if self.exec.state_slots() > 0 {
@@ -206,5 +213,6 @@ impl Session {
     pub fn reset(&mut self) {
         self.blocks.release_all(&mut self.pool);
         self.len = 0;
+        self.images.clear();
     }
 }

@@ -14,6 +14,11 @@ pub enum Family {
     Qwen2,
     /// `qwen3`: per-head RMSNorm of Q and K before RoPE.
     Qwen3,
+    /// `qwen3vl` (Qwen3-VL's text model): qwen3's blocks with interleaved M-RoPE positions
+    /// (`rope.dimension_sections`: an image's positions turn by its row and column) and
+    /// DeepStack (`n_deepstack_layers`: the first layers each add an image position's next
+    /// DeepStack row, given beside its projector row, to its output).
+    Qwen3Vl,
     /// `qwen3moe` (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): qwen3's attention, a mixture of
     /// experts for every FFN (softmax gating, the top k renormalised).
     Qwen3Moe,
@@ -83,6 +88,11 @@ pub const ARCHITECTURES: &[Arch] = &[
         "Qwen2/2.5, the DeepSeek-R1 Qwen distills",
     ),
     arch("qwen3", Family::Qwen3, "Qwen3"),
+    arch(
+        "qwen3vl",
+        Family::Qwen3Vl,
+        "Qwen3-VL 2B/4B/8B/32B: the text model beside its projector",
+    ),
     arch(
         "qwen3moe",
         Family::Qwen3Moe,
@@ -160,6 +170,7 @@ impl Family {
             Family::Llama | Family::Smollm3 | Family::Granite | Family::Bert => RopeLayout::Normal,
             Family::Qwen2
             | Family::Qwen3
+            | Family::Qwen3Vl
             | Family::Qwen3Moe
             | Family::Gemma3
             | Family::GemmaEmbedding
@@ -185,6 +196,7 @@ impl Family {
         matches!(
             self,
             Family::Qwen3
+                | Family::Qwen3Vl
                 | Family::Qwen3Moe
                 | Family::Gemma3
                 | Family::GemmaEmbedding
@@ -316,6 +328,7 @@ impl Family {
                 ..Optional::NONE
             },
             Family::Qwen3
+            | Family::Qwen3Vl
             | Family::Qwen3Moe
             | Family::Gemma3
             | Family::GemmaEmbedding

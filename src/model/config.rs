@@ -13,7 +13,7 @@ mod smollm3;
 
 pub use dense_out::DenseOutShape;
 pub use pooling::Pooling;
-pub use qwen35::imrope_turned_pairs;
+pub use qwen35::{imrope_components, imrope_turned_pairs};
 
 use super::arch::{Arch, Family};
 use crate::backend::ops::{Activation, DeltaNetShape, RopeLayout, Routing, Window};
@@ -196,9 +196,13 @@ pub struct ModelConfig {
     pub short_conv: Option<usize>,
     /// The gated DeltaNet layers' shape, in a model that has them (Qwen3.5).
     pub delta_net: Option<DeltaNetShape>,
-    /// Qwen3.5's M-RoPE sections (`rope.dimension_sections`): which rotated pairs a text
-    /// token's position turns ([`imrope_turned_pairs`]).
+    /// Qwen3.5's and Qwen3-VL's interleaved M-RoPE sections (`rope.dimension_sections`):
+    /// which rotated pairs a text token's position turns ([`imrope_turned_pairs`]), and which
+    /// an image position's row and column turn ([`imrope_components`]).
     pub rope_sections: Option<[usize; 4]>,
+    /// Qwen3-VL: the first layers that each add an image position's next DeepStack row to
+    /// their output (`n_deepstack_layers`); an image row is `n_embd` times one more wide.
+    pub deepstack_layers: usize,
     /// Multi-token-prediction layers stored after the trunk (`nextn_predict_layers`), which
     /// edgelm loads past without running (it does not draft with them).
     pub mtp_layers: usize,
@@ -470,6 +474,7 @@ impl HyperParams {
             Family::Llama
             | Family::Qwen2
             | Family::Qwen3
+            | Family::Qwen3Vl
             | Family::Qwen3Moe
             | Family::Lfm2
             | Family::Qwen35 => {}
@@ -586,7 +591,14 @@ impl ModelConfig {
             moe,
             short_conv,
             delta_net: qwen35.as_ref().map(|q| q.delta_net),
-            rope_sections: qwen35.as_ref().map(|q| q.sections),
+            rope_sections: match family {
+                Family::Qwen3Vl => Some(qwen35::sections(&k, shape.n_rot)?),
+                _ => qwen35.as_ref().map(|q| q.sections),
+            },
+            deepstack_layers: match family {
+                Family::Qwen3Vl => deepstack_layers(&k, shape.n_layers)?,
+                _ => 0,
+            },
             mtp_layers: qwen35.as_ref().map_or(0, |q| q.mtp_layers),
             pooling: Pooling::read(&k)?,
             dense_out: match family.dense_out() {
@@ -675,6 +687,18 @@ impl ModelConfig {
 
 /// ε of the family's norms: an encoder's layer-norm ε is required (as llama.cpp's loader
 /// requires it), a decoder's RMS-norm ε defaults to 1e-5.
+/// Qwen3-VL's `n_deepstack_layers`: the first layers that add DeepStack rows, at most all.
+fn deepstack_layers(k: &Keys<'_>, n_layers: usize) -> Result<usize> {
+    let n = k.u32("n_deepstack_layers")?.unwrap_or(0);
+    if n > n_layers {
+        bail!(
+            "{} is {n}, past the {n_layers} layers",
+            k.name("n_deepstack_layers")
+        );
+    }
+    Ok(n)
+}
+
 fn norm_eps(family: Family, k: &Keys<'_>) -> Result<f32> {
     if family.encoder() {
         return encoder::layer_norm_eps(k);

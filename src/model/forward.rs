@@ -125,6 +125,10 @@ impl Model {
     fn run_layers<O: Ops>(&self, ops: &mut O, layers: Range<usize>, rotated: bool) -> Result<()> {
         for li in layers {
             self.block(ops, li, &self.weights.layers[li], rotated)?;
+            // Qwen3-VL's DeepStack: layer li's output takes an image position's row li + 1.
+            if li < self.config.deepstack_layers {
+                ops.add_deepstack(li + 1)?;
+            }
         }
         Ok(())
     }

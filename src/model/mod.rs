@@ -20,6 +20,7 @@ use crate::backend::cpu::packed_weights::PackedWeights;
 use crate::gguf::GgufFile;
 use crate::kv::KvLayout;
 use anyhow::Result;
+use config::imrope_components;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -74,6 +75,14 @@ impl Model {
             state_floats: config.state_floats(),
             conv_taps: config.short_conv.unwrap_or(0),
             delta_net: config.delta_net,
+            mrope: match config.family {
+                // Qwen3.5 reads no images: its text positions need no parts.
+                Family::Qwen3Vl => config
+                    .rope_sections
+                    .map(|s| imrope_components(s, config.n_rot)),
+                _ => None,
+            },
+            deepstack: config.deepstack_layers,
         };
         Ok(Model {
             file,

@@ -197,6 +197,16 @@ impl VisionConfig {
         }
     }
 
+    /// Where an image's rows take M-RoPE positions (Qwen3-VL's): the grid of rows its view
+    /// becomes (columns, rows).
+    pub fn mrope_grid(&self, width: usize, height: usize) -> Option<(usize, usize)> {
+        let merged = self.patch_size * self.n_merge;
+        self.dynamic_rows.map(|_| {
+            let (w, h) = self.view_size(width, height);
+            (w / merged, h / merged)
+        })
+    }
+
     /// The most views an image becomes: Idefics3's largest grid of tiles (a square image)
     /// and its overview.
     pub fn max_views(&self) -> usize {

@@ -101,14 +101,15 @@ impl Projector {
     /// must be made for and whose vocabulary `vocab` must hold its image markers.
     pub fn open_beside(path: &Path, text: &ModelConfig, vocab: &Tokenizer) -> Result<Projector> {
         let projector = Self::open(path)?;
-        (projector.check_text_model(&text.arch, text.n_embd))
+        (projector.check_text_model(&text.arch, text.n_embd, text.deepstack_layers))
             .and_then(|()| projector.check_vocabulary(vocab))
             .with_context(|| format!("projector {}", path.display()))?;
         Ok(projector)
     }
 
-    /// Refuses a text model the projector's rows are not made for.
-    pub fn check_text_model(&self, arch: &str, n_embd: usize) -> Result<()> {
+    /// Refuses a text model the projector's rows are not made for (`deepstack`: the layers
+    /// that take DeepStack rows, Qwen3-VL's `n_deepstack_layers`).
+    pub fn check_text_model(&self, arch: &str, n_embd: usize, deepstack: usize) -> Result<()> {
         let kind = self.config.kind;
         if arch != kind.text_arch() {
             bail!(
@@ -121,6 +122,12 @@ impl Projector {
             bail!(
                 "the projector's rows are {} wide, the text model's {n_embd}",
                 self.config.projection_dim
+            );
+        }
+        if deepstack != self.config.deepstack.len() {
+            bail!(
+                "the projector gives {} DeepStack rows, the text model takes {deepstack}",
+                self.config.deepstack.len()
             );
         }
         Ok(())
@@ -294,6 +301,7 @@ impl Projector {
             return hit;
         }
         let width = self.config.row_width();
+        let grid = self.config.mrope_grid(img.width, img.height);
         let views: Views = (self.encode_views(img, slice).into_iter().enumerate())
             .map(|(i, rows)| {
                 Arc::new(Embedded {
@@ -303,6 +311,7 @@ impl Projector {
                     // image's but by chance.
                     key: key.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                     bidirectional: self.config.kind.info().bidirectional,
+                    grid,
                 })
             })
             .collect();

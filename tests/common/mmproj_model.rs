@@ -31,15 +31,18 @@ const IDEFICS3_FC_SCALE: f32 = 0.006;
 const QWEN3VL_PATCH: usize = 16;
 const QWEN3VL_GRID: usize = 16;
 const QWEN3VL_DEEPSTACK: [bool; BLOCKS] = [false, true, true, false];
-/// What the Qwen3-VL mergers' matrices are scaled by (see [`head`]).
-const QWEN3VL_FC_SCALE: f32 = 0.2;
+/// What the Qwen3-VL mergers' matrices are scaled by (see [`merger`]): the first keeps its
+/// GELU's inputs near 1, the second makes rows about as large as Idefics3's test rows (RMS
+/// near 0.15, SmolLM2's scale: ten times larger, the logits after an image move with the
+/// projector's last bits).
+const QWEN3VL_FC_SCALES: [f32; 2] = [0.2, 0.02];
 /// Bumped when the Qwen3-VL text model's recipe changes.
 const QWEN3VL_TEXT_RECIPE: u32 = 1;
 /// Bumped when a type's recipe changes, so that files made by an older one are not reused.
 fn recipe(kind: &str) -> u32 {
     match kind {
         "gemma3" => 3,
-        "qwen3vl" => 2,
+        "qwen3vl" => 3,
         _ => 4,
     }
 }
@@ -348,8 +351,8 @@ fn projector_type(kind: &str) -> &str {
 }
 
 /// A Qwen3-VL merger MLP `names` (fc1: `wide` to `wide`, fc2: `wide` to `out`, biased), its
-/// matrices cut from the token embeddings from `first_token` on, scaled so that its rows
-/// are about as large as SmolLM2's token embeddings.
+/// matrices cut from the token embeddings from `first_token` on, scaled by
+/// [`QWEN3VL_FC_SCALES`].
 fn merger(
     run: &dyn Fn(usize, usize) -> Vec<f32>,
     first_token: usize,
@@ -358,9 +361,9 @@ fn merger(
     out: usize,
     t: &mut Vec<Tensor>,
 ) {
-    let scaled = |v: Vec<f32>| v.iter().map(|x| x * QWEN3VL_FC_SCALE).collect::<Vec<_>>();
-    let fc1 = scaled(run(first_token, wide * wide));
-    let fc2: Vec<f32> = scaled(run(first_token + 1000, wide * out));
+    let scaled = |v: Vec<f32>, s: f32| v.iter().map(|x| x * s).collect::<Vec<_>>();
+    let fc1 = scaled(run(first_token, wide * wide), QWEN3VL_FC_SCALES[0]);
+    let fc2 = scaled(run(first_token + 1000, wide * out), QWEN3VL_FC_SCALES[1]);
     t.push(f16_tensor(
         &format!("{}.weight", names[0]),
         &[wide, wide],

@@ -1,6 +1,7 @@
 """Images in, end to end, for each projector type: `edgelm serve --mmproj` with the suite's test
 projectors (made by `cargo test --test vision` from the reference model's tensors), gemma3 beside
-Gemma 3 270M and idefics3 beside SmolVLM's text model (SmolLM2 with SmolVLM's tokens, made by the
+Gemma 3 270M, idefics3 beside SmolVLM's text model (SmolLM2 with SmolVLM's tokens) and
+qwen3vl_merger beside a Qwen3-VL text model (SmolLM2's tensors as a qwen3vl, both made by the
 same test), asked by the official openai client (chat with an image part, whole and streamed;
 Responses with `input_image`) and by LangChain; the prefix cache keyed by the image; and hostile
 images, each a 400 that names the part, after which the server still serves and every KV block
@@ -46,7 +47,8 @@ def serve(family: str, *extra: str) -> Server:
     if family == "gemma3":
         return Server("--mmproj", str(projector_file(family)), "--chat-template-file", str(TEMPLATE),
                       *extra, model=GEMMA3)
-    return Server("--mmproj", str(projector_file(family)), *extra, model=made("test-smolvlm-text"))
+    text = {"idefics3": "test-smolvlm-text", "qwen3vl": "test-qwen3vl-text"}[family]
+    return Server("--mmproj", str(projector_file(family)), *extra, model=made(text))
 
 
 def image_positions(family: str, width: int, height: int) -> int:
@@ -56,6 +58,8 @@ def image_positions(family: str, width: int, height: int) -> int:
     tiles, then the overview's 16 rows after three tokens and before one."""
     if family == "gemma3":
         return 64 + 2
+    if family == "qwen3vl":
+        return qwen_rows(width, height) + 2
     aspect = width / height
     if width >= height:
         w, h = 448, int(448 / aspect)
@@ -67,6 +71,21 @@ def image_positions(family: str, width: int, height: int) -> int:
     return cols * rows * (16 + 2) + (rows - 1) + 3 + 16 + 1
 
 
+def qwen_rows(width: int, height: int, align: int = 32, least: int = 8, most: int = 4096) -> int:
+    """Qwen3-VL's rows for an image of WIDTH × HEIGHT (mtmd's smart resize: the sides
+    rounded to whole squares of 32 pixels, scaled into 8 to 4,096 squares)."""
+    w = max(align, math.floor(width / align + 0.5) * align)
+    h = max(align, math.floor(height / align + 0.5) * align)
+    if w * h > most * align * align:
+        beta = math.sqrt(width * height / (most * align * align))
+        w = max(align, math.floor(width / beta / align) * align)
+        h = max(align, math.floor(height / beta / align) * align)
+    elif w * h < least * align * align:
+        beta = math.sqrt(least * align * align / (width * height))
+        w, h = math.ceil(width * beta / align) * align, math.ceil(height * beta / align) * align
+    return (w // align) * (h // align)
+
+
 def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode()
 
@@ -75,7 +94,7 @@ def photo(name: str) -> bytes:
     return (PHOTOS / name).read_bytes()
 
 
-@pytest.fixture(scope="module", params=["gemma3", "idefics3"])
+@pytest.fixture(scope="module", params=["gemma3", "idefics3", "qwen3vl"])
 def vision(request):
     s = serve(request.param)
     s.family = request.param

@@ -119,6 +119,27 @@ pub fn rope_cos_sin(pos: usize, n_rot: usize, table: &RopeTable, cs: &mut [(f32,
     }
 }
 
+/// [`rope_cos_sin`] for a three-part M-RoPE position (temporal, row, column): pair `i` turns
+/// by the part `parts[i]` names, each part's angle carried pair by pair as ggml's
+/// `ggml_mrope_cache_init` does, so that a position of three equal parts gives
+/// [`rope_cos_sin`]'s bits.
+pub fn mrope_cos_sin(
+    pos: [usize; 3],
+    parts: &[u8],
+    n_rot: usize,
+    table: &RopeTable,
+    cs: &mut [(f32, f32)],
+) {
+    let theta_scale = table.base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos.map(|p| p as f32);
+    for (i, c) in cs.iter_mut().enumerate().take(n_rot / 2) {
+        let ff = table.factors.as_ref().map_or(1.0, |f| f[i]);
+        let t = table.freq_scale * (theta[usize::from(parts[i])] / ff);
+        *c = (t.cos() * table.mscale, t.sin() * table.mscale);
+        theta.iter_mut().for_each(|t| *t *= theta_scale);
+    }
+}
+
 fma_dispatch! {
 /// Rotates every head of one token's Q or K vector (`x` = n_heads × head_dim).
 /// `x0·c - x1·s` is evaluated as one fused multiply-add over a rounded product, the way
@@ -588,5 +609,25 @@ mod tests {
         let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
         assert!((n(&x) - n(&orig)).abs() < 1e-3);
         assert_ne!(x, orig);
+    }
+
+    #[test]
+    fn an_mrope_position_of_equal_parts_turns_as_a_plain_one_and_each_part_turns_its_pairs() {
+        let table = RopeTable {
+            base: 10_000.0,
+            freq_scale: 1.0,
+            mscale: 1.0,
+            factors: None,
+        };
+        let parts = [0u8, 1, 2, 0, 1, 2, 0, 0];
+        let (mut plain, mut three) = (vec![(0f32, 0f32); 8], vec![(0f32, 0f32); 8]);
+        rope_cos_sin(37, 16, &table, &mut plain);
+        mrope_cos_sin([37; 3], &parts, 16, &table, &mut three);
+        assert_eq!(plain, three);
+        // Row 5, column 0 at start 0: only the row's pairs turn.
+        mrope_cos_sin([0, 5, 0], &parts, 16, &table, &mut three);
+        for (i, &(c, s)) in three.iter().enumerate() {
+            assert_eq!(parts[i] == 1, (c, s) != (1.0, 0.0), "pair {i}");
+        }
     }
 }

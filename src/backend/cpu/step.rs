@@ -6,8 +6,8 @@ use super::delta_net::{conv_silu_span, delta_step, gated_rmsnorm, head_ranges, l
 use super::matmul::{embed, embed_packed, matmul_fused, WeightRef};
 use super::moe::{moe_ffn, ExpertWeights, MoeScratch};
 use super::ops::{
-    activate, add_bias, add_in_place, gated, hadamard_64, layernorm_in_place, rmsnorm,
-    rmsnorm_in_place, rope_apply, rope_cos_sin,
+    activate, add_bias, add_in_place, gated, hadamard_64, layernorm_in_place, mrope_cos_sin,
+    rmsnorm, rmsnorm_in_place, rope_apply, rope_cos_sin,
 };
 use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
@@ -139,7 +139,12 @@ impl<'a> CpuStep<'a> {
                 let mut cs = vec![(0f32, 0f32); n * half];
                 if half > 0 {
                     for (i, c) in cs.chunks_exact_mut(half).enumerate() {
-                        rope_cos_sin(batch.positions[i], shape.n_rot, table, c);
+                        match (&shape.mrope, batch.rope_positions.get(i)) {
+                            (Some(parts), Some(&pos)) => {
+                                mrope_cos_sin(pos, parts, shape.n_rot, table, c)
+                            }
+                            _ => rope_cos_sin(batch.positions[i], shape.n_rot, table, c),
+                        }
                     }
                 }
                 cs
@@ -261,17 +266,31 @@ impl Ops for CpuStep<'_> {
             x.iter_mut().for_each(|v| *v *= scale);
         }
         // Rows given in place of embeddings (an image's) go in as they are: the scale is the
-        // token embeddings' (Gemma's √n_embd), not theirs.
+        // token embeddings' (Gemma's √n_embd), not theirs. Qwen3-VL's carry their DeepStack
+        // rows after the embedding ([`Ops::add_deepstack`]).
+        let width = table.cols * (1 + self.shape.deepstack);
         for input in &self.batch.inputs {
             let row = input.rows.row(input.row);
-            if row.len() != table.cols {
+            if row.len() != width {
                 anyhow::bail!(
-                    "an input row is {} wide, the model's embeddings {}",
-                    row.len(),
-                    table.cols
+                    "an input row is {} wide, the model's input rows {width}",
+                    row.len()
                 );
             }
-            x[input.token * table.cols..][..table.cols].copy_from_slice(row);
+            x[input.token * table.cols..][..table.cols].copy_from_slice(&row[..table.cols]);
+        }
+        Ok(())
+    }
+
+    fn add_deepstack(&mut self, part: usize) -> Result<()> {
+        let n = self.shape.widths.embd;
+        if part == 0 || part > self.shape.deepstack {
+            anyhow::bail!("DeepStack row {part} of {}", self.shape.deepstack);
+        }
+        let x = &mut self.bufs.bufs[index(Buf::X)];
+        for input in &self.batch.inputs {
+            let row = &input.rows.row(input.row)[part * n..][..n];
+            add_in_place(&mut x[input.token * n..][..n], row);
         }
         Ok(())
     }

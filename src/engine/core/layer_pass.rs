@@ -39,6 +39,7 @@ impl Engine {
         let mut meta = BatchMeta::default();
         let tables = s.blocks.tables().to_vec();
         meta.push_span(&s.tokens[range.clone()], slice.start, tables, Logits::None);
+        meta.set_rope_positions(0, &s.rope_positions(range.clone()));
         meta.inputs.extend(s.row_inputs(range, 0));
         meta.mark_generated_from(s.prompt_len);
         meta

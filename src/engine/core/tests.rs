@@ -32,6 +32,7 @@ fn engine() -> (Engine, FakeProbe) {
         state_bytes: 0,
         pooling: Pooling::Mean,
         hidden_width: HIDDEN,
+        input_width: HIDDEN,
         encoder: false,
     };
     let (engine, _) = Engine::new(Box::new(exec), shape, Vec::new(), &config());

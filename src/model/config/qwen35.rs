@@ -121,7 +121,7 @@ fn recurrent_layers(k: &Keys<'_>, all: usize, trunk: usize) -> Result<Vec<bool>>
 
 /// `rope.dimension_sections` (required, as for llama.cpp): four counts of rotated pairs, the
 /// first three for the text positions, that fit in the `n_rot / 2` pairs.
-fn sections(k: &Keys<'_>, n_rot: usize) -> Result<[usize; 4]> {
+pub(super) fn sections(k: &Keys<'_>, n_rot: usize) -> Result<[usize; 4]> {
     let key = k.name("rope.dimension_sections");
     let arr = k
         .file
@@ -162,6 +162,20 @@ pub fn imrope_turned_pairs(sections: [usize; 4], n_rot: usize) -> Vec<bool> {
                 1 => s < 3 * h,
                 _ => s < 3 * w,
             }
+        })
+        .collect()
+}
+
+/// Per rotated pair, which of an M-RoPE position's three parts turns it (0: the temporal
+/// one, 1: the height or row, 2: the width or column), as [`imrope_turned_pairs`] picks
+/// them; a pair it leaves unturned gets 0 (the table's divisor keeps its angle at 0).
+pub fn imrope_components(sections: [usize; 4], n_rot: usize) -> Vec<u8> {
+    let period: usize = sections.iter().sum();
+    let turned = imrope_turned_pairs(sections, n_rot);
+    (0..n_rot / 2)
+        .map(|i| match turned[i] {
+            true => ((i % period) % 3) as u8,
+            false => 0,
         })
         .collect()
 }

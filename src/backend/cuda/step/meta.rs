@@ -308,6 +308,8 @@ mod tests {
             state_floats: 0,
             conv_taps: 0,
             delta_net: None,
+            mrope: None,
+            deepstack: 0,
         };
         let mut b = BatchMeta::default();
         b.push_span_single(&[1, 2], 3, vec![0], Logits::Last);

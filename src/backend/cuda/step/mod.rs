@@ -128,6 +128,11 @@ impl Ops for CudaStep<'_> {
         Err(anyhow!(ENCODERS))
     }
 
+    /// Nothing to add: the executor refuses a step with input rows (images) before it runs.
+    fn add_deepstack(&mut self, _: usize) -> Result<()> {
+        Ok(())
+    }
+
     fn activate(&mut self, _: Buf, _: Activation) -> Result<()> {
         Err(anyhow!(ENCODERS))
     }
