@@ -13,6 +13,7 @@ use crate::backend::cpu::ops::{activate, add_in_place, layernorm_in_place};
 use crate::backend::cpu::parallel::for_row_chunks;
 use crate::backend::ops::{Activation, LayerNorm};
 use crate::gguf::GgufFile;
+use std::ops::Range;
 
 /// Patch rows a piece of row-wise work takes (a multiple of every GEMM tile's rows): small
 /// enough that a piece of a large ViT is a few milliseconds, so that an encoder run in slices
@@ -181,29 +182,27 @@ impl<'a> VitRun<'a> {
         }
         let rows = row..(row + step).min(self.n);
         let span = rows.start * e..rows.end * e;
+        let block = BlockWeights {
+            file,
+            arena,
+            cfg,
+            l,
+        };
         match part {
-            Part::Qkv => qkv_rows(file, arena, cfg, l, &self.x, b, rows.clone(), &self.places),
+            Part::Qkv => block.qkv_rows(&self.x, b, rows.clone(), &self.places),
             Part::Attention => {
                 let kv = self
                     .kv
                     .get_or_insert_with(|| KeysValues::pack(&b.k, &b.v, cfg.n_head, cfg.head_dim));
                 kv.attend(&b.q, rows.clone(), &mut b.h);
             }
-            Part::Ffn => ffn_rows(
-                file,
-                arena,
-                cfg,
-                l,
-                &mut self.x[span.clone()],
-                b,
-                rows.clone(),
-            ),
+            Part::Ffn => block.ffn_rows(&mut self.x[span.clone()], b, rows.clone()),
             Part::Deepstack => {
                 let out = self
                     .deepstack
                     .last_mut()
                     .expect("pushed at its first piece");
-                deepstack_rows(file, arena, cfg, l, &self.x, b, rows.clone(), out);
+                block.deepstack_rows(&self.x, b, rows.clone(), out);
             }
         }
         if rows.end < self.n {
@@ -265,103 +264,89 @@ impl Buffers {
     }
 }
 
-/// Rows `rows` of a block before attention: `ln1(x)` to Q, K and V (Qwen3-VL: turned by
-/// their patches' `places` in the grid).
-#[allow(clippy::too_many_arguments)]
-fn qkv_rows(
-    file: &GgufFile,
-    arena: &[f32],
-    cfg: &VisionConfig,
-    l: &VitLayer,
-    x: &[f32],
-    b: &mut Buffers,
-    rows: std::ops::Range<usize>,
-    places: &[(usize, usize)],
-) {
-    let e = cfg.n_embd;
-    let span = rows.start * e..rows.end * e;
-    let h = &mut b.h[span.clone()];
-    h.copy_from_slice(&x[span.clone()]);
-    layer_norm(h, arena, l.ln1, cfg.eps);
-    match &l.qkv {
-        Qkv::Separate(qkv) => {
-            let [q, k, v] = &**qkv;
-            for (m, out) in [(q, &mut b.q), (k, &mut b.k), (v, &mut b.v)] {
-                m.apply(file, arena, h, &mut out[span.clone()]);
+/// What a block's row-wise parts read: the file, the vectors, the config and the block's
+/// weights.
+struct BlockWeights<'a> {
+    file: &'a GgufFile,
+    arena: &'a [f32],
+    cfg: &'a VisionConfig,
+    l: &'a VitLayer,
+}
+
+impl BlockWeights<'_> {
+    /// Rows `rows` of a block before attention: `ln1(x)` to Q, K and V (Qwen3-VL: turned by
+    /// their patches' `places` in the grid).
+    fn qkv_rows(&self, x: &[f32], b: &mut Buffers, rows: Range<usize>, places: &[(usize, usize)]) {
+        let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
+        let e = cfg.n_embd;
+        let span = rows.start * e..rows.end * e;
+        let h = &mut b.h[span.clone()];
+        h.copy_from_slice(&x[span.clone()]);
+        layer_norm(h, arena, l.ln1, cfg.eps);
+        match &l.qkv {
+            Qkv::Separate(qkv) => {
+                let [q, k, v] = &**qkv;
+                for (m, out) in [(q, &mut b.q), (k, &mut b.k), (v, &mut b.v)] {
+                    m.apply(file, arena, h, &mut out[span.clone()]);
+                }
+            }
+            Qkv::Fused(qkv) => {
+                let fused = &mut b.qkv[rows.start * 3 * e..rows.end * 3 * e];
+                qkv.apply(file, arena, h, fused);
+                for (r, row) in fused.chunks_exact(3 * e).enumerate() {
+                    let at = (rows.start + r) * e;
+                    b.q[at..at + e].copy_from_slice(&row[..e]);
+                    b.k[at..at + e].copy_from_slice(&row[e..2 * e]);
+                    b.v[at..at + e].copy_from_slice(&row[2 * e..]);
+                }
             }
         }
-        Qkv::Fused(qkv) => {
-            let fused = &mut b.qkv[rows.start * 3 * e..rows.end * 3 * e];
-            qkv.apply(file, arena, h, fused);
-            for (r, row) in fused.chunks_exact(3 * e).enumerate() {
-                let at = (rows.start + r) * e;
-                b.q[at..at + e].copy_from_slice(&row[..e]);
-                b.k[at..at + e].copy_from_slice(&row[e..2 * e]);
-                b.v[at..at + e].copy_from_slice(&row[2 * e..]);
+        if !places.is_empty() {
+            for out in [&mut b.q, &mut b.k] {
+                rope_2d(
+                    &mut out[span.clone()],
+                    &places[rows.clone()],
+                    cfg.n_head,
+                    cfg.head_dim,
+                );
             }
         }
     }
-    if !places.is_empty() {
-        for out in [&mut b.q, &mut b.k] {
-            rope_2d(
-                &mut out[span.clone()],
-                &places[rows.clone()],
-                cfg.n_head,
-                cfg.head_dim,
-            );
-        }
+
+    /// Rows `rows` of a DeepStack block's output (`x`), each merged square's side by side,
+    /// through its norm and MLP into `out` (the block's merged rows).
+    fn deepstack_rows(&self, x: &[f32], b: &mut Buffers, rows: Range<usize>, out: &mut [f32]) {
+        let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
+        let (norm, mlp) = l.deepstack.as_ref().expect("a DeepStack block");
+        let span = rows.start * cfg.n_embd..rows.end * cfg.n_embd;
+        let h = &mut b.h[span.clone()];
+        h.copy_from_slice(&x[span.clone()]);
+        layer_norm(h, arena, *norm, cfg.eps);
+        let (merged, d) = (cfg.n_merge * cfg.n_merge, cfg.projection_dim);
+        let out = &mut out[rows.start / merged * d..rows.end / merged * d];
+        mlp.apply(file, arena, h, &mut b.proj[span], out);
     }
-}
 
-/// Rows `rows` of a DeepStack block's output (`x`), each merged square's side by side,
-/// through its norm and MLP into `out` (the block's merged rows).
-#[allow(clippy::too_many_arguments)]
-fn deepstack_rows(
-    file: &GgufFile,
-    arena: &[f32],
-    cfg: &VisionConfig,
-    l: &VitLayer,
-    x: &[f32],
-    b: &mut Buffers,
-    rows: std::ops::Range<usize>,
-    out: &mut [f32],
-) {
-    let (norm, mlp) = l.deepstack.as_ref().expect("a DeepStack block");
-    let span = rows.start * cfg.n_embd..rows.end * cfg.n_embd;
-    let h = &mut b.h[span.clone()];
-    h.copy_from_slice(&x[span.clone()]);
-    layer_norm(h, arena, *norm, cfg.eps);
-    let (merged, d) = (cfg.n_merge * cfg.n_merge, cfg.projection_dim);
-    let out = &mut out[rows.start / merged * d..rows.end / merged * d];
-    mlp.apply(file, arena, h, &mut b.proj[span], out);
-}
-
-/// Rows `rows` of a block after attention (`x` holds those rows, `b.h` the attention's
-/// output): `x += out(h)`, then `x += down(gelu(up(ln2(x))))`.
-fn ffn_rows(
-    file: &GgufFile,
-    arena: &[f32],
-    cfg: &VisionConfig,
-    l: &VitLayer,
-    x: &mut [f32],
-    b: &mut Buffers,
-    rows: std::ops::Range<usize>,
-) {
-    let (e, f) = (cfg.n_embd, cfg.n_ff);
-    let span = rows.start * e..rows.end * e;
-    let proj = &mut b.proj[span.clone()];
-    l.out.apply(file, arena, &b.h[span.clone()], proj);
-    add_in_place(x, proj);
-    let h = &mut b.h[span.clone()];
-    h.copy_from_slice(x);
-    layer_norm(h, arena, l.ln2, cfg.eps);
-    let up = &mut b.up[rows.start * f..rows.end * f];
-    l.up.apply(file, arena, h, up);
-    for_row_chunks(up, f, |_, rows| {
-        activate(Activation::GeluTanh, rows).expect("GELU has an ungated form")
-    });
-    l.down.apply(file, arena, up, proj);
-    add_in_place(x, proj);
+    /// Rows `rows` of a block after attention (`x` holds those rows, `b.h` the attention's
+    /// output): `x += out(h)`, then `x += down(gelu(up(ln2(x))))`.
+    fn ffn_rows(&self, x: &mut [f32], b: &mut Buffers, rows: Range<usize>) {
+        let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
+        let (e, f) = (cfg.n_embd, cfg.n_ff);
+        let span = rows.start * e..rows.end * e;
+        let proj = &mut b.proj[span.clone()];
+        l.out.apply(file, arena, &b.h[span.clone()], proj);
+        add_in_place(x, proj);
+        let h = &mut b.h[span.clone()];
+        h.copy_from_slice(x);
+        layer_norm(h, arena, l.ln2, cfg.eps);
+        let up = &mut b.up[rows.start * f..rows.end * f];
+        l.up.apply(file, arena, h, up);
+        for_row_chunks(up, f, |_, rows| {
+            activate(Activation::GeluTanh, rows).expect("GELU has an ungated form")
+        });
+        l.down.apply(file, arena, up, proj);
+        add_in_place(x, proj);
+    }
 }
 
 fn layer_norm(x: &mut [f32], arena: &[f32], norm: LayerNorm, eps: f32) {
