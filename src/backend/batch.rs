@@ -136,10 +136,8 @@ impl BatchMeta {
         if parts.is_empty() {
             return;
         }
-        let plain = self.positions[self.rope_positions.len()..]
-            .iter()
-            .map(|&p| [p, p, p]);
-        self.rope_positions.extend(plain.collect::<Vec<_>>());
+        let plain = self.positions[self.rope_positions.len()..].iter();
+        self.rope_positions.extend(plain.map(|&p| [p; 3]));
         self.rope_positions[first..first + parts.len()].copy_from_slice(parts);
     }
 

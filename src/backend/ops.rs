@@ -428,9 +428,9 @@ pub struct Shape {
     pub conv_taps: usize,
     /// The gated DeltaNets' shape (Qwen3.5; `None` without them).
     pub delta_net: Option<DeltaNetShape>,
-    /// Interleaved M-RoPE (Qwen3-VL): per rotated pair, the part of a three-part position
-    /// (0 temporal, 1 row, 2 column) that turns it, for the tokens a step gives such
-    /// positions (`BatchMeta::rope_positions`: an image's and the text after it).
+    /// Interleaved M-RoPE (Qwen3.5, Qwen3-VL): per rotated pair, the part of a three-part
+    /// position (0 temporal, 1 row, 2 column) that turns it, for the tokens a step gives such
+    /// positions (`BatchMeta::rope_positions`: Qwen3-VL's images and the text after them).
     pub mrope: Option<Vec<u8>>,
     /// Qwen3-VL: the first layers that each add an image position's next DeepStack row to
     /// their output; an input row is `widths.embd` times one more than this wide.

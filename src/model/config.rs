@@ -685,8 +685,6 @@ impl ModelConfig {
     }
 }
 
-/// ε of the family's norms: an encoder's layer-norm ε is required (as llama.cpp's loader
-/// requires it), a decoder's RMS-norm ε defaults to 1e-5.
 /// Qwen3-VL's `n_deepstack_layers`: the first layers that add DeepStack rows, at most all.
 fn deepstack_layers(k: &Keys<'_>, n_layers: usize) -> Result<usize> {
     let n = k.u32("n_deepstack_layers")?.unwrap_or(0);
@@ -699,6 +697,8 @@ fn deepstack_layers(k: &Keys<'_>, n_layers: usize) -> Result<usize> {
     Ok(n)
 }
 
+/// ε of the family's norms: an encoder's layer-norm ε is required (as llama.cpp's loader
+/// requires it), a decoder's RMS-norm ε defaults to 1e-5.
 fn norm_eps(family: Family, k: &Keys<'_>) -> Result<f32> {
     if family.encoder() {
         return encoder::layer_norm_eps(k);

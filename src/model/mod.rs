@@ -75,13 +75,9 @@ impl Model {
             state_floats: config.state_floats(),
             conv_taps: config.short_conv.unwrap_or(0),
             delta_net: config.delta_net,
-            mrope: match config.family {
-                // Qwen3.5 reads no images: its text positions need no parts.
-                Family::Qwen3Vl => config
-                    .rope_sections
-                    .map(|s| imrope_components(s, config.n_rot)),
-                _ => None,
-            },
+            mrope: config
+                .rope_sections
+                .map(|s| imrope_components(s, config.n_rot)),
             deepstack: config.deepstack_layers,
         };
         Ok(Model {

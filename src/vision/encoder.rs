@@ -9,9 +9,9 @@ use super::config::VisionConfig;
 use super::kinds::ProjectorKind;
 use super::preprocess::Pixels;
 use super::weights::{Qkv, VisionWeights, VitLayer};
-use crate::backend::cpu::ops::{activate, add_in_place, layernorm_in_place};
+use crate::backend::cpu::ops::{add_in_place, layernorm_in_place};
 use crate::backend::cpu::parallel::for_row_chunks;
-use crate::backend::ops::{Activation, LayerNorm};
+use crate::backend::ops::LayerNorm;
 use crate::gguf::GgufFile;
 use std::ops::Range;
 
@@ -98,7 +98,7 @@ impl<'a> VitRun<'a> {
             positions,
             places,
             x: vec![0.0; n * e],
-            b: Buffers::new(n, cfg),
+            b: Buffers::new(n, cfg, w),
             n,
             at: Stage::Embed { row: 0 },
             kv: None,
@@ -249,9 +249,9 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(n: usize, cfg: &VisionConfig) -> Buffers {
+    fn new(n: usize, cfg: &VisionConfig, w: &VisionWeights) -> Buffers {
         let rows = || vec![0.0; n * cfg.n_embd];
-        let fused = cfg.kind == ProjectorKind::Qwen3vl;
+        let fused = w.layers.iter().any(|l| matches!(l.qkv, Qkv::Fused(_)));
         Buffers {
             h: rows(),
             qkv: vec![0.0; if fused { 3 * n * cfg.n_embd } else { 0 }],
@@ -340,11 +340,7 @@ impl BlockWeights<'_> {
         h.copy_from_slice(x);
         layer_norm(h, arena, l.ln2, cfg.eps);
         let up = &mut b.up[rows.start * f..rows.end * f];
-        l.up.apply(file, arena, h, up);
-        for_row_chunks(up, f, |_, rows| {
-            activate(Activation::GeluTanh, rows).expect("GELU has an ungated form")
-        });
-        l.down.apply(file, arena, up, proj);
+        l.ffn.apply(file, arena, h, up, proj);
         add_in_place(x, proj);
     }
 }

@@ -5,9 +5,9 @@ use super::config::VisionConfig;
 use super::kinds::ProjectorKind;
 use crate::backend::cpu::gemm::DenseMatrix;
 use crate::backend::cpu::matmul::matmul;
-use crate::backend::cpu::ops::add_bias;
+use crate::backend::cpu::ops::{activate, add_bias};
 use crate::backend::cpu::parallel::for_row_chunks;
-use crate::backend::ops::{LayerNorm, Mat, VecRef};
+use crate::backend::ops::{Activation, LayerNorm, Mat, VecRef};
 use crate::gguf::GgufFile;
 use crate::model::Binder;
 use crate::quant::GgmlType;
@@ -19,8 +19,8 @@ pub struct VitLayer {
     pub qkv: Qkv,
     pub out: Linear,
     pub ln2: LayerNorm,
-    pub up: Linear,   // [n_ff × n_embd]
-    pub down: Linear, // [n_embd × n_ff]
+    /// Up [n_ff × n_embd], GELU, down [n_embd × n_ff].
+    pub ffn: Mlp,
     /// Qwen3-VL's DeepStack: the block's rows, each merged square's side by side, normed
     /// (over the merged width) and through an MLP to the text model's width.
     pub deepstack: Option<(LayerNorm, Mlp)>,
@@ -33,7 +33,8 @@ pub enum Qkv {
     Fused(Linear),              // [3·n_embd × n_embd]
 }
 
-/// Two biased matrices with GELU between (llama.cpp's `build_ffn` with `FFN_GELU`).
+/// Two biased matrices with GELU between (llama.cpp's `build_ffn` with `FFN_GELU`): a ViT
+/// block's FFN, and Qwen3-VL's mergers.
 pub struct Mlp {
     pub fc1: Linear,
     pub fc2: Linear,
@@ -89,7 +90,7 @@ impl VisionWeights {
                     Qkv::Fused(qkv) => qkv.bytes(),
                 };
                 let deepstack = l.deepstack.as_ref().map_or(0, |(_, mlp)| mlp.bytes());
-                qkv + l.out.bytes() + l.up.bytes() + l.down.bytes() + deepstack
+                qkv + l.out.bytes() + l.ffn.bytes() + deepstack
             })
             .sum();
         let head = match &self.head {
@@ -268,8 +269,10 @@ fn vit_layer(b: &mut Binder<'_>, cfg: &VisionConfig, i: usize) -> Result<VitLaye
         qkv,
         out: biased(b, &name("attn_out"), e, e)?,
         ln2: layer_norm(b, &name("ln2"), e)?,
-        up: biased(b, &up_name, e, cfg.n_ff)?,
-        down: biased(b, &down_name, cfg.n_ff, e)?,
+        ffn: Mlp {
+            fc1: biased(b, &up_name, e, cfg.n_ff)?,
+            fc2: biased(b, &down_name, cfg.n_ff, e)?,
+        },
         deepstack,
     })
 }
@@ -300,8 +303,7 @@ impl Mlp {
     ) {
         self.fc1.apply(file, arena, x, scratch);
         for_row_chunks(scratch, self.fc1.mat.rows, |_, rows| {
-            crate::backend::cpu::ops::activate(crate::backend::ops::Activation::GeluTanh, rows)
-                .expect("GELU has an ungated form")
+            activate(Activation::GeluTanh, rows).expect("GELU has an ungated form")
         });
         self.fc2.apply(file, arena, scratch, out);
     }
