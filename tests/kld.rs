@@ -288,3 +288,12 @@ fn lfm2_match_the_peer() {
 fn qwen35_match_the_peer() {
     check("qwen35", &test_model("qwen35"), TEST_MODEL_CHUNKS);
 }
+
+/// The Qwen-VL text models (M-RoPE sections interleaved, and in runs) on text alone: every
+/// pair of a text position's rotation turns by the one position, as the peer's M-RoPE does.
+#[test]
+fn qwen_vl_text_models_match_the_peer() {
+    for kind in ["qwen3vl", "qwen25vl"] {
+        check(kind, &test_vlm_text(kind), TEST_MODEL_CHUNKS);
+    }
+}

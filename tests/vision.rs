@@ -83,6 +83,11 @@ fn qwen3vl_image_rows_agree_with_libmtmd_on_every_photograph() {
     image_rows_agree_with_libmtmd("qwen3vl");
 }
 
+#[test]
+fn qwen25vl_image_rows_agree_with_libmtmd_on_every_photograph() {
+    image_rows_agree_with_libmtmd("qwen25vl");
+}
+
 /// The prompt `<__media__>` alone as edgelm lays it out for `img` (after its BOS), written
 /// as libmtmd's layout line writes it (text ids, `[rows]` for each view).
 fn layout_line(projector: &Projector, text: &Path, img: &edgelm::vision::Rgb) -> String {
@@ -269,6 +274,20 @@ fn projector_files_edgelm_does_not_implement_are_refused_in_one_line() {
         ts.retain(|t| t.0 != "v.patch_embd.weight.1")
     });
     assert!(e.contains("v.patch_embd.weight.1"), "{e}");
+    // Qwen2.5-VL's: no window pattern, a GELU FFN named, a window smaller than a square.
+    let e = refusal_of("qwen25vl", "mmproj-qwen25-pattern.gguf", |kvs, _| {
+        kvs.retain(|kv| kv.0 != "clip.vision.n_wa_pattern")
+    });
+    assert!(e.contains("clip.vision.n_wa_pattern is missing"), "{e}");
+    let e = refusal_of("qwen25vl", "mmproj-qwen25-gelu.gguf", |kvs, _| {
+        kvs.retain(|kv| kv.0 != "clip.use_silu");
+        set(kvs, "clip.use_gelu", Value::Bool(true))
+    });
+    assert!(e.contains("runs SwiGLU only"), "{e}");
+    let e = refusal_of("qwen25vl", "mmproj-qwen25-window.gguf", |kvs, _| {
+        set(kvs, "clip.vision.window_size", Value::U32(20))
+    });
+    assert!(e.contains("window_size is 20"), "{e}");
 }
 
 #[test]
@@ -464,6 +483,11 @@ fn qwen3vl_logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
     logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache("qwen3vl");
 }
 
+#[test]
+fn qwen25vl_logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache() {
+    logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache("qwen25vl");
+}
+
 fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache(kind: &str) {
     use edgelm::engine::{PromptImage, Session, SessionConfig};
     use edgelm::kv::KvType;
@@ -518,15 +542,23 @@ fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache(kind: &str)
         }
     }
     let mean = |v: &[(f64, bool)]| v.iter().map(|r| r.0).sum::<f64>() / v.len() as f64;
+    // The mean's standard error, as llama-perplexity prints it beside the mean KLD.
+    let error = |v: &[(f64, bool)]| {
+        let m = mean(v);
+        let var = v.iter().map(|r| (r.0 - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64;
+        (var / v.len() as f64).sqrt()
+    };
     let same = |v: &[(f64, bool)]| 100.0 * v.iter().filter(|r| r.1).count() as f64 / v.len() as f64;
     let n = ours.len();
     eprintln!(
-        "{kind}: {} image+prompt pairs, {n} scored tokens: edgelm's mean KLD {:.6} (same top \
-         {:.2}%), llama.cpp's q8_0 cache's {:.6} ({:.2}%)",
+        "{kind}: {} image+prompt pairs, {n} scored tokens: edgelm's mean KLD {:.6} ± {:.6} \
+         (same top {:.2}%), llama.cpp's q8_0 cache's {:.6} ± {:.6} ({:.2}%)",
         n / CONTINUATION,
         mean(&ours),
+        error(&ours),
         same(&ours),
         mean(&q8),
+        error(&q8),
         same(&q8)
     );
     assert!(n >= 20 * CONTINUATION);
@@ -535,10 +567,14 @@ fn logits_after_an_image_are_as_close_to_the_peers_as_its_q8_0_cache(kind: &str)
         "the test model is chaotic after an image: {}",
         mean(&q8)
     );
+    // Within one standard error, as tests/kld.rs holds text: the mean is a heavy tail's (on
+    // a text model that wrote no sense, one near tie of 1,280 tokens scored 1.68 for edgelm
+    // and 0.77 for the q8_0 cache, a third of the whole mean).
     assert!(
-        mean(&ours) <= mean(&q8),
-        "edgelm's KLD {} over the q8_0 cache's {}",
+        mean(&ours) - error(&ours) <= mean(&q8),
+        "edgelm's KLD {} (± {}) over the q8_0 cache's {}",
         mean(&ours),
+        error(&ours),
         mean(&q8)
     );
     // "Same top" over ~1,300 tokens has a standard error near 0.6 points.
@@ -607,7 +643,7 @@ fn kv_plan_counts_what_images_take() {
 /// image's positions; `bench` times the encode and the time to first token.
 #[test]
 fn run_and_bench_take_an_image_for_each_projector_type() {
-    for kind in ["gemma3", "idefics3", "qwen3vl"] {
+    for kind in ["gemma3", "idefics3", "qwen3vl", "qwen25vl"] {
         let (text, mmproj) = (test_vlm_text(kind), test_mmproj(kind));
         let run = |image: Option<&str>| {
             let mut cmd = common::edgelm();

@@ -12,6 +12,10 @@ pub enum Family {
     Llama,
     /// `qwen2` (Qwen2/2.5, the DeepSeek-R1 Qwen distills): Q/K/V biases, NeoX RoPE.
     Qwen2,
+    /// `qwen2vl` (Qwen2-VL's and Qwen2.5-VL's text model): qwen2's blocks with M-RoPE
+    /// positions in runs (`rope.dimension_sections`: an image's positions turn by its row
+    /// and column).
+    Qwen2Vl,
     /// `qwen3`: per-head RMSNorm of Q and K before RoPE.
     Qwen3,
     /// `qwen3vl` (Qwen3-VL's text model): qwen3's blocks with interleaved M-RoPE positions
@@ -86,6 +90,11 @@ pub const ARCHITECTURES: &[Arch] = &[
         "qwen2",
         Family::Qwen2,
         "Qwen2/2.5, the DeepSeek-R1 Qwen distills",
+    ),
+    arch(
+        "qwen2vl",
+        Family::Qwen2Vl,
+        "Qwen2-VL, Qwen2.5-VL 3B/7B/32B: the text model beside its projector",
     ),
     arch("qwen3", Family::Qwen3, "Qwen3"),
     arch(
@@ -169,6 +178,7 @@ impl Family {
         match self {
             Family::Llama | Family::Smollm3 | Family::Granite | Family::Bert => RopeLayout::Normal,
             Family::Qwen2
+            | Family::Qwen2Vl
             | Family::Qwen3
             | Family::Qwen3Vl
             | Family::Qwen3Moe
@@ -327,7 +337,10 @@ impl Family {
                 rope_factors: true,
                 ..Optional::NONE
             },
-            Family::Qwen3
+            // llama.cpp's qwen2vl loads no attention-output bias and loads the output bias
+            // without adding it: a file with either is refused rather than run without.
+            Family::Qwen2Vl
+            | Family::Qwen3
             | Family::Qwen3Vl
             | Family::Qwen3Moe
             | Family::Gemma3

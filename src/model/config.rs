@@ -7,13 +7,14 @@ mod gemma3;
 mod gpt_oss;
 mod granite;
 mod lfm2;
+mod mrope;
 mod pooling;
 mod qwen35;
 mod smollm3;
 
 pub use dense_out::DenseOutShape;
+pub use mrope::MropeSections;
 pub use pooling::Pooling;
-pub use qwen35::{imrope_components, imrope_turned_pairs};
 
 use super::arch::{Arch, Family};
 use crate::backend::ops::{Activation, DeltaNetShape, RopeLayout, Routing, Window};
@@ -196,10 +197,10 @@ pub struct ModelConfig {
     pub short_conv: Option<usize>,
     /// The gated DeltaNet layers' shape, in a model that has them (Qwen3.5).
     pub delta_net: Option<DeltaNetShape>,
-    /// Qwen3.5's and Qwen3-VL's interleaved M-RoPE sections (`rope.dimension_sections`):
-    /// which rotated pairs a text token's position turns ([`imrope_turned_pairs`]), and which
-    /// an image position's row and column turn ([`imrope_components`]).
-    pub rope_sections: Option<[usize; 4]>,
+    /// The M-RoPE sections of Qwen3.5, Qwen3-VL (interleaved) and Qwen2.5-VL (in runs):
+    /// which rotated pairs a text token's position turns, and which an image position's row
+    /// and column turn ([`MropeSections`]).
+    pub rope_sections: Option<MropeSections>,
     /// Qwen3-VL: the first layers that each add an image position's next DeepStack row to
     /// their output (`n_deepstack_layers`); an image row is `n_embd` times one more wide.
     pub deepstack_layers: usize,
@@ -473,6 +474,7 @@ impl HyperParams {
             Family::GptOss => hp.gpt_oss(k, shape, global)?,
             Family::Llama
             | Family::Qwen2
+            | Family::Qwen2Vl
             | Family::Qwen3
             | Family::Qwen3Vl
             | Family::Qwen3Moe
@@ -591,10 +593,7 @@ impl ModelConfig {
             moe,
             short_conv,
             delta_net: qwen35.as_ref().map(|q| q.delta_net),
-            rope_sections: match family {
-                Family::Qwen3Vl => Some(qwen35::sections(&k, shape.n_rot)?),
-                _ => qwen35.as_ref().map(|q| q.sections),
-            },
+            rope_sections: mrope_sections(family, &k, shape.n_rot, qwen35.as_ref())?,
             deepstack_layers: match family {
                 Family::Qwen3Vl => deepstack_layers(&k, shape.n_layers)?,
                 _ => 0,
@@ -686,6 +685,21 @@ impl ModelConfig {
 }
 
 /// Qwen3-VL's `n_deepstack_layers`: the first layers that add DeepStack rows, at most all.
+/// The M-RoPE sections of a family that has them: Qwen3-VL interleaves them (as Qwen3.5,
+/// read with its other keys), Qwen2-VL lays them in runs.
+fn mrope_sections(
+    family: Family,
+    k: &Keys<'_>,
+    n_rot: usize,
+    qwen35: Option<&qwen35::Qwen35>,
+) -> Result<Option<MropeSections>> {
+    Ok(match family {
+        Family::Qwen3Vl => Some(MropeSections::read(k, n_rot, true)?),
+        Family::Qwen2Vl => Some(MropeSections::read(k, n_rot, false)?),
+        _ => qwen35.map(|q| q.sections),
+    })
+}
+
 fn deepstack_layers(k: &Keys<'_>, n_layers: usize) -> Result<usize> {
     let n = k.u32("n_deepstack_layers")?.unwrap_or(0);
     if n > n_layers {

@@ -20,7 +20,6 @@ use crate::backend::cpu::packed_weights::PackedWeights;
 use crate::gguf::GgufFile;
 use crate::kv::KvLayout;
 use anyhow::Result;
-use config::imrope_components;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -75,9 +74,7 @@ impl Model {
             state_floats: config.state_floats(),
             conv_taps: config.short_conv.unwrap_or(0),
             delta_net: config.delta_net,
-            mrope: config
-                .rope_sections
-                .map(|s| imrope_components(s, config.n_rot)),
+            mrope: config.rope_sections.map(|s| s.components(config.n_rot)),
             deepstack: config.deepstack_layers,
         };
         Ok(Model {

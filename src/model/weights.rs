@@ -5,7 +5,7 @@
 //! is refused (naming it), never run with a part of the model ignored.
 
 use super::arch::Optional;
-use super::config::{imrope_turned_pairs, Mixer, ModelConfig, MoeConfig, RopeScaling};
+use super::config::{Mixer, ModelConfig, MoeConfig, RopeScaling};
 use crate::backend::ops::{
     DeltaNet, DeltaNetShape, ExpertBiases, Experts, LayerNorm, Mat, RopeTable, ShortConv, VecRef,
 };
@@ -590,9 +590,9 @@ impl Weights {
     pub fn rope_tables(&self, cfg: &ModelConfig, context: usize) -> Vec<RopeTable> {
         let mut tables = self.scaled_rope_tables(cfg, context);
         if let (Some(sections), Some(global)) = (cfg.rope_sections, tables.first_mut()) {
-            // Qwen3.5's M-RoPE for text: the pairs no section turns keep angle 0, which an
-            // infinite divisor gives (position · θ / ∞ = 0: cos 1, sin 0).
-            let turned = imrope_turned_pairs(sections, cfg.n_rot);
+            // M-RoPE for text: the pairs no section turns keep angle 0, which an infinite
+            // divisor gives (position · θ / ∞ = 0: cos 1, sin 0).
+            let turned = sections.turned_pairs(cfg.n_rot);
             let mut factors = global.factors.take().unwrap_or(vec![1.0; turned.len()]);
             for (f, &t) in factors.iter_mut().zip(&turned) {
                 if !t {

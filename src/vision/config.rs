@@ -34,17 +34,38 @@ pub struct VisionConfig {
     /// Qwen3-VL: the blocks whose rows are merged by a DeepStack MLP of their own, each
     /// giving a row of `projection_dim` beside each image row (`clip.vision.is_deepstack_layers`).
     pub deepstack: Vec<usize>,
-    /// Qwen3-VL: an image keeps its aspect, resized to whole merged squares of patches, so
+    /// Qwen-VL: an image keeps its aspect, resized to whole merged squares of patches, so
     /// that it becomes between the first and the second number of rows (mtmd's limits).
     pub dynamic_rows: Option<(usize, usize)>,
+    /// Qwen2.5-VL: the blocks that attend only within windows of the image.
+    pub windows: Option<Windows>,
 }
+
+/// Qwen2.5-VL's window attention (`clip.vision.n_wa_pattern`, `clip.vision.window_size`):
+/// every `full_every`-th block attends over the whole image, the others only within square
+/// windows of `side` × `side` merged squares (the image's last ones cut short).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Windows {
+    pub full_every: usize,
+    pub side: usize,
+}
+
+impl Windows {
+    /// Whether block `layer` attends within windows.
+    pub fn applies_to(&self, layer: usize) -> bool {
+        !(layer + 1).is_multiple_of(self.full_every)
+    }
+}
+
+/// The window llama.cpp's Qwen2.5-VL graph takes when the file names none, in pixels.
+const DEFAULT_WINDOW_PIXELS: usize = 112;
 
 /// The rows a Qwen3-VL image becomes at least and at most (llama.cpp's defaults for the
 /// Qwen-VL types, from Qwen2.5-VL's `preprocessor_config.json`).
 const QWEN_VL_ROWS: (usize, usize) = (8, 4096);
 
 /// The `clip.*` keys this reader understands; any other is refused.
-const KNOWN: [&str; 21] = [
+const KNOWN: [&str; 23] = [
     "clip.projector_type",
     "clip.has_vision_encoder",
     "clip.has_audio_encoder",
@@ -66,6 +87,8 @@ const KNOWN: [&str; 21] = [
     "clip.vision.preproc_image_size",
     "clip.vision.spatial_merge_size",
     "clip.vision.is_deepstack_layers",
+    "clip.vision.n_wa_pattern",
+    "clip.vision.window_size",
 ];
 
 impl VisionConfig {
@@ -101,7 +124,7 @@ impl VisionConfig {
         let n_layers = size(file, "clip.vision.block_count")?;
         let deepstack = deepstack_layers(file, kind, n_layers)?;
         let longest_edge = match kind {
-            ProjectorKind::Gemma3 | ProjectorKind::Qwen3vl => None,
+            ProjectorKind::Gemma3 | ProjectorKind::Qwen25vl | ProjectorKind::Qwen3vl => None,
             // Older converters wrote no longest edge (llama.cpp then slices another way).
             ProjectorKind::Idefics3 => {
                 Some(opt_size(file, "clip.vision.preproc_image_size")?.context(
@@ -136,7 +159,8 @@ impl VisionConfig {
             longest_edge,
             projection_dim: size(file, "clip.vision.projection_dim")?,
             deepstack,
-            dynamic_rows: (kind == ProjectorKind::Qwen3vl).then_some(QWEN_VL_ROWS),
+            dynamic_rows: kind.merges_squares().then_some(QWEN_VL_ROWS),
+            windows: windows(file, kind, patch_size * n_merge)?,
         };
         cfg.check_plausible()?;
         Ok(cfg)
@@ -267,23 +291,59 @@ fn merge_of(file: &GgufFile, kind: ProjectorKind) -> Result<usize> {
         (ProjectorKind::Idefics3, _) => {
             bail!("clip.vision.projector.scale_factor is missing or 1: Idefics3 shuffles by it")
         }
-        (ProjectorKind::Qwen3vl, _) => {
+        (ProjectorKind::Qwen25vl | ProjectorKind::Qwen3vl, _) => {
             match opt_size(file, "clip.vision.spatial_merge_size")?.unwrap_or(2) {
                 2 => 2,
-                m => bail!("clip.vision.spatial_merge_size is {m}: Qwen3-VL merges 2 × 2"),
+                m => bail!("clip.vision.spatial_merge_size is {m}: Qwen-VL merges 2 × 2"),
             }
         }
     };
-    if kind == ProjectorKind::Qwen3vl && file.get("clip.vision.projector.scale_factor").is_some() {
-        bail!("clip.vision.projector.scale_factor is set, which a qwen3vl projector does not read");
+    if kind.merges_squares() && file.get("clip.vision.projector.scale_factor").is_some() {
+        bail!(
+            "clip.vision.projector.scale_factor is set, which a {} projector does not read",
+            kind.name()
+        );
     }
-    if kind != ProjectorKind::Qwen3vl && file.get("clip.vision.spatial_merge_size").is_some() {
+    if !kind.merges_squares() && file.get("clip.vision.spatial_merge_size").is_some() {
         bail!(
             "clip.vision.spatial_merge_size is set, which a {} projector does not read",
             kind.name()
         );
     }
     Ok(merge)
+}
+
+/// Qwen2.5-VL's window attention: `clip.vision.n_wa_pattern` is required (0: every block
+/// attends over the whole image) and read by no other type; windows are `window_size` pixels
+/// (112 where it is missing or 0, as llama.cpp), whole merged squares of `square` pixels.
+fn windows(file: &GgufFile, kind: ProjectorKind, square: usize) -> Result<Option<Windows>> {
+    let (pattern, size) = ("clip.vision.n_wa_pattern", "clip.vision.window_size");
+    if kind != ProjectorKind::Qwen25vl {
+        for key in [pattern, size] {
+            if file.get(key).is_some() {
+                bail!(
+                    "{key} is set, which a {} projector does not read",
+                    kind.name()
+                );
+            }
+        }
+        return Ok(None);
+    }
+    let full_every = opt_size(file, pattern)?.with_context(|| format!("{pattern} is missing"))?;
+    if full_every == 0 {
+        return Ok(None);
+    }
+    let pixels = match opt_size(file, size)? {
+        None | Some(0) => DEFAULT_WINDOW_PIXELS,
+        Some(p) => p,
+    };
+    if pixels < square || pixels > 4096 {
+        bail!("{size} is {pixels}: not between one merged square ({square} pixels) and 4,096");
+    }
+    Ok(Some(Windows {
+        full_every,
+        side: pixels / square,
+    }))
 }
 
 /// The blocks `clip.vision.is_deepstack_layers` marks (Qwen3-VL's; no other type has any).
@@ -322,8 +382,16 @@ fn check_keys(file: &GgufFile, kind: ProjectorKind) -> Result<()> {
     if flag(file, "clip.has_audio_encoder")? == Some(true) {
         bail!("clip.has_audio_encoder is true: edgelm runs no audio encoder");
     }
+    // Qwen2.5-VL's FFN is SwiGLU (`use_silu`).
+    let (gelu, silu) = (flag(file, "clip.use_gelu")?, flag(file, "clip.use_silu")?);
+    if kind == ProjectorKind::Qwen25vl {
+        if silu != Some(true) || gelu == Some(true) {
+            bail!("clip.use_silu is not true: edgelm's qwen2.5vl_merger ViT runs SwiGLU only");
+        }
+        return Ok(());
+    }
     // SigLIP's FFN is GELU (tanh); llama.cpp's default without either key is quick GELU.
-    if flag(file, "clip.use_gelu")? != Some(true) || flag(file, "clip.use_silu")? == Some(true) {
+    if gelu != Some(true) || silu == Some(true) {
         bail!(
             "clip.use_gelu is not true: edgelm's {} ViT runs GELU only",
             kind.name()
@@ -390,6 +458,7 @@ pub(crate) mod tests {
             projection_dim: 64,
             deepstack: Vec::new(),
             dynamic_rows: None,
+            windows: None,
         }
     }
 

@@ -6,12 +6,10 @@
 
 use super::attention::KeysValues;
 use super::config::VisionConfig;
-use super::kinds::ProjectorKind;
 use super::preprocess::Pixels;
-use super::weights::{Qkv, VisionWeights, VitLayer};
-use crate::backend::cpu::ops::{add_in_place, layernorm_in_place};
+use super::weights::{Norm, Qkv, VisionWeights, VitLayer};
+use crate::backend::cpu::ops::{add_in_place, layernorm_in_place, rmsnorm_in_place};
 use crate::backend::cpu::parallel::for_row_chunks;
-use crate::backend::ops::LayerNorm;
 use crate::gguf::GgufFile;
 use std::ops::Range;
 
@@ -31,15 +29,22 @@ pub struct VitRun<'a> {
     w: &'a VisionWeights,
     cfg: &'a VisionConfig,
     patches: Vec<f32>,
-    /// Each patch row's learned position row (resized to the view's grid where it differs).
+    /// Each patch row's learned position row (resized to the view's grid where it differs;
+    /// empty where the ViT has none).
     positions: Vec<f32>,
-    /// Qwen3-VL: each patch row's place in the grid (row, column), for its rotary positions.
+    /// Qwen-VL: each patch row's place in the grid (row, column), for its rotary positions.
     places: Vec<(usize, usize)>,
+    /// Qwen2.5-VL: the runs of patch rows that attend only to each other in a windowed
+    /// block, and the merged squares in the order the rows take them (window by window),
+    /// put back in the grid's order at the end. Empty without windows.
+    windows: Vec<Range<usize>>,
+    square_order: Vec<usize>,
     x: Vec<f32>,
     b: Buffers,
     n: usize,
     at: Stage,
-    kv: Option<KeysValues>,
+    /// The keys and values packed for the attention under way, and the row its run starts at.
+    kv: Option<(usize, KeysValues)>,
     /// Qwen3-VL: each DeepStack block's merged rows (`projection_dim` wide), in block order.
     deepstack: Vec<Vec<f32>>,
 }
@@ -80,14 +85,18 @@ impl<'a> VitRun<'a> {
         let mut patches = im2col(pixels, p);
         let n = patches.len() / (3 * p * p);
         let side = cfg.image_size / p;
-        let mut positions = resized_grid(w.positions.of(&w.arena), e, (side, side), grid);
-        let mut places = Vec::new();
-        if cfg.kind == ProjectorKind::Qwen3vl {
-            // Qwen3-VL's rows go by merged square (each square's 2 × 2 patches in a run), so
-            // that its merger takes runs of rows.
-            let order = merge_order(grid, cfg.n_merge);
+        let mut positions = match w.positions {
+            Some(rows) => resized_grid(rows.of(&w.arena), e, (side, side), grid),
+            None => Vec::new(),
+        };
+        let (mut places, mut windows, mut square_order) = (Vec::new(), Vec::new(), Vec::new());
+        if cfg.kind.merges_squares() {
+            let order;
+            (order, windows, square_order) = qwen_order(grid, cfg);
             patches = permuted(&patches, 3 * p * p, &order);
-            positions = permuted(&positions, e, &order);
+            if !positions.is_empty() {
+                positions = permuted(&positions, e, &order);
+            }
             places = order.iter().map(|&i| (i / grid.0, i % grid.0)).collect();
         }
         VitRun {
@@ -97,6 +106,8 @@ impl<'a> VitRun<'a> {
             patches,
             positions,
             places,
+            windows,
+            square_order,
             x: vec![0.0; n * e],
             b: Buffers::new(n, cfg, w),
             n,
@@ -116,9 +127,11 @@ impl<'a> VitRun<'a> {
                 let x = &mut self.x[rows.start * e..rows.end * e];
                 let patches = &self.patches[rows.start * p..rows.end * p];
                 self.w.patch.apply(self.file, arena, patches, x);
-                add_in_place(x, &self.positions[rows.start * e..rows.end * e]);
-                if let Some(norm) = self.w.pre_norm {
-                    layer_norm(x, arena, norm, self.cfg.eps);
+                if !self.positions.is_empty() {
+                    add_in_place(x, &self.positions[rows.start * e..rows.end * e]);
+                }
+                if let Some(n) = self.w.pre_norm {
+                    norm(x, arena, n, self.cfg.eps);
                 }
                 match rows.end == self.n {
                     true => self.block_start(0),
@@ -130,14 +143,23 @@ impl<'a> VitRun<'a> {
         };
         self.at = next;
         if next == Stage::Done {
-            if let Some(norm) = self.w.post_norm {
-                layer_norm(&mut self.x, arena, norm, self.cfg.eps);
+            if let Some(n) = self.w.post_norm {
+                norm(&mut self.x, arena, n, self.cfg.eps);
+            }
+            if !self.square_order.is_empty() {
+                // The squares back in the grid's order (the merger's rows are the grid's).
+                let mut inverse = vec![0; self.square_order.len()];
+                for (at, &square) in self.square_order.iter().enumerate() {
+                    inverse[square] = at;
+                }
+                let k = self.cfg.n_merge;
+                self.x = permuted(&self.x, k * k * e, &inverse);
             }
         }
         next != Stage::Done
     }
 
-    /// One row of `n_embd` per patch, row-major by patch row (Qwen3-VL: by merged square),
+    /// One row of `n_embd` per patch, row-major by patch row (Qwen-VL: by merged square),
     /// and each DeepStack block's merged rows (the run must be over).
     pub fn output(&self) -> (&[f32], &[Vec<f32>]) {
         assert_eq!(self.at, Stage::Done, "the ViT has pieces left");
@@ -147,13 +169,27 @@ impl<'a> VitRun<'a> {
     /// The run over again for another view of the same size (a tile after a tile), in the
     /// buffers of this one: a tiled image does not fault in fresh pages for each view.
     pub fn restart(mut self, pixels: &Pixels) -> VitRun<'a> {
-        assert!(self.cfg.kind != ProjectorKind::Qwen3vl, "one view an image");
+        assert!(!self.cfg.kind.merges_squares(), "one view an image");
         let patches = im2col(pixels, self.cfg.patch_size);
         assert_eq!(patches.len(), self.patches.len(), "views of one size");
         self.patches = patches;
         self.at = Stage::Embed { row: 0 };
         self.deepstack.clear();
         self
+    }
+
+    /// The rows a query row `row` of block `layer` attends over: its window's, in a block
+    /// that attends within windows; all of them otherwise.
+    fn attention_run(&self, layer: usize, row: usize) -> Range<usize> {
+        match self.cfg.windows.is_some_and(|w| w.applies_to(layer)) {
+            true => self
+                .windows
+                .iter()
+                .find(|r| r.contains(&row))
+                .expect("the windows cover every row")
+                .clone(),
+            false => 0..self.n,
+        }
     }
 
     fn block_start(&self, layer: usize) -> Stage {
@@ -171,6 +207,11 @@ impl<'a> VitRun<'a> {
     fn block_piece(&mut self, layer: usize, part: Part, row: usize) -> Stage {
         let (cfg, arena, file) = (self.cfg, &self.w.arena, self.file);
         let l = &self.w.layers[layer];
+        // A windowed block's attention runs a window at a time.
+        let run = match part {
+            Part::Attention => self.attention_run(layer, row),
+            _ => 0..self.n,
+        };
         let (e, b) = (cfg.n_embd, &mut self.b);
         let step = match part {
             Part::Attention => QUERIES_PER_PIECE,
@@ -180,7 +221,7 @@ impl<'a> VitRun<'a> {
             let rows = self.n / (cfg.n_merge * cfg.n_merge);
             self.deepstack.push(vec![0.0; rows * cfg.projection_dim]);
         }
-        let rows = row..(row + step).min(self.n);
+        let rows = row..(row + step).min(run.end);
         let span = rows.start * e..rows.end * e;
         let block = BlockWeights {
             file,
@@ -191,10 +232,15 @@ impl<'a> VitRun<'a> {
         match part {
             Part::Qkv => block.qkv_rows(&self.x, b, rows.clone(), &self.places),
             Part::Attention => {
-                let kv = self
-                    .kv
-                    .get_or_insert_with(|| KeysValues::pack(&b.k, &b.v, cfg.n_head, cfg.head_dim));
-                kv.attend(&b.q, rows.clone(), &mut b.h);
+                let within = run.start * e..run.end * e;
+                if self.kv.as_ref().is_none_or(|(at, _)| *at != run.start) {
+                    let (k, v) = (&b.k[within.clone()], &b.v[within.clone()]);
+                    let kv = KeysValues::pack(k, v, cfg.n_head, cfg.head_dim);
+                    self.kv = Some((run.start, kv));
+                }
+                let (_, kv) = self.kv.as_ref().expect("packed above");
+                let queries = rows.start - run.start..rows.end - run.start;
+                kv.attend(&b.q[within.clone()], queries, &mut b.h[within]);
             }
             Part::Ffn => block.ffn_rows(&mut self.x[span.clone()], b, rows.clone()),
             Part::Deepstack => {
@@ -246,12 +292,15 @@ struct Buffers {
     v: Vec<f32>,
     proj: Vec<f32>,
     up: Vec<f32>,
+    /// A SwiGLU FFN's gate rows (empty for GELU's).
+    gate: Vec<f32>,
 }
 
 impl Buffers {
     fn new(n: usize, cfg: &VisionConfig, w: &VisionWeights) -> Buffers {
         let rows = || vec![0.0; n * cfg.n_embd];
         let fused = w.layers.iter().any(|l| matches!(l.qkv, Qkv::Fused(_)));
+        let gated = w.layers.iter().any(|l| l.ffn.gate.is_some());
         Buffers {
             h: rows(),
             qkv: vec![0.0; if fused { 3 * n * cfg.n_embd } else { 0 }],
@@ -260,6 +309,7 @@ impl Buffers {
             v: rows(),
             proj: rows(),
             up: vec![0.0; n * cfg.n_ff],
+            gate: vec![0.0; if gated { n * cfg.n_ff } else { 0 }],
         }
     }
 }
@@ -274,7 +324,7 @@ struct BlockWeights<'a> {
 }
 
 impl BlockWeights<'_> {
-    /// Rows `rows` of a block before attention: `ln1(x)` to Q, K and V (Qwen3-VL: turned by
+    /// Rows `rows` of a block before attention: `ln1(x)` to Q, K and V (Qwen-VL: turned by
     /// their patches' `places` in the grid).
     fn qkv_rows(&self, x: &[f32], b: &mut Buffers, rows: Range<usize>, places: &[(usize, usize)]) {
         let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
@@ -282,7 +332,7 @@ impl BlockWeights<'_> {
         let span = rows.start * e..rows.end * e;
         let h = &mut b.h[span.clone()];
         h.copy_from_slice(&x[span.clone()]);
-        layer_norm(h, arena, l.ln1, cfg.eps);
+        norm(h, arena, l.ln1, cfg.eps);
         match &l.qkv {
             Qkv::Separate(qkv) => {
                 let [q, k, v] = &**qkv;
@@ -317,18 +367,18 @@ impl BlockWeights<'_> {
     /// through its norm and MLP into `out` (the block's merged rows).
     fn deepstack_rows(&self, x: &[f32], b: &mut Buffers, rows: Range<usize>, out: &mut [f32]) {
         let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
-        let (norm, mlp) = l.deepstack.as_ref().expect("a DeepStack block");
+        let (ln, mlp) = l.deepstack.as_ref().expect("a DeepStack block");
         let span = rows.start * cfg.n_embd..rows.end * cfg.n_embd;
         let h = &mut b.h[span.clone()];
         h.copy_from_slice(&x[span.clone()]);
-        layer_norm(h, arena, *norm, cfg.eps);
+        norm(h, arena, Norm::Layer(*ln), cfg.eps);
         let (merged, d) = (cfg.n_merge * cfg.n_merge, cfg.projection_dim);
         let out = &mut out[rows.start / merged * d..rows.end / merged * d];
         mlp.apply(file, arena, h, &mut b.proj[span], out);
     }
 
     /// Rows `rows` of a block after attention (`x` holds those rows, `b.h` the attention's
-    /// output): `x += out(h)`, then `x += down(gelu(up(ln2(x))))`.
+    /// output): `x += out(h)`, then `x += ffn(ln2(x))`.
     fn ffn_rows(&self, x: &mut [f32], b: &mut Buffers, rows: Range<usize>) {
         let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
         let (e, f) = (cfg.n_embd, cfg.n_ff);
@@ -338,16 +388,28 @@ impl BlockWeights<'_> {
         add_in_place(x, proj);
         let h = &mut b.h[span.clone()];
         h.copy_from_slice(x);
-        layer_norm(h, arena, l.ln2, cfg.eps);
+        norm(h, arena, l.ln2, cfg.eps);
         let up = &mut b.up[rows.start * f..rows.end * f];
-        l.ffn.apply(file, arena, h, up, proj);
+        let gate = match b.gate.is_empty() {
+            true => &mut [][..],
+            false => &mut b.gate[rows.start * f..rows.end * f],
+        };
+        l.ffn.apply(file, arena, h, (up, gate), proj);
         add_in_place(x, proj);
     }
 }
 
-fn layer_norm(x: &mut [f32], arena: &[f32], norm: LayerNorm, eps: f32) {
-    let (w, b) = (norm.weight.of(arena), norm.bias.of(arena));
-    for_row_chunks(x, w.len(), |_, rows| layernorm_in_place(rows, w, b, eps));
+fn norm(x: &mut [f32], arena: &[f32], norm: Norm, eps: f32) {
+    match norm {
+        Norm::Layer(n) => {
+            let (w, b) = (n.weight.of(arena), n.bias.of(arena));
+            for_row_chunks(x, w.len(), |_, rows| layernorm_in_place(rows, w, b, eps));
+        }
+        Norm::Rms(w) => {
+            let w = w.of(arena);
+            for_row_chunks(x, w.len(), |_, rows| rmsnorm_in_place(rows, w, eps));
+        }
+    }
 }
 
 /// Each patch's pixels as one row (row-major by patch), in the order of the convolution
@@ -381,6 +443,46 @@ fn merge_order((columns, lines): (usize, usize), k: usize) -> Vec<usize> {
         }
     }
     order
+}
+
+/// The order of a Qwen-VL grid's patch rows (`grid`: columns, rows): by merged square (each
+/// square's 2 × 2 patches in a run, so that the merger takes runs of rows), the squares
+/// window by window where blocks attend within windows; then the windows' runs of rows and
+/// the squares' order (both empty without windows).
+fn qwen_order(
+    grid: (usize, usize),
+    cfg: &VisionConfig,
+) -> (Vec<usize>, Vec<Range<usize>>, Vec<usize>) {
+    let k = cfg.n_merge;
+    let order = merge_order(grid, k);
+    let Some(win) = cfg.windows else {
+        return (order, Vec::new(), Vec::new());
+    };
+    let (squares, runs) = window_order((grid.0 / k, grid.1 / k), win.side);
+    let patches = (squares.iter())
+        .flat_map(|&s| order[s * k * k..][..k * k].to_vec())
+        .collect();
+    let rows = (runs.iter())
+        .map(|r| r.start * k * k..r.end * k * k)
+        .collect();
+    (patches, rows, squares)
+}
+
+/// Qwen2.5-VL's windows over a grid of merged squares (columns, rows): the squares window by
+/// window (each window's row-major, the windows row-major; those at the right and bottom
+/// edges cut short), and each window's run in that order (llama.cpp's `inv_window_idx`).
+fn window_order((columns, lines): (usize, usize), side: usize) -> (Vec<usize>, Vec<Range<usize>>) {
+    let (mut order, mut runs) = (Vec::with_capacity(columns * lines), Vec::new());
+    for y in (0..lines).step_by(side) {
+        for x in (0..columns).step_by(side) {
+            let start = order.len();
+            for row in y..(y + side).min(lines) {
+                order.extend((x..(x + side).min(columns)).map(|c| row * columns + c));
+            }
+            runs.push(start..order.len());
+        }
+    }
+    (order, runs)
 }
 
 /// Rows of `width` values taken in `order`.
@@ -467,6 +569,15 @@ mod tests {
     fn merged_squares_take_their_patches_in_runs() {
         // A 4 × 2 grid in squares of 2: the left square's four patches, then the right's.
         assert_eq!(merge_order((4, 2), 2), vec![0, 1, 4, 5, 2, 3, 6, 7]);
+    }
+
+    #[test]
+    fn windows_take_their_squares_in_runs_and_the_edges_cut_short() {
+        // A 3 × 3 grid of squares in windows of 2: the top-left window's four, the
+        // top-right's two, the bottom-left's two, the last one.
+        let (order, runs) = window_order((3, 3), 2);
+        assert_eq!(order, vec![0, 1, 3, 4, 2, 5, 6, 7, 8]);
+        assert_eq!(runs, vec![0..4, 4..6, 6..8, 8..9]);
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub fn project(
             fc.apply(file, &w.arena, &shuffled, &mut out);
         }
         // The ViT's rows come by merged square: each square's are a run, one wide row.
-        Head::Qwen3vl { mlp } => {
+        Head::Merger { mlp } => {
             let mut scratch = vec![0.0; vit.len()];
             mlp.apply(file, &w.arena, vit, &mut scratch, &mut out);
         }

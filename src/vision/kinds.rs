@@ -13,6 +13,10 @@ pub enum ProjectorKind {
     /// whole-image overview, each view's patches pixel-shuffled `n_merge` × `n_merge` into
     /// wider rows and projected by one matrix.
     Idefics3,
+    /// Qwen2.5-VL's: a ViT over the image at its own size (RMS norms, SwiGLU FFNs, 2-D rotary
+    /// positions, no learned ones; all blocks but every `n_wa_pattern`-th attend only within
+    /// windows of the image), each 2 × 2 square of patches merged into one row by an MLP.
+    Qwen25vl,
     /// Qwen3-VL's: a ViT over the image at its own size (a grid of patches within a range of
     /// rows, 2-D rotary positions, learned positions resized to the grid), each 2 × 2 square
     /// of patches merged into one row by an MLP; some blocks' rows, merged by MLPs of their
@@ -35,7 +39,7 @@ pub struct ProjectorType {
 }
 
 /// The projector types edgelm implements, in the order the docs list them.
-pub const PROJECTORS: [ProjectorType; 3] = [
+pub const PROJECTORS: [ProjectorType; 4] = [
     ProjectorType {
         name: "gemma3",
         kind: ProjectorKind::Gemma3,
@@ -48,6 +52,13 @@ pub const PROJECTORS: [ProjectorType; 3] = [
         kind: ProjectorKind::Idefics3,
         models: "SmolVLM and SmolVLM2 256M/500M/2.2B",
         text_arch: "llama",
+        bidirectional: false,
+    },
+    ProjectorType {
+        name: "qwen2.5vl_merger",
+        kind: ProjectorKind::Qwen25vl,
+        models: "Qwen2.5-VL 3B/7B/32B/72B",
+        text_arch: "qwen2vl",
         bidirectional: false,
     },
     ProjectorType {
@@ -90,6 +101,13 @@ impl ProjectorKind {
 
     pub fn text_arch(self) -> &'static str {
         self.row().text_arch
+    }
+
+    /// Qwen-VL's types: the image at its own size, its patches in merged 2 × 2 squares with
+    /// 2-D rotary positions, each square merged into one row by an MLP, the rows at M-RoPE
+    /// positions in the text model.
+    pub fn merges_squares(self) -> bool {
+        matches!(self, ProjectorKind::Qwen25vl | ProjectorKind::Qwen3vl)
     }
 
     /// The type's row of [`PROJECTORS`].

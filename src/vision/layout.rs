@@ -21,7 +21,7 @@ pub fn marker_tokens(kind: ProjectorKind) -> &'static [&'static str] {
     match kind {
         ProjectorKind::Gemma3 => &["<start_of_image>", "<end_of_image>"],
         ProjectorKind::Idefics3 => &["<fake_token_around_image>", "<global-img>", "<row_1_col_1>"],
-        ProjectorKind::Qwen3vl => &["<|vision_start|>", "<|vision_end|>"],
+        ProjectorKind::Qwen25vl | ProjectorKind::Qwen3vl => &["<|vision_start|>", "<|vision_end|>"],
     }
 }
 
@@ -30,7 +30,7 @@ pub fn image_parts(cfg: &VisionConfig, width: usize, height: usize) -> Vec<Part>
     let text = |t: &str| Part::Text(t.to_string());
     match cfg.kind {
         ProjectorKind::Gemma3 => vec![text("<start_of_image>"), Part::View, text("<end_of_image>")],
-        ProjectorKind::Qwen3vl => {
+        ProjectorKind::Qwen25vl | ProjectorKind::Qwen3vl => {
             vec![text("<|vision_start|>"), Part::View, text("<|vision_end|>")]
         }
         // Transformers' Idefics3 processor: each tile after its row and column, a newline

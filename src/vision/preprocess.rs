@@ -30,7 +30,7 @@ pub fn preprocess(cfg: &VisionConfig, img: &Rgb) -> Vec<Pixels> {
         )],
         // The image at its own size within the type's rows, bicubic (mtmd's `dyn_size`
         // preprocessor: the aspect the whole squares leave is padded, not stretched).
-        ProjectorKind::Qwen3vl => {
+        ProjectorKind::Qwen25vl | ProjectorKind::Qwen3vl => {
             let size = cfg.view_size(img.width, img.height);
             vec![normalise(cfg, &fit_and_pad(img, size, Filter::Bicubic))]
         }

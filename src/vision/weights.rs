@@ -5,7 +5,7 @@ use super::config::VisionConfig;
 use super::kinds::ProjectorKind;
 use crate::backend::cpu::gemm::DenseMatrix;
 use crate::backend::cpu::matmul::matmul;
-use crate::backend::cpu::ops::{activate, add_bias};
+use crate::backend::cpu::ops::{activate, add_bias, gated};
 use crate::backend::cpu::parallel::for_row_chunks;
 use crate::backend::ops::{Activation, LayerNorm, Mat, VecRef};
 use crate::gguf::GgufFile;
@@ -13,14 +13,13 @@ use crate::model::Binder;
 use crate::quant::GgmlType;
 use anyhow::{bail, Result};
 
-/// One ViT block: pre-norm attention and pre-norm GELU FFN, every matrix with its bias.
+/// One ViT block: pre-norm attention and a pre-norm FFN, every matrix with its bias.
 pub struct VitLayer {
-    pub ln1: LayerNorm,
+    pub ln1: Norm,
     pub qkv: Qkv,
     pub out: Linear,
-    pub ln2: LayerNorm,
-    /// Up [n_ff × n_embd], GELU, down [n_embd × n_ff].
-    pub ffn: Mlp,
+    pub ln2: Norm,
+    pub ffn: Ffn,
     /// Qwen3-VL's DeepStack: the block's rows, each merged square's side by side, normed
     /// (over the merged width) and through an MLP to the text model's width.
     pub deepstack: Option<(LayerNorm, Mlp)>,
@@ -33,8 +32,22 @@ pub enum Qkv {
     Fused(Linear),              // [3·n_embd × n_embd]
 }
 
+/// A ViT norm: a layer norm (SigLIP, Qwen3-VL) or an RMS norm (Qwen2.5-VL), with its weight.
+#[derive(Clone, Copy)]
+pub enum Norm {
+    Layer(LayerNorm),
+    Rms(VecRef),
+}
+
+/// A block's FFN: up [n_ff × n_embd] and down [n_embd × n_ff] as an MLP with GELU between,
+/// or with a gate SwiGLU (Qwen2.5-VL's: `down(silu(gate(x)) · up(x))`).
+pub struct Ffn {
+    pub mlp: Mlp,
+    pub gate: Option<Linear>,
+}
+
 /// Two biased matrices with GELU between (llama.cpp's `build_ffn` with `FFN_GELU`): a ViT
-/// block's FFN, and Qwen3-VL's mergers.
+/// block's FFN without a gate, and the Qwen-VL mergers.
 pub struct Mlp {
     pub fc1: Linear,
     pub fc2: Linear,
@@ -61,19 +74,19 @@ pub enum Head {
     /// Idefics3: each pixel-shuffled row (`n_merge`² patches side by side) projected by `fc`
     /// ([projection_dim × n_embd·n_merge²], no bias).
     Idefics3 { fc: Linear },
-    /// Qwen3-VL: each merged square's rows (normed by the ViT's last norm) side by side,
+    /// Qwen-VL: each merged square's rows (normed by the ViT's last norm) side by side,
     /// through an MLP ([4·n_embd × 4·n_embd], then [projection_dim × 4·n_embd]).
-    Qwen3vl { mlp: Mlp },
+    Merger { mlp: Mlp },
 }
 
 pub struct VisionWeights {
     /// Each patch's 3 × p × p pixels (channel, row, column) to the ViT's width.
     pub patch: Linear, // [n_embd × 3·p·p]
-    /// One learned row per patch position.
-    pub positions: VecRef, // [n_patches × n_embd]
-    pub pre_norm: Option<LayerNorm>,
+    /// One learned row per patch position (Qwen2.5-VL has none).
+    pub positions: Option<VecRef>, // [n_patches × n_embd]
+    pub pre_norm: Option<Norm>,
     pub layers: Vec<VitLayer>,
-    pub post_norm: Option<LayerNorm>,
+    pub post_norm: Option<Norm>,
     pub head: Head,
     /// Every vector (norms, biases, positions), dequantized to f32 once.
     pub arena: Vec<f32>,
@@ -90,13 +103,15 @@ impl VisionWeights {
                     Qkv::Fused(qkv) => qkv.bytes(),
                 };
                 let deepstack = l.deepstack.as_ref().map_or(0, |(_, mlp)| mlp.bytes());
-                qkv + l.out.bytes() + l.ffn.bytes() + deepstack
+                let ffn = l.ffn.mlp.bytes();
+                let gate = l.ffn.gate.as_ref().map_or(0, Linear::bytes);
+                qkv + l.out.bytes() + ffn + gate + deepstack
             })
             .sum();
         let head = match &self.head {
             Head::Gemma3 { projection, .. } => projection.bytes(),
             Head::Idefics3 { fc } => fc.bytes(),
-            Head::Qwen3vl { mlp } => mlp.bytes(),
+            Head::Merger { mlp } => mlp.bytes(),
         };
         self.patch.bytes() + layers + head + self.arena.len() * 4
     }
@@ -107,25 +122,36 @@ impl VisionWeights {
         let p = cfg.patch_size;
         let kernel = [p as u64, p as u64, 3, e as u64];
         let patch = b.flat_mat("v.patch_embd.weight", &kernel, 3 * p * p, e)?;
-        let bias = Some(b.vector("v.patch_embd.bias", e)?);
-        let patch = match cfg.kind {
-            // Qwen3-VL's kernel spans two frames; a still image is both, so the two
-            // kernels (the converter's split of it) are one summed.
-            ProjectorKind::Qwen3vl => {
+        // Qwen2.5-VL's patches have no bias and no learned positions (2-D rotary ones only).
+        let qwen25 = cfg.kind == ProjectorKind::Qwen25vl;
+        let bias = match qwen25 {
+            true => None,
+            false => Some(b.vector("v.patch_embd.bias", e)?),
+        };
+        let patch = match cfg.kind.merges_squares() {
+            // Qwen-VL's kernel spans two frames; a still image is both, so the two kernels
+            // (the converter's split of it) are one summed.
+            true => {
                 let second = b.flat_mat("v.patch_embd.weight.1", &kernel, 3 * p * p, e)?;
                 Linear::summed(file, patch, &second, bias)
             }
-            _ => Linear::new(file, patch, bias),
+            false => Linear::new(file, patch, bias),
         };
         let n_patches = cfg.patches_per_side() * cfg.patches_per_side();
-        let positions = b.vector("v.position_embd.weight", n_patches * e)?;
-        let pre_norm = opt_layer_norm(&mut b, "v.pre_ln", e)?;
+        let positions = match qwen25 {
+            true => None,
+            false => Some(b.vector("v.position_embd.weight", n_patches * e)?),
+        };
+        let pre_norm = opt_norm(&mut b, cfg, "v.pre_ln")?;
         let layers = (0..cfg.n_layers)
             .map(|i| vit_layer(&mut b, cfg, i))
             .collect::<Result<Vec<_>>>()?;
-        let post_norm = opt_layer_norm(&mut b, "v.post_ln", e)?;
-        if cfg.kind == ProjectorKind::Qwen3vl && post_norm.is_none() {
-            bail!("a qwen3vl projector has no v.post_ln (its merger's norm)");
+        let post_norm = opt_norm(&mut b, cfg, "v.post_ln")?;
+        if cfg.kind.merges_squares() && post_norm.is_none() {
+            bail!(
+                "a {} projector has no v.post_ln (its merger's norm)",
+                cfg.kind.name()
+            );
         }
         let head = match cfg.kind {
             ProjectorKind::Gemma3 => {
@@ -146,7 +172,7 @@ impl VisionWeights {
                     fc: Linear::new(file, fc, None),
                 }
             }
-            ProjectorKind::Qwen3vl => Head::Qwen3vl {
+            ProjectorKind::Qwen25vl | ProjectorKind::Qwen3vl => Head::Merger {
                 mlp: mlp(&mut b, ["mm.0", "mm.2"], cfg)?,
             },
         };
@@ -170,9 +196,18 @@ fn layer_norm(b: &mut Binder<'_>, name: &str, n: usize) -> Result<LayerNorm> {
     })
 }
 
-fn opt_layer_norm(b: &mut Binder<'_>, name: &str, n: usize) -> Result<Option<LayerNorm>> {
+/// The ViT's norm `name`: Qwen2.5-VL's are RMS norms (a weight), the others' layer norms.
+fn norm(b: &mut Binder<'_>, cfg: &VisionConfig, name: &str) -> Result<Norm> {
+    let e = cfg.n_embd;
+    Ok(match cfg.kind {
+        ProjectorKind::Qwen25vl => Norm::Rms(b.vector(&format!("{name}.weight"), e)?),
+        _ => Norm::Layer(layer_norm(b, name, e)?),
+    })
+}
+
+fn opt_norm(b: &mut Binder<'_>, cfg: &VisionConfig, name: &str) -> Result<Option<Norm>> {
     match b.index(&format!("{name}.weight")) {
-        Some(_) => layer_norm(b, name, n).map(Some),
+        Some(_) => norm(b, cfg, name).map(Some),
         None => {
             b.allowed(&format!("{name}.bias"), false)?;
             Ok(None)
@@ -264,20 +299,27 @@ fn vit_layer(b: &mut Binder<'_>, cfg: &VisionConfig, i: usize) -> Result<VitLaye
         }
         false => None,
     };
-    Ok(VitLayer {
-        ln1: layer_norm(b, &name("ln1"), e)?,
-        qkv,
-        out: biased(b, &name("attn_out"), e, e)?,
-        ln2: layer_norm(b, &name("ln2"), e)?,
-        ffn: Mlp {
+    let ffn = Ffn {
+        mlp: Mlp {
             fc1: biased(b, &up_name, e, cfg.n_ff)?,
             fc2: biased(b, &down_name, cfg.n_ff, e)?,
         },
+        gate: match cfg.kind {
+            ProjectorKind::Qwen25vl => Some(biased(b, &name("ffn_gate"), e, cfg.n_ff)?),
+            _ => None,
+        },
+    };
+    Ok(VitLayer {
+        ln1: norm(b, cfg, &name("ln1"))?,
+        qkv,
+        out: biased(b, &name("attn_out"), e, e)?,
+        ln2: norm(b, cfg, &name("ln2"))?,
+        ffn,
         deepstack,
     })
 }
 
-/// Qwen3-VL's merger MLP `names` (its 2 × 2 squares' rows side by side, to the text
+/// A Qwen-VL merger MLP `names` (its 2 × 2 squares' rows side by side, to the text
 /// model's width).
 fn mlp(b: &mut Binder<'_>, names: [&str; 2], cfg: &VisionConfig) -> Result<Mlp> {
     let wide = cfg.n_embd * cfg.n_merge * cfg.n_merge;
@@ -306,6 +348,31 @@ impl Mlp {
             activate(Activation::GeluTanh, rows).expect("GELU has an ungated form")
         });
         self.fc2.apply(file, arena, scratch, out);
+    }
+}
+
+impl Ffn {
+    /// `out = ffn(x)`, row by row (`up` and `gate`: a row of `n_ff` per row each; GELU's
+    /// FFN leaves `gate` alone).
+    pub fn apply(
+        &self,
+        file: &GgufFile,
+        arena: &[f32],
+        x: &[f32],
+        (up, gate): (&mut [f32], &mut [f32]),
+        out: &mut [f32],
+    ) {
+        let Some(g) = &self.gate else {
+            return self.mlp.apply(file, arena, x, up, out);
+        };
+        let (gate, n_ff) = (&mut gate[..up.len()], g.mat.rows);
+        g.apply(file, arena, x, gate);
+        self.mlp.fc1.apply(file, arena, x, up);
+        let up = &*up;
+        for_row_chunks(gate, n_ff, |r0, rows| {
+            gated(Activation::Silu, rows, &up[r0 * n_ff..][..rows.len()])
+        });
+        self.mlp.fc2.apply(file, arena, gate, out);
     }
 }
 

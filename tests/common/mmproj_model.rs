@@ -38,11 +38,25 @@ const QWEN3VL_DEEPSTACK: [bool; BLOCKS] = [false, true, true, false];
 const QWEN3VL_FC_SCALES: [f32; 2] = [0.2, 0.02];
 /// Bumped when the Qwen3-VL text model's recipe changes.
 const QWEN3VL_TEXT_RECIPE: u32 = 1;
+/// Qwen2.5-VL's test ViT: patches of 14 (as the real one), every second block attending over
+/// the whole image, the others within windows of llama.cpp's default 112 pixels (4 × 4
+/// merged squares: a photograph is several windows, its edges cut short).
+const QWEN25VL_PATCH: usize = 14;
+const QWEN25VL_FULL_EVERY: u32 = 2;
+/// What the Qwen2.5-VL patch kernel is scaled by (see [`build`]).
+const QWEN25VL_PATCH_GAIN: f32 = 4.0;
+/// What the Qwen2.5-VL merger's matrices are scaled by: the first keeps its GELU near its
+/// linear part (with Qwen3-VL's 0.2, rows of grey camera.png came out ten times larger than
+/// colourful chelsea.png's), the second brings rows to SmolLM2's scale (RMS 0.06 to 0.24).
+const QWEN25VL_FC_SCALES: [f32; 2] = [0.05, 0.1];
+/// Bumped when the Qwen2.5-VL text model's recipe changes.
+const QWEN25VL_TEXT_RECIPE: u32 = 2;
 /// Bumped when a type's recipe changes, so that files made by an older one are not reused.
 fn recipe(kind: &str) -> u32 {
     match kind {
         "gemma3" => 3,
         "qwen3vl" => 3,
+        "qwen25vl" => 1,
         _ => 4,
     }
 }
@@ -74,8 +88,66 @@ pub fn test_vlm_text(kind: &str) -> PathBuf {
             &model_path(),
             qwen3vl_text,
         ),
+        "qwen25vl" => made_once(
+            &format!("test-qwen2vl-text.r{QWEN25VL_TEXT_RECIPE}.gguf"),
+            &model_path(),
+            qwen2vl_text,
+        ),
         _ => panic!("no test projector of type {kind}"),
     }
+}
+
+/// Qwen's image markers, added to SmolLM2's vocabulary for the Qwen-VL text models.
+const QWEN_VISION_TOKENS: [&str; 3] = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"];
+
+/// A Qwen2.5-VL text model (architecture `qwen2vl`: qwen2's blocks, M-RoPE sections in runs)
+/// made of SmolLM2's tensors, with Qwen's image markers in its vocabulary.
+fn qwen2vl_text(source: &Path) -> Vec<u8> {
+    let file = GgufFile::open(source).unwrap();
+    let head_dim = file.get_u32("llama.embedding_length").unwrap()
+        / file.get_u32("llama.attention.head_count").unwrap();
+    let pairs = head_dim as i32 / 2;
+    // Qwen2.5-VL's 16, 24, 24 of 64 pairs, in proportion to this model's pairs.
+    let sections = vec![pairs / 4, pairs * 3 / 8, pairs * 3 / 8, 0];
+    let keys = vec![(
+        "qwen2vl.rope.dimension_sections".to_string(),
+        Value::Array(Array::I32(sections)),
+    )];
+    let added = QWEN_VISION_TOKENS.map(String::from);
+    let bytes = with_tokens(&file, &added, Some(("qwen2vl", keys)), Vec::new());
+    neox_rows(&GgufFile::from_bytes(bytes).unwrap(), head_dim as usize)
+}
+
+/// `file` with each head's Q and K rows in NeoX order: llama.cpp's converter interleaves
+/// each head's rows for Llama's RoPE (the first half's row i beside the second half's), so
+/// SmolLM2's tensors under a NeoX-RoPE architecture are SmolLM2 again only with the rows
+/// put back: the text model then writes sense, and its greedy answers are not near ties.
+fn neox_rows(file: &GgufFile, head_dim: usize) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    for (key, value) in file.metadata() {
+        w = w.kv(key.clone(), value.clone());
+    }
+    for t in file.tensors() {
+        let mut bytes = file.tensor_data(t).to_vec();
+        if t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_k.weight") {
+            let row = bytes.len() / t.dims[1] as usize;
+            let original = bytes.clone();
+            for head in 0..t.dims[1] as usize / head_dim {
+                for i in 0..head_dim {
+                    // NeoX row i takes the interleaved row 2i (first half) or 2(i - half) + 1.
+                    let half = head_dim / 2;
+                    let from = match i < half {
+                        true => 2 * i,
+                        false => 2 * (i - half) + 1,
+                    };
+                    let (to, from) = ((head * head_dim + i) * row, (head * head_dim + from) * row);
+                    bytes[to..to + row].copy_from_slice(&original[from..from + row]);
+                }
+            }
+        }
+        w = w.tensor(t.name.clone(), &t.dims, t.ty, bytes);
+    }
+    w.to_bytes()
 }
 
 /// A Qwen3-VL text model (architecture `qwen3vl`: qwen3's per-head Q and K norms, M-RoPE
@@ -113,7 +185,7 @@ fn qwen3vl_text(source: &Path) -> Vec<u8> {
             ));
         }
     }
-    let added = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"].map(String::from);
+    let added = QWEN_VISION_TOKENS.map(String::from);
     with_tokens(&file, &added, Some(("qwen3vl", keys)), norms)
 }
 
@@ -226,27 +298,33 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
     let embd = values(&file, "token_embd.weight");
     // Runs of token-embedding values, from well inside the vocabulary.
     let run = |first_token: usize, n: usize| embd[first_token * e..][..n].to_vec();
-    let qwen = kind == "qwen3vl";
-    let (patch, side) = match qwen {
-        true => (QWEN3VL_PATCH, QWEN3VL_GRID),
-        false => (PATCH, MMPROJ_IMAGE_SIZE / PATCH),
+    let (qwen, qwen25) = (kind == "qwen3vl", kind == "qwen25vl");
+    let (patch, side) = match kind {
+        "qwen3vl" => (QWEN3VL_PATCH, QWEN3VL_GRID),
+        // Qwen2.5-VL's converter writes an image size of 560 (it has no learned positions).
+        "qwen25vl" => (QWEN25VL_PATCH, 560 / QWEN25VL_PATCH),
+        _ => (PATCH, MMPROJ_IMAGE_SIZE / PATCH),
     };
     let kernel = 3 * patch * patch * e;
-    let mut t: Vec<Tensor> = vec![
-        f16_tensor(
-            "v.patch_embd.weight",
-            &[patch, patch, 3, e],
-            &run(1000, kernel),
-        ),
-        vector("v.patch_embd.bias", e, 0.0, 0.02),
+    // Without learned positions, a Qwen2.5-VL row differs from the next by its pixels alone:
+    // a larger kernel keeps them from drowning in what every row's blocks add alike.
+    let gain = if qwen25 { QWEN25VL_PATCH_GAIN } else { 1.0 };
+    let patch_kernel: Vec<f32> = run(1000, kernel).iter().map(|v| v * gain).collect();
+    let mut t: Vec<Tensor> = vec![f16_tensor(
+        "v.patch_embd.weight",
+        &[patch, patch, 3, e],
+        &patch_kernel,
+    )];
+    if !qwen25 {
+        t.push(vector("v.patch_embd.bias", e, 0.0, 0.02));
         // F32, as llama.cpp's converter keeps it (ggml adds it to f32 rows).
-        f32_matrix(
+        t.push(f32_matrix(
             "v.position_embd.weight",
             &[e, side * side],
             &run(3000, side * side * e),
-        ),
-    ];
-    if qwen {
+        ));
+    }
+    if qwen || qwen25 {
         // The kernel's second frame (a still image is both frames).
         t.push(f16_tensor(
             "v.patch_embd.weight.1",
@@ -276,6 +354,9 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
                 ("attn_v", v, e, e),
             ]),
         }
+        if qwen25 {
+            matrices.push(("ffn_gate", src("ffn_gate", b), n_ff, e));
+        }
         for (k, w, rows, cols) in matrices {
             t.push(f16_tensor(&name(&format!("{k}.weight")), &[cols, rows], &w));
             t.push(vector(&name(&format!("{k}.bias")), rows, 0.0, 0.02));
@@ -290,13 +371,17 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
                 [&ds("fc1"), &ds("fc2")],
                 4 * e,
                 text_embd,
+                QWEN3VL_FC_SCALES,
                 &mut t,
             );
         }
         t.push(f32_tensor(&name("ln1.weight"), &src("attn_norm", b)));
-        t.push(vector(&name("ln1.bias"), e, 0.0, 0.02));
         t.push(f32_tensor(&name("ln2.weight"), &src("ffn_norm", b)));
-        t.push(vector(&name("ln2.bias"), e, 0.0, 0.02));
+        // Qwen2.5-VL's norms are RMS norms: a weight alone.
+        if !qwen25 {
+            t.push(vector(&name("ln1.bias"), e, 0.0, 0.02));
+            t.push(vector(&name("ln2.bias"), e, 0.0, 0.02));
+        }
     }
     // Idefics3's rows are its patches' rows side by side, unpooled: with the reference
     // model's final norm (a few large weights) every row of a photograph leans the same way.
@@ -304,7 +389,9 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
         "gemma3" => f32_tensor("v.post_ln.weight", &values(&file, "output_norm.weight")),
         _ => vector("v.post_ln.weight", e, 1.0, 0.1),
     });
-    t.push(vector("v.post_ln.bias", e, 0.0, 0.02));
+    if !qwen25 {
+        t.push(vector("v.post_ln.bias", e, 0.0, 0.02));
+    }
     let mut head_keys = head(kind, &run, e, text_embd, &mut t);
 
     let f32s = |v: [f32; 3]| Value::Array(Array::F32(v.to_vec()));
@@ -315,7 +402,11 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
             Value::String(projector_type(kind).into()),
         ),
         ("clip.has_vision_encoder", Value::Bool(true)),
-        ("clip.use_gelu", Value::Bool(true)),
+        // Qwen2.5-VL's FFN is SwiGLU, the others' GELU.
+        match qwen25 {
+            true => ("clip.use_silu", Value::Bool(true)),
+            false => ("clip.use_gelu", Value::Bool(true)),
+        },
         ("clip.vision.embedding_length", Value::U32(e as u32)),
         ("clip.vision.feed_forward_length", Value::U32(n_ff as u32)),
         ("clip.vision.block_count", Value::U32(BLOCKS as u32)),
@@ -346,11 +437,12 @@ fn build(source: &Path, kind: &str, text_embd: usize) -> Vec<u8> {
 fn projector_type(kind: &str) -> &str {
     match kind {
         "qwen3vl" => "qwen3vl_merger",
+        "qwen25vl" => "qwen2.5vl_merger",
         _ => kind,
     }
 }
 
-/// A Qwen3-VL merger MLP `names` (fc1: `wide` to `wide`, fc2: `wide` to `out`, biased), its
+/// A Qwen-VL merger MLP `names` (fc1: `wide` to `wide`, fc2: `wide` to `out`, biased), its
 /// matrices cut from the token embeddings from `first_token` on, scaled by
 /// [`QWEN3VL_FC_SCALES`].
 fn merger(
@@ -359,11 +451,12 @@ fn merger(
     names: [&str; 2],
     wide: usize,
     out: usize,
+    scales: [f32; 2],
     t: &mut Vec<Tensor>,
 ) {
     let scaled = |v: Vec<f32>, s: f32| v.iter().map(|x| x * s).collect::<Vec<_>>();
-    let fc1 = scaled(run(first_token, wide * wide), QWEN3VL_FC_SCALES[0]);
-    let fc2 = scaled(run(first_token + 1000, wide * out), QWEN3VL_FC_SCALES[1]);
+    let fc1 = scaled(run(first_token, wide * wide), scales[0]);
+    let fc2 = scaled(run(first_token + 1000, wide * out), scales[1]);
     t.push(f16_tensor(
         &format!("{}.weight", names[0]),
         &[wide, wide],
@@ -424,13 +517,22 @@ fn head(
             ]
         }
         "qwen3vl" => {
-            merger(run, 20_000, ["mm.0", "mm.2"], 4 * e, text_embd, t);
+            let scales = QWEN3VL_FC_SCALES;
+            merger(run, 20_000, ["mm.0", "mm.2"], 4 * e, text_embd, scales, t);
             vec![
                 ("clip.vision.spatial_merge_size", Value::U32(2)),
                 (
                     "clip.vision.is_deepstack_layers",
                     Value::Array(Array::Bool(QWEN3VL_DEEPSTACK.to_vec())),
                 ),
+            ]
+        }
+        "qwen25vl" => {
+            let scales = QWEN25VL_FC_SCALES;
+            merger(run, 20_000, ["mm.0", "mm.2"], 4 * e, text_embd, scales, t);
+            vec![
+                ("clip.vision.spatial_merge_size", Value::U32(2)),
+                ("clip.vision.n_wa_pattern", Value::U32(QWEN25VL_FULL_EVERY)),
             ]
         }
         _ => panic!("no test projector of type {kind}"),

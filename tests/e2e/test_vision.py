@@ -1,11 +1,11 @@
 """Images in, end to end, for each projector type: `edgelm serve --mmproj` with the suite's test
 projectors (made by `cargo test --test vision` from the reference model's tensors), gemma3 beside
 Gemma 3 270M, idefics3 beside SmolVLM's text model (SmolLM2 with SmolVLM's tokens) and
-qwen3vl_merger beside a Qwen3-VL text model (SmolLM2's tensors as a qwen3vl, both made by the
-same test), asked by the official openai client (chat with an image part, whole and streamed;
-Responses with `input_image`) and by LangChain; the prefix cache keyed by the image; and hostile
-images, each a 400 that names the part, after which the server still serves and every KV block
-is back."""
+qwen3vl_merger beside a Qwen3-VL text model and qwen2.5vl_merger beside a Qwen2.5-VL one
+(SmolLM2's tensors as a qwen3vl and a qwen2vl, all made by the same test), asked by the
+official openai client (chat with an image part, whole and streamed; Responses with
+`input_image`) and by LangChain; the prefix cache keyed by the image; and hostile images, each
+a 400 that names the part, after which the server still serves and every KV block is back."""
 
 import base64
 import functools
@@ -47,7 +47,8 @@ def serve(family: str, *extra: str) -> Server:
     if family == "gemma3":
         return Server("--mmproj", str(projector_file(family)), "--chat-template-file", str(TEMPLATE),
                       *extra, model=GEMMA3)
-    text = {"idefics3": "test-smolvlm-text", "qwen3vl": "test-qwen3vl-text"}[family]
+    text = {"idefics3": "test-smolvlm-text", "qwen3vl": "test-qwen3vl-text",
+            "qwen25vl": "test-qwen2vl-text"}[family]
     return Server("--mmproj", str(projector_file(family)), *extra, model=made(text))
 
 
@@ -60,6 +61,8 @@ def image_positions(family: str, width: int, height: int) -> int:
         return 64 + 2
     if family == "qwen3vl":
         return qwen_rows(width, height) + 2
+    if family == "qwen25vl":
+        return qwen_rows(width, height, align=28) + 2
     aspect = width / height
     if width >= height:
         w, h = 448, int(448 / aspect)
@@ -72,8 +75,9 @@ def image_positions(family: str, width: int, height: int) -> int:
 
 
 def qwen_rows(width: int, height: int, align: int = 32, least: int = 8, most: int = 4096) -> int:
-    """Qwen3-VL's rows for an image of WIDTH × HEIGHT (mtmd's smart resize: the sides
-    rounded to whole squares of 32 pixels, scaled into 8 to 4,096 squares)."""
+    """Qwen-VL's rows for an image of WIDTH × HEIGHT (mtmd's smart resize: the sides
+    rounded to whole merged squares, 32 pixels for Qwen3-VL and 28 for Qwen2.5-VL, scaled
+    into 8 to 4,096 squares)."""
     w = max(align, math.floor(width / align + 0.5) * align)
     h = max(align, math.floor(height / align + 0.5) * align)
     if w * h > most * align * align:
@@ -94,7 +98,7 @@ def photo(name: str) -> bytes:
     return (PHOTOS / name).read_bytes()
 
 
-@pytest.fixture(scope="module", params=["gemma3", "idefics3", "qwen3vl"])
+@pytest.fixture(scope="module", params=["gemma3", "idefics3", "qwen3vl", "qwen25vl"])
 def vision(request):
     s = serve(request.param)
     s.family = request.param
@@ -166,7 +170,11 @@ def test_langchain_sends_an_image_message(vision):
     reply = llm.invoke([HumanMessage(content=[
         {"type": "text", "text": "What is in this picture?"},
         {"type": "image_url", "image_url": {"url": data_url(photo("camera.png"))}}])])
-    assert reply.content
+    # The image reached the model (its positions are in the prompt's count) and an answer came
+    # back (a text model may end its turn at once: the content may be empty).
+    assert reply.usage_metadata["input_tokens"] > image_positions(vision.family, 512, 512)
+    assert reply.response_metadata["finish_reason"] in ("stop", "length")
+    assert isinstance(reply.content, str)
 
 
 def png_header_only(width: int, height: int) -> bytes:

@@ -4,6 +4,7 @@
 //! multi-token-prediction layers beyond the trunk (`nextn_predict_layers`) and the M-RoPE
 //! sections of the attention layers (`rope.dimension_sections`).
 
+use super::mrope::MropeSections;
 use super::{Keys, Shape};
 use crate::backend::ops::DeltaNetShape;
 use anyhow::{bail, Context, Result};
@@ -16,7 +17,7 @@ pub(super) struct Qwen35 {
     pub delta_net: DeltaNetShape,
     /// Per trunk layer, whether it is a gated DeltaNet (the others attend).
     pub recurrent: Vec<bool>,
-    pub sections: [usize; 4],
+    pub sections: MropeSections,
     /// Multi-token-prediction layers after the trunk (`blk.{n_layers + i}.*`).
     pub mtp_layers: usize,
 }
@@ -45,7 +46,7 @@ impl Qwen35 {
         Ok(Qwen35 {
             delta_net: delta_net_shape(k)?,
             recurrent,
-            sections: sections(k, shape.n_rot)?,
+            sections: MropeSections::read(k, shape.n_rot, true)?,
             mtp_layers,
         })
     }
@@ -117,67 +118,6 @@ fn recurrent_layers(k: &Keys<'_>, all: usize, trunk: usize) -> Result<Vec<bool>>
         bail!("{} is 0", k.name("full_attention_interval"));
     }
     Ok((0..trunk).map(|l| (l + 1) % interval != 0).collect())
-}
-
-/// `rope.dimension_sections` (required, as for llama.cpp): four counts of rotated pairs, the
-/// first three for the text positions, that fit in the `n_rot / 2` pairs.
-pub(super) fn sections(k: &Keys<'_>, n_rot: usize) -> Result<[usize; 4]> {
-    let key = k.name("rope.dimension_sections");
-    let arr = k
-        .file
-        .get(&key)
-        .and_then(|v| v.as_array())
-        .with_context(|| format!("GGUF has no {key} (an array of 4 counts)"))?;
-    let counts: Vec<usize> = (0..arr.len())
-        .map(|i| arr.get(i).and_then(|x| x.as_u32()).map(|x| x as usize))
-        .collect::<Option<_>>()
-        .with_context(|| format!("{key} is not an array of unsigned integers"))?;
-    let Ok(sections) = <[usize; 4]>::try_from(counts.as_slice()) else {
-        bail!("{key} has {} entries, not 4", counts.len());
-    };
-    let sum: usize = sections.iter().sum();
-    if sections[..3].iter().all(|&s| s == 0) || sum > n_rot / 2 {
-        bail!(
-            "{key} = {sections:?} does not fit the {} rotated pairs",
-            n_rot / 2
-        );
-    }
-    Ok(sections)
-}
-
-/// Per rotated pair, whether a text token's M-RoPE turns it by the token's position: ggml's
-/// interleaved M-RoPE (`GGML_ROPE_TYPE_IMROPE`) gives pair i the section `i mod sum(sections)`
-/// and takes its angle from the temporal, height or width position when that section is
-/// `0 mod 3` below 3·s0, `1 mod 3` below 3·s1 or `2 mod 3` below 3·s2, and from the fourth,
-/// extra position otherwise. llama.cpp gives a text token its position thrice and 0 as the
-/// extra one, so such a pair is turned by angle 0: not at all.
-pub fn imrope_turned_pairs(sections: [usize; 4], n_rot: usize) -> Vec<bool> {
-    let [t, h, w, _] = sections;
-    let period: usize = sections.iter().sum();
-    (0..n_rot / 2)
-        .map(|i| {
-            let s = i % period;
-            match s % 3 {
-                0 => s < 3 * t,
-                1 => s < 3 * h,
-                _ => s < 3 * w,
-            }
-        })
-        .collect()
-}
-
-/// Per rotated pair, which of an M-RoPE position's three parts turns it (0: the temporal
-/// one, 1: the height or row, 2: the width or column), as [`imrope_turned_pairs`] picks
-/// them; a pair it leaves unturned gets 0 (the table's divisor keeps its angle at 0).
-pub fn imrope_components(sections: [usize; 4], n_rot: usize) -> Vec<u8> {
-    let period: usize = sections.iter().sum();
-    let turned = imrope_turned_pairs(sections, n_rot);
-    (0..n_rot / 2)
-        .map(|i| match turned[i] {
-            true => ((i % period) % 3) as u8,
-            false => 0,
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -296,17 +236,5 @@ mod tests {
             ),
             "does not fit the 4 rotated pairs",
         );
-    }
-
-    /// Qwen3.5's own sections turn all 32 pairs; uneven ones leave the pairs whose section
-    /// falls past its interleaved share unturned (ggml's `ggml_mrope_cache_init`).
-    #[test]
-    fn imrope_turns_the_pairs_its_sections_cover() {
-        assert!(imrope_turned_pairs([11, 11, 10, 0], 64).iter().all(|&t| t));
-        let turned = imrope_turned_pairs([6, 4, 4, 0], 32);
-        let unturned: Vec<usize> = (0..16).filter(|&i| !turned[i]).collect();
-        assert_eq!(unturned, [13]);
-        // Fewer pairs in the sections than rotated: the sections repeat over the pairs.
-        assert!(imrope_turned_pairs([2, 1, 1, 0], 16).iter().all(|&t| t));
     }
 }
