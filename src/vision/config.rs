@@ -298,19 +298,23 @@ fn merge_of(file: &GgufFile, kind: ProjectorKind) -> Result<usize> {
             }
         }
     };
-    if kind.merges_squares() && file.get("clip.vision.projector.scale_factor").is_some() {
-        bail!(
-            "clip.vision.projector.scale_factor is set, which a {} projector does not read",
-            kind.name()
-        );
-    }
-    if !kind.merges_squares() && file.get("clip.vision.spatial_merge_size").is_some() {
-        bail!(
-            "clip.vision.spatial_merge_size is set, which a {} projector does not read",
-            kind.name()
-        );
-    }
+    let unread = match kind.merges_squares() {
+        true => "clip.vision.projector.scale_factor",
+        false => "clip.vision.spatial_merge_size",
+    };
+    refuse_if_set(file, kind, &[unread])?;
     Ok(merge)
+}
+
+/// Refuses the first of `keys` the file sets: the projector of `kind` does not read them.
+fn refuse_if_set(file: &GgufFile, kind: ProjectorKind, keys: &[&str]) -> Result<()> {
+    match keys.iter().find(|key| file.get(key).is_some()) {
+        Some(key) => bail!(
+            "{key} is set, which a {} projector does not read",
+            kind.name()
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Qwen2.5-VL's window attention: `clip.vision.n_wa_pattern` is required (0: every block
@@ -319,14 +323,7 @@ fn merge_of(file: &GgufFile, kind: ProjectorKind) -> Result<usize> {
 fn windows(file: &GgufFile, kind: ProjectorKind, square: usize) -> Result<Option<Windows>> {
     let (pattern, size) = ("clip.vision.n_wa_pattern", "clip.vision.window_size");
     if kind != ProjectorKind::Qwen25vl {
-        for key in [pattern, size] {
-            if file.get(key).is_some() {
-                bail!(
-                    "{key} is set, which a {} projector does not read",
-                    kind.name()
-                );
-            }
-        }
+        refuse_if_set(file, kind, &[pattern, size])?;
         return Ok(None);
     }
     let full_every = opt_size(file, pattern)?.with_context(|| format!("{pattern} is missing"))?;
@@ -382,18 +379,16 @@ fn check_keys(file: &GgufFile, kind: ProjectorKind) -> Result<()> {
     if flag(file, "clip.has_audio_encoder")? == Some(true) {
         bail!("clip.has_audio_encoder is true: edgelm runs no audio encoder");
     }
-    // Qwen2.5-VL's FFN is SwiGLU (`use_silu`).
-    let (gelu, silu) = (flag(file, "clip.use_gelu")?, flag(file, "clip.use_silu")?);
-    if kind == ProjectorKind::Qwen25vl {
-        if silu != Some(true) || gelu == Some(true) {
-            bail!("clip.use_silu is not true: edgelm's qwen2.5vl_merger ViT runs SwiGLU only");
-        }
-        return Ok(());
-    }
-    // SigLIP's FFN is GELU (tanh); llama.cpp's default without either key is quick GELU.
-    if gelu != Some(true) || silu == Some(true) {
+    // Qwen2.5-VL's FFN is SwiGLU (`use_silu`); SigLIP's and Qwen3-VL's GELU (tanh), and
+    // llama.cpp's default without either key is quick GELU. The one key must be true and
+    // the other not.
+    let ((key, ffn), other) = match kind {
+        ProjectorKind::Qwen25vl => (("clip.use_silu", "SwiGLU"), "clip.use_gelu"),
+        _ => (("clip.use_gelu", "GELU"), "clip.use_silu"),
+    };
+    if flag(file, key)? != Some(true) || flag(file, other)? == Some(true) {
         bail!(
-            "clip.use_gelu is not true: edgelm's {} ViT runs GELU only",
+            "{key} is not true: edgelm's {} ViT runs {ffn} only",
             kind.name()
         );
     }
