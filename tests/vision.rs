@@ -698,7 +698,8 @@ fn run_and_bench_take_an_image_for_each_projector_type() {
             report.contains(&format!(
                 "image encode ({} projector",
                 projector.config.kind.name()
-            )) && report.contains("time to first token"),
+            )) && report.contains("views prepared")
+                && report.contains("time to first token"),
             "{report}"
         );
     }

@@ -141,8 +141,8 @@ fn print_images(images: &serde_json::Value) {
         images["images_per_sequence"]
     );
     println!(
-        "projector memory      {:.1} MiB of weights, up to {:.1} MiB more while an image is \
-         encoded, {:.0} MiB of recent images' rows",
+        "projector memory      {:.1} MiB of weights, up to {:.1} MiB more to encode an image \
+         (kept for the next), {:.0} MiB of recent images' rows",
         mib("weights_bytes"),
         mib("encoding_bytes"),
         mib("recent_rows_bytes")

@@ -25,7 +25,7 @@ thread_local! {
 /// (n × heads·hd each).
 #[cfg(test)]
 pub fn attend(q: &[f32], k: &[f32], v: &[f32], heads: usize, hd: usize, out: &mut [f32]) {
-    let kv = KeysValues::pack(k, v, heads, hd);
+    let kv = KeysValues::pack(k, v, heads, hd, Vec::new());
     kv.attend(q, 0..kv.n, out);
 }
 
@@ -39,13 +39,15 @@ pub struct KeysValues {
 }
 
 impl KeysValues {
-    /// `k` and `v`: n × heads·hd each.
-    pub fn pack(k: &[f32], v: &[f32], heads: usize, hd: usize) -> KeysValues {
+    /// `k` and `v`: n × heads·hd each; packed into `storage` (its values overwritten: an
+    /// encoder's, kept from one block to the next).
+    pub fn pack(k: &[f32], v: &[f32], heads: usize, hd: usize, storage: Vec<f32>) -> KeysValues {
         let width = heads * hd;
         let n = k.len() / width;
         assert!(k.len() == n * width && v.len() == k.len());
         let part = packed_len(n, hd) + packed_len(hd, n);
-        let mut packed = vec![0f32; heads * part];
+        let mut packed = storage;
+        packed.resize(heads * part, 0.0);
         let shared = SharedSlice::new(&mut packed);
         pool::parallel_for(heads, |head| {
             // SAFETY: each head's part of `packed` is its task's alone.
@@ -62,16 +64,23 @@ impl KeysValues {
         }
     }
 
+    /// The storage, for the next [`KeysValues::pack`].
+    pub fn into_storage(self) -> Vec<f32> {
+        self.packed
+    }
+
     /// Rows `queries` of `out` (n × heads·hd, as `q`): their softmax(q·kᵀ / √hd)·v per head.
     pub fn attend(&self, q: &[f32], queries: Range<usize>, out: &mut [f32]) {
         let (n, width) = (self.n, self.heads * self.hd);
         assert!(q.len() == n * width && out.len() == q.len() && queries.end <= n);
+        // Blocks of equal size, so that the tasks are.
         let blocks = queries.len().div_ceil(QUERY_BLOCK);
+        let size = queries.len().div_ceil(blocks.max(1));
         let shared = SharedSlice::new(out);
         pool::parallel_for(self.heads * blocks, |task| {
             let (head, block) = (task / blocks, task % blocks);
-            let q0 = queries.start + block * QUERY_BLOCK;
-            let rows = (queries.end - q0).min(QUERY_BLOCK);
+            let q0 = queries.start + block * size;
+            let rows = (queries.end - q0).min(size);
             let at = shared.span_ptr(q0 * width + head * self.hd, (rows - 1) * width + self.hd);
             // SAFETY: rows q0..q0 + rows of this head's columns belong to this task alone.
             unsafe { self.attend_block(q, head, q0, rows, at) };

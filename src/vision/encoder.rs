@@ -8,18 +8,24 @@ use super::attention::KeysValues;
 use super::config::VisionConfig;
 use super::preprocess::Pixels;
 use super::weights::{Norm, Qkv, VisionWeights, VitLayer};
+use super::workspace::Workspace;
 use crate::backend::cpu::ops::{add_in_place, layernorm_in_place, rmsnorm_in_place};
 use crate::backend::cpu::parallel::for_row_chunks;
 use crate::gguf::GgufFile;
 use std::ops::Range;
 
-/// Patch rows a piece of row-wise work takes (a multiple of every GEMM tile's rows): small
-/// enough that a piece of a large ViT is a few milliseconds, so that an encoder run in slices
-/// between engine steps keeps them short.
+/// The most patch rows a piece of row-wise work takes: small enough that a piece of a large
+/// ViT is a few milliseconds, so that an encoder run in slices between engine steps keeps them
+/// short. A view's rows are cut in pieces of equal size (each matrix is read once a piece: a
+/// short last piece would pay for it as much as a whole one).
 const ROWS_PER_PIECE: usize = 96;
 
-/// Queries a piece of attention takes.
-const QUERIES_PER_PIECE: usize = 128;
+/// Piece sizes are a multiple of this: the AVX-512 GEMM tile's rows (twice the AVX2 one's).
+const PIECE_ROWS_STEP: usize = 12;
+
+/// Queries a piece of attention takes: two blocks (`attention::QUERY_BLOCK`) of every head
+/// keep two threads evenly busy whatever the count of heads.
+const QUERIES_PER_PIECE: usize = 2 * super::attention::QUERY_BLOCK;
 
 /// One image's ViT, run a piece at a time ([`VitRun::piece`]): the patch embedding and each
 /// block's row-wise parts by runs of rows, its attention by runs of queries. Every row's
@@ -28,25 +34,20 @@ pub struct VitRun<'a> {
     file: &'a GgufFile,
     w: &'a VisionWeights,
     cfg: &'a VisionConfig,
-    patches: Vec<f32>,
-    /// Each patch row's learned position row (resized to the view's grid where it differs;
-    /// empty where the ViT has none).
-    positions: Vec<f32>,
-    /// Qwen-VL: each patch row's place in the grid (row, column), for its rotary positions.
-    places: Vec<(usize, usize)>,
     /// Qwen2.5-VL: the runs of patch rows that attend only to each other in a windowed
     /// block, and the merged squares in the order the rows take them (window by window),
     /// put back in the grid's order at the end. Empty without windows.
     windows: Vec<Range<usize>>,
     square_order: Vec<usize>,
-    x: Vec<f32>,
-    b: Buffers,
+    /// The rows: the patches, their positions (learned rows, resized to the view's grid
+    /// where it differs; Qwen-VL's rotary turns), the residual stream and the blocks'.
+    b: Workspace,
     n: usize,
+    /// Rows a piece of row-wise work takes.
+    piece_rows: usize,
     at: Stage,
     /// The keys and values packed for the attention under way, and the row its run starts at.
     kv: Option<(usize, KeysValues)>,
-    /// Qwen3-VL: each DeepStack block's merged rows (`projection_dim` wide), in block order.
-    deepstack: Vec<Vec<f32>>,
 }
 
 /// Where a run is: the next piece starts at `row`.
@@ -79,41 +80,41 @@ impl<'a> VitRun<'a> {
         w: &'a VisionWeights,
         cfg: &'a VisionConfig,
         pixels: &Pixels,
+        mut b: Workspace,
     ) -> VitRun<'a> {
         let (p, e) = (cfg.patch_size, cfg.n_embd);
         let grid = (pixels.width / p, pixels.height / p);
-        let mut patches = im2col(pixels, p);
-        let n = patches.len() / (3 * p * p);
-        let side = cfg.image_size / p;
-        let mut positions = match w.positions {
-            Some(rows) => resized_grid(rows.of(&w.arena), e, (side, side), grid),
-            None => Vec::new(),
-        };
-        let (mut places, mut windows, mut square_order) = (Vec::new(), Vec::new(), Vec::new());
+        let n = grid.0 * grid.1;
+        // The patch rows in the order the ViT takes them: the grid's, or Qwen-VL's.
+        let (mut order, mut windows, mut square_order) = (Vec::new(), Vec::new(), Vec::new());
         if cfg.kind.merges_squares() {
-            let order;
             (order, windows, square_order) = qwen_order(grid, cfg);
-            patches = permuted(&patches, 3 * p * p, &order);
-            if !positions.is_empty() {
-                positions = permuted(&positions, e, &order);
-            }
-            places = order.iter().map(|&i| (i / grid.0, i % grid.0)).collect();
         }
+        im2col(pixels, p, &order, &mut b.patches);
+        b.positions.clear();
+        if let Some(rows) = w.positions {
+            let side = cfg.image_size / p;
+            let from = (rows.of(&w.arena), (side, side));
+            resized_grid(from, e, grid, &order, &mut b.positions);
+        }
+        b.turns.clear();
+        for &i in &order {
+            rope_turns((i / grid.0, i % grid.0), cfg.head_dim, &mut b.turns);
+        }
+        b.fit(n, cfg, w);
         VitRun {
             file,
             w,
             cfg,
-            patches,
-            positions,
-            places,
             windows,
             square_order,
-            x: vec![0.0; n * e],
-            b: Buffers::new(n, cfg, w),
+            b,
             n,
+            piece_rows: n
+                .div_ceil(n.div_ceil(ROWS_PER_PIECE).max(1))
+                .next_multiple_of(PIECE_ROWS_STEP),
             at: Stage::Embed { row: 0 },
             kv: None,
-            deepstack: Vec::new(),
         }
     }
 
@@ -122,13 +123,14 @@ impl<'a> VitRun<'a> {
         let (e, arena) = (self.cfg.n_embd, &self.w.arena);
         let next = match self.at {
             Stage::Embed { row } => {
-                let rows = row..(row + ROWS_PER_PIECE).min(self.n);
+                let rows = row..(row + self.piece_rows).min(self.n);
                 let p = 3 * self.cfg.patch_size * self.cfg.patch_size;
-                let x = &mut self.x[rows.start * e..rows.end * e];
-                let patches = &self.patches[rows.start * p..rows.end * p];
+                let b = &mut self.b;
+                let x = &mut b.x[rows.start * e..rows.end * e];
+                let patches = &b.patches[rows.start * p..rows.end * p];
                 self.w.patch.apply(self.file, arena, patches, x);
-                if !self.positions.is_empty() {
-                    add_in_place(x, &self.positions[rows.start * e..rows.end * e]);
+                if !b.positions.is_empty() {
+                    add_in_place(x, &b.positions[rows.start * e..rows.end * e]);
                 }
                 if let Some(n) = self.w.pre_norm {
                     norm(x, arena, n, self.cfg.eps);
@@ -143,8 +145,9 @@ impl<'a> VitRun<'a> {
         };
         self.at = next;
         if next == Stage::Done {
+            let b = &mut self.b;
             if let Some(n) = self.w.post_norm {
-                norm(&mut self.x, arena, n, self.cfg.eps);
+                norm(&mut b.x, arena, n, self.cfg.eps);
             }
             if !self.square_order.is_empty() {
                 // The squares back in the grid's order (the merger's rows are the grid's).
@@ -153,29 +156,22 @@ impl<'a> VitRun<'a> {
                     inverse[square] = at;
                 }
                 let k = self.cfg.n_merge;
-                self.x = permuted(&self.x, k * k * e, &inverse);
+                b.h.clear();
+                for &i in &inverse {
+                    b.h.extend_from_slice(&b.x[i * k * k * e..][..k * k * e]);
+                }
+                std::mem::swap(&mut b.x, &mut b.h);
             }
         }
         next != Stage::Done
     }
 
-    /// One row of `n_embd` per patch, row-major by patch row (Qwen-VL: by merged square),
-    /// and each DeepStack block's merged rows (the run must be over).
-    pub fn output(&self) -> (&[f32], &[Vec<f32>]) {
+    /// The rows, once the run is over: `x` holds one row of `n_embd` per patch, row-major
+    /// by patch row (Qwen-VL: by merged square), `deepstack` each DeepStack block's merged
+    /// rows.
+    pub fn finish(self) -> Workspace {
         assert_eq!(self.at, Stage::Done, "the ViT has pieces left");
-        (&self.x, &self.deepstack)
-    }
-
-    /// The run over again for another view of the same size (a tile after a tile), in the
-    /// buffers of this one: a tiled image does not fault in fresh pages for each view.
-    pub fn restart(mut self, pixels: &Pixels) -> VitRun<'a> {
-        assert!(!self.cfg.kind.merges_squares(), "one view an image");
-        let patches = im2col(pixels, self.cfg.patch_size);
-        assert_eq!(patches.len(), self.patches.len(), "views of one size");
-        self.patches = patches;
-        self.at = Stage::Embed { row: 0 };
-        self.deepstack.clear();
-        self
+        self.b
     }
 
     /// The rows a query row `row` of block `layer` attends over: its window's, in a block
@@ -215,14 +211,16 @@ impl<'a> VitRun<'a> {
         let (e, b) = (cfg.n_embd, &mut self.b);
         let step = match part {
             Part::Attention => QUERIES_PER_PIECE,
-            _ => ROWS_PER_PIECE,
+            // A DeepStack merger's matrices are read once a piece for a quarter as many
+            // (merged) rows as the piece's: twice the rows halve what it reads.
+            Part::Deepstack => 2 * self.piece_rows,
+            _ => self.piece_rows,
         };
         if part == Part::Deepstack && row == 0 {
             let rows = self.n / (cfg.n_merge * cfg.n_merge);
-            self.deepstack.push(vec![0.0; rows * cfg.projection_dim]);
+            b.next_deepstack(rows * cfg.projection_dim);
         }
         let rows = row..(row + step).min(run.end);
-        let span = rows.start * e..rows.end * e;
         let block = BlockWeights {
             file,
             arena,
@@ -230,26 +228,24 @@ impl<'a> VitRun<'a> {
             l,
         };
         match part {
-            Part::Qkv => block.qkv_rows(&self.x, b, rows.clone(), &self.places),
+            Part::Qkv => block.qkv_rows(b, rows.clone()),
             Part::Attention => {
                 let within = run.start * e..run.end * e;
                 if self.kv.as_ref().is_none_or(|(at, _)| *at != run.start) {
+                    let storage = match self.kv.take() {
+                        Some((_, kv)) => kv.into_storage(),
+                        None => std::mem::take(&mut b.packed),
+                    };
                     let (k, v) = (&b.k[within.clone()], &b.v[within.clone()]);
-                    let kv = KeysValues::pack(k, v, cfg.n_head, cfg.head_dim);
+                    let kv = KeysValues::pack(k, v, cfg.n_head, cfg.head_dim, storage);
                     self.kv = Some((run.start, kv));
                 }
                 let (_, kv) = self.kv.as_ref().expect("packed above");
                 let queries = rows.start - run.start..rows.end - run.start;
                 kv.attend(&b.q[within.clone()], queries, &mut b.h[within]);
             }
-            Part::Ffn => block.ffn_rows(&mut self.x[span.clone()], b, rows.clone()),
-            Part::Deepstack => {
-                let out = self
-                    .deepstack
-                    .last_mut()
-                    .expect("pushed at its first piece");
-                block.deepstack_rows(&self.x, b, rows.clone(), out);
-            }
+            Part::Ffn => block.ffn_rows(b, rows.clone()),
+            Part::Deepstack => block.deepstack_rows(b, rows.clone()),
         }
         if rows.end < self.n {
             return Stage::Block {
@@ -265,7 +261,9 @@ impl<'a> VitRun<'a> {
                 row: 0,
             },
             Part::Attention => {
-                self.kv = None;
+                if let Some((_, kv)) = self.kv.take() {
+                    self.b.packed = kv.into_storage();
+                }
                 Stage::Block {
                     layer,
                     part: Part::Ffn,
@@ -282,38 +280,6 @@ impl<'a> VitRun<'a> {
     }
 }
 
-/// A block's intermediate rows, allocated once for all the blocks of an image.
-struct Buffers {
-    h: Vec<f32>,
-    /// A fused projection's Q, K and V side by side (empty where they are apart).
-    qkv: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    proj: Vec<f32>,
-    up: Vec<f32>,
-    /// A SwiGLU FFN's gate rows (empty for GELU's).
-    gate: Vec<f32>,
-}
-
-impl Buffers {
-    fn new(n: usize, cfg: &VisionConfig, w: &VisionWeights) -> Buffers {
-        let rows = || vec![0.0; n * cfg.n_embd];
-        let fused = w.layers.iter().any(|l| matches!(l.qkv, Qkv::Fused(_)));
-        let gated = w.layers.iter().any(|l| l.ffn.gate.is_some());
-        Buffers {
-            h: rows(),
-            qkv: vec![0.0; if fused { 3 * n * cfg.n_embd } else { 0 }],
-            q: rows(),
-            k: rows(),
-            v: rows(),
-            proj: rows(),
-            up: vec![0.0; n * cfg.n_ff],
-            gate: vec![0.0; if gated { n * cfg.n_ff } else { 0 }],
-        }
-    }
-}
-
 /// What a block's row-wise parts read: the file, the vectors, the config and the block's
 /// weights.
 struct BlockWeights<'a> {
@@ -325,64 +291,79 @@ struct BlockWeights<'a> {
 
 impl BlockWeights<'_> {
     /// Rows `rows` of a block before attention: `ln1(x)` to Q, K and V (Qwen-VL: turned by
-    /// their patches' `places` in the grid).
-    fn qkv_rows(&self, x: &[f32], b: &mut Buffers, rows: Range<usize>, places: &[(usize, usize)]) {
+    /// their patches' rotary turns).
+    fn qkv_rows(&self, b: &mut Workspace, rows: Range<usize>) {
         let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
         let e = cfg.n_embd;
         let span = rows.start * e..rows.end * e;
         let h = &mut b.h[span.clone()];
-        h.copy_from_slice(&x[span.clone()]);
+        h.copy_from_slice(&b.x[span.clone()]);
         norm(h, arena, l.ln1, cfg.eps);
-        match &l.qkv {
+        let fused = match &l.qkv {
             Qkv::Separate(qkv) => {
                 let [q, k, v] = &**qkv;
                 for (m, out) in [(q, &mut b.q), (k, &mut b.k), (v, &mut b.v)] {
                     m.apply(file, arena, h, &mut out[span.clone()]);
                 }
+                None
             }
             Qkv::Fused(qkv) => {
                 let fused = &mut b.qkv[rows.start * 3 * e..rows.end * 3 * e];
                 qkv.apply(file, arena, h, fused);
-                for (r, row) in fused.chunks_exact(3 * e).enumerate() {
-                    let at = (rows.start + r) * e;
-                    b.q[at..at + e].copy_from_slice(&row[..e]);
-                    b.k[at..at + e].copy_from_slice(&row[e..2 * e]);
-                    b.v[at..at + e].copy_from_slice(&row[2 * e..]);
+                Some(&*fused)
+            }
+        };
+        // Each row's Q, K and V out of the fused row; Q and K turned (Qwen-VL).
+        let half = cfg.head_dim / 2;
+        let turns = &b.turns[..];
+        for (i, out) in [&mut b.q, &mut b.k, &mut b.v].into_iter().enumerate() {
+            let turned = i < 2 && !turns.is_empty();
+            if fused.is_none() && !turned {
+                continue;
+            }
+            for_row_chunks(&mut out[span.clone()], e, |r0, chunk| {
+                if let Some(fused) = fused {
+                    for (r, row) in chunk.chunks_exact_mut(e).enumerate() {
+                        row.copy_from_slice(&fused[(r0 + r) * 3 * e + i * e..][..e]);
+                    }
                 }
-            }
-        }
-        if !places.is_empty() {
-            for out in [&mut b.q, &mut b.k] {
-                rope_2d(
-                    &mut out[span.clone()],
-                    &places[rows.clone()],
-                    cfg.n_head,
-                    cfg.head_dim,
-                );
-            }
+                if turned {
+                    let first = (rows.start + r0) * half;
+                    rope_2d(
+                        chunk,
+                        &turns[first..first + chunk.len() / e * half],
+                        cfg.head_dim,
+                    );
+                }
+            });
         }
     }
 
     /// Rows `rows` of a DeepStack block's output (`x`), each merged square's side by side,
-    /// through its norm and MLP into `out` (the block's merged rows).
-    fn deepstack_rows(&self, x: &[f32], b: &mut Buffers, rows: Range<usize>, out: &mut [f32]) {
+    /// through its norm and MLP into the block's merged rows (the last DeepStack rows).
+    fn deepstack_rows(&self, b: &mut Workspace, rows: Range<usize>) {
         let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
         let (ln, mlp) = l.deepstack.as_ref().expect("a DeepStack block");
         let span = rows.start * cfg.n_embd..rows.end * cfg.n_embd;
         let h = &mut b.h[span.clone()];
-        h.copy_from_slice(&x[span.clone()]);
+        h.copy_from_slice(&b.x[span.clone()]);
         norm(h, arena, Norm::Layer(*ln), cfg.eps);
         let (merged, d) = (cfg.n_merge * cfg.n_merge, cfg.projection_dim);
+        let out = b
+            .deepstack
+            .last_mut()
+            .expect("made at the block's first piece");
         let out = &mut out[rows.start / merged * d..rows.end / merged * d];
         mlp.apply(file, arena, h, &mut b.proj[span], out);
     }
 
-    /// Rows `rows` of a block after attention (`x` holds those rows, `b.h` the attention's
-    /// output): `x += out(h)`, then `x += ffn(ln2(x))`.
-    fn ffn_rows(&self, x: &mut [f32], b: &mut Buffers, rows: Range<usize>) {
+    /// Rows `rows` of a block after attention (`b.h` holds the attention's output):
+    /// `x += out(h)`, then `x += ffn(ln2(x))`.
+    fn ffn_rows(&self, b: &mut Workspace, rows: Range<usize>) {
         let (file, arena, cfg, l) = (self.file, self.arena, self.cfg, self.l);
         let (e, f) = (cfg.n_embd, cfg.n_ff);
         let span = rows.start * e..rows.end * e;
+        let x = &mut b.x[span.clone()];
         let proj = &mut b.proj[span.clone()];
         l.out.apply(file, arena, &b.h[span.clone()], proj);
         add_in_place(x, proj);
@@ -412,22 +393,26 @@ fn norm(x: &mut [f32], arena: &[f32], norm: Norm, eps: f32) {
     }
 }
 
-/// Each patch's pixels as one row (row-major by patch), in the order of the convolution
-/// kernel's values: channel, then row, then column within the patch (ggml's `im2col`).
-fn im2col(pixels: &Pixels, p: usize) -> Vec<f32> {
-    let (columns, lines) = (pixels.width / p, pixels.height / p);
-    let mut rows = Vec::with_capacity(columns * lines * 3 * p * p);
-    for py in 0..lines {
-        for px in 0..columns {
-            for c in 0..3 {
-                for ky in 0..p {
-                    let y = py * p + ky;
-                    rows.extend((0..p).map(|kx| pixels.at(px * p + kx, y, c)));
-                }
+/// Each patch's pixels as one row, in the order of the convolution kernel's values:
+/// channel, then row, then column within the patch (ggml's `im2col`); the patches taken in
+/// `order` (indices into the grid, row-major), or row-major where `order` is empty.
+fn im2col(pixels: &Pixels, p: usize, order: &[usize], rows: &mut Vec<f32>) {
+    let columns = pixels.width / p;
+    let n = columns * (pixels.height / p);
+    rows.clear();
+    let mut patch = |i: usize| {
+        let (px, py) = (i % columns, i / columns);
+        for c in 0..3 {
+            for ky in 0..p {
+                let y = py * p + ky;
+                rows.extend((0..p).map(|kx| pixels.at(px * p + kx, y, c)));
             }
         }
+    };
+    match order.is_empty() {
+        true => (0..n).for_each(&mut patch),
+        false => order.iter().for_each(|&i| patch(i)),
     }
-    rows
 }
 
 /// The patches of a `grid` (columns, rows) in merged-square order: each `k` × `k` square's
@@ -485,22 +470,17 @@ fn window_order((columns, lines): (usize, usize), side: usize) -> (Vec<usize>, V
     (order, runs)
 }
 
-/// Rows of `width` values taken in `order`.
-fn permuted(rows: &[f32], width: usize, order: &[usize]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows.len());
-    for &i in order {
-        out.extend_from_slice(&rows[i * width..(i + 1) * width]);
-    }
-    out
-}
-
-/// A grid of rows of `width` (`from`: columns, rows; row-major) resized to the grid `to`,
-/// bilinear with the corners aligned: ggml's `interpolate` with `ALIGN_CORNERS`, in its f32
-/// arithmetic. The same grid is returned as it is.
-fn resized_grid(rows: &[f32], width: usize, from: (usize, usize), to: (usize, usize)) -> Vec<f32> {
-    if from == to {
-        return rows.to_vec();
-    }
+/// A grid of rows of `width` (`from`: the rows, row-major, and the grid's columns and rows)
+/// resized to the grid `to`, bilinear with the corners aligned: ggml's `interpolate` with
+/// `ALIGN_CORNERS`, in its f32 arithmetic; the same grid is kept as it is. The cells are
+/// written to `out` in `order` (indices into `to`, row-major), or row-major where it is empty.
+fn resized_grid(
+    (rows, from): (&[f32], (usize, usize)),
+    width: usize,
+    to: (usize, usize),
+    order: &[usize],
+    out: &mut Vec<f32>,
+) {
     // Where output index `i` reads in an input of `n` (ggml's scale factor, corners aligned).
     let source = |i: usize, n_out: usize, n_in: usize| -> (usize, usize, f32) {
         let scale = match n_out > 1 && n_in > 1 {
@@ -512,50 +492,59 @@ fn resized_grid(rows: &[f32], width: usize, from: (usize, usize), to: (usize, us
         let next = (first + 1).min(n_in - 1);
         (first, next, (at - first as f32).clamp(0.0, 1.0))
     };
-    let mut out = Vec::with_capacity(to.0 * to.1 * width);
-    for oy in 0..to.1 {
-        let (y0, y1, dy) = source(oy, to.1, from.1);
-        for ox in 0..to.0 {
-            let (x0, x1, dx) = source(ox, to.0, from.0);
-            let at = |x: usize, y: usize| &rows[(y * from.0 + x) * width..][..width];
-            let (a, b, c, d) = (at(x0, y0), at(x1, y0), at(x0, y1), at(x1, y1));
-            out.extend((0..width).map(|i| {
-                a[i] * (1.0 - dx) * (1.0 - dy)
-                    + b[i] * dx * (1.0 - dy)
-                    + c[i] * (1.0 - dx) * dy
-                    + d[i] * dx * dy
-            }));
+    let at = |x: usize, y: usize| &rows[(y * from.0 + x) * width..][..width];
+    let mut cell = |i: usize| {
+        let (ox, oy) = (i % to.0, i / to.0);
+        if from == to {
+            return out.extend_from_slice(at(ox, oy));
         }
+        let (y0, y1, dy) = source(oy, to.1, from.1);
+        let (x0, x1, dx) = source(ox, to.0, from.0);
+        let (a, b, c, d) = (at(x0, y0), at(x1, y0), at(x0, y1), at(x1, y1));
+        out.extend((0..width).map(|i| {
+            a[i] * (1.0 - dx) * (1.0 - dy)
+                + b[i] * dx * (1.0 - dy)
+                + c[i] * (1.0 - dx) * dy
+                + d[i] * dx * dy
+        }));
+    };
+    match order.is_empty() {
+        true => (0..to.0 * to.1).for_each(&mut cell),
+        false => order.iter().for_each(|&i| cell(i)),
     }
-    out
 }
 
-/// Qwen3-VL's 2-D rotary positions on rows of `heads` heads of `hd` (each row's `places`:
-/// its patch's grid row and column), as ggml's `rope_multi` in vision mode computes them:
-/// each head's dimension `i` turns with `i + hd/2`, the first quarter of the pairs by the
-/// patch's row, the second by its column, at base 10,000 over `hd/2` dimensions.
-fn rope_2d(rows: &mut [f32], places: &[(usize, usize)], heads: usize, hd: usize) {
+/// Qwen-VL's 2-D rotary turns (cos, sin) for a patch at `(row, column)` of the grid, one
+/// per pair of a head of `hd`, appended to `turns`; as ggml's `rope_multi` in vision mode
+/// computes them: the first quarter of the pairs turn by the patch's row, the second by its
+/// column, at base 10,000 over `hd/2` dimensions.
+fn rope_turns((y, x): (usize, usize), hd: usize, turns: &mut Vec<(f32, f32)>) {
     let (half, quarter) = (hd / 2, hd / 4);
     let scale = 10_000f32.powf(-2.0 / half as f32);
-    let mut turns = vec![(0f32, 0f32); half];
-    for (row, &(y, x)) in rows.chunks_exact_mut(heads * hd).zip(places) {
-        // ggml multiplies each section's angle by the scale pair after pair (the second
-        // section's restarting from its own position), in f32.
-        let (mut by_row, mut by_column) = (y as f32, x as f32);
-        for (i, turn) in turns.iter_mut().enumerate() {
-            if i == quarter {
-                by_column = x as f32;
-            }
-            let theta = if i < quarter { by_row } else { by_column };
-            *turn = (theta.cos(), theta.sin());
-            by_row *= scale;
-            by_column *= scale;
+    // ggml multiplies each section's angle by the scale pair after pair (the second
+    // section's restarting from its own position), in f32.
+    let (mut by_row, mut by_column) = (y as f32, x as f32);
+    for i in 0..half {
+        if i == quarter {
+            by_column = x as f32;
         }
+        let theta = if i < quarter { by_row } else { by_column };
+        turns.push((theta.cos(), theta.sin()));
+        by_row *= scale;
+        by_column *= scale;
+    }
+}
+
+/// Rows of heads of `hd` turned by their rows' [`rope_turns`] (`hd / 2` a row): each head's
+/// dimension `i` turns with `i + hd/2`.
+fn rope_2d(rows: &mut [f32], turns: &[(f32, f32)], hd: usize) {
+    let half = hd / 2;
+    let width = rows.len() / (turns.len() / half);
+    for (row, turns) in rows.chunks_exact_mut(width).zip(turns.chunks_exact(half)) {
         for head in row.chunks_exact_mut(hd) {
-            for (i, &(cos, sin)) in turns.iter().enumerate() {
-                let (a, b) = (head[i], head[i + half]);
-                head[i] = a * cos - b * sin;
-                head[i + half] = a * sin + b * cos;
+            let (a, b) = head.split_at_mut(half);
+            for ((a, b), &(cos, sin)) in a.iter_mut().zip(b).zip(turns) {
+                (*a, *b) = (*a * cos - *b * sin, *a * sin + *b * cos);
             }
         }
     }
@@ -583,20 +572,54 @@ mod tests {
     #[test]
     fn a_grid_resized_with_aligned_corners_keeps_its_corners_and_blends_between() {
         // A 2 × 2 grid of one-value rows to 3 × 3: corners kept, the centre their mean.
-        let out = resized_grid(&[0.0, 1.0, 2.0, 3.0], 1, (2, 2), (3, 3));
+        let resized = |rows: &[f32], width, from, to, order: &[usize]| {
+            let mut out = Vec::new();
+            resized_grid((rows, from), width, to, order, &mut out);
+            out
+        };
+        let out = resized(&[0.0, 1.0, 2.0, 3.0], 1, (2, 2), (3, 3), &[]);
         assert_eq!(out, vec![0.0, 0.5, 1.0, 1.0, 1.5, 2.0, 2.0, 2.5, 3.0]);
-        assert_eq!(resized_grid(&[7.0, 8.0], 2, (1, 1), (1, 1)), vec![7.0, 8.0]);
+        assert_eq!(resized(&[7.0, 8.0], 2, (1, 1), (1, 1), &[]), vec![7.0, 8.0]);
+        // Taken in an order: the same cells, in that order.
+        let out = resized(&[0.0, 1.0, 2.0, 3.0], 1, (2, 2), (3, 3), &[8, 4, 0]);
+        assert_eq!(out, vec![3.0, 1.5, 0.0]);
+    }
+
+    #[test]
+    fn patches_come_in_the_order_asked() {
+        // A 4 × 2 image of patches of 2, each pixel's channels its x, y and 0.
+        let mut data = Vec::new();
+        for y in 0..2 {
+            for x in 0..4 {
+                data.extend([x as f32, y as f32, 0.0]);
+            }
+        }
+        let pixels = Pixels::new(4, 2, data);
+        let (mut grid, mut ordered) = (Vec::new(), Vec::new());
+        im2col(&pixels, 2, &[], &mut grid);
+        im2col(&pixels, 2, &[1, 0], &mut ordered);
+        // Patch 0's red channel (x) row by row, then its green (y), then its blue.
+        assert_eq!(
+            &grid[..12],
+            &[0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+        );
+        assert_eq!((&ordered[..12], &ordered[12..]), (&grid[12..], &grid[..12]));
     }
 
     #[test]
     fn rotary_positions_turn_by_row_then_column_and_leave_the_origin_alone() {
+        let turns = |place| {
+            let mut turns = Vec::new();
+            rope_turns(place, 8, &mut turns);
+            turns
+        };
         let mut rows: Vec<f32> = (0..8).map(|v| v as f32).collect();
-        rope_2d(&mut rows, &[(0, 0)], 1, 8);
+        rope_2d(&mut rows, &turns((0, 0)), 8);
         assert_eq!(rows, (0..8).map(|v| v as f32).collect::<Vec<_>>());
         // Row 1, column 0: the first pair turns by one radian, the second (a column pair)
         // not at all; lengths are kept.
         let mut rows = vec![1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-        rope_2d(&mut rows, &[(1, 0)], 1, 8);
+        rope_2d(&mut rows, &turns((1, 0)), 8);
         assert!((rows[0] - 1f32.cos()).abs() < 1e-6 && (rows[4] - 1f32.sin()).abs() < 1e-6);
         assert_eq!((rows[2], rows[6]), (1.0, 0.0));
     }

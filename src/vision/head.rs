@@ -2,19 +2,20 @@
 
 use super::config::VisionConfig;
 use super::weights::{Head, VisionWeights};
+use super::workspace::Workspace;
 use crate::backend::cpu::ops::rmsnorm_in_place;
 use crate::gguf::GgufFile;
 
-/// `vit` (one row of `n_embd` per patch of a view, as [`super::encoder::VitRun::output`]
-/// orders them) and its DeepStack rows as the text model's rows ([`VisionConfig::row_width`]
-/// wide).
+/// A view's ViT rows (`work.x`: one row of `n_embd` per patch, as
+/// [`super::encoder::VitRun::finish`] orders them) and its DeepStack rows as the text model's
+/// rows ([`VisionConfig::row_width`] wide); `work.h` is scratch.
 pub fn project(
     cfg: &VisionConfig,
     w: &VisionWeights,
     file: &GgufFile,
-    vit: &[f32],
-    deepstack: &[Vec<f32>],
+    work: &mut Workspace,
 ) -> Vec<f32> {
+    let (vit, deepstack, scratch) = (&work.x, &work.deepstack, &mut work.h);
     let merged = cfg.n_merge * cfg.n_merge;
     let rows = vit.len() / cfg.n_embd / merged;
     let mut out = vec![0.0; rows * cfg.projection_dim];
@@ -33,13 +34,13 @@ pub fn project(
             projection.matmul(&pooled, &mut out);
         }
         Head::Idefics3 { fc } => {
-            let shuffled = pixel_shuffle(vit, side(), cfg.n_merge, cfg.n_embd);
-            fc.apply(file, &w.arena, &shuffled, &mut out);
+            pixel_shuffle(vit, side(), cfg.n_merge, cfg.n_embd, scratch);
+            fc.apply(file, &w.arena, scratch, &mut out);
         }
         // The ViT's rows come by merged square: each square's are a run, one wide row.
         Head::Merger { mlp } => {
-            let mut scratch = vec![0.0; vit.len()];
-            mlp.apply(file, &w.arena, vit, &mut scratch, &mut out);
+            scratch.resize(vit.len(), 0.0);
+            mlp.apply(file, &w.arena, vit, scratch, &mut out);
         }
     }
     beside(out, deepstack, cfg.projection_dim)
@@ -62,10 +63,10 @@ fn beside(main: Vec<f32>, extra: &[Vec<f32>], width: usize) -> Vec<f32> {
 
 /// Each `k` × `k` square of patches (of a `side` × `side` grid) as one row of its patches'
 /// rows side by side, row-major within the square: llama.cpp's `build_patch_merge_permute`
-/// (Idefics3's `pixel_shuffle`).
-fn pixel_shuffle(rows: &[f32], side: usize, k: usize, width: usize) -> Vec<f32> {
+/// (Idefics3's `pixel_shuffle`), into `out`.
+fn pixel_shuffle(rows: &[f32], side: usize, k: usize, width: usize, out: &mut Vec<f32>) {
     let out_side = side / k;
-    let mut out = Vec::with_capacity(rows.len());
+    out.clear();
     for oy in 0..out_side {
         for ox in 0..out_side {
             for ky in 0..k {
@@ -74,7 +75,6 @@ fn pixel_shuffle(rows: &[f32], side: usize, k: usize, width: usize) -> Vec<f32> 
             }
         }
     }
-    out
 }
 
 /// Each `k` × `k` square of patches (of a `side` × `side` grid) averaged into one row:
@@ -122,6 +122,8 @@ mod tests {
             .iter()
             .map(|&v| v as f32)
             .collect();
-        assert_eq!(pixel_shuffle(&rows, 4, 2, 1), out);
+        let mut shuffled = vec![f32::NAN; 3];
+        pixel_shuffle(&rows, 4, 2, 1, &mut shuffled);
+        assert_eq!(shuffled, out);
     }
 }

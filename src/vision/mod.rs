@@ -18,6 +18,7 @@ mod preprocess;
 mod resize;
 mod sources;
 mod weights;
+mod workspace;
 
 pub use config::VisionConfig;
 pub use decode::{decode, Rgb};
@@ -41,6 +42,8 @@ pub struct Projector {
     /// Recent images' rows: a follow-up turn that sends the same frame again is not encoded
     /// again.
     recent: Mutex<Recent>,
+    /// The encoder's rows, kept for the next image (none while an image is being encoded).
+    workspace: Mutex<Option<workspace::Workspace>>,
 }
 
 /// The rows of the images encoded last (each image's views), newest last, within a budget
@@ -94,6 +97,7 @@ impl Projector {
                 entries: Vec::new(),
                 budget: RECENT_IMAGES_BYTES,
             }),
+            workspace: Mutex::new(None),
         })
     }
 
@@ -193,13 +197,12 @@ impl Projector {
     }
 
     /// Bytes the projector's weights take in memory, and the most an image's encoding adds
-    /// while it runs (a view's patches, the ViT's rows and attention's packed keys and values,
-    /// the scores per pool thread; the views' rows).
+    /// (a view's patches, the ViT's rows and attention's packed keys and values, kept for the
+    /// next image; the scores per pool thread; the views' rows).
     pub fn memory_bytes(&self, threads: usize) -> (usize, usize) {
         let c = &self.config;
         let n = c.max_view_rows() * c.n_merge * c.n_merge;
-        // A fused Q, K and V (Qwen3-VL) takes three rows more.
-        let rows = n * (3 * c.patch_size * c.patch_size + 11 * c.n_embd + c.n_ff);
+        let rows = workspace::Workspace::most_values(n, c, &self.weights);
         let scores = threads * attention::QUERY_BLOCK * n;
         let views = self.max_rows_per_image() * c.row_width();
         (self.weights.bytes(), (rows + scores + views) * 4)
@@ -220,19 +223,30 @@ impl Projector {
     /// piece of the ViT (a few milliseconds) and says whether more remain, runs as many as
     /// its time allows and returns; it is called again until none remain.
     pub fn encode_in_slices(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Vec<f32> {
-        self.encode_views(img, slice).concat()
+        self.encode_views(&self.prepare(img), slice).concat()
     }
 
-    /// Each of `img`'s views encoded (in slices), in prompt order.
-    fn encode_views(&self, img: &Rgb, slice: &mut Slicer<'_>) -> Vec<Vec<f32>> {
+    /// `img`'s views as the ViT reads them: resized, tiled and normalised (what libmtmd does
+    /// in `mtmd_tokenize`, before its encoder runs).
+    pub fn prepare(&self, img: &Rgb) -> Prepared {
+        Prepared(preprocess::preprocess(&self.config, img))
+    }
+
+    /// [`Projector::encode`] of views already prepared: the encoder alone (what libmtmd's
+    /// `mtmd_encode_chunk` does).
+    pub fn encode_prepared(&self, views: &Prepared) -> Vec<f32> {
+        self.encode_views(views, &mut |piece| while piece() {})
+            .concat()
+    }
+
+    /// Each view encoded (in slices), in prompt order.
+    fn encode_views(&self, views: &Prepared, slice: &mut Slicer<'_>) -> Vec<Vec<f32>> {
         let (cfg, w) = (&self.config, &self.weights);
         let mut out = Vec::new();
-        let mut last: Option<encoder::VitRun> = None;
-        for pixels in preprocess::preprocess(cfg, img) {
-            let mut run = match last.take() {
-                Some(run) => run.restart(&pixels),
-                None => encoder::VitRun::new(&self.file, w, cfg, &pixels),
-            };
+        let kept = || self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let mut work = kept().take().unwrap_or_default();
+        for pixels in &views.0 {
+            let mut run = encoder::VitRun::new(&self.file, w, cfg, pixels, work);
             let mut more = true;
             while more {
                 slice(&mut || {
@@ -240,10 +254,10 @@ impl Projector {
                     more
                 });
             }
-            let (vit, deepstack) = run.output();
-            out.push(head::project(cfg, w, &self.file, vit, deepstack));
-            last = Some(run);
+            work = run.finish();
+            out.push(head::project(cfg, w, &self.file, &mut work));
         }
+        *kept() = Some(work);
         out
     }
 
@@ -302,7 +316,8 @@ impl Projector {
         }
         let width = self.config.row_width();
         let grid = self.config.mrope_grid(img.width, img.height);
-        let views: Views = (self.encode_views(img, slice).into_iter().enumerate())
+        let views = self.encode_views(&self.prepare(img), slice);
+        let views: Views = (views.into_iter().enumerate())
             .map(|(i, rows)| {
                 Arc::new(Embedded {
                     rows,
@@ -323,6 +338,9 @@ impl Projector {
         self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// An image's views, prepared for its projector's ViT ([`Projector::prepare`]).
+pub struct Prepared(Vec<preprocess::Pixels>);
 
 /// Runs pieces of an encoder (the function it is given: false once none remain) for as long
 /// as its caller allows.

@@ -15,6 +15,17 @@ pub struct Pixels {
 }
 
 impl Pixels {
+    /// `width` × `height` pixels of three values each, row by row.
+    #[cfg(test)]
+    pub fn new(width: usize, height: usize, data: Vec<f32>) -> Pixels {
+        assert_eq!(data.len(), width * height * 3);
+        Pixels {
+            width,
+            height,
+            data,
+        }
+    }
+
     pub fn at(&self, x: usize, y: usize, channel: usize) -> f32 {
         self.data[(y * self.width + x) * 3 + channel]
     }

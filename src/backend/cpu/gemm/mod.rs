@@ -19,6 +19,7 @@ use super::parallel::SharedSlice;
 use super::pool;
 use crate::quant::GgmlType;
 use half::f16;
+use std::cell::Cell;
 
 /// Output columns per panel: two AVX-512 registers, four AVX2 ones.
 pub const PANEL: usize = 32;
@@ -30,7 +31,22 @@ pub enum PanelRef<'a> {
     F32 { values: &'a [f32], stride: usize },
 }
 
-impl PanelRef<'_> {
+impl<'a> PanelRef<'a> {
+    /// The panel's memory.
+    fn bytes(self) -> &'a [u8] {
+        // SAFETY: f32 and u16 have no padding; the bytes cover the same memory.
+        unsafe {
+            match self {
+                PanelRef::F16 { bits, .. } => {
+                    std::slice::from_raw_parts(bits.as_ptr().cast(), bits.len() * 2)
+                }
+                PanelRef::F32 { values, .. } => {
+                    std::slice::from_raw_parts(values.as_ptr().cast(), values.len() * 4)
+                }
+            }
+        }
+    }
+
     fn check(&self, depth: usize) {
         let (len, stride) = match self {
             PanelRef::F16 { bits, stride } => (bits.len(), *stride),
@@ -122,31 +138,69 @@ impl DenseMatrix {
         let rows = x.len() / self.depth;
         assert!(x.len() == rows * self.depth && out.len() == rows * self.outputs);
         let n_panels = self.outputs.div_ceil(PANEL);
-        // Runs of rows long enough to amortise a task, enough tasks to balance the threads.
-        let run = rows
-            .div_ceil((pool::threads() * 4).div_ceil(n_panels))
-            .clamp(1, 384);
+        let tasks_wanted = pool::threads() * 4;
+        // Runs of rows long enough to amortise a task, enough tasks to balance the threads;
+        // a task takes a few panels in turn, so that it can fetch the next while it
+        // multiplies by this one (a matrix is read from memory once per call).
+        let run = rows.div_ceil(tasks_wanted.div_ceil(n_panels)).clamp(1, 384);
         let runs = rows.div_ceil(run);
+        let group = n_panels.div_ceil((tasks_wanted / runs).max(1));
+        let groups = n_panels.div_ceil(group);
         let shared = SharedSlice::new(out);
-        pool::parallel_for(n_panels * runs, |task| {
-            let (p, r0) = (task % n_panels, (task / n_panels) * run);
+        pool::parallel_for(groups * runs, |task| {
+            let (g, r0) = (task % groups, (task / groups) * run);
             let r1 = (r0 + run).min(rows);
-            let c0 = p * PANEL;
-            let cols = (self.outputs - c0).min(PANEL);
             let at = shared.span_ptr(r0 * self.outputs, (r1 - r0) * self.outputs);
-            // SAFETY: this task alone writes rows r0..r1's columns c0..c0 + cols.
-            unsafe {
-                panel_product(
-                    &x[r0 * self.depth..r1 * self.depth],
-                    self.depth,
-                    self.depth,
-                    self.panel(p),
-                    at.add(c0),
-                    self.outputs,
-                    cols,
-                )
-            };
+            let panels = g * group..((g + 1) * group).min(n_panels);
+            let mut wide = WIDE.take();
+            for p in panels.clone() {
+                let c0 = p * PANEL;
+                let cols = (self.outputs - c0).min(PANEL);
+                let next = (p + 1 < panels.end).then(|| self.panel(p + 1));
+                let panel = widened(self.panel(p), &mut wide);
+                // SAFETY: this task alone writes rows r0..r1's columns c0..c0 + cols.
+                unsafe {
+                    product_fetching(
+                        &x[r0 * self.depth..r1 * self.depth],
+                        self.depth,
+                        self.depth,
+                        panel,
+                        at.add(c0),
+                        self.outputs,
+                        cols,
+                        next,
+                    )
+                };
+            }
+            WIDE.set(wide);
         });
+    }
+}
+
+thread_local! {
+    /// A task's F16 panel widened to f32 ([`widened`]), kept per thread.
+    static WIDE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// `panel` as the kernel this CPU runs multiplies it fastest: an F16 panel widened to f32 in
+/// `wide` once for all of a task's rows, except on AVX-512, whose tile converts a step's
+/// weights for twelve rows at a fraction of its FMAs' time (AVX2's, two conversions for six
+/// rows' twelve FMAs, on the same ports; the portable loop's, a value at a time). Widening is
+/// exact: the products are the same bits.
+fn widened<'a>(panel: PanelRef<'a>, wide: &'a mut Vec<f32>) -> PanelRef<'a> {
+    let PanelRef::F16 { bits, stride } = panel else {
+        return panel;
+    };
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu_features::avx512() {
+        return panel;
+    }
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    wide.resize(bits.len(), 0.0);
+    bits.reinterpret_cast::<f16>().convert_to_f32_slice(wide);
+    PanelRef::F32 {
+        values: wide,
+        stride,
     }
 }
 
@@ -165,6 +219,25 @@ pub unsafe fn panel_product(
     ldc: usize,
     cols: usize,
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { product_fetching(x, lda, depth, panel, out, ldc, cols, None) }
+}
+
+/// [`panel_product`], fetching `next` into the cache a slice per register tile meanwhile.
+///
+/// # Safety
+/// As [`panel_product`]'s.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product_fetching(
+    x: &[f32],
+    lda: usize,
+    depth: usize,
+    panel: PanelRef<'_>,
+    out: *mut f32,
+    ldc: usize,
+    cols: usize,
+    next: Option<PanelRef<'_>>,
+) {
     assert!(cols <= PANEL && depth <= lda);
     panel.check(depth);
     let rows = if x.is_empty() {
@@ -172,8 +245,12 @@ pub unsafe fn panel_product(
     } else {
         (x.len() - depth) / lda + 1
     };
+    let next = next.map(PanelRef::bytes).unwrap_or_default();
     let mut m = 0;
     while m < rows {
+        // The share of `next` this tile's rows are of the rows.
+        let ahead = |m: usize| next.len() * m / rows;
+        let from = ahead(m);
         // SAFETY: `x` from row m holds the rows the kernel reads (it checks), the panel holds
         // `depth` steps (checked above), the output rows are this caller's.
         m += unsafe {
@@ -188,6 +265,7 @@ pub unsafe fn panel_product(
                 rows - m,
             )
         };
+        fetch(&next[from..ahead(m)]);
     }
 }
 
@@ -238,6 +316,21 @@ unsafe fn kernel(
 }
 
 const PORTABLE_ROWS: usize = 4;
+
+/// Asks for `bytes` in the cache ahead of their use (a hint; nothing where the CPU has none).
+fn fetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch reads nothing and cannot fault.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
 
 /// The reference every kernel matches: per output, one FMA chain over the depth in order.
 fn portable_tile(
