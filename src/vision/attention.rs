@@ -106,7 +106,7 @@ impl KeysValues {
             };
             let (at, cols) = (scores[p * PANEL..].as_mut_ptr(), (n - p * PANEL).min(PANEL));
             // SAFETY: each score row holds n values; this panel writes its own columns.
-            unsafe { panel_product(queries, width, hd, panel, at, n, cols) };
+            unsafe { panel_product(queries, width, hd, panel, at, n, cols, None) };
         }
         let mut sums = [0f32; QUERY_BLOCK];
         let scale = 1.0 / (hd as f32).sqrt();
@@ -127,6 +127,7 @@ impl KeysValues {
                     out.add(p * PANEL),
                     width,
                     cols,
+                    None,
                 )
             };
         }

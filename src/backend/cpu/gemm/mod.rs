@@ -160,7 +160,7 @@ impl DenseMatrix {
                 let panel = widened(self.panel(p), &mut wide);
                 // SAFETY: this task alone writes rows r0..r1's columns c0..c0 + cols.
                 unsafe {
-                    product_fetching(
+                    panel_product(
                         &x[r0 * self.depth..r1 * self.depth],
                         self.depth,
                         self.depth,
@@ -183,10 +183,9 @@ thread_local! {
 }
 
 /// `panel` as the kernel this CPU runs multiplies it fastest: an F16 panel widened to f32 in
-/// `wide` once for all of a task's rows, except on AVX-512, whose tile converts a step's
-/// weights for twelve rows at a fraction of its FMAs' time (AVX2's, two conversions for six
-/// rows' twelve FMAs, on the same ports; the portable loop's, a value at a time). Widening is
-/// exact: the products are the same bits.
+/// `wide` once for all of a task's rows instead of once per register tile (the portable loop
+/// converts a value at a time), except on AVX-512, whose tile converts a step's weights for
+/// twelve rows at no cost measured. Widening is exact: the products are the same bits.
 fn widened<'a>(panel: PanelRef<'a>, wide: &'a mut Vec<f32>) -> PanelRef<'a> {
     let PanelRef::F16 { bits, stride } = panel else {
         return panel;
@@ -205,30 +204,14 @@ fn widened<'a>(panel: PanelRef<'a>, wide: &'a mut Vec<f32>) -> PanelRef<'a> {
 }
 
 /// `out[m][c] = Σ_i x[m·lda + i] · panel(i, c)` for the rows of `x` and the first `cols`
-/// columns of one panel, on the calling thread.
+/// columns of one panel, on the calling thread; `next` (the panel the caller multiplies by
+/// next, if any) fetched into the cache a slice per register tile meanwhile.
 ///
 /// # Safety
 /// `out` points at row 0, column 0 of a buffer where every row `m` of `x` may write `cols`
 /// values at `out + m·ldc`, which nothing else touches meanwhile.
-pub unsafe fn panel_product(
-    x: &[f32],
-    lda: usize,
-    depth: usize,
-    panel: PanelRef<'_>,
-    out: *mut f32,
-    ldc: usize,
-    cols: usize,
-) {
-    // SAFETY: the caller's contract.
-    unsafe { product_fetching(x, lda, depth, panel, out, ldc, cols, None) }
-}
-
-/// [`panel_product`], fetching `next` into the cache a slice per register tile meanwhile.
-///
-/// # Safety
-/// As [`panel_product`]'s.
 #[allow(clippy::too_many_arguments)]
-unsafe fn product_fetching(
+pub unsafe fn panel_product(
     x: &[f32],
     lda: usize,
     depth: usize,
@@ -544,6 +527,7 @@ mod tests {
                     out.as_mut_ptr().add(p * PANEL),
                     rows,
                     cols,
+                    None,
                 )
             };
         }
