@@ -39,8 +39,7 @@ impl Workspace {
     /// Sizes the rows for a view of `n` patches.
     pub fn fit(&mut self, n: usize, cfg: &VisionConfig, w: &VisionWeights) {
         let e = cfg.n_embd;
-        let fused = w.layers.iter().any(|l| matches!(l.qkv, Qkv::Fused(_)));
-        let gated = w.layers.iter().any(|l| l.ffn.gate.is_some());
+        let (fused, gated) = fused_and_gated(w);
         for rows in [
             &mut self.x,
             &mut self.h,
@@ -61,19 +60,26 @@ impl Workspace {
     /// a quarter of a row each).
     pub fn most_values(n: usize, cfg: &VisionConfig, w: &VisionWeights) -> usize {
         let (e, p) = (cfg.n_embd, cfg.patch_size);
-        let fused = w.layers.iter().any(|l| matches!(l.qkv, Qkv::Fused(_)));
-        let gated = w.layers.iter().any(|l| l.ffn.gate.is_some());
+        let (fused, gated) = fused_and_gated(w);
         // positions, x, h, q, k, v, proj and the packed keys and values (two rows).
         let rows = 9 * e + if fused { 3 * e } else { 0 };
         let ffn = cfg.n_ff * if gated { 2 } else { 1 };
         n * (3 * p * p + rows + cfg.head_dim + ffn)
     }
 
-    /// A DeepStack block's rows (`len` values), after those of the blocks before.
-    pub fn next_deepstack(&mut self, len: usize) -> &mut [f32] {
+    /// Makes a DeepStack block's rows (`len` values) the last, after those of the blocks
+    /// before.
+    pub fn next_deepstack(&mut self, len: usize) {
         let mut rows = self.spare_deepstack.pop().unwrap_or_default();
         rows.resize(len, 0.0);
         self.deepstack.push(rows);
-        self.deepstack.last_mut().expect("pushed")
     }
+}
+
+/// Whether any block's Q, K and V come from one fused matrix (rows for the fused output), and
+/// whether any FFN is gated (rows for the gate).
+fn fused_and_gated(w: &VisionWeights) -> (bool, bool) {
+    let fused = w.layers.iter().any(|l| matches!(l.qkv, Qkv::Fused(_)));
+    let gated = w.layers.iter().any(|l| l.ffn.gate.is_some());
+    (fused, gated)
 }

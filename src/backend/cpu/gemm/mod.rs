@@ -229,10 +229,11 @@ pub unsafe fn panel_product(
         (x.len() - depth) / lda + 1
     };
     let next = next.map(PanelRef::bytes).unwrap_or_default();
+    // The share of `next` fetched once the first `m` rows are done: as much as they are of
+    // the rows.
+    let ahead = |m: usize| next.len() * m / rows;
     let mut m = 0;
     while m < rows {
-        // The share of `next` this tile's rows are of the rows.
-        let ahead = |m: usize| next.len() * m / rows;
         let from = ahead(m);
         // SAFETY: `x` from row m holds the rows the kernel reads (it checks), the panel holds
         // `depth` steps (checked above), the output rows are this caller's.
