@@ -50,17 +50,20 @@ __device__ __forceinline__ void load_dims(const u8 *row, int d0, float *v) {
 }
 
 // q, out: n_tok x n_head x D (q already rotated); block_tables: every token's table, token t's
-// starting at table_offsets[t]; positions[t]: the token's position (it attends to
-// first..=pos, first = max(0, pos + 1 - window) or 0 without a window (window = 0), whose K/V
-// must already be in the pages: kv.cu `kv_append` runs first); sinks: per query head, a logit
+// starting at table_offsets[t]; positions[t]: the token's position, through[t]: the last
+// position it attends to (its own, or an image's last where the image's positions see each
+// other): it attends to first..=through[t], first = max(0, positions[t] + 1 - window) or 0
+// without a window (window = 0), whose K/V must already be in the pages: kv.cu `kv_append`
+// runs first; sinks: per query head, a logit
 // that joins the softmax's denominator only (gpt-oss), or null. Grid: n_tok * kv_heads blocks
 // of 32 * ATT_WARPS threads.
 template <int KT, int D>
 __device__ __forceinline__ void attention_body(
     const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,
     const int *__restrict__ block_tables, const int *__restrict__ table_offsets,
-    const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,
-    int block_size, float scale, int window, const float *__restrict__ sinks) {
+    const int *__restrict__ positions, const int *__restrict__ through, int layer, int blocks,
+    int n_head, int kv_heads, int block_size, float scale, int window,
+    const float *__restrict__ sinks) {
     constexpr int DPL = D / WARP;
     constexpr int R = D >= 256 ? ATT_MAX_REP_D256 : ATT_MAX_REP;
     __shared__ float q_sh[R][D];
@@ -74,8 +77,8 @@ __device__ __forceinline__ void attention_body(
     const int rep = n_head / kv_heads;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int pos = positions[t];
-    const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    const int pos = through[t];
+    const int first = window > 0 ? max(0, positions[t] + 1 - window) : 0;
     const int n_ctx = pos + 1 - first; // positions seen, from `first`
     const int *table = block_tables + table_offsets[t];
     const int row_bytes = kv_row_bytes(KT, D);
@@ -194,10 +197,12 @@ __device__ __forceinline__ void attention_body(
     extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS, 1) NAME(                      \
         const float *__restrict__ q, float *__restrict__ out, const u8 *__restrict__ pages,    \
         const int *__restrict__ block_tables, const int *__restrict__ table_offsets,           \
-        const int *__restrict__ positions, int layer, int blocks, int n_head, int kv_heads,    \
-        int block_size, float scale, int window, const float *__restrict__ sinks) {          \
-        attention_body<KT, D>(q, out, pages, block_tables, table_offsets, positions, layer,    \
-                              blocks, n_head, kv_heads, block_size, scale, window, sinks);   \
+        const int *__restrict__ positions, const int *__restrict__ through, int layer,         \
+        int blocks, int n_head, int kv_heads, int block_size, float scale, int window,         \
+        const float *__restrict__ sinks) {                                                     \
+        attention_body<KT, D>(q, out, pages, block_tables, table_offsets, positions, through,  \
+                              layer, blocks, n_head, kv_heads, block_size, scale, window,      \
+                              sinks);                                                          \
     }
 
 ATTENTION_KERNEL(attention_f16_d64, KV_F16, 64)

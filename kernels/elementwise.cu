@@ -20,21 +20,26 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
 }
 
-// gate = gelu(gate) * up as ggml-cpu (and src/backend/cpu/ops.rs `gelu_mul`) looks GELU up:
-// the input rounded to f16, the result rounded to f16, the tails beyond +-10 taken exactly.
+// GELU as ggml-cpu (and src/backend/cpu/ops.rs `gelu_mul`) looks it up: the input rounded to
+// f16, the result rounded to f16, the tails beyond +-10 taken exactly.
+__device__ __forceinline__ float gelu_looked_up(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return f16_to_f32(f32_to_f16(gelu_tanh(f16_to_f32(f32_to_f16(x)))));
+}
+
+// gate = gelu(gate) * up.
 extern "C" __global__ void gelu_mul(float *gate, const float *__restrict__ up, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float x = gate[i];
-    float y;
-    if (x <= -10.0f) {
-        y = 0.0f;
-    } else if (x >= 10.0f) {
-        y = x;
-    } else {
-        y = f16_to_f32(f32_to_f16(gelu_tanh(f16_to_f32(f32_to_f16(x)))));
-    }
-    gate[i] = __fmul_rn(y, up[i]);
+    gate[i] = __fmul_rn(gelu_looked_up(gate[i]), up[i]);
+}
+
+// x = gelu(x): an encoder's ungated FFN (src/backend/cpu/ops.rs `activate`).
+extern "C" __global__ void gelu(float *x, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = gelu_looked_up(x[i]);
 }
 
 // gpt-oss's clamped SwiGLU, as src/backend/cpu/ops.rs `swiglu_oai_mul`: the gate clamped above

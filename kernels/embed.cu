@@ -1,5 +1,6 @@
 // embed.cu: token embedding gather, dequantizing rows of token_embd in place (the reference
-// model's and Gemma 3's are Q8_0). Each value as src/quant/formats/dequant.rs computes it.
+// model's and Gemma 3's are Q8_0). Each value as src/quant/formats/dequant.rs computes it. And
+// the rows an image gives in place of its positions' embeddings.
 
 __device__ __forceinline__ float dequant_one(const u8 *row, int ty, int c) {
     switch (ty) {
@@ -80,4 +81,18 @@ extern "C" __global__ void embed(const u8 *__restrict__ w, int ty, long long row
     if (c >= cols) return;
     const u8 *row = w + (long long)tokens[t] * row_bytes;
     out[t * cols + c] = __fmul_rn(dequant_one(row, ty, c), scale);
+}
+
+// Rows given in place of tokens' embeddings (an image's): out[tokens[i] * cols + c] =
+// rows[i * stride + offset + c], or added to it where `add` (Qwen3-VL's DeepStack rows, each at
+// its offset within the input row). Grid: (ceil(cols / blockDim.x), n).
+extern "C" __global__ void put_rows(float *__restrict__ out, const float *__restrict__ rows,
+                                    const int *__restrict__ tokens, int cols, long long stride,
+                                    long long offset, int add) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const long long i = blockIdx.y;
+    if (c >= cols) return;
+    const float v = rows[i * stride + offset + c];
+    float *o = out + (long long)tokens[i] * cols + c;
+    *o = add ? __fadd_rn(*o, v) : v;
 }

@@ -3,9 +3,10 @@
 # kernels/*.cu sources compiled by g++, and a libcuda.so.1 that runs them) and runs every
 # device test of tests/cuda_kernels.rs against it, the ones packaging/gpu-check.sh runs on a
 # GPU: kernels and GEMM (MMA and dp4a builds) against the CPU, device sampling, and the forward
-# pass (logits against the CPU's, reference greedy outputs, decode graphs, the KV pool),
-# through the real NVRTC and cudarc; then `edgelm run` and `edgelm serve` on the device. The forward tests use part of the reference data (the
-# emulator takes seconds per forward pass); on a GPU they use all of it.
+# pass (logits against the CPU's, reference greedy outputs, decode graphs, the KV pool), each
+# projector type's image encoder against the CPU's, through the real NVRTC and cudarc; then
+# `edgelm run` and `edgelm serve` on the device. The forward tests use part of the reference
+# data (the emulator takes seconds per forward pass); on a GPU they use all of it.
 #
 # Needs the NVRTC wheel that scripts/check-kernels.sh installs into target/cuda-wheels/.
 # Passing here is not a GPU result: emu/cuda/README.md says what the emulator cannot tell.
@@ -19,6 +20,8 @@ nvrtc_lib="$root/target/cuda-wheels/nvidia/cuda_nvrtc/lib"
 emu="$root/target/cuda-emu"
 emu/cuda/build.sh "$emu"
 packaging/fetch-model.sh >/dev/null
+# The gemma3 test projector's rows are Gemma 3 270M's width.
+packaging/fetch-model.sh gemma3 >/dev/null
 
 export LD_LIBRARY_PATH="$emu:$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export EDGELM_CACHE_DIR="$emu/ptx-cache"

@@ -165,85 +165,11 @@ fn cuda_build_runs_on_the_cpu_and_says_why() {
 /// a GPU machine it serves on the device.
 #[test]
 fn cuda_build_serves_on_the_cpu_and_says_why() {
-    use std::io::{BufRead, BufReader};
-    let dir = std::env::temp_dir().join(format!("edgelm-cuda-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let profile = dir.join("cuda.toml");
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    std::fs::write(
-        &profile,
-        format!(
-            "[model]\npath = {:?}\n[server]\nport = {port}\n[engine]\nbackend = \"cuda\"\n\
-             kv_memory_mib = 16\n",
-            model()
-        ),
-    )
-    .unwrap();
-    let mut child = edgelm()
-        .args(["serve", "--config"])
-        .arg(&profile)
-        .env("RUST_LOG", "info")
-        .env("EDGELM_CACHE_DIR", dir.join("cache"))
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    // A cold PTX cache: NVRTC compiles every kernel first (70 s on 2 cores).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
-    let mut seen = Vec::new();
-    let found = loop {
-        match rx.recv_timeout(std::time::Duration::from_millis(200)) {
-            Ok(line) if line.contains("on the CPU") || line.contains("CUDA: forward pass on") => {
-                break Some(line)
-            }
-            Ok(line) => seen.push(line),
-            Err(_) if std::time::Instant::now() > deadline => break None,
-            Err(_) => {}
-        }
-    };
-    // SIGTERM once the server is ready (/health 200), then it must drain and exit 0.
-    let healthy = || -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            return false;
-        };
-        let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-        let mut resp = String::new();
-        c.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_ok()
-            && c.read_to_string(&mut resp).is_ok()
-            && resp.split_whitespace().nth(1) == Some("200")
-    };
-    let ready_by = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !healthy() && std::time::Instant::now() < ready_by && child.try_wait().unwrap().is_none()
-    {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let exit_by = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if std::time::Instant::now() > exit_by {
-            child.kill().ok();
-            child.wait().ok();
-            break None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    std::fs::remove_dir_all(&dir).ok();
-    let line = found.unwrap_or_else(|| panic!("no backend line; stderr: {seen:?}"));
+    let mut server = Served::start("cuda", &format!("[model]\npath = {:?}\n", model()));
+    let found = server.line_with(&["on the CPU", "CUDA: forward pass on"]);
+    server.wait_healthy();
+    let status = server.stop();
+    let line = found.unwrap_or_else(|| panic!("no backend line; stderr: {:?}", server.seen));
     if probe(0).is_err() {
         assert!(line.contains("serving on the CPU"), "{line}");
         assert!(line.contains("no CUDA device ("), "{line}");
@@ -253,6 +179,124 @@ fn cuda_build_serves_on_the_cpu_and_says_why() {
     let status = status.expect("serve did not exit within 60 s of SIGTERM");
     assert!(status.success(), "serve exited {status:?} after SIGTERM");
     eprintln!("{line}");
+}
+
+/// `edgelm serve` with `engine.backend = "cuda"`, a profile whose `[model]` section is `model`,
+/// and its stderr lines as they come.
+pub struct Served {
+    child: std::process::Child,
+    pub port: u16,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// The lines read so far that no `line_with` matched.
+    pub seen: Vec<String>,
+    dir: PathBuf,
+}
+
+impl Served {
+    pub fn start(name: &str, model: &str) -> Served {
+        use std::io::{BufRead, BufReader};
+        let dir = std::env::temp_dir().join(format!("edgelm-{name}-serve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let profile = dir.join("serve.toml");
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let engine = "[engine]\nbackend = \"cuda\"\nkv_memory_mib = 16\n";
+        let text = format!("{model}[server]\nport = {port}\n{engine}");
+        std::fs::write(&profile, text).unwrap();
+        let mut child = edgelm()
+            .args(["serve", "--config"])
+            .arg(&profile)
+            .env("RUST_LOG", "info")
+            .env("EDGELM_CACHE_DIR", dir.join("cache"))
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Served {
+            child,
+            port,
+            lines,
+            seen: Vec::new(),
+            dir,
+        }
+    }
+
+    /// The first line holding one of `any` (a cold PTX cache: NVRTC compiles every kernel
+    /// first, 70 s on 2 cores).
+    pub fn line_with(&mut self, any: &[&str]) -> Option<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+        loop {
+            match self
+                .lines
+                .recv_timeout(std::time::Duration::from_millis(200))
+            {
+                Ok(line) if any.iter().any(|a| line.contains(a)) => return Some(line),
+                Ok(line) => self.seen.push(line),
+                Err(_) if std::time::Instant::now() > deadline => return None,
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// One HTTP/1.0 exchange: the status and the body.
+    pub fn exchange(&self, request: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(600)));
+        let mut resp = String::new();
+        c.write_all(request.as_bytes()).ok()?;
+        c.read_to_string(&mut resp).ok()?;
+        let status = resp.split_whitespace().nth(1)?.parse().ok()?;
+        let body = resp
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        Some((status, body))
+    }
+
+    /// Waits (up to 120 s) for /health to answer 200; false if it never does.
+    pub fn wait_healthy(&mut self) -> bool {
+        let ready_by = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while std::time::Instant::now() < ready_by && self.child.try_wait().unwrap().is_none() {
+            if let Some((200, _)) = self.exchange("GET /health HTTP/1.0\r\n\r\n") {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        false
+    }
+
+    /// SIGTERM, then its exit status once it has drained (None: not within 60 s).
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let exit_by = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if std::time::Instant::now() > exit_by {
+                self.child.kill().ok();
+                self.child.wait().ok();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        std::fs::remove_dir_all(&self.dir).ok();
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        status
+    }
 }
 
 /// Needs a GPU: the device is found and every kernel compiles for its own architecture and

@@ -3,11 +3,13 @@
 //! preparation, which libmtmd does while it tokenizes, timed on its own), then the
 //! time to first token of a request that carries the image, of the same request again (its
 //! prompt from the prefix cache, its rows from the recent images'), and of the request with
-//! the image mirrored (another image: encoded, and a miss after the text before it).
+//! the image mirrored (another image: encoded, and a miss after the text before it). On the
+//! CUDA backend the encoder runs, and is timed, on the device.
 
 use super::{engine_config, init_threads, kv_bytes_for, open_projector};
 use crate::cli::BenchArgs;
 use anyhow::{bail, Context, Result};
+use edgelm::backend::select::Backend;
 use edgelm::chat::IMAGE_MARKER;
 use edgelm::engine::{Engine, EngineHandle, Event, GenParams};
 use edgelm::model::Model;
@@ -32,6 +34,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let projector = open_projector(args.mmproj.as_deref(), &model, &tok)?.expect("given");
     let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
     let rgb = decode(&bytes).with_context(|| format!("image {}", image.display()))?;
+    let backend = args.compute.backend.resolve("benchmarking");
+    projector.follow_backend(backend);
+    let on_device = backend == Backend::Cuda && projector.encodes_on_device();
     // Timed as libmtmd's are (`mtmd-embed`): preparing the views (its `mtmd_tokenize`), then
     // the encoder alone (its `mtmd_encode_chunk`).
     let (mut prepare_ms, mut encode_ms) = (Vec::new(), Vec::new());
@@ -47,14 +52,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         times.sort_by(f64::total_cmp);
     }
     println!(
-        "image encode ({} projector, {} × {} pixels, {threads} threads): median {:.1} ms of {} rounds ({}); \
+        "image encode ({} projector, {} × {} pixels, {}): median {:.1} ms of {} rounds ({}); \
          its views prepared (resized, tiled, normalised) beforehand: median {:.1} ms",
         projector.config.kind.name(),
         rgb.width,
         rgb.height,
+        match on_device {
+            true => "on the CUDA device".to_string(),
+            false => format!("{threads} threads"),
+        },
         encode_ms[encode_ms.len() / 2],
         encode_ms.len(),
-        encode_ms.iter().map(|t| format!("{t:.1}")).collect::<Vec<_>>().join(", "),
+        encode_ms
+            .iter()
+            .map(|t| format!("{t:.1}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         prepare_ms[prepare_ms.len() / 2],
     );
     let prompt = format!("{IMAGE_MARKER}{PROMPT}");

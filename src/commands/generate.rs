@@ -22,6 +22,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     let tok = Tokenizer::from_gguf(&model.file)?;
     let ctx = model.config.context_length;
     let projector = super::open_projector(args.mmproj.as_deref(), &model, &tok)?;
+    if let Some(p) = &projector {
+        p.follow_backend(args.compute.backend.resolve_quietly());
+    }
     let (ids, images) = prompt_ids(&args, &tok, projector.as_ref(), ctx)?;
     let n_predict = args.n_predict.min(ctx - ids.len());
     let mut config = engine_config(&args.compute);

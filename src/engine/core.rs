@@ -146,9 +146,6 @@ pub struct Engine {
     encoder: bool,
 }
 
-/// Why a CUDA engine takes no image rows: its step embeds token ids on the device.
-const IMAGES_ON_CPU: &str = "images run on the CPU backend only (this model's engine runs on CUDA)";
-
 /// Why an encoder takes no generation request.
 const ENCODER_GENERATES: &str =
     "this model only computes embeddings (it has no output head to generate text with)";
@@ -238,7 +235,6 @@ impl Engine {
             generation_refused: shape.encoder.then_some(ENCODER_GENERATES),
             step_tokens: config.max_batched_tokens,
             input_width: shape.input_width,
-            images_refused: exec.is_cuda().then_some(IMAGES_ON_CPU),
         };
         let local = EngineStats {
             kv_pool_bytes: exec.kv_bytes(),

@@ -35,8 +35,6 @@ pub struct EngineLimits {
     pub step_tokens: usize,
     /// The width of the rows a prompt may give in place of embeddings (the model's).
     pub input_width: usize,
-    /// Why this engine takes no image rows; `None` where it does.
-    pub images_refused: Option<&'static str>,
 }
 
 /// The cloneable way in: submit, cancel, read stats.
@@ -82,9 +80,6 @@ impl EngineHandle {
         params: GenParams,
     ) -> Result<(RequestId, Receiver<Event>)> {
         let l = &self.limits;
-        if let (false, Some(why)) = (images.is_empty(), l.images_refused) {
-            bail!("{why}");
-        }
         check_images(&images, prompt.len(), &params, l)?;
         if prompt.is_empty() {
             bail!("the prompt is empty");
@@ -219,7 +214,6 @@ mod tests {
         generation_refused: None,
         step_tokens: 64,
         input_width: 8,
-        images_refused: None,
     };
 
     /// A handle whose engine is the returned receiver.

@@ -82,25 +82,11 @@ impl<'a> VitRun<'a> {
         pixels: &Pixels,
         mut b: Workspace,
     ) -> VitRun<'a> {
-        let (p, e) = (cfg.patch_size, cfg.n_embd);
-        let grid = (pixels.width / p, pixels.height / p);
-        let n = grid.0 * grid.1;
-        // The patch rows in the order the ViT takes them: the grid's, or Qwen-VL's.
-        let (mut order, mut windows, mut square_order) = (Vec::new(), Vec::new(), Vec::new());
-        if cfg.kind.merges_squares() {
-            (order, windows, square_order) = qwen_order(grid, cfg);
-        }
-        im2col(pixels, p, &order, &mut b.patches);
-        b.positions.clear();
-        if let Some(rows) = w.positions {
-            let side = cfg.image_size / p;
-            let from = (rows.of(&w.arena), (side, side));
-            resized_grid(from, e, grid, &order, &mut b.positions);
-        }
-        b.turns.clear();
-        for &i in &order {
-            rope_turns((i / grid.0, i % grid.0), cfg.head_dim, &mut b.turns);
-        }
+        let ViewPlan {
+            n,
+            windows,
+            square_order,
+        } = plan_view(w, cfg, pixels, &mut b);
         b.fit(n, cfg, w);
         VitRun {
             file,
@@ -151,13 +137,9 @@ impl<'a> VitRun<'a> {
             }
             if !self.square_order.is_empty() {
                 // The squares back in the grid's order (the merger's rows are the grid's).
-                let mut inverse = vec![0; self.square_order.len()];
-                for (at, &square) in self.square_order.iter().enumerate() {
-                    inverse[square] = at;
-                }
                 let k = self.cfg.n_merge;
                 b.h.clear();
-                for &i in &inverse {
+                for i in grid_order(&self.square_order) {
                     b.h.extend_from_slice(&b.x[i * k * k * e..][..k * k * e]);
                 }
                 std::mem::swap(&mut b.x, &mut b.h);
@@ -393,6 +375,57 @@ fn norm(x: &mut [f32], arena: &[f32], norm: Norm, eps: f32) {
     }
 }
 
+/// What a view's run needs besides its rows: its patch rows, and Qwen2.5-VL's windows
+/// (runs of rows) and the order they take the merged squares in (both empty without windows).
+pub struct ViewPlan {
+    pub n: usize,
+    pub windows: Vec<Range<usize>>,
+    pub square_order: Vec<usize>,
+}
+
+/// A view's inputs, written into `b`, in the order the ViT takes its patches (the grid's, or
+/// Qwen-VL's by merged square and window): each patch's pixels, its learned position row
+/// (resized to the view's grid where it differs) and its rotary turns (Qwen-VL).
+pub fn plan_view(
+    w: &VisionWeights,
+    cfg: &VisionConfig,
+    pixels: &Pixels,
+    b: &mut Workspace,
+) -> ViewPlan {
+    let (p, e) = (cfg.patch_size, cfg.n_embd);
+    let grid = (pixels.width / p, pixels.height / p);
+    let (mut order, mut windows, mut square_order) = (Vec::new(), Vec::new(), Vec::new());
+    if cfg.kind.merges_squares() {
+        (order, windows, square_order) = qwen_order(grid, cfg);
+    }
+    im2col(pixels, p, &order, &mut b.patches);
+    b.positions.clear();
+    if let Some(rows) = w.positions {
+        let side = cfg.image_size / p;
+        let from = (rows.of(&w.arena), (side, side));
+        resized_grid(from, e, grid, &order, &mut b.positions);
+    }
+    b.turns.clear();
+    for &i in &order {
+        rope_turns((i / grid.0, i % grid.0), cfg.head_dim, &mut b.turns);
+    }
+    ViewPlan {
+        n: grid.0 * grid.1,
+        windows,
+        square_order,
+    }
+}
+
+/// Where each merged square of the grid (in the grid's order) is among squares taken in
+/// `square_order`: the gather that puts them back.
+pub fn grid_order(square_order: &[usize]) -> Vec<usize> {
+    let mut at = vec![0; square_order.len()];
+    for (i, &square) in square_order.iter().enumerate() {
+        at[square] = i;
+    }
+    at
+}
+
 /// Each patch's pixels as one row, in the order of the convolution kernel's values:
 /// channel, then row, then column within the patch (ggml's `im2col`); the patches taken in
 /// `order` (indices into the grid, row-major), or row-major where `order` is empty.
@@ -417,8 +450,8 @@ fn im2col(pixels: &Pixels, p: usize, order: &[usize], rows: &mut Vec<f32>) {
 
 /// The patches of a `grid` (columns, rows) in merged-square order: each `k` × `k` square's
 /// patches row-major, the squares row-major (the order llama.cpp's Qwen-VL graphs permute
-/// the patch rows into).
-fn merge_order((columns, lines): (usize, usize), k: usize) -> Vec<usize> {
+/// the patch rows into, and Idefics3's pixel shuffle puts side by side).
+pub fn merge_order((columns, lines): (usize, usize), k: usize) -> Vec<usize> {
     let mut order = Vec::with_capacity(columns * lines);
     for sy in 0..lines / k {
         for sx in 0..columns / k {

@@ -1,6 +1,7 @@
 //! The projector proper: the ViT's rows to rows of the text model's width, per type.
 
 use super::config::VisionConfig;
+use super::encoder::merge_order;
 use super::weights::{Head, VisionWeights};
 use super::workspace::Workspace;
 use crate::backend::cpu::ops::rmsnorm_in_place;
@@ -25,7 +26,9 @@ pub fn project(
         side
     };
     match &w.head {
-        Head::Gemma3 { norm, projection } => {
+        Head::Gemma3 {
+            norm, projection, ..
+        } => {
             let mut pooled = average_pool(vit, side(), cfg.n_merge, cfg.n_embd);
             let norm = norm.of(&w.arena);
             pooled
@@ -47,7 +50,7 @@ pub fn project(
 }
 
 /// Each row of `main` with the same row of each of `extra` after it (rows of `width`).
-fn beside(main: Vec<f32>, extra: &[Vec<f32>], width: usize) -> Vec<f32> {
+pub fn beside(main: Vec<f32>, extra: &[Vec<f32>], width: usize) -> Vec<f32> {
     if extra.is_empty() {
         return main;
     }
@@ -65,15 +68,9 @@ fn beside(main: Vec<f32>, extra: &[Vec<f32>], width: usize) -> Vec<f32> {
 /// rows side by side, row-major within the square: llama.cpp's `build_patch_merge_permute`
 /// (Idefics3's `pixel_shuffle`), into `out`.
 fn pixel_shuffle(rows: &[f32], side: usize, k: usize, width: usize, out: &mut Vec<f32>) {
-    let out_side = side / k;
     out.clear();
-    for oy in 0..out_side {
-        for ox in 0..out_side {
-            for ky in 0..k {
-                let first = (oy * k + ky) * side + ox * k;
-                out.extend_from_slice(&rows[first * width..(first + k) * width]);
-            }
-        }
+    for i in merge_order((side, side), k) {
+        out.extend_from_slice(&rows[i * width..(i + 1) * width]);
     }
 }
 

@@ -10,6 +10,8 @@
 mod attention;
 mod config;
 mod decode;
+#[cfg(feature = "cuda")]
+mod device;
 mod encoder;
 mod head;
 mod kinds;
@@ -44,6 +46,9 @@ pub struct Projector {
     recent: Mutex<Recent>,
     /// The encoder's rows, kept for the next image (none while an image is being encoded).
     workspace: Mutex<Option<workspace::Workspace>>,
+    /// The encoder on a CUDA device, where one was given ([`Projector::encode_on`]).
+    #[cfg(feature = "cuda")]
+    device: Mutex<Option<device::DeviceEncoder>>,
 }
 
 /// The rows of the images encoded last (each image's views), newest last, within a budget
@@ -98,6 +103,8 @@ impl Projector {
                 budget: RECENT_IMAGES_BYTES,
             }),
             workspace: Mutex::new(None),
+            #[cfg(feature = "cuda")]
+            device: Mutex::new(None),
         })
     }
 
@@ -239,8 +246,39 @@ impl Projector {
             .concat()
     }
 
+    /// Encodes on the CUDA device where the model runs on one (`backend`), before the engine
+    /// sizes its KV pool from the memory left: the weights and the rows of the largest view go
+    /// there first. Where the device cannot take the projector, one log line says why and the
+    /// CPU encodes.
+    pub fn follow_backend(&self, backend: crate::backend::select::Backend) {
+        #[cfg(feature = "cuda")]
+        if backend == crate::backend::select::Backend::Cuda {
+            let on_device = crate::backend::cuda::CudaDevice::open(0)
+                .map_err(anyhow::Error::msg)
+                .and_then(|dev| self.encode_on(&dev));
+            match on_device {
+                Ok(()) => log::info!("images are encoded on the CUDA device"),
+                Err(e) => log::warn!("{e:#}: images are encoded on the CPU"),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = backend;
+    }
+
+    /// Whether images are encoded on a CUDA device ([`Projector::follow_backend`]).
+    pub fn encodes_on_device(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.device().is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
     /// Each view encoded (in slices), in prompt order.
     fn encode_views(&self, views: &Prepared, slice: &mut Slicer<'_>) -> Vec<Vec<f32>> {
+        #[cfg(feature = "cuda")]
+        if let Some(out) = self.encode_on_device(views, slice) {
+            return out;
+        }
         let (cfg, w) = (&self.config, &self.weights);
         let mut out = Vec::new();
         let kept = || self.workspace.lock().unwrap_or_else(|e| e.into_inner());

@@ -12,6 +12,7 @@ use crate::gguf::GgufFile;
 use crate::model::Binder;
 use crate::quant::GgmlType;
 use anyhow::{bail, Result};
+use std::borrow::Cow;
 
 /// One ViT block: pre-norm attention and a pre-norm FFN, every matrix with its bias.
 pub struct VitLayer {
@@ -58,6 +59,8 @@ pub struct Mlp {
 /// the quantized matmul.
 pub struct Linear {
     pub mat: Mat,
+    /// A matrix of `mat`'s shape added to it (Qwen-VL's second frame's patch kernel).
+    pub plus: Option<Mat>,
     pub dense: Option<DenseMatrix>,
     pub bias: Option<VecRef>,
 }
@@ -68,8 +71,11 @@ pub enum Head {
     Gemma3 {
         norm: VecRef,
         /// [projection_dim × n_embd], transposed at load (the file stores it the other way
-        /// round) into the dense GEMM's panels.
+        /// round, as `stored`) into the dense GEMM's panels.
         projection: DenseMatrix,
+        // Read by the device encoder, which transposes it itself.
+        #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+        stored: Mat,
     },
     /// Idefics3: each pixel-shuffled row (`n_merge`² patches side by side) projected by `fc`
     /// ([projection_dim × n_embd·n_merge²], no bias).
@@ -96,24 +102,35 @@ impl VisionWeights {
     /// Bytes the weights take in memory (the head's projection, the ViT's matrices and the
     /// vectors).
     pub fn bytes(&self) -> usize {
-        let layers: usize = (self.layers.iter())
-            .map(|l| {
-                let qkv = match &l.qkv {
-                    Qkv::Separate(qkv) => qkv.iter().map(Linear::bytes).sum(),
-                    Qkv::Fused(qkv) => qkv.bytes(),
-                };
-                let deepstack = l.deepstack.as_ref().map_or(0, |(_, mlp)| mlp.bytes());
-                let ffn = l.ffn.mlp.bytes();
-                let gate = l.ffn.gate.as_ref().map_or(0, Linear::bytes);
-                qkv + l.out.bytes() + ffn + gate + deepstack
-            })
-            .sum();
-        let head = match &self.head {
+        let projection = match &self.head {
             Head::Gemma3 { projection, .. } => projection.bytes(),
-            Head::Idefics3 { fc } => fc.bytes(),
-            Head::Merger { mlp } => mlp.bytes(),
+            _ => 0,
         };
-        self.patch.bytes() + layers + head + self.arena.len() * 4
+        let matrices: usize = self.linears().iter().map(|l| l.bytes()).sum();
+        matrices + projection + self.arena.len() * 4
+    }
+
+    /// Every matrix with its bias: the patch kernel's, the blocks' and the head's (Gemma 3's
+    /// projection aside: it has no bias and is stored transposed).
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut all = vec![&self.patch];
+        for l in &self.layers {
+            match &l.qkv {
+                Qkv::Separate(qkv) => all.extend(qkv.iter()),
+                Qkv::Fused(qkv) => all.push(qkv),
+            }
+            all.extend([&l.out, &l.ffn.mlp.fc1, &l.ffn.mlp.fc2]);
+            all.extend(&l.ffn.gate);
+            if let Some((_, mlp)) = &l.deepstack {
+                all.extend([&mlp.fc1, &mlp.fc2]);
+            }
+        }
+        match &self.head {
+            Head::Gemma3 { .. } => {}
+            Head::Idefics3 { fc } => all.push(fc),
+            Head::Merger { mlp } => all.extend([&mlp.fc1, &mlp.fc2]),
+        }
+        all
     }
 
     pub fn load(file: &GgufFile, cfg: &VisionConfig) -> Result<VisionWeights> {
@@ -133,7 +150,7 @@ impl VisionWeights {
             // (the converter's split of it) are one summed.
             true => {
                 let second = b.flat_mat("v.patch_embd.weight.1", &kernel, 3 * p * p, e)?;
-                Linear::summed(file, patch, &second, bias)
+                Linear::summed(file, patch, second, bias)
             }
             false => Linear::new(file, patch, bias),
         };
@@ -156,14 +173,15 @@ impl VisionWeights {
         let head = match cfg.kind {
             ProjectorKind::Gemma3 => {
                 let norm = b.vector("mm.soft_emb_norm.weight", e)?;
-                let projection = transposed(
-                    &mut b,
-                    file,
-                    "mm.input_projection.weight",
-                    e,
-                    cfg.projection_dim,
-                )?;
-                Head::Gemma3 { norm, projection }
+                let stored = b.mat("mm.input_projection.weight", cfg.projection_dim, e)?;
+                let (ty, rows) = transposed(file, &stored)?;
+                let projection =
+                    DenseMatrix::pack(ty, &rows, stored.cols, stored.rows).expect("a dense type");
+                Head::Gemma3 {
+                    norm,
+                    projection,
+                    stored,
+                }
             }
             ProjectorKind::Idefics3 => {
                 let shuffled = e * cfg.n_merge * cfg.n_merge;
@@ -226,25 +244,41 @@ impl Linear {
 
     fn new(file: &GgufFile, mat: Mat, bias: Option<VecRef>) -> Linear {
         let dense = DenseMatrix::pack(mat.ty, mat.data(file), mat.rows, mat.cols);
-        Linear { mat, dense, bias }
+        Linear {
+            mat,
+            plus: None,
+            dense,
+            bias,
+        }
     }
 
     /// `a + b` (two matrices of one shape), summed in f32 and packed for the dense GEMM.
-    fn summed(file: &GgufFile, a: Mat, b: &Mat, bias: Option<VecRef>) -> Linear {
+    fn summed(file: &GgufFile, a: Mat, b: Mat, bias: Option<VecRef>) -> Linear {
+        let mut linear = Linear {
+            mat: a,
+            plus: Some(b),
+            dense: None,
+            bias,
+        };
+        let (ty, rows) = linear.rows(file);
+        linear.dense = DenseMatrix::pack(ty, &rows, linear.mat.rows, linear.mat.cols);
+        linear
+    }
+
+    /// The matrix row-major, of its type as the file stores it; a sum of two in F32.
+    pub fn rows<'f>(&self, file: &'f GgufFile) -> (GgmlType, Cow<'f, [u8]>) {
+        let Some(b) = &self.plus else {
+            return (self.mat.ty, Cow::Borrowed(self.mat.data(file)));
+        };
         let values = |m: &Mat| {
             let mut out = vec![0.0; m.rows * m.cols];
             crate::quant::dequantize_row(m.ty, m.data(file), &mut out).expect("a checked type");
             out
         };
-        let sum: Vec<u8> = (values(&a).iter().zip(values(b)))
+        let sum = (values(&self.mat).iter().zip(values(b)))
             .flat_map(|(x, y)| (x + y).to_le_bytes())
             .collect();
-        let dense = DenseMatrix::pack(GgmlType::F32, &sum, a.rows, a.cols);
-        Linear {
-            mat: a,
-            dense,
-            bias,
-        }
+        (GgmlType::F32, Cow::Owned(sum))
     }
 
     /// `out = x · matᵀ + bias`, row by row.
@@ -330,10 +364,6 @@ fn mlp(b: &mut Binder<'_>, names: [&str; 2], cfg: &VisionConfig) -> Result<Mlp> 
 }
 
 impl Mlp {
-    fn bytes(&self) -> usize {
-        self.fc1.bytes() + self.fc2.bytes()
-    }
-
     /// `out = fc2(gelu(fc1(x)))`, row by row (`scratch`: a row of fc1's outputs per row).
     pub fn apply(
         &self,
@@ -376,30 +406,26 @@ impl Ffn {
     }
 }
 
-/// A projection the file stores as `cols` rows of `rows` values (ggml multiplies by its
-/// transpose), laid out as `rows` rows of `cols` and packed for the dense GEMM.
-fn transposed(
-    b: &mut Binder<'_>,
-    file: &GgufFile,
-    name: &str,
-    cols: usize,
-    rows: usize,
-) -> Result<DenseMatrix> {
-    let idx = b.tensor(name, &[rows as u64, cols as u64])?;
-    let info = &file.tensors()[idx];
-    let width = match info.ty {
+/// A projection the file stores as `stored.rows` rows of `stored.cols` values (ggml multiplies
+/// by its transpose), laid out the other way round: `stored.cols` rows of `stored.rows`.
+pub fn transposed(file: &GgufFile, stored: &Mat) -> Result<(GgmlType, Vec<u8>)> {
+    let width = match stored.ty {
         GgmlType::F16 | GgmlType::BF16 => 2,
         GgmlType::F32 => 4,
-        ty => bail!("tensor '{name}' is {ty}: edgelm transposes F32, F16 or BF16 projections only"),
+        ty => bail!(
+            "tensor '{}' is {ty}: edgelm transposes F32, F16 or BF16 projections only",
+            stored.name
+        ),
     };
-    let data = file.tensor_data(info);
-    let mut projection = vec![0u8; data.len()];
+    let (rows, cols) = (stored.cols, stored.rows);
+    let data = stored.data(file);
+    let mut out = vec![0u8; data.len()];
     for c in 0..cols {
         for r in 0..rows {
             let from = (c * rows + r) * width;
             let to = (r * cols + c) * width;
-            projection[to..to + width].copy_from_slice(&data[from..from + width]);
+            out[to..to + width].copy_from_slice(&data[from..from + width]);
         }
     }
-    Ok(DenseMatrix::pack(info.ty, &projection, rows, cols).expect("a dense type"))
+    Ok((stored.ty, out))
 }

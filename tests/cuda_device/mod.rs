@@ -1,6 +1,6 @@
-//! Device tests of the GEMM, the sampler and the forward pass (part of tests/cuda_kernels.rs, so that
-//! `packaging/gpu-check.sh` carries them to a GPU machine with the rest). Each needs a CUDA
-//! device and is `#[ignore]`d elsewhere.
+//! Device tests of the GEMM, the sampler, the forward pass and the image encoder (part of
+//! tests/cuda_kernels.rs, so that `packaging/gpu-check.sh` carries them to a GPU machine with
+//! the rest). Each needs a CUDA device and is `#[ignore]`d elsewhere.
 
 mod architectures;
 mod embeddings;
@@ -10,6 +10,7 @@ mod hybrid;
 mod moe;
 mod recurrent;
 mod sample;
+mod vision;
 
 use crate::common::{test_model, test_model_cut};
 use edgelm::backend::cuda::CudaDevice;

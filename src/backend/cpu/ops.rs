@@ -140,6 +140,21 @@ pub fn mrope_cos_sin(
     }
 }
 
+/// Token `i` of `batch`'s angles for `table`: by its three-part M-RoPE position where the
+/// model turns by them and the batch gives it one (an image's positions), else by its position.
+pub fn token_cos_sin(
+    batch: &crate::backend::batch::BatchMeta,
+    i: usize,
+    shape: &crate::backend::ops::Shape,
+    table: &RopeTable,
+    cs: &mut [(f32, f32)],
+) {
+    match (&shape.mrope, batch.rope_positions.get(i)) {
+        (Some(parts), Some(&pos)) => mrope_cos_sin(pos, parts, shape.n_rot, table, cs),
+        _ => rope_cos_sin(batch.positions[i], shape.n_rot, table, cs),
+    }
+}
+
 fma_dispatch! {
 /// Rotates every head of one token's Q or K vector (`x` = n_heads × head_dim).
 /// `x0·c - x1·s` is evaluated as one fused multiply-add over a rounded product, the way

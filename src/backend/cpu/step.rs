@@ -6,8 +6,8 @@ use super::delta_net::{conv_silu_span, delta_step, gated_rmsnorm, head_ranges, l
 use super::matmul::{embed, embed_packed, matmul_fused, WeightRef};
 use super::moe::{moe_ffn, ExpertWeights, MoeScratch};
 use super::ops::{
-    activate, add_bias, add_in_place, gated, hadamard_64, layernorm_in_place, mrope_cos_sin,
-    rmsnorm, rmsnorm_in_place, rope_apply, rope_cos_sin,
+    activate, add_bias, add_in_place, gated, hadamard_64, layernorm_in_place, rmsnorm,
+    rmsnorm_in_place, rope_apply, token_cos_sin,
 };
 use super::packed_weights::PackedWeights;
 use super::parallel::for_row_chunks;
@@ -139,12 +139,7 @@ impl<'a> CpuStep<'a> {
                 let mut cs = vec![(0f32, 0f32); n * half];
                 if half > 0 {
                     for (i, c) in cs.chunks_exact_mut(half).enumerate() {
-                        match (&shape.mrope, batch.rope_positions.get(i)) {
-                            (Some(parts), Some(&pos)) => {
-                                mrope_cos_sin(pos, parts, shape.n_rot, table, c)
-                            }
-                            _ => rope_cos_sin(batch.positions[i], shape.n_rot, table, c),
-                        }
+                        token_cos_sin(batch, i, shape, table, c);
                     }
                 }
                 cs

@@ -13,14 +13,14 @@ use super::device::CudaDevice;
 use super::graphs::{bucket, DecodeGraphs};
 use super::kv_pool::{KvBudget, KvPool, StateShape};
 use super::launch::SampleRow;
-use super::mem::{download, upload};
+use super::mem::{download, upload, DeviceBuf};
 use super::ops::Kernels;
 use super::step::meta::{build_cs, build_ints, is_plain_decode, Padding};
 use super::step::CudaStep;
 use super::weights::{check_supported, DeviceWeights};
-use super::workspace::{Caps, Workspace};
+use super::workspace::{Caps, InputRows, Workspace};
 use crate::backend::batch::{BatchMeta, StepOutput};
-use crate::backend::ops::Network;
+use crate::backend::ops::{Network, Shape};
 use crate::kv::{KvType, PageGeometry};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -66,6 +66,8 @@ pub struct CudaExecutor {
     cfg: ExecutorConfig,
     /// Host scratch, reused between steps.
     ints: Vec<i32>,
+    input_rows: Vec<f32>,
+    input_tokens: Vec<i32>,
     cs: Vec<f32>,
     pairs: Vec<(f32, f32)>,
     /// The last step's hidden rows (`BatchMeta::hidden_for`), final-normed, rows × n_embd.
@@ -128,6 +130,8 @@ impl CudaExecutor {
             stream,
             cfg,
             ints: Vec::new(),
+            input_rows: Vec::new(),
+            input_tokens: Vec::new(),
             cs: Vec::new(),
             pairs: Vec::new(),
             hidden: Vec::new(),
@@ -275,9 +279,6 @@ impl CudaExecutor {
         batch: &BatchMeta,
         want: Want<'_>,
     ) -> Result<(), String> {
-        if !batch.inputs.is_empty() {
-            return Err("the CUDA backend takes no image rows (images run on the CPU)".into());
-        }
         batch
             .validate(
                 self.cfg.block_size,
@@ -322,7 +323,10 @@ impl CudaExecutor {
     fn graph_bucket(&self, batch: &BatchMeta) -> Option<usize> {
         let bucket_max = self.cfg.max_seqs.max(1).next_power_of_two();
         // A step that hands back hidden rows (embeddings) runs plainly: graphs read logits only.
-        let plain = is_plain_decode(batch, bucket_max) && batch.hidden_for.is_empty();
+        // So does a step with input rows (a prompt's image).
+        let plain = is_plain_decode(batch, bucket_max)
+            && batch.hidden_for.is_empty()
+            && batch.inputs.is_empty();
         (self.graphs.enabled() && plain)
             .then(|| bucket(batch.len(), bucket_max))
             .flatten()
@@ -366,7 +370,51 @@ impl CudaExecutor {
             upload(s, self.ws.meta_buf.ptr(), &self.ints)?;
             upload(s, self.ws.cs.ptr(), &self.cs)?;
         }
-        Ok(())
+        self.upload_inputs(net.shape(), batch)
+    }
+
+    /// The step's input rows (an image's) and their tokens, into the workspace's input
+    /// buffers (made, or grown, to hold them).
+    fn upload_inputs(&mut self, shape: &Shape, batch: &BatchMeta) -> Result<(), String> {
+        self.input_rows.clear();
+        self.input_tokens.clear();
+        if batch.inputs.is_empty() {
+            return Ok(());
+        }
+        let width = shape.widths.embd * (1 + shape.deepstack);
+        for input in &batch.inputs {
+            let row = input.rows.row(input.row);
+            if row.len() != width || input.token >= batch.len() {
+                return Err(format!(
+                    "an input row of {} values for token {}: the model's are {width} wide, the step has {} tokens",
+                    row.len(),
+                    input.token,
+                    batch.len()
+                ));
+            }
+            self.input_rows.extend_from_slice(row);
+            self.input_tokens.push(input.token as i32);
+        }
+        let (rows, tokens) = (&self.input_rows, &self.input_tokens);
+        let fits = |b: &DeviceBuf, bytes: usize| b.bytes() >= bytes;
+        let ws = &mut self.ws;
+        if !(ws.inputs.as_ref())
+            .is_some_and(|i| fits(&i.rows, rows.len() * 4) && fits(&i.tokens, tokens.len() * 4))
+        {
+            let ctx = &self.dev.ctx;
+            ws.inputs = None;
+            ws.inputs = Some(InputRows {
+                rows: DeviceBuf::zeroed(ctx, rows.len() * 4)?,
+                tokens: DeviceBuf::zeroed(ctx, tokens.len() * 4)?,
+            });
+        }
+        let inputs = ws.inputs.as_ref().expect("made above");
+        let s = self.stream.cu_stream();
+        // SAFETY: both buffers hold at least as many bytes as their uploads (checked above).
+        unsafe {
+            upload(s, inputs.rows.ptr(), rows)?;
+            upload(s, inputs.tokens.ptr(), tokens)
+        }
     }
 
     /// Launches the decode graph of `b` rows (captured on first use): every block and the
@@ -400,6 +448,7 @@ impl CudaExecutor {
             block_size: cfg.block_size,
             tokens: b,
             seqs: b,
+            inputs: 0,
             head_rows: 0,
         };
         graphs.launch(stream, b, || {
@@ -462,6 +511,7 @@ impl CudaExecutor {
             block_size: self.cfg.block_size,
             tokens,
             seqs,
+            inputs: self.input_tokens.len(),
             head_rows: 0,
         }
     }

@@ -62,13 +62,14 @@ pub const FILES: &[KernelFile] = &[
             "gemm_q6_k"
         ]
     ),
-    kernel_file!("norm", ["rmsnorm"]),
+    kernel_file!("norm", ["rmsnorm", "layernorm"]),
     kernel_file!("rope", ["rope", "hadamard_64"]),
     kernel_file!(
         "elementwise",
         [
             "silu_mul",
             "gelu_mul",
+            "gelu",
             "swiglu_oai_mul",
             "add_scaled",
             "add_bias",
@@ -80,7 +81,7 @@ pub const FILES: &[KernelFile] = &[
         "moe",
         ["moe_router_f32", "moe_route", "moe_add_bias", "moe_combine"]
     ),
-    kernel_file!("embed", ["embed"]),
+    kernel_file!("embed", ["embed", "put_rows"]),
     kernel_file!("kv", ["kv_append", "kv_copy_block"]),
     kernel_file!(
         "attention",
@@ -97,6 +98,8 @@ pub const FILES: &[KernelFile] = &[
         ]
     ),
     kernel_file!("sample", ["argmax_rows", "sample_rows"]),
+    kernel_file!("dense", ["dense_matmul"]),
+    kernel_file!("vit", ["vit_attention", "gather_rows", "pool_squares"]),
     kernel_file!(
         "recurrent",
         [
@@ -111,13 +114,21 @@ pub const FILES: &[KernelFile] = &[
     ),
 ];
 
-/// The kernels whose speed matters most (matmuls, the experts' included, attention, and the
-/// delta rule, which keeps a head's state in registers): CI fails when ptxas reports a
-/// register spill in any of them (`scripts/check-kernels.sh`).
+/// The kernels whose speed matters most (matmuls, the experts' and the encoders' included,
+/// attention, and the delta rule, which keeps a head's state in registers): CI fails when
+/// ptxas reports a register spill in any of them (`scripts/check-kernels.sh`).
 pub fn is_hot(function: &str) -> bool {
-    ["gemv", "gemm", "attention", "moe_gemv", "delta_rule"]
-        .iter()
-        .any(|p| function.starts_with(p))
+    [
+        "gemv",
+        "gemm",
+        "attention",
+        "moe_gemv",
+        "delta_rule",
+        "dense_matmul",
+        "vit_attention",
+    ]
+    .iter()
+    .any(|p| function.starts_with(p))
 }
 
 /// The kernel file that defines `function`.

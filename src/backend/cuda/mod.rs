@@ -1,7 +1,8 @@
 //! The CUDA backend (feature `cuda`): device probe, kernel sources, NVRTC compilation with an
 //! on-disk PTX cache, module loading, the launch shapes of the kernels, the op set on the device
 //! (`step::CudaStep`), and [`CudaExecutor`], which runs a model's one forward pass
-//! (`backend::ops::Network`) over the device's weights, KV pool, workspace and decode graphs.
+//! (`backend::ops::Network`) over the device's weights, KV pool, workspace and decode graphs;
+//! beside it, [`EncoderOps`], the ops a vision encoder runs on the device.
 //!
 //! cudarc loads `libcuda` and `libnvrtc` at run time (`dynamic-loading`), so a `cuda` build needs
 //! no CUDA toolkit to build and starts on a machine without a GPU; [`probe`] then says why there
@@ -10,6 +11,7 @@
 
 mod cache;
 mod device;
+mod encoder_ops;
 mod executor;
 mod graphs;
 pub mod kernels;
@@ -25,6 +27,7 @@ mod workspace;
 
 pub use cache::{cache_dir, cache_key};
 pub use device::CudaDevice;
+pub use encoder_ops::{DeviceIndex, DeviceMatrix, DeviceRows, EncoderOps, Rows, VIT_MAX_HEAD_DIM};
 pub use executor::{CudaExecutor, ExecutorConfig, Want};
 pub use kernels::{KernelFile, FILES};
 pub use kv_pool::{blocks_for, KvBudget};

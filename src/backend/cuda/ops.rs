@@ -17,16 +17,16 @@ use crate::quant::GgmlType;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
-type Ptr = CUdeviceptr;
+pub(super) type Ptr = CUdeviceptr;
 
 /// Threads per block of the element-wise kernels (any multiple of 32 works for them).
-const THREADS: usize = 256;
+pub(super) const THREADS: usize = 256;
 /// kernels/attention.cu ATT_WARPS.
 const ATT_THREADS: usize = 32 * 4;
 /// kernels/norm.cu NORM_THREADS.
-const NORM_THREADS: usize = 256;
+pub(super) const NORM_THREADS: usize = 256;
 
-fn cfg1(threads: usize, block: usize) -> LaunchConfig {
+pub(super) fn cfg1(threads: usize, block: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (threads.div_ceil(block).max(1) as u32, 1, 1),
         block_dim: (block as u32, 1, 1),
@@ -36,7 +36,7 @@ fn cfg1(threads: usize, block: usize) -> LaunchConfig {
 
 /// One kernel argument, passed by value as the kernel's signature declares it.
 #[derive(Clone, Copy)]
-enum Arg {
+pub(super) enum Arg {
     /// A device address (any `T *`).
     Addr(Ptr),
     Int(i32),
@@ -44,7 +44,7 @@ enum Arg {
     Long(i64),
     Float(f32),
 }
-use Arg::{Addr, Float, Int, Long};
+pub(super) use Arg::{Addr, Float, Int, Long};
 
 /// Launches `f` (`name`, for the error) on `s` in the shape `cfg` with `args`.
 ///
@@ -52,7 +52,7 @@ use Arg::{Addr, Float, Int, Long};
 /// `args` are `f`'s parameters in number, order and C type, `cfg` is the launch shape the
 /// kernel's header states, and every address is a buffer as large as the kernel reads or
 /// writes there.
-unsafe fn launch(
+pub(super) unsafe fn launch(
     s: &CudaStream,
     f: &CudaFunction,
     name: &str,
@@ -88,6 +88,7 @@ pub struct Kernels {
     scale: CudaFunction,
     softcap: CudaFunction,
     embed: CudaFunction,
+    put_rows: CudaFunction,
     kv_append: CudaFunction,
     kv_copy: CudaFunction,
     attention: CudaFunction,
@@ -206,6 +207,7 @@ impl Kernels {
             scale: f("scale")?,
             softcap: f("softcap")?,
             embed: f("embed")?,
+            put_rows: f("put_rows")?,
             kv_append: f("kv_append")?,
             kv_copy: f("kv_copy_block")?,
             attention: f(&attention)?,
@@ -299,21 +301,7 @@ impl Kernels {
         n: usize,
         eps: f32,
     ) -> Result<(), String> {
-        // SAFETY: rmsnorm(const float *x, const float *w, float *out, int n, float eps); one
-        // block of NORM_THREADS per row.
-        unsafe {
-            launch(
-                s,
-                &self.rmsnorm,
-                "rmsnorm",
-                LaunchConfig {
-                    grid_dim: (rows as u32, 1, 1),
-                    block_dim: (NORM_THREADS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                },
-                &[Addr(x), Addr(w), Addr(out), Int(n as i32), Float(eps)],
-            )
-        }
+        rmsnorm(s, &self.rmsnorm, x, w, out, rows, n, eps)
     }
 
     /// RoPE in place on x (n_tok x n_heads x head_dim) from the (cos, sin) table cs.
@@ -328,29 +316,15 @@ impl Kernels {
         n_rot: usize,
         neox: bool,
     ) -> Result<(), String> {
-        let total = n_tok * n_heads * (n_rot / 2);
-        if total == 0 {
-            return Ok(());
-        }
-        // SAFETY: rope(float *x, const float *cs, int n_tok, int n_heads, int head_dim,
-        // int n_rot, int neox); one thread per (token, head, pair).
-        unsafe {
-            launch(
-                s,
-                &self.rope,
-                "rope",
-                cfg1(total, THREADS),
-                &[
-                    Addr(x),
-                    Addr(cs),
-                    Int(n_tok as i32),
-                    Int(n_heads as i32),
-                    Int(head_dim as i32),
-                    Int(n_rot as i32),
-                    Int(neox as i32),
-                ],
-            )
-        }
+        rope(
+            s,
+            &self.rope,
+            x,
+            cs,
+            (n_tok, n_heads, head_dim),
+            n_rot,
+            neox,
+        )
     }
 
     /// The 64-wide Walsh-Hadamard rotation of every chunk of x (`values` a multiple of 64).
@@ -383,17 +357,7 @@ impl Kernels {
             Activation::GeluTanh => (&self.gelu_mul, "gelu_mul"),
             Activation::SwigluOai => (&self.swiglu_oai_mul, "swiglu_oai_mul"),
         };
-        // SAFETY: silu_mul / gelu_mul / swiglu_oai_mul(float *gate, const float *up,
-        // long long n).
-        unsafe {
-            launch(
-                s,
-                f,
-                name,
-                cfg1(n, THREADS),
-                &[Addr(gate), Addr(up), Long(n as i64)],
-            )
-        }
+        glu(s, (f, name), gate, up, n)
     }
 
     /// x += y * scale over n values.
@@ -405,16 +369,7 @@ impl Kernels {
         scale: f32,
         n: usize,
     ) -> Result<(), String> {
-        // SAFETY: add_scaled(float *x, const float *y, float s, long long n).
-        unsafe {
-            launch(
-                s,
-                &self.add_scaled,
-                "add_scaled",
-                cfg1(n, THREADS),
-                &[Addr(x), Addr(y), Float(scale), Long(n as i64)],
-            )
-        }
+        add_scaled(s, &self.add_scaled, x, y, scale, n)
     }
 
     /// Every `cols`-wide row of x (n values in all) += b.
@@ -426,16 +381,7 @@ impl Kernels {
         n: usize,
         cols: usize,
     ) -> Result<(), String> {
-        // SAFETY: add_bias(float *x, const float *b, long long n, int cols).
-        unsafe {
-            launch(
-                s,
-                &self.add_bias,
-                "add_bias",
-                cfg1(n, THREADS),
-                &[Addr(x), Addr(b), Long(n as i64), Int(cols as i32)],
-            )
-        }
+        add_bias(s, &self.add_bias, x, b, n, cols)
     }
 
     /// x <- x * v (`softcap`: cap * tanh(x / cap), with v the cap) over n values.
@@ -497,6 +443,46 @@ impl Kernels {
                     Addr(tokens),
                     Float(scale),
                     Addr(out),
+                ],
+            )
+        }
+    }
+
+    /// Input rows into `out` (rows of `cols`): row i of `rows` (rows `stride` apart, its values
+    /// from `offset`) becomes, or with `add` is added to, row `tokens[i]`, for i < n.
+    pub fn put_rows(
+        &self,
+        s: &CudaStream,
+        out: Ptr,
+        (rows, stride, offset): (Ptr, usize, usize),
+        tokens: Ptr,
+        n: usize,
+        cols: usize,
+        add: bool,
+    ) -> Result<(), String> {
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: put_rows(float *out, const float *rows, const int *tokens, int cols,
+        // long long stride, long long offset, int add); grid (ceil(cols / block), n).
+        unsafe {
+            launch(
+                s,
+                &self.put_rows,
+                "put_rows",
+                LaunchConfig {
+                    grid_dim: (cols.div_ceil(THREADS) as u32, n as u32, 1),
+                    block_dim: (THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                &[
+                    Addr(out),
+                    Addr(rows),
+                    Addr(tokens),
+                    Int(cols as i32),
+                    Long(stride as i64),
+                    Long(offset as i64),
+                    Int(add as i32),
                 ],
             )
         }
@@ -578,8 +564,9 @@ impl Kernels {
     }
 
     /// out (n_tok x n_head x head_dim) <- causal attention of q over the paged K/V, each token
-    /// seeing its last `window` positions (0: all of them); `sinks`: n_head f32 logits joined
-    /// to each head's softmax denominator, or 0 for none.
+    /// seeing the `window` positions up to its own (0: all of them) and on through its
+    /// `through` entry; `sinks`: n_head f32 logits joined to each head's softmax denominator,
+    /// or 0 for none.
     pub fn attention(
         &self,
         s: &CudaStream,
@@ -588,7 +575,7 @@ impl Kernels {
         pages: Ptr,
         tables: Ptr,
         table_offsets: Ptr,
-        positions: Ptr,
+        (positions, through): (Ptr, Ptr),
         n_tok: usize,
         layer: usize,
         blocks: usize,
@@ -600,9 +587,9 @@ impl Kernels {
         sinks: Ptr,
     ) -> Result<(), String> {
         // SAFETY: attention_*(const float *q, float *out, const u8 *pages,
-        // const int *block_tables, const int *table_offsets, const int *positions, int layer,
-        // int blocks, int n_head, int kv_heads, int block_size, float scale, int window,
-        // const float *sinks); one block of 32 * ATT_WARPS threads per (token, KV head).
+        // const int *block_tables, const int *table_offsets, const int *positions,
+        // const int *through, int layer, int blocks, int n_head, int kv_heads, int block_size,
+        // float scale, int window, const float *sinks); one block of 32 * ATT_WARPS threads per (token, KV head).
         unsafe {
             launch(
                 s,
@@ -620,6 +607,7 @@ impl Kernels {
                     Addr(tables),
                     Addr(table_offsets),
                     Addr(positions),
+                    Addr(through),
                     Int(layer as i32),
                     Int(blocks as i32),
                     Int(n_head as i32),
@@ -1044,6 +1032,135 @@ fn kv_type_id(t: KvType) -> i32 {
         KvType::F16 => 0,
         KvType::Q8_0 => 1,
         KvType::Q4_0 => 2,
+    }
+}
+
+// Launches the vision encoder's ops (`encoder_ops.rs`) share with the forward pass.
+
+/// out (rows x n) <- RMSNorm(x) * w with `f` the `rmsnorm` kernel. `out` may be `x`.
+pub(super) fn rmsnorm(
+    s: &CudaStream,
+    f: &CudaFunction,
+    x: Ptr,
+    w: Ptr,
+    out: Ptr,
+    rows: usize,
+    n: usize,
+    eps: f32,
+) -> Result<(), String> {
+    // SAFETY: rmsnorm(const float *x, const float *w, float *out, int n, float eps); one
+    // block of NORM_THREADS per row.
+    unsafe {
+        launch(
+            s,
+            f,
+            "rmsnorm",
+            LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (NORM_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[Addr(x), Addr(w), Addr(out), Int(n as i32), Float(eps)],
+        )
+    }
+}
+
+/// RoPE in place on x (`n_tok` x `n_heads` x `head_dim`, the shape) from the (cos, sin)
+/// table cs, with `f` the `rope` kernel.
+pub(super) fn rope(
+    s: &CudaStream,
+    f: &CudaFunction,
+    x: Ptr,
+    cs: Ptr,
+    (n_tok, n_heads, head_dim): (usize, usize, usize),
+    n_rot: usize,
+    neox: bool,
+) -> Result<(), String> {
+    let total = n_tok * n_heads * (n_rot / 2);
+    if total == 0 {
+        return Ok(());
+    }
+    // SAFETY: rope(float *x, const float *cs, int n_tok, int n_heads, int head_dim,
+    // int n_rot, int neox); one thread per (token, head, pair).
+    unsafe {
+        launch(
+            s,
+            f,
+            "rope",
+            cfg1(total, THREADS),
+            &[
+                Addr(x),
+                Addr(cs),
+                Int(n_tok as i32),
+                Int(n_heads as i32),
+                Int(head_dim as i32),
+                Int(n_rot as i32),
+                Int(neox as i32),
+            ],
+        )
+    }
+}
+
+/// gate <- act(gate) * up over n values, `f` (named) a gated activation's kernel.
+pub(super) fn glu(
+    s: &CudaStream,
+    (f, name): (&CudaFunction, &str),
+    gate: Ptr,
+    up: Ptr,
+    n: usize,
+) -> Result<(), String> {
+    // SAFETY: silu_mul / gelu_mul / swiglu_oai_mul(float *gate, const float *up,
+    // long long n).
+    unsafe {
+        launch(
+            s,
+            f,
+            name,
+            cfg1(n, THREADS),
+            &[Addr(gate), Addr(up), Long(n as i64)],
+        )
+    }
+}
+
+/// x += y * scale over n values, `f` the `add_scaled` kernel.
+pub(super) fn add_scaled(
+    s: &CudaStream,
+    f: &CudaFunction,
+    x: Ptr,
+    y: Ptr,
+    scale: f32,
+    n: usize,
+) -> Result<(), String> {
+    // SAFETY: add_scaled(float *x, const float *y, float s, long long n).
+    unsafe {
+        launch(
+            s,
+            f,
+            "add_scaled",
+            cfg1(n, THREADS),
+            &[Addr(x), Addr(y), Float(scale), Long(n as i64)],
+        )
+    }
+}
+
+/// Every `cols`-wide row of x (n values in all) += b, `f` the `add_bias` kernel.
+pub(super) fn add_bias(
+    s: &CudaStream,
+    f: &CudaFunction,
+    x: Ptr,
+    b: Ptr,
+    n: usize,
+    cols: usize,
+) -> Result<(), String> {
+    // SAFETY: add_bias(float *x, const float *b, long long n, int cols).
+    unsafe {
+        launch(
+            s,
+            f,
+            "add_bias",
+            cfg1(n, THREADS),
+            &[Addr(x), Addr(b), Long(n as i64), Int(cols as i32)],
+        )
     }
 }
 

@@ -67,8 +67,9 @@ impl Caps {
         }
     }
 
-    /// i32 entries before the tables: tokens and positions, then each group's slots and table
-    /// offsets, `tokens` entries each; then a hybrid's sequence section.
+    /// i32 entries before the tables: tokens, positions and the positions they attend through,
+    /// then each group's slots and table offsets, `tokens` entries each; then a hybrid's
+    /// sequence section.
     pub fn meta_head_ints(&self, groups: usize) -> usize {
         self.state_offset(groups) + self.state_ints()
     }
@@ -76,7 +77,7 @@ impl Caps {
     /// Where the sequence section starts: per sequence (a step has at most `tokens`) its
     /// [`SEQ_INTS`], then per save its [`SAVE_INTS`].
     pub fn state_offset(&self, groups: usize) -> usize {
-        (2 + 2 * groups) * self.tokens
+        (3 + 2 * groups) * self.tokens
     }
 
     fn state_ints(&self) -> usize {
@@ -94,12 +95,15 @@ impl Caps {
 }
 
 /// Where each i32 array of a step's metadata lives inside the one `meta` buffer: tokens,
-/// positions, then per KV group the KV slots and block-table offsets (one per token, at fixed
+/// positions, the positions they attend through, then per KV group the KV slots and block-table offsets (one per token, at fixed
 /// offsets), then a hybrid's sequences and snapshot saves, then the concatenated block tables.
 #[derive(Clone, Copy, Debug)]
 pub struct Meta {
     pub tokens: CUdeviceptr,
     pub positions: CUdeviceptr,
+    /// Per token, the last position it attends to (an image's last, where its positions see
+    /// each other; else its own).
+    pub through: CUdeviceptr,
     pub tables: CUdeviceptr,
     /// Per sequence, its span, state slot and saves (kernels/recurrent.cu `SEQ_*`).
     pub seqs: CUdeviceptr,
@@ -112,12 +116,12 @@ pub struct Meta {
 impl Meta {
     /// Group `g`'s KV slot of every token.
     pub fn slots(&self, g: usize) -> CUdeviceptr {
-        self.base + (((2 + 2 * g) * self.tokens_cap) * 4) as u64
+        self.base + (((3 + 2 * g) * self.tokens_cap) * 4) as u64
     }
 
     /// Where each token's table of group `g` starts within `tables`.
     pub fn table_offsets(&self, g: usize) -> CUdeviceptr {
-        self.base + (((3 + 2 * g) * self.tokens_cap) * 4) as u64
+        self.base + (((4 + 2 * g) * self.tokens_cap) * 4) as u64
     }
 }
 
@@ -156,6 +160,17 @@ pub struct Workspace {
     pub sampled: DeviceBuf,
     /// A mixture-of-experts model's routing and expert buffers.
     pub moe: Option<MoeBufs>,
+    /// The rows a step gives in place of embeddings (an image's): made by the first step
+    /// that has some, grown to the most a step has had.
+    pub inputs: Option<InputRows>,
+}
+
+/// A step's input rows and the tokens they stand for.
+pub struct InputRows {
+    /// Rows of the input width (the model's width, and Qwen3-VL's DeepStack rows beside).
+    pub rows: DeviceBuf,
+    /// i32 token indices, one per row.
+    pub tokens: DeviceBuf,
 }
 
 /// The buffers of a mixture-of-experts FFN: per token its router logits and picks, per pair
@@ -241,6 +256,7 @@ impl Workspace {
             sample_params: DeviceBuf::zeroed(ctx, caps.logit_rows * 32)?,
             sampled: DeviceBuf::zeroed(ctx, caps.logit_rows * 4)?,
             moe,
+            inputs: None,
         })
     }
 
@@ -251,6 +267,7 @@ impl Workspace {
         Meta {
             tokens: base,
             positions: base + (t * 4) as u64,
+            through: base + (2 * t * 4) as u64,
             tables: base + (self.caps.meta_head_ints(self.caps.groups) * 4) as u64,
             seqs: base + (seqs * 4) as u64,
             saves: base + ((seqs + SEQ_INTS * t) * 4) as u64,
@@ -325,14 +342,14 @@ mod tests {
         let c = Caps::new(12, 12, 256, 16, 1);
         assert_eq!(c.tokens, 16);
         assert_eq!(c.logit_rows, 16);
-        assert_eq!(c.meta_ints(), 4 * 16 + c.table_entries);
+        assert_eq!(c.meta_ints(), 5 * 16 + c.table_entries);
         // Gemma 3's six groups: slots and offsets for each, tables for each.
         let c = Caps::new(12, 12, 256, 16, 6);
         assert_eq!(c.table_entries, 12 * 6 * 17 + 1);
-        assert_eq!(c.meta_ints(), 14 * 16 + c.table_entries);
+        assert_eq!(c.meta_ints(), 15 * 16 + c.table_entries);
         // A hybrid's sequence section after the groups' arrays, before the tables.
         let c = Caps::new(12, 12, 256, 16, 1).with_states();
-        assert_eq!(c.state_offset(1), 4 * 16);
-        assert_eq!(c.meta_head_ints(1), 4 * 16 + SEQ_INTS * 16 + SAVE_INTS * 16);
+        assert_eq!(c.state_offset(1), 5 * 16);
+        assert_eq!(c.meta_head_ints(1), 5 * 16 + SEQ_INTS * 16 + SAVE_INTS * 16);
     }
 }

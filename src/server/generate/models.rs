@@ -183,6 +183,9 @@ impl Loaded {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs());
         let grammars = Grammars::new(&tokenizer)?;
+        if let Some(p) = &projector {
+            p.follow_backend(engine.backend);
+        }
         let encoder = match (&projector, &engine.turns) {
             (Some(_), Some(turns)) => Some(PacedEncoder {
                 seat: turns.seat(),

@@ -1,12 +1,12 @@
-//! A step's metadata as the kernels read it, built on the host: token ids and positions, then
-//! per KV group (`kv::KvLayout`) each token's KV slot and the offset of its block table, then
+//! A step's metadata as the kernels read it, built on the host: token ids, positions and the
+//! positions they attend through, then per KV group (`kv::KvLayout`) each token's KV slot and the offset of its block table, then
 //! (a hybrid model's) each sequence's span, state slot and snapshot saves, then the
 //! concatenated tables themselves, in one i32 image (laid out as `workspace::Meta` says); and
 //! the RoPE (cos, sin) tables. Pure data, so it is tested without a device.
 
 use super::super::workspace::{Caps, SAVE_INTS, SEQ_INTS};
 use crate::backend::batch::BatchMeta;
-use crate::backend::cpu::ops::rope_cos_sin;
+use crate::backend::cpu::ops::{rope_cos_sin, token_cos_sin};
 use crate::backend::ops::Shape;
 
 /// A decode batch padded up to its graph bucket: the extra tokens read and write only the pool's
@@ -69,6 +69,7 @@ pub fn build_ints(
         };
         ints[i] = tok;
         ints[t + i] = pos;
+        ints[2 * t + i] = pos;
         for g in 0..groups {
             let (slot, off) = if i < n {
                 (
@@ -79,9 +80,13 @@ pub fn build_ints(
                 let p = pad.expect("padding only when asked");
                 ((p.block * block_size) as i32, pad_offset)
             };
-            ints[(2 + 2 * g) * t + i] = slot;
-            ints[(3 + 2 * g) * t + i] = off;
+            ints[(3 + 2 * g) * t + i] = slot;
+            ints[(4 + 2 * g) * t + i] = off;
         }
+    }
+    // An image whose positions see each other: each of its tokens attends through its last.
+    for input in &batch.inputs {
+        ints[2 * t + input.token] = input.through as i32;
     }
     ints[head..].copy_from_slice(&tables);
     if caps.saves > 0 {
@@ -161,8 +166,10 @@ pub fn build_cs(
     for (k, table) in shape.ropes.iter().enumerate() {
         out.resize(k * stride, 0.0);
         for i in 0..total {
-            let pos = batch.positions.get(i).copied().unwrap_or(0);
-            rope_cos_sin(pos, shape.n_rot, table, pairs);
+            match i < batch.len() {
+                true => token_cos_sin(batch, i, shape, table, pairs),
+                false => rope_cos_sin(0, shape.n_rot, table, pairs),
+            }
             for &(c, s) in pairs.iter() {
                 out.push(c);
                 out.push(s);
@@ -207,10 +214,15 @@ mod tests {
         let t = caps.tokens;
         assert_eq!(&ints[..4], &[7, 9, 4, 0]);
         assert_eq!(&ints[t..t + 4], &[5, 0, 2, 0]);
+        assert_eq!(
+            &ints[2 * t..2 * t + 4],
+            &[5, 0, 2, 0],
+            "each attends through itself"
+        );
         // slot = block * 4 + pos % 4: token 0 is at position 5 -> block 1 of its table.
-        assert_eq!(&ints[2 * t..2 * t + 4], &[4 + 1, 2 * 4, 2, 6 * 4]);
-        assert_eq!(&ints[3 * t..3 * t + 4], &[0, 2, 3, 4]);
-        assert_eq!(&ints[4 * t..], &[3, 1, 2, 0, 6]);
+        assert_eq!(&ints[3 * t..3 * t + 4], &[4 + 1, 2 * 4, 2, 6 * 4]);
+        assert_eq!(&ints[4 * t..4 * t + 4], &[0, 2, 3, 4]);
+        assert_eq!(&ints[5 * t..], &[3, 1, 2, 0, 6]);
     }
 
     #[test]
@@ -223,11 +235,11 @@ mod tests {
         let mut ints = Vec::new();
         build_ints(&b, 4, 2, &caps, None, &mut ints).unwrap();
         let t = caps.tokens;
-        assert_eq!(&ints[2 * t..2 * t + 2], &[4, 5], "group 0 slots: block 1");
-        assert_eq!(&ints[3 * t..3 * t + 2], &[0, 0]);
-        assert_eq!(&ints[4 * t..4 * t + 2], &[20, 21], "group 1 slots: block 5");
-        assert_eq!(&ints[5 * t..5 * t + 2], &[2, 2]);
-        assert_eq!(&ints[6 * t..], &[0, 1, -1, 5]);
+        assert_eq!(&ints[3 * t..3 * t + 2], &[4, 5], "group 0 slots: block 1");
+        assert_eq!(&ints[4 * t..4 * t + 2], &[0, 0]);
+        assert_eq!(&ints[5 * t..5 * t + 2], &[20, 21], "group 1 slots: block 5");
+        assert_eq!(&ints[6 * t..6 * t + 2], &[2, 2]);
+        assert_eq!(&ints[7 * t..], &[0, 1, -1, 5]);
     }
 
     #[test]
@@ -238,7 +250,7 @@ mod tests {
         assert!(!is_plain_decode(&b, 8));
         let mut ints = Vec::new();
         build_ints(&b, 4, 1, &caps, None, &mut ints).unwrap();
-        assert_eq!(&ints[3 * caps.tokens..3 * caps.tokens + 3], &[0, 0, 0]);
+        assert_eq!(&ints[4 * caps.tokens..4 * caps.tokens + 3], &[0, 0, 0]);
         b.push_span_single(&[1, 2], 3, vec![1], Logits::Last);
         assert!(build_ints(&b, 4, 1, &caps, None, &mut ints).is_err());
     }

@@ -34,6 +34,8 @@ pub struct CudaStep<'a> {
     pub tokens: usize,
     /// Sequences of the step (padding included: each padding token is one).
     pub seqs: usize,
+    /// Rows the step gives in place of embeddings (an image's), in the workspace's inputs.
+    pub inputs: usize,
     /// Rows gathered into Head by the last `gather`.
     pub head_rows: usize,
 }
@@ -76,6 +78,34 @@ impl CudaStep<'_> {
     }
 }
 
+impl CudaStep<'_> {
+    /// Part `part` of each input row (0: the row the token reads in place of its embedding;
+    /// 1..: Qwen3-VL's DeepStack rows, added to the output of the layers before) into `X`.
+    fn put_inputs(&self, part: usize) -> Result<()> {
+        let Some(inputs) = self.ws.inputs.as_ref().filter(|_| self.inputs > 0) else {
+            return Ok(());
+        };
+        let cols = self.shape.widths.embd;
+        let rows = (
+            inputs.rows.ptr(),
+            cols * (1 + self.shape.deepstack),
+            part * cols,
+        );
+        let x = self.ptr(Buf::X);
+        (self.kernels)
+            .put_rows(
+                self.stream,
+                x,
+                rows,
+                inputs.tokens.ptr(),
+                self.inputs,
+                cols,
+                part > 0,
+            )
+            .map_err(dev)
+    }
+}
+
 /// Why the CUDA kernels run no encoder.
 const ENCODERS: &str = "the CUDA backend has no encoder ops (layer norms, bidirectional attention)";
 /// Why the CUDA kernels run no symmetric window.
@@ -99,7 +129,9 @@ impl Ops for CudaStep<'_> {
                 self.ptr(Buf::X),
                 self.tokens,
             )
-            .map_err(dev)
+            .map_err(dev)?;
+        // Rows given in place of embeddings go in as they are (the scale is the tokens').
+        self.put_inputs(0)
     }
 
     fn rmsnorm(&mut self, src: Buf, w: VecRef, eps: f32, dst: Buf) -> Result<()> {
@@ -128,9 +160,11 @@ impl Ops for CudaStep<'_> {
         Err(anyhow!(ENCODERS))
     }
 
-    /// Nothing to add: the executor refuses a step with input rows (images) before it runs.
-    fn add_deepstack(&mut self, _: usize) -> Result<()> {
-        Ok(())
+    fn add_deepstack(&mut self, part: usize) -> Result<()> {
+        if part == 0 || part > self.shape.deepstack {
+            return Err(anyhow!("DeepStack row {part} of {}", self.shape.deepstack));
+        }
+        self.put_inputs(part)
     }
 
     fn activate(&mut self, _: Buf, _: Activation) -> Result<()> {
@@ -250,7 +284,7 @@ impl Ops for CudaStep<'_> {
                 self.pool.ptr(),
                 meta.tables,
                 meta.table_offsets(group),
-                meta.positions,
+                (meta.positions, meta.through),
                 self.tokens,
                 layer,
                 blocks,
