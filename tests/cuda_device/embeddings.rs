@@ -4,6 +4,7 @@
 //! is the CPU's to a cosine of 0.999, the bar `tests/embeddings.rs` holds edgelm to against
 //! llama.cpp.
 
+use super::cosine;
 use crate::common::edited_model;
 use edgelm::backend::select::Backend;
 use edgelm::engine::{Engine, EngineConfig, Event, GenParams};
@@ -54,12 +55,6 @@ fn embed(model: &Arc<Model>, backend: Backend, inputs: &[Vec<u32>]) -> Vec<Vec<f
     engine.shutdown();
     thread.join().unwrap();
     vectors
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
-    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
-    dot / (norm(a) * norm(b))
 }
 
 #[test]

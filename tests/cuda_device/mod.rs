@@ -32,6 +32,12 @@ fn device_test_model(arch: &str) -> PathBuf {
     }
 }
 
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
 /// xorshift64: reproducible test data.
 struct Xs(u64);
 

@@ -11,7 +11,7 @@
 //!   the CPU's own q8_0 pages are (the bar of `architectures.rs`).
 
 use super::forward::Agreement;
-use super::open;
+use super::{cosine, open};
 use crate::common::{repo_root, test_mmproj, test_vlm_text};
 use edgelm::backend::select::Backend;
 use edgelm::chat::IMAGE_MARKER;
@@ -38,12 +38,6 @@ fn photograph(side: usize) -> Rgb {
         height: h,
         data,
     }
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
-    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
-    dot / (norm(a) * norm(b))
 }
 
 #[test]

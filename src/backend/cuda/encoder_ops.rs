@@ -9,7 +9,7 @@
 
 use super::device::CudaDevice;
 use super::mem::{download, upload, DeviceBuf};
-use super::ops::{self, cfg1, launch, Addr, Float, Int, Long, Ptr, NORM_THREADS, THREADS};
+use super::ops::{self, cfg1, launch, norm_rows, Addr, Float, Int, Long, Ptr, THREADS};
 use crate::quant::GgmlType;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use std::marker::PhantomData;
@@ -320,11 +320,7 @@ impl EncoderOps {
                 &self.stream,
                 &self.f.layernorm,
                 "layernorm",
-                LaunchConfig {
-                    grid_dim: (rows as u32, 1, 1),
-                    block_dim: (NORM_THREADS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                },
+                norm_rows(rows),
                 &[
                     Addr(x.ptr),
                     Addr(w.ptr),
@@ -515,5 +511,25 @@ impl EncoderOps {
                 ],
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_shapes_match_the_kernel_sources() {
+        let file = |name| {
+            (super::super::kernels::FILES.iter())
+                .find(|f| f.name == name)
+                .unwrap()
+                .body
+        };
+        let (dense, vit) = (file("dense"), file("vit"));
+        assert!(dense.contains(&format!("#define DM_TILE {DM_TILE}\n")));
+        assert!(dense.contains(&format!("#define DM_THREADS {DM_THREADS}\n")));
+        assert!(vit.contains(&format!("#define VA_QUERIES {VA_QUERIES}\n")));
+        assert!(vit.contains(&format!("#define VA_MAX_HD {VIT_MAX_HEAD_DIM}\n")));
     }
 }

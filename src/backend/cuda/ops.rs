@@ -24,12 +24,30 @@ pub(super) const THREADS: usize = 256;
 /// kernels/attention.cu ATT_WARPS.
 const ATT_THREADS: usize = 32 * 4;
 /// kernels/norm.cu NORM_THREADS.
-pub(super) const NORM_THREADS: usize = 256;
+const NORM_THREADS: usize = 256;
 
 pub(super) fn cfg1(threads: usize, block: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (threads.div_ceil(block).max(1) as u32, 1, 1),
         block_dim: (block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A row's `cols` values over blocks of THREADS (grid x), one grid row per row (grid y).
+fn per_row(cols: usize, rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (cols.div_ceil(THREADS) as u32, rows as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block of NORM_THREADS per row (kernels/norm.cu).
+pub(super) fn norm_rows(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (NORM_THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -430,11 +448,7 @@ impl Kernels {
                 s,
                 &self.embed,
                 "embed",
-                LaunchConfig {
-                    grid_dim: (cols.div_ceil(THREADS) as u32, n_tok as u32, 1),
-                    block_dim: (THREADS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                },
+                per_row(cols, n_tok),
                 &[
                     Addr(w),
                     Int(ty.id() as i32),
@@ -470,11 +484,7 @@ impl Kernels {
                 s,
                 &self.put_rows,
                 "put_rows",
-                LaunchConfig {
-                    grid_dim: (cols.div_ceil(THREADS) as u32, n as u32, 1),
-                    block_dim: (THREADS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                },
+                per_row(cols, n),
                 &[
                     Addr(out),
                     Addr(rows),
@@ -1055,11 +1065,7 @@ pub(super) fn rmsnorm(
             s,
             f,
             "rmsnorm",
-            LaunchConfig {
-                grid_dim: (rows as u32, 1, 1),
-                block_dim: (NORM_THREADS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            },
+            norm_rows(rows),
             &[Addr(x), Addr(w), Addr(out), Int(n as i32), Float(eps)],
         )
     }
