@@ -56,29 +56,6 @@ impl CudaStep<'_> {
         self.ws.ptr(buf)
     }
 
-    /// A recurrent op's view of the state slots: its `len` values at `offset` in each slot,
-    /// checked to fit the pool's slots.
-    fn state_args(&self, offset: usize, len: usize) -> Result<StateArgs> {
-        let floats = self.pool.state_floats();
-        if offset + len > floats {
-            return Err(anyhow!(
-                "a recurrent layer needs state values {offset}..{}, past the slot's {floats}",
-                offset + len
-            ));
-        }
-        let meta = self.ws.meta();
-        Ok(StateArgs {
-            states: self.pool.states_ptr(),
-            slot_floats: floats,
-            offset,
-            seqs: meta.seqs,
-            saves: meta.saves,
-            count: self.seqs,
-        })
-    }
-}
-
-impl CudaStep<'_> {
     /// Part `part` of each input row (0: the row the token reads in place of its embedding;
     /// 1..: Qwen3-VL's DeepStack rows, added to the output of the layers before) into `X`.
     fn put_inputs(&self, part: usize) -> Result<()> {
@@ -103,6 +80,27 @@ impl CudaStep<'_> {
                 part > 0,
             )
             .map_err(dev)
+    }
+
+    /// A recurrent op's view of the state slots: its `len` values at `offset` in each slot,
+    /// checked to fit the pool's slots.
+    fn state_args(&self, offset: usize, len: usize) -> Result<StateArgs> {
+        let floats = self.pool.state_floats();
+        if offset + len > floats {
+            return Err(anyhow!(
+                "a recurrent layer needs state values {offset}..{}, past the slot's {floats}",
+                offset + len
+            ));
+        }
+        let meta = self.ws.meta();
+        Ok(StateArgs {
+            states: self.pool.states_ptr(),
+            slot_floats: floats,
+            offset,
+            seqs: meta.seqs,
+            saves: meta.saves,
+            count: self.seqs,
+        })
     }
 }
 
