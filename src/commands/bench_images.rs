@@ -9,7 +9,6 @@
 use super::{engine_config, init_threads, kv_bytes_for, open_projector};
 use crate::cli::BenchArgs;
 use anyhow::{bail, Context, Result};
-use edgelm::backend::select::Backend;
 use edgelm::chat::IMAGE_MARKER;
 use edgelm::engine::{Engine, EngineHandle, Event, GenParams};
 use edgelm::model::Model;
@@ -36,7 +35,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let rgb = decode(&bytes).with_context(|| format!("image {}", image.display()))?;
     let backend = args.compute.backend.resolve("benchmarking");
     projector.follow_backend(backend);
-    let on_device = backend == Backend::Cuda && projector.encodes_on_device();
+    let on_device = projector.encodes_on_device();
     // Timed as libmtmd's are (`mtmd-embed`): preparing the views (its `mtmd_tokenize`), then
     // the encoder alone (its `mtmd_encode_chunk`).
     let (mut prepare_ms, mut encode_ms) = (Vec::new(), Vec::new());

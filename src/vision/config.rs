@@ -248,6 +248,11 @@ impl VisionConfig {
         }
     }
 
+    /// The most patches a view holds (each of its rows merges `n_merge`² of them).
+    pub fn max_view_patches(&self) -> usize {
+        self.max_view_rows() * self.n_merge * self.n_merge
+    }
+
     /// The width of an image row as the text model reads it: the projection, then each
     /// DeepStack block's row beside it.
     pub fn row_width(&self) -> usize {

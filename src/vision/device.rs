@@ -11,7 +11,7 @@ use super::encoder::{grid_order, merge_order, plan_view};
 use super::head::beside;
 use super::preprocess::Pixels;
 use super::weights::{transposed, Head, Linear, Mlp, Norm, Qkv, VisionWeights, VitLayer};
-use super::workspace::Workspace;
+use super::workspace::{fused_and_gated, Workspace};
 use super::{Prepared, Projector, Slicer};
 use crate::backend::cuda::{
     CudaDevice, DeviceIndex, DeviceMatrix, DeviceRows, EncoderOps, Rows, VIT_MAX_HEAD_DIM,
@@ -27,8 +27,7 @@ impl Projector {
     /// CPU keeps encoding) where the device's ops do not take this projector.
     pub fn encode_on(&self, dev: &CudaDevice) -> anyhow::Result<()> {
         let (cfg, w) = (&self.config, &self.weights);
-        let most = cfg.max_view_rows() * cfg.n_merge * cfg.n_merge;
-        let encoder = DeviceEncoder::new(dev, &self.file, (w, cfg), most)
+        let encoder = DeviceEncoder::new(dev, &self.file, (w, cfg), cfg.max_view_patches())
             .map_err(|e| anyhow::anyhow!("the {} projector on CUDA: {e}", cfg.kind.name()))?;
         *self.device() = Some(encoder);
         Ok(())
@@ -197,9 +196,10 @@ impl DeviceEncoder {
         if self.rows.as_ref().is_some_and(|b| b.n >= n) {
             return Ok(());
         }
+        // The old rows go first, so that old and new need not fit at once.
         self.rows = None;
         let (e, f, p) = (cfg.n_embd, cfg.n_ff, cfg.patch_size);
-        let gated = w.layers.iter().any(|l| l.ffn.gate.is_some());
+        let (_, gated) = fused_and_gated(w);
         let z = |len: usize| self.ops.zeros(len);
         self.rows = Some(Buffers {
             n,

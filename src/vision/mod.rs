@@ -208,7 +208,7 @@ impl Projector {
     /// next image; the scores per pool thread; the views' rows).
     pub fn memory_bytes(&self, threads: usize) -> (usize, usize) {
         let c = &self.config;
-        let n = c.max_view_rows() * c.n_merge * c.n_merge;
+        let n = c.max_view_patches();
         let rows = workspace::Workspace::most_values(n, c, &self.weights);
         let scores = threads * attention::QUERY_BLOCK * n;
         let views = self.max_rows_per_image() * c.row_width();

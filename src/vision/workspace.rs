@@ -78,7 +78,7 @@ impl Workspace {
 
 /// Whether any block's Q, K and V come from one fused matrix (rows for the fused output), and
 /// whether any FFN is gated (rows for the gate).
-fn fused_and_gated(w: &VisionWeights) -> (bool, bool) {
+pub fn fused_and_gated(w: &VisionWeights) -> (bool, bool) {
     let fused = w.layers.iter().any(|l| matches!(l.qkv, Qkv::Fused(_)));
     let gated = w.layers.iter().any(|l| l.ffn.gate.is_some());
     (fused, gated)

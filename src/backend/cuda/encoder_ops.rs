@@ -70,6 +70,7 @@ pub struct DeviceIndex {
 pub struct DeviceMatrix {
     buf: DeviceBuf,
     ty: GgmlType,
+    row_bytes: usize,
     pub rows: usize,
     pub cols: usize,
 }
@@ -202,23 +203,21 @@ impl EncoderOps {
         rows: usize,
         cols: usize,
     ) -> Result<DeviceMatrix, String> {
-        let width = match ty {
-            GgmlType::F16 | GgmlType::BF16 => 2,
-            GgmlType::F32 => 4,
-            ty => {
-                return Err(format!(
-                    "the device encoder takes F16, BF16 or F32 matrices, not {ty}"
-                ))
-            }
-        };
+        if !matches!(ty, GgmlType::F16 | GgmlType::BF16 | GgmlType::F32) {
+            return Err(format!(
+                "the device encoder takes F16, BF16 or F32 matrices, not {ty}"
+            ));
+        }
+        let row_bytes = ty.row_bytes(cols as u64).expect("a dense type") as usize;
         assert_eq!(
             bytes.len(),
-            rows * cols * width,
+            rows * row_bytes,
             "a {rows} × {cols} {ty} matrix"
         );
         Ok(DeviceMatrix {
             buf: DeviceBuf::from_host(&self.ctx, bytes)?,
             ty,
+            row_bytes,
             rows,
             cols,
         })
@@ -259,8 +258,7 @@ impl EncoderOps {
         );
         need("matrix input", x, n * m.cols)?;
         need("matrix output", out, n * rows)?;
-        let width = if m.ty == GgmlType::F32 { 4 } else { 2 };
-        let w = m.buf.ptr() + (band.start * m.cols * width) as u64;
+        let w = m.buf.ptr() + (band.start * m.row_bytes) as u64;
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(DM_TILE) as u32, n.div_ceil(DM_TILE) as u32, 1),
             block_dim: (DM_THREADS as u32, 1, 1),

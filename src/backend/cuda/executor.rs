@@ -402,6 +402,7 @@ impl CudaExecutor {
             .is_some_and(|i| fits(&i.rows, rows.len() * 4) && fits(&i.tokens, tokens.len() * 4))
         {
             let ctx = &self.dev.ctx;
+            // The old buffers go first, so that old and new need not fit at once.
             ws.inputs = None;
             ws.inputs = Some(InputRows {
                 rows: DeviceBuf::zeroed(ctx, rows.len() * 4)?,
