@@ -3,6 +3,7 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use edgelm::backend::select::Requested;
+use edgelm::config::LoraSection;
 use edgelm::kv::KvType;
 use std::path::PathBuf;
 
@@ -88,6 +89,11 @@ pub struct ServeArgs {
     /// that holds none [profile: model.chat_template_file]. With several models, ID=PATH.
     #[arg(long = "chat-template-file", value_name = "[ID=]PATH")]
     pub chat_template_file: Vec<String>,
+    /// A LoRA adapter (llama.cpp's GGUF format) for the model, selected by requests whose
+    /// `model` is NAME (default: the file's stem); SCALE multiplies its updates (default 1).
+    /// Repeat it for several [profile: [[model.lora]]].
+    #[arg(long = "lora", value_name = "[NAME=]PATH[:SCALE]", value_parser = LoraSection::parse)]
+    pub lora: Vec<LoraSection>,
     /// [profile: server.host, default 127.0.0.1]
     #[arg(long)]
     pub host: Option<String>,
@@ -187,6 +193,10 @@ pub struct KvPlanArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArg,
+    /// LoRA adapters: the concurrency tests spread their streams over the base model and
+    /// these in turn (the first stream the base, the next the first adapter, ...).
+    #[arg(long = "lora", value_name = "[NAME=]PATH[:SCALE]", value_parser = LoraSection::parse)]
+    pub lora: Vec<LoraSection>,
     /// Prompt tokens for the prefill test.
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     pub n_prompt: usize,
@@ -373,6 +383,10 @@ pub struct RunArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// A LoRA adapter (llama.cpp's GGUF format) to run the model with; SCALE multiplies its
+    /// updates (default 1).
+    #[arg(long = "lora", value_name = "PATH[:SCALE]", value_parser = LoraSection::parse)]
+    pub lora: Option<LoraSection>,
     #[command(flatten)]
     pub compute: ComputeArgs,
 }
@@ -398,6 +412,10 @@ pub struct PerplexityArgs {
     /// rest of llama-perplexity's statistics.
     #[arg(long = "kl-divergence")]
     pub kl_divergence: bool,
+    /// A LoRA adapter (llama.cpp's GGUF format) to score the model with; SCALE multiplies its
+    /// updates (default 1).
+    #[arg(long = "lora", value_name = "PATH[:SCALE]", value_parser = LoraSection::parse)]
+    pub lora: Option<LoraSection>,
     #[command(flatten)]
     pub compute: ComputeArgs,
 }

@@ -1,6 +1,10 @@
 //! Firmware profiles: one TOML file per device class. Every key is optional (defaults below);
 //! unknown keys and out-of-range values are errors that name the key and its line.
 
+mod lora;
+
+pub use lora::LoraSection;
+
 use crate::kv::KvType;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -37,6 +41,8 @@ pub struct ModelSection {
     /// A chat template (Jinja) to use instead of the one the GGUF holds (or for a GGUF that
     /// holds none).
     pub chat_template_file: Option<PathBuf>,
+    /// LoRA adapters loaded with it (`[[model.lora]]`), each selected by its name.
+    pub lora: Vec<LoraSection>,
 }
 
 /// What a served model answers.
@@ -152,6 +158,7 @@ impl Default for ModelSection {
             kv_memory_mib: 0,
             mmproj: None,
             chat_template_file: None,
+            lora: Vec::new(),
         }
     }
 }
@@ -542,6 +549,7 @@ impl Profile {
             }
             ids.push(id);
         }
+        self.check_adapters(ids)?;
         self.server.check_address()?;
         self.server.check_limits()?;
         self.engine.check()?;
@@ -551,6 +559,26 @@ impl Profile {
             "error" | "warn" | "info" | "debug" | "trace"
         ) {
             return bad("log.level", "must be error, warn, info, debug or trace");
+        }
+        Ok(())
+    }
+
+    /// Each adapter's values, and a name no model or other adapter has (a request's `model`
+    /// selects among them all); `ids` are the models'.
+    fn check_adapters(&self, mut ids: Vec<String>) -> Check {
+        let sections = std::iter::once((&self.model, "model.lora"))
+            .chain(self.models.iter().map(|m| (m, "models.lora")));
+        for (m, key) in sections {
+            for l in &m.lora {
+                l.check().or_else(|why| bad(key, why))?;
+                let name = l.served_name();
+                if ids.contains(&name) {
+                    let why =
+                        format!("the name {name:?} is taken: give the adapter its own `name`");
+                    return bad(key, why);
+                }
+                ids.push(name);
+            }
         }
         Ok(())
     }

@@ -74,13 +74,15 @@ fn output_of(cmd: &mut Command) -> String {
 /// the file: a base file keeps log-probabilities only down to 16 nats below each row's best, so
 /// the "PPL(base)" a KLD run prints from it is not the peer's perplexity when the right token
 /// is often less likely than that (as on the test models).
-fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
+fn base_file(model: &Path, chunks: usize, lora: &Lora) -> (PathBuf, f64) {
     let dir = repo_root().join("target/kld");
     std::fs::create_dir_all(&dir).unwrap();
     let stem = model.file_stem().unwrap().to_string_lossy();
-    let base = dir.join(format!("{stem}.c512x{chunks}.base"));
+    let base = dir.join(format!("{stem}{}.c512x{chunks}.base", lora.suffix()));
     let ppl_file = base.with_extension("base.ppl");
-    if !is_newer(&base, model) || !is_newer(&ppl_file, &base) {
+    let sources_newer =
+        !is_newer(&base, model) || lora.0.as_ref().is_some_and(|(p, _)| !is_newer(&base, p));
+    if sources_newer || !is_newer(&ppl_file, &base) {
         // Written beside and renamed: an interrupted run leaves no truncated base behind.
         let tmp = base.with_extension("base.tmp");
         let ppl = peer_final_perplexity(
@@ -90,6 +92,7 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
                 .arg(model)
                 .arg("-f")
                 .arg(text())
+                .args(lora.peer_args())
                 .arg("--kl-divergence-base")
                 .arg(&tmp),
         );
@@ -105,12 +108,13 @@ fn base_file(model: &Path, chunks: usize) -> (PathBuf, f64) {
 }
 
 /// The yardstick: llama.cpp with a q8_0 KV cache against its own f16 base.
-fn peer_q8_0(model: &Path, base: &Path) -> Kld {
+fn peer_q8_0(model: &Path, base: &Path, lora: &Lora) -> Kld {
     parse(&peer_output_holding(
         Command::new(peer_tool("llama-perplexity"))
             .args(["-c", "512", "-t", "2", "-ctk", "q8_0", "-ctv", "q8_0"])
             .arg("-m")
             .arg(model)
+            .args(lora.peer_args())
             .arg("--kl-divergence-base")
             .arg(base)
             .arg("--kl-divergence"),
@@ -118,15 +122,46 @@ fn peer_q8_0(model: &Path, base: &Path) -> Kld {
     ))
 }
 
-fn ours(model: &Path, base: &Path) -> Kld {
+fn ours(model: &Path, base: &Path, lora: &Lora) -> Kld {
     parse(&output_of(
         edgelm()
             .args(["perplexity", "-t", "2", "--kl-divergence"])
             .arg("-m")
             .arg(model)
+            .args(lora.our_args())
             .arg("--kl-divergence-base")
             .arg(base),
     ))
+}
+
+/// A LoRA adapter both engines run the model with, and its scale (none: the base model).
+#[derive(Default)]
+struct Lora(Option<(PathBuf, f32)>);
+
+impl Lora {
+    fn arg(&self) -> Option<String> {
+        self.0.as_ref().map(|(p, s)| format!("{}:{s}", p.display()))
+    }
+
+    fn peer_args(&self) -> Vec<String> {
+        self.arg()
+            .map(|a| vec!["--lora-scaled".into(), a])
+            .unwrap_or_default()
+    }
+
+    fn our_args(&self) -> Vec<String> {
+        self.arg()
+            .map(|a| vec!["--lora".into(), a])
+            .unwrap_or_default()
+    }
+
+    /// What a base file's name carries of it.
+    fn suffix(&self) -> String {
+        self.0
+            .as_ref()
+            .map(|(p, s)| format!(".{}x{s}", p.file_stem().unwrap().to_string_lossy()))
+            .unwrap_or_default()
+    }
 }
 
 fn check(name: &str, model: &Path, chunks: usize) {
@@ -135,9 +170,14 @@ fn check(name: &str, model: &Path, chunks: usize) {
 
 /// edgelm on `ours_model` against the peer on `peer_model` (the same weights, or the same file).
 fn check_as(name: &str, ours_model: &Path, peer_model: &Path, chunks: usize) {
-    let (base, peer_ppl) = base_file(peer_model, chunks);
-    let yard = peer_q8_0(peer_model, &base);
-    let got = ours(ours_model, &base);
+    check_with(name, ours_model, peer_model, chunks, &Lora::default());
+}
+
+/// [`check_as`], both engines running the model with `lora`.
+fn check_with(name: &str, ours_model: &Path, peer_model: &Path, chunks: usize, lora: &Lora) {
+    let (base, peer_ppl) = base_file(peer_model, chunks, lora);
+    let yard = peer_q8_0(peer_model, &base, lora);
+    let got = ours(ours_model, &base, lora);
     eprintln!(
         "{name}: edgelm KLD {:.6}, same top {:.3}%, PPL {:.4} (peer {peer_ppl:.4}) | llama.cpp q8_0 KV: KLD {:.6}, same top {:.3}%",
         got.kld, got.same_top, got.ppl, yard.kld, yard.same_top
@@ -188,6 +228,24 @@ fn reference_model_logits_are_as_close_as_the_peers_q8_0_cache() {
 #[test]
 fn gemma3_logits_are_as_close_as_the_peers_q8_0_cache() {
     check("Gemma 3 270M", &gemma3_path(), 7);
+}
+
+/// Each test adapter on `model`, against llama.cpp's `--lora-scaled` on the same files.
+fn check_adapters(name: &str, model: &Path, specs: &[AdapterSpec]) {
+    for spec in specs {
+        let lora = Lora(Some((test_adapter(model, spec), spec.scale)));
+        check_with(&format!("{name} + {}", spec.name), model, model, 4, &lora);
+    }
+}
+
+#[test]
+fn lora_adapters_on_the_reference_model_match_the_peer() {
+    check_adapters("SmolLM2-135M", &model_path(), &TEST_ADAPTERS);
+}
+
+#[test]
+fn lora_adapters_on_gemma3_match_the_peer() {
+    check_adapters("Gemma 3 270M", &gemma3_path(), &TEST_ADAPTERS[..2]);
 }
 
 /// `mistral` is what some converters write for Mistral 7B; llama.cpp reads such weights as

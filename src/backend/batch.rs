@@ -1,8 +1,10 @@
 //! What one forward pass computes: spans of tokens from several sequences, with the block
 //! tables (one per KV group) that say where each sequence's KV lives.
 
+use super::adapter::Adapter;
 use crate::kv::{KvLayout, NO_BLOCK};
 use anyhow::{bail, Result};
+use std::sync::Arc;
 
 /// What a forward pass hands back: the logits rows the batch asked for, or (where the backend
 /// reduced them itself: greedy argmax, device sampling) one token id per row.
@@ -47,6 +49,8 @@ pub struct BatchMeta {
     /// a sequence's images take M-RoPE positions (Qwen3-VL); empty where every token turns
     /// by its position. `positions` still place each token in its pages.
     pub rope_positions: Vec<[usize; 3]>,
+    /// Per sequence, the LoRA adapter whose updates its rows take (`None`: the base model).
+    pub adapters: Vec<Option<Arc<Adapter>>>,
 }
 
 /// Rows that stand for a run of prompt positions in place of their tokens' embeddings: an
@@ -109,6 +113,7 @@ impl BatchMeta {
         let seq = self.block_tables.len();
         self.block_tables.push(tables);
         self.state_slots.push(None);
+        self.adapters.push(None);
         let first = self.tokens.len();
         for (i, &t) in tokens.iter().enumerate() {
             self.tokens.push(t);
@@ -154,6 +159,13 @@ impl BatchMeta {
     pub fn set_state_slot(&mut self, slot: u32) {
         if let Some(s) = self.state_slots.last_mut() {
             *s = Some(slot);
+        }
+    }
+
+    /// Gives the last span's sequence the adapter its rows take.
+    pub fn set_adapter(&mut self, adapter: Option<Arc<Adapter>>) {
+        if let Some(a) = self.adapters.last_mut() {
+            *a = adapter;
         }
     }
 

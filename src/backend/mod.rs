@@ -2,6 +2,7 @@
 //! computes (`batch`), a sequence's sampling settings (`sampling`, which the device sampler
 //! reads), the CPU backend (always built) and CUDA (feature `cuda`).
 
+pub mod adapter;
 pub mod batch;
 pub mod cpu;
 #[cfg(feature = "cuda")]

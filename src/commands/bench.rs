@@ -5,6 +5,7 @@
 use super::{engine_config, init_threads, kv_bytes_for};
 use crate::cli::BenchArgs;
 use anyhow::{bail, Result};
+use edgelm::backend::adapter::Adapter;
 use edgelm::engine::{Engine, EngineConfig, EngineHandle, Event, GenParams, Rng, SamplingParams};
 use edgelm::grammar::{Constraint, ConstraintSpec, Grammars};
 use edgelm::kv::KvType;
@@ -18,6 +19,10 @@ use std::time::Instant;
 struct Concurrency {
     sequences: usize,
     decode_tok_s: f64,
+    /// With `--lora`: the same load, its streams spread over the base model and the adapters
+    /// (timed in the same rounds, interleaved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    adapters_tok_s: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -136,14 +141,18 @@ fn run_constrained(
     max_tokens: usize,
     constraint: Option<&Constraint>,
 ) -> Result<Vec<Timing>> {
-    let params = GenParams {
+    run_with(engine, prompts, &greedy_params(max_tokens, constraint))
+}
+
+/// Greedy decode of `max_tokens` tokens past any end, following `constraint` when given.
+fn greedy_params(max_tokens: usize, constraint: Option<&Constraint>) -> GenParams {
+    GenParams {
         max_tokens: Some(max_tokens),
         sampling: SamplingParams::greedy(),
         ignore_eos: true,
         constraint: constraint.cloned(),
         ..Default::default()
-    };
-    run_with(engine, prompts, &params)
+    }
 }
 
 /// Each prompt as one request with `params`, all at once.
@@ -152,11 +161,19 @@ fn run_with(
     prompts: Vec<Vec<u32>>,
     params: &GenParams,
 ) -> Result<Vec<Timing>> {
+    run_each(
+        engine,
+        prompts.into_iter().map(|p| (p, params.clone())).collect(),
+    )
+}
+
+/// Each prompt as one request with its own parameters, all at once.
+fn run_each(engine: &EngineHandle, requests: Vec<(Vec<u32>, GenParams)>) -> Result<Vec<Timing>> {
     // One reader thread per request, so every token is timestamped as it arrives.
     let mut readers = Vec::new();
-    for p in prompts {
+    for (p, params) in requests {
         let submitted = Instant::now();
-        let (_, rx) = engine.submit(p, params.clone())?;
+        let (_, rx) = engine.submit(p, params)?;
         readers.push(std::thread::spawn(move || -> Result<Timing> {
             let mut t = Timing {
                 submitted,
@@ -241,6 +258,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .as_ref()
         .map(|t| t.eog.clone())
         .unwrap_or_default();
+    let adapters = super::load_adapters(&model, &args.lora)?;
     let (engine, thread) = Engine::start(model, eog, config)?;
     let m = measure(
         &engine,
@@ -248,6 +266,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         &args,
         constraint.as_ref(),
         lookup_task.as_ref(),
+        &adapters,
     );
     engine.shutdown();
     let _ = thread.join();
@@ -303,6 +322,7 @@ fn measure(
     args: &BenchArgs,
     constraint: Option<&Constraint>,
     lookup_task: Option<&LookupTask>,
+    adapters: &[Arc<Adapter>],
 ) -> Result<Measured> {
     // A warm-up request first, untimed (as llama-bench runs one): the first step of a process
     // grows its buffers and faults in the pages it writes, which no later request pays.
@@ -312,7 +332,7 @@ fn measure(
         prefill: time_prefill(engine, prompts, args)?,
         decode: time_decode(engine, prompts, args)?,
         decode_weight_bytes: measure_decode_weight_bytes(engine, prompts, args)?,
-        concurrency: time_concurrency(engine, prompts, args)?,
+        concurrency: time_concurrency(engine, prompts, args, adapters)?,
         constrained: match constraint {
             Some(c) => time_constrained(engine, prompts, args, c)?,
             None => Vec::new(),
@@ -528,26 +548,44 @@ fn measure_decode_weight_bytes(
     Ok(all.saturating_sub(first) as f64 / (args.n_gen - 1) as f64)
 }
 
-/// Aggregate decode at each `--concurrency` (see [`decode_rate`]), medians over the repeats.
+/// Aggregate decode at each `--concurrency` (see [`decode_rate`]), medians over the repeats;
+/// with `adapters`, each round also runs the same load spread over the base model and them.
 fn time_concurrency(
     engine: &EngineHandle,
     prompts: &mut RandomPrompts,
     args: &BenchArgs,
+    adapters: &[Arc<Adapter>],
 ) -> Result<Vec<Concurrency>> {
     let mut concurrency = Vec::new();
     for &n in &args.concurrency {
-        let mut rates = Vec::new();
+        let (mut rates, mut adapted) = (Vec::new(), Vec::new());
         for i in 0..args.repeats {
             progress(&format!("{n} sequences"), i, args.repeats);
             let batch = (0..n)
                 .map(|_| prompts.next(args.concurrency_prompt))
                 .collect();
             rates.push(decode_rate(&run_requests(engine, batch, args.n_gen)?));
+            if adapters.is_empty() {
+                continue;
+            }
+            // Stream k runs the base model where k is a multiple of adapters + 1, else adapter
+            // (k mod (adapters + 1)) - 1.
+            let spread = (0..n).map(|k| {
+                let params = GenParams {
+                    adapter: (k % (adapters.len() + 1))
+                        .checked_sub(1)
+                        .map(|a| adapters[a].clone()),
+                    ..greedy_params(args.n_gen, None)
+                };
+                (prompts.next(args.concurrency_prompt), params)
+            });
+            adapted.push(decode_rate(&run_each(engine, spread.collect())?));
         }
         progress(&format!("{n} sequences"), args.repeats, args.repeats);
         concurrency.push(Concurrency {
             sequences: n,
             decode_tok_s: median(rates),
+            adapters_tok_s: (!adapted.is_empty()).then(|| median(adapted)),
         });
     }
     Ok(concurrency)
@@ -676,6 +714,14 @@ impl Report {
                 "decode   {:>3} seqs  {:>9.1} tok/s aggregate{x}",
                 c.sequences, c.decode_tok_s
             );
+            if let Some(a) = c.adapters_tok_s {
+                println!(
+                    "lora     {:>3} seqs  {a:>9.1} tok/s aggregate over the base and the adapters \
+                     ({:.2}x the base alone)",
+                    c.sequences,
+                    a / c.decode_tok_s
+                );
+            }
         }
     }
 

@@ -26,6 +26,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         p.follow_backend(args.compute.backend.resolve_quietly());
     }
     let (ids, images) = prompt_ids(&args, &tok, projector.as_ref(), ctx)?;
+    let adapter = super::load_adapters(&model, args.lora.as_slice())?.pop();
     let n_predict = args.n_predict.min(ctx - ids.len());
     let mut config = engine_config(&args.compute);
     // One sequence: a pool just big enough for it unless a size was given.
@@ -38,8 +39,11 @@ pub fn run(args: RunArgs) -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     let t_submit = Instant::now();
-    let (_, events) =
-        engine.submit_with_images(ids.clone(), images, gen_params(&args, n_predict))?;
+    let params = GenParams {
+        adapter,
+        ..gen_params(&args, n_predict)
+    };
+    let (_, events) = engine.submit_with_images(ids.clone(), images, params)?;
     let (generated, first_token_at) = stream_text(events, &tok)?;
     let first = first_token_at.unwrap_or_else(Instant::now);
     let prompt_s = first.duration_since(t_submit).as_secs_f64();

@@ -15,9 +15,12 @@ pub mod tokenize;
 
 use crate::cli::ComputeArgs;
 use anyhow::Result;
+use edgelm::backend::adapter::Adapter;
+use edgelm::config::LoraSection;
 use edgelm::engine::EngineConfig;
 use edgelm::model::Model;
 pub use prompt::{chat_template, open_projector, prompt_with_images, with_image_markers};
+use std::sync::Arc;
 
 /// KV pool bytes that hold one sequence of `tokens` tokens (in whole blocks, prefilled in
 /// steps of `--max-batched-tokens`) for this model and page format; 0 when the format does not
@@ -32,6 +35,12 @@ pub fn kv_bytes_for(model: &Model, c: &ComputeArgs, tokens: usize) -> usize {
         * model
             .layout
             .peak_blocks(tokens, c.max_batched_tokens, c.block_size)
+}
+
+/// The adapters `lora` names, each read and checked against `model`.
+pub fn load_adapters(model: &Model, lora: &[LoraSection]) -> Result<Vec<Arc<Adapter>>> {
+    let load = |l: &LoraSection| model.load_adapter(&l.path, &l.served_name(), l.scale);
+    lora.iter().map(|l| load(l).map(Arc::new)).collect()
 }
 
 /// A `-m [ID=]PATH` flag as a model section: a file that exists is a path, whatever it is

@@ -69,8 +69,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
 
 impl ServeArgs {
     /// Each `--mmproj` and `--chat-template-file` (`[ID=]PATH`) given to the model it names
-    /// (a path that exists is a path, as for `-m`).
+    /// (a path that exists is a path, as for `-m`); each `--lora` to the one model served.
     fn attach_files(&self, p: &mut Profile) -> Result<()> {
+        for lora in &self.lora {
+            p.served_section("--lora", None)?.lora.push(lora.clone());
+        }
         for (flag, args) in [
             ("--mmproj", &self.mmproj),
             ("--chat-template-file", &self.chat_template_file),
@@ -128,7 +131,8 @@ fn set<T>(field: &mut T, value: Option<T>) {
 fn check_memory(p: &Profile) -> Result<()> {
     let mut model_bytes = 0;
     for m in p.served_models() {
-        for path in std::iter::once(&m.path).chain(&m.mmproj) {
+        let adapters = m.lora.iter().map(|l| &l.path);
+        for path in std::iter::once(&m.path).chain(&m.mmproj).chain(adapters) {
             match std::fs::metadata(path) {
                 Ok(meta) => model_bytes += meta.len(),
                 Err(_) => anyhow::bail!("{}", edgelm::config::missing_model(path)),

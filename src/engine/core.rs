@@ -22,6 +22,7 @@ use super::sampler::{Sampler, SamplingParams};
 use super::scheduler::{ScheduledBatch, Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence};
 use super::turns::{StepTurns, TurnSeat};
+use crate::backend::adapter::ADAPTERS_NEED_CPU;
 use crate::backend::batch::StepOutput;
 use crate::backend::select::Backend;
 use crate::grammar::{Constraint, Mask};
@@ -233,6 +234,7 @@ impl Engine {
             max_n: config.max_seqs.max(1),
             embedding_width: shape.pooling.embeds().then_some(shape.hidden_width),
             generation_refused: shape.encoder.then_some(ENCODER_GENERATES),
+            adapters_refused: (exec.backend_name() == "cuda").then_some(ADAPTERS_NEED_CPU),
             step_tokens: config.max_batched_tokens,
             input_width: shape.input_width,
         };
@@ -385,6 +387,7 @@ impl Engine {
         let mut seq = Sequence::new(id, req.id, self.arrivals, req.prompt.clone(), max_len);
         seq.arrived = req.submitted;
         seq.images = req.images.clone();
+        seq.adapter = p.adapter.clone();
         seq.want_prompt_logits = p.prompt_logprobs.is_some();
         seq.forks_pending = p.n - 1;
         seq.sampler = Sampler::new(p.sampling.clone());
@@ -562,6 +565,7 @@ impl Engine {
             let rope = s.rope_positions(span.start..span.start + span.len);
             meta.set_rope_positions(first, &rope);
             meta.inputs.extend(s.row_inputs(span.start..ran, first));
+            meta.set_adapter(s.adapter.clone());
             if let Some(slot) = s.state_slot {
                 meta.set_state_slot(slot);
             }

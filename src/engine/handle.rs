@@ -30,6 +30,9 @@ pub struct EngineLimits {
     /// Why this engine generates no text (an encoder, which only embeds); `None` where it
     /// does.
     pub generation_refused: Option<&'static str>,
+    /// Why this engine runs no LoRA adapter (its backend does not apply them); `None` where
+    /// it does.
+    pub adapters_refused: Option<&'static str>,
     /// The most prompt tokens one step computes: a bidirectional image, computed in one
     /// step, may not be longer.
     pub step_tokens: usize,
@@ -85,6 +88,9 @@ impl EngineHandle {
             bail!("the prompt is empty");
         }
         if let (false, Some(why)) = (params.embed, l.generation_refused) {
+            bail!("{why}");
+        }
+        if let (Some(_), Some(why)) = (&params.adapter, l.adapters_refused) {
             bail!("{why}");
         }
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
@@ -212,6 +218,7 @@ mod tests {
         max_n: 4,
         embedding_width: None,
         generation_refused: None,
+        adapters_refused: None,
         step_tokens: 64,
         input_width: 8,
     };

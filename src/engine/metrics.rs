@@ -56,6 +56,10 @@ pub struct EngineStats {
     /// Bytes of the preallocated KV pool and of the weight matrices (fixed at start).
     pub kv_pool_bytes: usize,
     pub weight_bytes: usize,
+    /// LoRA adapters loaded for the model and the bytes their updates take (the server's,
+    /// which holds them; 0 from the engine).
+    pub adapters: usize,
+    pub adapter_bytes: usize,
     /// The backend that runs ("cpu" or "cuda", after any fallback; fixed at start).
     pub backend: &'static str,
     pub running: usize,
@@ -103,6 +107,8 @@ impl Default for EngineStats {
         EngineStats {
             kv_pool_bytes: 0,
             weight_bytes: 0,
+            adapters: 0,
+            adapter_bytes: 0,
             backend: "",
             running: 0,
             waiting: 0,

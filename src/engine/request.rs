@@ -33,6 +33,8 @@ pub struct GenParams {
     /// held after it) and its hidden states are pooled as the model says into one
     /// [`Event::Embedding`].
     pub embed: bool,
+    /// The LoRA adapter it runs with (`None`: the base model).
+    pub adapter: Option<std::sync::Arc<crate::backend::adapter::Adapter>>,
 }
 
 impl Default for GenParams {
@@ -48,6 +50,7 @@ impl Default for GenParams {
             constraint: None,
             prompt_lookup: false,
             embed: false,
+            adapter: None,
         }
     }
 }

@@ -5,10 +5,12 @@
 use super::pooled::Pooled;
 use super::request::{rope_positions, row_inputs, uncut_chunk, PromptImage, RequestId};
 use super::sampler::{Sampler, SamplingParams};
+use crate::backend::adapter::Adapter;
 use crate::backend::batch::RowInput;
 use crate::grammar::{Constraint, Mask};
 use crate::kv::{block_hash, SeqBlocks};
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 pub type SeqId = u64;
@@ -75,6 +77,8 @@ pub struct Sequence {
     pub pooled: Option<Pooled>,
     /// Runs of its prompt given as rows (images), in order.
     pub images: Vec<PromptImage>,
+    /// The LoRA adapter its rows take (`None`: the base model).
+    pub adapter: Option<Arc<Adapter>>,
     /// The image at `num_computed` part-way through the model, a few layers per step
     /// (`scheduler::layer_pass`).
     pub layer_pass: Option<LayerPass>,
@@ -128,6 +132,7 @@ impl Sequence {
             draft_cap: 0,
             pooled: None,
             images: Vec::new(),
+            adapter: None,
             layer_pass: None,
         }
     }
@@ -178,11 +183,15 @@ impl Sequence {
     /// The chained hashes of the first `n` full blocks (requires the tokens). A block that
     /// holds image positions is keyed by the images' keys too (vLLM's extra keys): its
     /// placeholder tokens are the same for every image, so the same text with another image
-    /// is another block.
+    /// is another block. The chain starts from the adapter's key: the same prompt under
+    /// another adapter (or none) holds other K/V.
     pub fn hashes_up_to(&mut self, n: usize, block_size: usize) -> &[u64] {
         while self.block_hashes.len() < n {
             let j = self.block_hashes.len();
-            let parent = j.checked_sub(1).map(|p| self.block_hashes[p]);
+            let parent = match j.checked_sub(1) {
+                Some(p) => Some(self.block_hashes[p]),
+                None => self.adapter.as_ref().map(|a| a.key),
+            };
             let range = j * block_size..(j + 1) * block_size;
             let mut h = block_hash(parent, &self.tokens[range.clone()]);
             for image in self
@@ -244,7 +253,6 @@ impl Sequence {
 mod tests {
     use super::*;
     use crate::backend::batch::Embedded;
-    use std::sync::Arc;
 
     /// A prompt of 40 placeholder tokens with an image of `len` rows at `at`.
     fn with_image(at: usize, len: usize, key: u64, bidirectional: bool) -> Sequence {
@@ -260,6 +268,22 @@ mod tests {
             }),
         });
         s
+    }
+
+    #[test]
+    fn blocks_are_keyed_by_the_adapter_from_the_first() {
+        let adapter = |key| Some(Arc::new(Adapter::new("a".into(), key, Vec::new())));
+        let hashes = |a: Option<Arc<Adapter>>| {
+            let mut s = Sequence::new(1, 1, 1, vec![3; 40], 100);
+            s.adapter = a;
+            s.hashes_up_to(2, 16).to_vec()
+        };
+        let (base, one, other) = (hashes(None), hashes(adapter(7)), hashes(adapter(8)));
+        for i in 0..2 {
+            assert_ne!(base[i], one[i]);
+            assert_ne!(one[i], other[i]);
+        }
+        assert_eq!(one, hashes(adapter(7)));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use super::executor::{Executor, ExecutorPlan};
 use super::request::{rope_positions, row_inputs, uncut_chunk, PromptImage};
+use crate::backend::adapter::{Adapter, ADAPTERS_NEED_CPU};
 use crate::backend::select::Backend;
 use crate::kv::{BlockPool, KvType, SeqBlocks};
 use crate::model::{BatchMeta, Logits, Model};
@@ -51,6 +52,8 @@ pub struct Session {
     /// The images the sequence holds so far (the text after an M-RoPE image turns by
     /// positions they moved).
     images: Vec<PromptImage>,
+    /// The LoRA adapter its rows take (`None`: the base model).
+    adapter: Option<Arc<Adapter>>,
 }
 
 impl Session {
@@ -86,6 +89,7 @@ impl Session {
             chunk,
             len: 0,
             images: Vec::new(),
+            adapter: None,
         })
     }
 
@@ -100,6 +104,16 @@ impl Session {
 
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Runs the sequence with `adapter`'s updates from here on (set it before the first
+    /// tokens: the K/V already in the pages stay as they were computed).
+    pub fn set_adapter(&mut self, adapter: Option<Arc<Adapter>>) -> Result<()> {
+        if adapter.is_some() && self.is_cuda() {
+            bail!("{ADAPTERS_NEED_CPU}");
+        }
+        self.adapter = adapter;
+        Ok(())
     }
 
     pub fn is_cuda(&self) -> bool {
@@ -193,6 +207,7 @@ impl Session {
             let range = self.len..self.len + part.len();
             batch.set_rope_positions(0, &rope_positions(&self.images, range.clone()));
             batch.inputs = row_inputs(&self.images, range, 0);
+            batch.set_adapter(self.adapter.clone());
             // A session's one sequence has the pool's one state slot (a hybrid's; a model that
             // only attends has none, and the device refuses a slot outside its pool).
             if self.exec.state_slots() > 0 {

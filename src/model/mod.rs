@@ -2,6 +2,7 @@
 //! are (`arch`), their hyper-parameters (`config`), their weights (`weights`) and the one
 //! forward pass every backend runs (`forward`).
 
+mod adapter;
 mod arch;
 mod config;
 mod forward;

@@ -38,6 +38,16 @@ pub enum MixerWeights {
     DeltaNet(DeltaNetWeights),
 }
 
+impl MixerWeights {
+    pub fn matrices(&self) -> Vec<&Mat> {
+        match self {
+            MixerWeights::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            MixerWeights::ShortConv(c) => vec![&c.b, &c.c, &c.x, &c.out],
+            MixerWeights::DeltaNet(d) => vec![&d.qkv, &d.z, &d.beta, &d.alpha, &d.out],
+        }
+    }
+}
+
 /// A block's attention. Q/K/V may be bands of one fused tensor.
 #[derive(Clone, Debug)]
 pub struct AttentionWeights {
@@ -652,11 +662,7 @@ impl Weights {
     pub fn active_matrices(&self, used: Option<usize>) -> Vec<&Mat> {
         let mut all: Vec<&Mat> = self.output.iter().collect();
         for l in &self.layers {
-            match &l.mixer {
-                MixerWeights::Attention(a) => all.extend([&a.wq, &a.wk, &a.wv, &a.wo]),
-                MixerWeights::ShortConv(c) => all.extend([&c.b, &c.c, &c.x, &c.out]),
-                MixerWeights::DeltaNet(d) => all.extend([&d.qkv, &d.z, &d.beta, &d.alpha, &d.out]),
-            }
+            all.extend(l.mixer.matrices());
             all.extend(l.ffn.matrices(used));
         }
         all

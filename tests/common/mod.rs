@@ -4,6 +4,7 @@
 mod bert_model;
 pub mod embed;
 mod gemma_embedding_model;
+mod lora_adapters;
 mod mmproj_model;
 mod nomic_bert_model;
 mod test_models;
@@ -13,6 +14,8 @@ mod test_models;
 pub use bert_model::{bert_test_model, BERT_CONTEXT};
 #[allow(unused_imports)]
 pub use gemma_embedding_model::{gemma_embedding_test_model, GEMMA_EMBEDDING_TEST_WINDOW};
+#[allow(unused_imports)]
+pub use lora_adapters::{test_adapter, AdapterSpec, TEST_ADAPTERS};
 #[allow(unused_imports)]
 pub use mmproj_model::{test_mmproj, test_vlm_text, MMPROJ_IMAGE_SIZE};
 #[allow(unused_imports)]

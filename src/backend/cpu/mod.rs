@@ -4,6 +4,7 @@ pub mod attention;
 pub mod delta_net;
 mod f16_round;
 pub mod gemm;
+mod lora;
 pub mod matmul;
 pub mod moe;
 pub mod ops;

@@ -3,6 +3,7 @@
 use super::attention::{paged_attention, AttnShape, AttnToken, TILE};
 use super::delta_net::DeltaStep;
 use super::delta_net::{conv_silu_span, delta_step, gated_rmsnorm, head_ranges, l2_normalize};
+use super::lora::add_updates;
 use super::matmul::{embed, embed_packed, matmul_fused, WeightRef};
 use super::moe::{moe_ffn, ExpertWeights, MoeScratch};
 use super::ops::{
@@ -372,7 +373,11 @@ impl Ops for CpuStep<'_> {
             } else {
                 &batch.generated
             };
-            matmul_fused(&mats, &self.bufs.bufs[index(x)], &mut refs, generated);
+            let input = &self.bufs.bufs[index(x)];
+            matmul_fused(&mats, input, &mut refs, generated);
+            let mut adapted: Vec<(&Mat, &mut [f32])> =
+                outs.iter().map(|&(m, _)| m).zip(refs).collect();
+            add_updates(batch, x == Buf::Head, input, &mut adapted);
         }
         for (&(_, b), v) in outs.iter().zip(taken) {
             self.put(b, v);

@@ -289,6 +289,9 @@ impl CudaExecutor {
             )
             .map_err(|e| format!("{e:#}"))?;
         self.check_state_slots(batch)?;
+        if batch.adapters.iter().any(Option::is_some) {
+            return Err(crate::backend::adapter::ADAPTERS_NEED_CPU.into());
+        }
         let m = batch.logits_for.len();
         if !matches!(want, Want::Logits) && m > self.ws.caps.logit_rows {
             return Err(format!(

@@ -43,7 +43,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
 
     model.set_context(n_ctx);
     let model = Arc::new(model);
-    let session = Session::new(
+    let mut session = Session::new(
         model.clone(),
         SessionConfig {
             kv_type: args.compute.kv_type,
@@ -59,6 +59,8 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         tokens.len(),
         if session.is_cuda() { " (CUDA)" } else { "" }
     );
+    let adapter = super::load_adapters(&model, args.lora.as_slice())?.pop();
+    session.set_adapter(adapter)?;
     let mut chunks = Chunks {
         tokens: &tokens,
         n_ctx,

@@ -36,6 +36,7 @@ impl Engine {
         let mut seq = Sequence::new(id, req.id, self.arrivals, req.prompt, len);
         seq.arrived = req.submitted;
         seq.embed = true;
+        seq.adapter = req.params.adapter.clone();
         seq.whole = self.encoder;
         seq.pooled = Some(Pooled::default());
         self.sched.add(seq);

@@ -41,6 +41,7 @@ impl Engine {
         meta.push_span(&s.tokens[range.clone()], slice.start, tables, Logits::None);
         meta.set_rope_positions(0, &s.rope_positions(range.clone()));
         meta.inputs.extend(s.row_inputs(range, 0));
+        meta.set_adapter(s.adapter.clone());
         meta.mark_generated_from(s.prompt_len);
         meta
     }

@@ -2,17 +2,24 @@
 //! (`GenParams::embed`), batched with every other request's prompts.
 
 use super::format::Failure;
+use crate::backend::adapter::Adapter;
 use crate::engine::{EngineHandle, Event, GenParams, RequestId};
+use std::sync::Arc;
 
-/// Submits every input and waits for its vector (in order); on any failure the rest are
-/// cancelled.
-pub fn embed(engine: &EngineHandle, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, Failure> {
+/// Submits every input (run with `adapter`, if any) and waits for its vector (in order); on
+/// any failure the rest are cancelled.
+pub fn embed(
+    engine: &EngineHandle,
+    inputs: &[Vec<u32>],
+    adapter: Option<Arc<Adapter>>,
+) -> Result<Vec<Vec<f32>>, Failure> {
     let mut submitted: Vec<(RequestId, _)> = Vec::with_capacity(inputs.len());
     let cancel_all = |ids: &[(RequestId, _)]| ids.iter().for_each(|(id, _)| engine.cancel(*id));
     for p in inputs {
         let params = GenParams {
             max_tokens: Some(0),
             embed: true,
+            adapter: adapter.clone(),
             ..GenParams::default()
         };
         match engine.submit(p.clone(), params) {

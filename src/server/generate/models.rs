@@ -2,7 +2,8 @@
 //! run by an engine of its own over its share of the KV memory (`kv::shares`), the engines
 //! taking turns on the CPU (`engine::turns`).
 
-use crate::config::ModelSection;
+use crate::backend::adapter::{Adapter, ADAPTERS_NEED_CPU};
+use crate::config::{LoraSection, ModelSection};
 use crate::engine::turns::{StepTurns, TurnSeat};
 use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::grammar::Grammars;
@@ -47,6 +48,15 @@ pub struct Ready {
     /// Where its images are encoded: in slices that take turns with the engine's steps,
     /// paced against its streams as its prefill is (present with a projector).
     pub encoder: Option<PacedEncoder>,
+    /// Its LoRA adapters (`ModelSection::lora`), each selected by its name.
+    pub adapters: Vec<Arc<Adapter>>,
+}
+
+impl Ready {
+    /// Its adapter called `name`.
+    pub fn adapter(&self, name: &str) -> Option<&Arc<Adapter>> {
+        self.adapters.iter().find(|a| a.name == name)
+    }
 }
 
 /// An image encoder's place among the engine's turns, and how much a slice may slow a step.
@@ -86,6 +96,10 @@ impl Models {
             .iter()
             .map(Loaded::open)
             .collect::<anyhow::Result<_>>()?;
+        let adapters = loaded.iter().any(|l| !l.adapters.is_empty());
+        if adapters && engine.backend == crate::backend::select::Backend::Cuda {
+            anyhow::bail!("{ADAPTERS_NEED_CPU}");
+        }
         let budgets = match several {
             false => vec![engine.kv_memory_bytes],
             true => shares::divide(
@@ -122,6 +136,7 @@ struct Loaded {
     tokenizer: Tokenizer,
     kind: Kind,
     projector: Option<Arc<Projector>>,
+    adapters: Vec<Arc<Adapter>>,
 }
 
 impl Loaded {
@@ -140,12 +155,18 @@ impl Loaded {
             None => None,
             Some(path) => Some(Arc::new(open_projector(path, &model, &tokenizer, kind)?)),
         };
+        let adapters = spec
+            .lora
+            .iter()
+            .map(|l| open_adapter(&model, l).map(Arc::new))
+            .collect::<anyhow::Result<_>>()?;
         Ok(Loaded {
             spec: spec.clone(),
             model,
             tokenizer,
             kind,
             projector,
+            adapters,
         })
     }
 
@@ -172,6 +193,7 @@ impl Loaded {
             tokenizer,
             kind,
             projector,
+            adapters,
         } = self;
         let chat = match &spec.chat_template_file {
             Some(path) => Some(chat_template_file(&tokenizer, path)?),
@@ -204,9 +226,24 @@ impl Loaded {
             kind,
             projector,
             encoder,
+            adapters,
         };
         Ok((ready, thread))
     }
+}
+
+/// The adapter `lora` for `model`, read and checked against it.
+fn open_adapter(model: &Model, lora: &LoraSection) -> anyhow::Result<Adapter> {
+    let name = lora.served_name();
+    let adapter = model.load_adapter(&lora.path, &name, lora.scale)?;
+    log::info!(
+        "adapter {name} ({}): {} matrices, rank {}, {:.1} MiB",
+        lora.path.display(),
+        adapter.matrices(),
+        adapter.rank(),
+        adapter.bytes() as f64 / (1 << 20) as f64
+    );
+    Ok(adapter)
 }
 
 /// The projector file `path`, checked against the model that reads its rows.

@@ -52,9 +52,10 @@ impl Server {
     ) -> Result<(&'m Ready, Job), ApiError> {
         self.refuse_if_draining()?;
         let body = Body::parse(path, body)?;
-        let ready = openai::select(models, body.model(), Some(Kind::Generate))?;
+        let (ready, adapter) = openai::select_adapted(models, body.model(), Some(Kind::Generate))?;
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let job = Parsing::new(models, ready, &self.responses, &self.boot_tag).job(body, n)?;
+        let mut job = Parsing::new(models, ready, &self.responses, &self.boot_tag).job(body, n)?;
+        job.work.params.adapter = adapter;
         Ok((ready, job))
     }
 
@@ -128,10 +129,12 @@ impl Server {
     ) -> Result<(), (ApiError, RawResponse)> {
         let checked = self.refuse_if_draining().and_then(|_| {
             let body = EmbeddingsBody::parse(body)?;
-            let ready = openai::select(models, body.model()?, Some(Kind::Embed))?;
-            Ok((ready, openai::check_embeddings(&Served::of(ready), &body)?))
+            let (ready, adapter) =
+                openai::select_adapted(models, body.model()?, Some(Kind::Embed))?;
+            let job = openai::check_embeddings(&Served::of(ready), &body)?;
+            Ok((ready, adapter, job))
         });
-        let (ready, job) = match checked {
+        let (ready, adapter, job) = match checked {
             Ok(x) => x,
             Err(e) => return Err((e, resp)),
         };
@@ -141,7 +144,7 @@ impl Server {
             Err(e) => return Err((e, resp)),
         };
         let started = Instant::now();
-        let vectors = match generate::embed(&ready.engine, &job.inputs) {
+        let vectors = match generate::embed(&ready.engine, &job.inputs, adapter) {
             Ok(v) => v,
             // A refused input is named as the embeddings request names it.
             Err(Failure::Refused(why)) => {

@@ -99,7 +99,14 @@ impl Server {
         let stats: Vec<(&str, EngineStats)> = models
             .list
             .iter()
-            .map(|m| (m.model_name.as_str(), m.engine.stats()))
+            .map(|m| {
+                let stats = EngineStats {
+                    adapters: m.adapters.len(),
+                    adapter_bytes: m.adapters.iter().map(|a| a.bytes()).sum(),
+                    ..m.engine.stats()
+                };
+                (m.model_name.as_str(), stats)
+            })
             .collect();
         let mut text =
             openai::render_metrics(&stats, &errors, self.started.elapsed().as_secs_f64());

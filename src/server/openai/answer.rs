@@ -16,6 +16,7 @@ pub fn format_for<'a>(ready: &'a Ready, job: &'a Job) -> Box<dyn Format + 'a> {
     match &job.flavor {
         Flavor::Response(meta) => Box::new(responses::Writer::new(
             ready,
+            job.model_name(ready),
             &job.id,
             job.created,
             meta,
@@ -76,7 +77,7 @@ impl Format for Answer<'_> {
                 Flavor::Completion { .. } => "text_completion",
                 _ => "chat.completion.chunk",
             };
-            let mut u = json!({"id": job.id, "object": obj, "created": job.created, "model": ready.model_name, "choices": [], "usage": usage(ready, choices)});
+            let mut u = json!({"id": job.id, "object": obj, "created": job.created, "model": job.model_name(ready), "choices": [], "usage": usage(ready, choices)});
             if job.is_chat() {
                 u["service_tier"] = json!(SERVICE_TIER);
             }
@@ -94,7 +95,7 @@ impl Format for Answer<'_> {
             .enumerate()
             .map(|(ci, c)| final_choice(ready, job, ci, c))
             .collect();
-        let mut whole = json!({"id": job.id, "object": "text_completion", "created": job.created, "model": ready.model_name, "choices": list, "usage": usage(ready, choices)});
+        let mut whole = json!({"id": job.id, "object": "text_completion", "created": job.created, "model": job.model_name(ready), "choices": list, "usage": usage(ready, choices)});
         if job.is_chat() {
             whole["object"] = json!("chat.completion");
             whole["service_tier"] = json!(SERVICE_TIER);
@@ -226,7 +227,7 @@ fn final_choice(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Value {
 fn first_stream_chunk(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Option<Value> {
     match &job.flavor {
         Flavor::Chat | Flavor::Response(..) => Some(json!({
-            "id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name, "service_tier": SERVICE_TIER,
+            "id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": job.model_name(ready), "service_tier": SERVICE_TIER,
             "choices": [{"index": ci, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}],
         })),
         Flavor::Completion { echo } => {
@@ -245,7 +246,7 @@ fn first_stream_chunk(ready: &Ready, job: &Job, ci: usize, c: &Choice) -> Option
                 _ => Value::Null,
             };
             Some(
-                json!({"id": job.id, "object": "text_completion", "created": job.created, "model": ready.model_name,
+                json!({"id": job.id, "object": "text_completion", "created": job.created, "model": job.model_name(ready),
                 "choices": [{"index": ci, "text": e, "logprobs": logprobs, "finish_reason": null}]}),
             )
         }
@@ -266,12 +267,12 @@ fn stream_chunks(
     let chunk = |delta: Value, lp: Option<&TokenLogprob>, finish: Option<&str>| match job.flavor {
         Flavor::Chat | Flavor::Response(..) => {
             let logprobs = lp.map(|l| json!({"content": [chat_logprob_entry(ready, l)]}));
-            json!({"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": ready.model_name, "service_tier": SERVICE_TIER,
+            json!({"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": job.model_name(ready), "service_tier": SERVICE_TIER,
                 "choices": [{"index": ci, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
         }
         Flavor::Completion { .. } => {
             let logprobs = lp.map(|l| completion_logprobs(ready, &[Some(l)], &[l.token], 0));
-            json!({"id": job.id, "object": "text_completion", "created": job.created, "model": ready.model_name,
+            json!({"id": job.id, "object": "text_completion", "created": job.created, "model": job.model_name(ready),
                 "choices": [{"index": ci, "text": delta["content"].as_str().unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]})
         }
     };

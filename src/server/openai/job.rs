@@ -3,7 +3,7 @@
 //! pass this one value from parsing to the answer's last byte.
 
 use super::responses::ResponseMeta;
-use crate::server::generate::Work;
+use crate::server::generate::{Ready, Work};
 
 pub enum Flavor {
     Completion {
@@ -33,6 +33,14 @@ pub struct Job {
 }
 
 impl Job {
+    /// The name its answer carries as `model`: the adapter's it runs with, else the model's.
+    pub fn model_name<'a>(&'a self, ready: &'a Ready) -> &'a str {
+        match &self.work.params.adapter {
+            Some(a) => &a.name,
+            None => &ready.model_name,
+        }
+    }
+
     /// The request forces a call: its answer has no content.
     pub fn forces_a_call(&self) -> bool {
         self.work.rules.as_ref().is_some_and(|r| r.forced())

@@ -74,8 +74,8 @@ type Series = (
     fn(&EngineStats) -> f64,
 );
 
-/// The memory the server holds by design: the KV pool and the mapped model.
-const MEMORY: [Series; 2] = [
+/// The memory the server holds by design: the KV pool, the mapped model and its adapters.
+const MEMORY: [Series; 4] = [
     (
         "edgelm_kv_pool_bytes",
         "gauge",
@@ -87,6 +87,18 @@ const MEMORY: [Series; 2] = [
         "gauge",
         "Bytes of the memory-mapped model file.",
         |s| s.weight_bytes as f64,
+    ),
+    (
+        "edgelm_lora_adapters",
+        "gauge",
+        "LoRA adapters loaded for the model.",
+        |s| s.adapters as f64,
+    ),
+    (
+        "edgelm_lora_adapter_bytes",
+        "gauge",
+        "Bytes the loaded LoRA adapters' updates take in memory.",
+        |s| s.adapter_bytes as f64,
     ),
 ];
 

@@ -26,7 +26,7 @@ pub use embeddings::{
 pub use error::ApiError;
 pub use job::Job;
 pub use metrics::{render as render_metrics, resident_bytes};
-pub use models::{list as list_models, one as one_model, select};
+pub use models::{list as list_models, one as one_model, select_adapted};
 pub use parse::{fuzz_parse_request, Body, Parsing};
 pub use responses::{Store, PREFIX as RESPONSES_PREFIX};
 pub use tokenize::{detokenize, tokenize};

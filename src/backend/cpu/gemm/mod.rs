@@ -24,6 +24,10 @@ use std::cell::Cell;
 /// Output columns per panel: two AVX-512 registers, four AVX2 ones.
 pub const PANEL: usize = 32;
 
+/// Multiply-adds below which [`DenseMatrix::matmul`] stays on the calling thread: a few µs of
+/// work, about what waking the pool costs.
+const SERIAL_WORK: usize = 64 * 1024;
+
 /// One panel's weights: `depth` steps of [`PANEL`] values, `stride` values apart.
 #[derive(Clone, Copy)]
 pub enum PanelRef<'a> {
@@ -138,7 +142,14 @@ impl DenseMatrix {
         let rows = x.len() / self.depth;
         assert!(x.len() == rows * self.depth && out.len() == rows * self.outputs);
         let n_panels = self.outputs.div_ceil(PANEL);
-        let tasks_wanted = pool::threads() * 4;
+        // A product smaller than a thread meeting repays (a LoRA update of a few decode rows)
+        // runs on this thread.
+        let work = rows * self.outputs * self.depth;
+        let tasks_wanted = if work < SERIAL_WORK {
+            1
+        } else {
+            pool::threads() * 4
+        };
         // Runs of rows long enough to amortise a task, enough tasks to balance the threads;
         // a task takes a few panels in turn, so that it can fetch the next while it
         // multiplies by this one (a matrix is read from memory once per call).

@@ -12,6 +12,8 @@ use serde_json::{json, Value};
 
 pub struct Writer<'a> {
     ready: &'a Ready,
+    /// What its `model` says (an adapter's name, or the model's).
+    model: &'a str,
     id: &'a str,
     created: u64,
     meta: &'a ResponseMeta,
@@ -24,6 +26,7 @@ pub struct Writer<'a> {
 impl<'a> Writer<'a> {
     pub fn new(
         ready: &'a Ready,
+        model: &'a str,
         id: &'a str,
         created: u64,
         meta: &'a ResponseMeta,
@@ -31,6 +34,7 @@ impl<'a> Writer<'a> {
     ) -> Writer<'a> {
         Writer {
             ready,
+            model,
             id,
             created,
             meta,
@@ -70,7 +74,7 @@ impl<'a> Writer<'a> {
             "status": status,
             "error": null,
             "incomplete_details": if status == "incomplete" { json!({"reason": outcome(choices).1}) } else { Value::Null },
-            "model": self.ready.model_name,
+            "model": self.model,
             "output": if finished { json!(self.items.output()) } else { json!([]) },
             "usage": if finished { self.usage(choices) } else { Value::Null },
             // The one way edgelm serves a request, whatever tier the request asked for.

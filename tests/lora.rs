@@ -1,0 +1,330 @@
+//! LoRA adapters end to end on the reference model: `serve --lora` lists them in `/v1/models`
+//! and a request's `model` selects one; requests for four adapters and the base model batched
+//! together get the answers they get alone; hostile adapter files are refused in one line.
+//! (Their logits against llama.cpp's `--lora`: tests/kld.rs.)
+
+mod common;
+
+use common::*;
+use edgelm::gguf::{GgufFile, GgufWriter, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// `edgelm serve` with `flags`, stopped when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(flags: &[String]) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = edgelm()
+            .args(["serve", "--port", &port.to_string(), "-t", "2"])
+            .args(["--kv-memory-mib", "96", "--max-seqs", "16"])
+            .args(flags)
+            .arg("-m")
+            .arg(format!("base={}", model_path().display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut server = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while server.request("GET", "/health", "").0 != 200 {
+            assert!(Instant::now() < deadline, "the server never became healthy");
+            assert!(server.child.try_wait().unwrap().is_none(), "serve exited");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    /// (status, body) of one HTTP/1.0 request.
+    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return (0, String::new());
+        };
+        c.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        let req = format!(
+            "{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut resp = String::new();
+        if c.write_all(req.as_bytes()).is_err() || c.read_to_string(&mut resp).is_err() {
+            return (0, String::new());
+        }
+        let status = resp
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, body.to_string())
+    }
+
+    /// The greedy completion of `prompt` by `model`.
+    fn complete(&self, model: &str, prompt: &str) -> String {
+        let body = serde_json::json!({
+            "model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0,
+            "ignore_eos": true,
+        });
+        let (status, text) = self.request("POST", "/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{model}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["model"], model, "{text}");
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// The test adapters for the reference model, as `serve --lora NAME=PATH:SCALE` flags.
+fn lora_flags() -> Vec<String> {
+    TEST_ADAPTERS
+        .iter()
+        .flat_map(|s| {
+            let path = test_adapter(&model_path(), s);
+            let arg = format!("{}={}:{}", s.name, path.display(), s.scale);
+            ["--lora".to_string(), arg]
+        })
+        .collect()
+}
+
+/// Prompts of a few KV blocks each, so that the prefix cache holds their blocks.
+const PROMPTS: [&str; 4] = [
+    "The GNU General Public License is a series of widely used free software licenses that \
+     guarantee end users the freedom to run, study, share, and modify the software. The \
+     licenses were written by Richard Stallman, founder of the Free Software Foundation, and",
+    "Once upon a time, in a small village at the edge of a great forest, there lived an old \
+     clockmaker who repaired every clock in the valley. One winter morning a stranger knocked \
+     on his door carrying a clock that",
+    "To install the package on a fresh machine, first update the system's package index and \
+     make sure that a recent compiler is present. Then download the release archive, check its \
+     signature against the published key, and",
+    "The three primary colours of light are red, green and blue. Mixed in equal amounts they \
+     give white, and every colour a screen shows is some mixture of the three. Painters, \
+     however, learn a different set of primaries, because",
+];
+
+#[test]
+fn adapters_batched_with_the_base_answer_as_they_do_alone() {
+    // 16 streams: stream k asks model k mod 5 (the base model, then each adapter) to continue
+    // prompt k / 5 mod 4, so each prompt is run by the base and by adapters.
+    let models: Vec<&str> = std::iter::once("base")
+        .chain(TEST_ADAPTERS.iter().map(|s| s.name))
+        .collect();
+    let asks: Vec<(&str, &str)> = (0..16)
+        .map(|k| (models[k % 5], PROMPTS[(k / 5) % 4]))
+        .collect();
+    let server = Server::start(&lora_flags());
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = asks
+            .iter()
+            .map(|&(m, p)| s.spawn(|| server.complete(m, p)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    drop(server);
+    // Then one at a time, on a fresh server: the base model computes each prompt first and its
+    // blocks stay in the prefix cache, which must not give them to an adapter's request.
+    let server = Server::start(&lora_flags());
+    for (k, &(m, p)) in asks.iter().enumerate() {
+        let alone = server.complete(m, p);
+        assert_eq!(alone, together[k], "stream {k} ({m}, {p:?})");
+    }
+    // The adapters change what the model says.
+    let base = server.complete("base", PROMPTS[0]);
+    let differ = TEST_ADAPTERS
+        .iter()
+        .filter(|s| server.complete(s.name, PROMPTS[0]) != base)
+        .count();
+    assert!(differ >= 3, "only {differ} adapters change the greedy text");
+}
+
+#[test]
+fn models_lists_each_adapter_with_its_base() {
+    let server = Server::start(&lora_flags()[..2]);
+    let (status, body) = server.request("GET", "/v1/models", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2, "{body}");
+    let base = data[0]["id"].as_str().unwrap();
+    assert_eq!(base, "base", "{body}");
+    let adapter = &data[1];
+    assert_eq!(adapter["id"], TEST_ADAPTERS[0].name, "{body}");
+    assert_eq!(adapter["parent"], base, "{body}");
+    assert_eq!(adapter["lora"]["rank"], TEST_ADAPTERS[0].rank, "{body}");
+    let path = format!("/v1/models/{}", TEST_ADAPTERS[0].name);
+    let (status, one) = server.request("GET", &path, "");
+    assert_eq!(status, 200, "{one}");
+    assert!(one.contains(&format!("\"parent\":\"{base}\"")), "{one}");
+    // /metrics counts the adapter and the memory its updates take.
+    let (_, metrics) = server.request("GET", "/metrics", "");
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} ")));
+        line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert_eq!(value("edgelm_lora_adapters"), 1.0);
+    // Rank 8 in F16 on every attention and FFN matrix of 30 layers: about 4 MiB.
+    let bytes = value("edgelm_lora_adapter_bytes");
+    assert!((3e6..2e7).contains(&bytes), "{bytes}");
+}
+
+/// `edgelm run --lora FILE`: its exit status and its stderr's last line.
+fn run_with_adapter(adapter: &Path) -> (bool, String) {
+    let out = edgelm()
+        .args(["run", "-n", "2", "-p", "Hello", "--temp", "0", "-t", "2"])
+        .arg("-m")
+        .arg(model_path())
+        .arg("--lora")
+        .arg(adapter)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or("").to_string();
+    (out.status.success(), last)
+}
+
+/// The good rank-8 adapter rewritten by `edit` (over its keys and tensors) as `name`.
+fn edited(
+    name: &str,
+    edit: impl FnOnce(
+        &mut Vec<(String, Value)>,
+        &mut Vec<(String, Vec<u64>, edgelm::quant::GgmlType, Vec<u8>)>,
+    ),
+) -> PathBuf {
+    let good = test_adapter(&model_path(), &TEST_ADAPTERS[0]);
+    let file = GgufFile::open(&good).unwrap();
+    let mut keys: Vec<(String, Value)> = file.metadata().to_vec();
+    let mut tensors: Vec<_> = file
+        .tensors()
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dims.clone(),
+                t.ty,
+                file.tensor_data(t).to_vec(),
+            )
+        })
+        .collect();
+    edit(&mut keys, &mut tensors);
+    let mut w = GgufWriter::new();
+    for (k, v) in keys {
+        w = w.kv(k, v);
+    }
+    for (n, d, ty, bytes) in tensors {
+        w = w.tensor(n, &d, ty, bytes);
+    }
+    let dir = repo_root().join("target/test-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("hostile-lora-{name}.gguf"));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    path
+}
+
+#[test]
+fn hostile_adapters_are_refused_in_one_line() {
+    let set = |keys: &mut Vec<(String, Value)>, key: &str, v: Value| {
+        keys.iter_mut().find(|(k, _)| k == key).unwrap().1 = v;
+    };
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (
+            edited("arch", |k, _| {
+                set(k, "general.architecture", Value::String("gemma3".into()))
+            }),
+            "an adapter for architecture gemma3",
+        ),
+        (
+            edited("type", |k, _| {
+                set(k, "general.type", Value::String("model".into()))
+            }),
+            "not an adapter file",
+        ),
+        (
+            // lora_b of layer 0's Q with one output row too many.
+            edited("shape", |_, t| {
+                let b = t
+                    .iter_mut()
+                    .find(|t| t.0 == "blk.0.attn_q.weight.lora_b")
+                    .unwrap();
+                b.1[1] += 1;
+                b.3.extend(vec![0u8; b.1[0] as usize * 2]);
+            }),
+            "do not fit the model's",
+        ),
+        (
+            // lora_a of rank 8, lora_b of rank 7.
+            edited("rank", |_, t| {
+                let b = t
+                    .iter_mut()
+                    .find(|t| t.0 == "blk.0.attn_k.weight.lora_b")
+                    .unwrap();
+                b.3.truncate(b.3.len() / 8 * 7);
+                b.1[0] = 7;
+            }),
+            "rank 8 and lora_b's 7 differ",
+        ),
+        (
+            edited("half", |_, t| {
+                t.retain(|t| t.0 != "blk.3.ffn_up.weight.lora_b")
+            }),
+            "'blk.3.ffn_up.weight' has .lora_a but no .lora_b",
+        ),
+        (
+            edited("norm", |_, t| {
+                let v = vec![0u8; 576 * 4];
+                t.push((
+                    "blk.0.attn_norm.weight".into(),
+                    vec![576],
+                    edgelm::quant::GgmlType::F32,
+                    v,
+                ));
+            }),
+            "is not a LoRA pair's half",
+        ),
+        (
+            edited("embd", |_, t| {
+                for x in t
+                    .iter_mut()
+                    .filter(|t| t.0.starts_with("blk.0.attn_q.weight"))
+                {
+                    x.0 = x.0.replace("blk.0.attn_q.weight", "token_embd.weight");
+                }
+            }),
+            "adapters of the token embeddings are not supported",
+        ),
+        (model_path(), "not an adapter file"),
+    ];
+    for (path, want) in &cases {
+        let (ok, line) = run_with_adapter(path);
+        assert!(!ok, "{}: accepted", path.display());
+        assert!(
+            line.contains(want),
+            "{}: {line:?} lacks {want:?}",
+            path.display()
+        );
+    }
+    // A file cut short is refused by the GGUF reader before anything is read.
+    let good = test_adapter(&model_path(), &TEST_ADAPTERS[0]);
+    let bytes = std::fs::read(&good).unwrap();
+    let cut = repo_root().join("target/test-artifacts/hostile-lora-cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() - 1000]).unwrap();
+    let (ok, line) = run_with_adapter(&cut);
+    assert!(!ok && line.contains("adapter"), "{line:?}");
+}
