@@ -8,11 +8,8 @@
 mod common;
 
 use common::*;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 fn models() -> Vec<(String, PathBuf)> {
     let mut all: Vec<(String, PathBuf)> = TEST_ARCHS
@@ -71,112 +68,6 @@ fn every_architecture_computes_perplexity() {
             .unwrap();
         eprintln!("{name}: PPL {ppl}");
         assert!(ppl.is_finite() && ppl > 1.0, "{name}: PPL {ppl}");
-    }
-}
-
-/// A served model, stopped (SIGTERM) when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(model: &Path) -> Server {
-        Server::start_with(model, &[])
-    }
-
-    /// [`Server::start`] with more `serve` flags.
-    fn start_with(model: &Path, flags: &[&str]) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = edgelm()
-            .args(["serve", "--port", &port.to_string(), "-t", "2"])
-            .args(["--kv-memory-mib", "64"])
-            .args(flags)
-            .arg("-m")
-            .arg(model)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut server = Server { child, port };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while server.request("GET", "/health", "").0 != 200 {
-            assert!(
-                Instant::now() < deadline,
-                "{} never became healthy",
-                model.display()
-            );
-            assert!(server.child.try_wait().unwrap().is_none(), "serve exited");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        server
-    }
-
-    /// (status, JSON document of the body) of one request; status 0 when the server cannot be
-    /// reached.
-    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let (status, body) = self.request_raw(method, path, body);
-        let json = match (body.find('{'), body.rfind('}')) {
-            (Some(a), Some(b)) if a < b => &body[a..=b],
-            _ => &body,
-        };
-        (status, json.to_string())
-    }
-
-    /// (status, body) of one request.
-    fn request_raw(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return (0, String::new());
-        };
-        c.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-        let req = format!(
-            "{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let mut resp = String::new();
-        if c.write_all(req.as_bytes()).is_err() || c.read_to_string(&mut resp).is_err() {
-            return (0, String::new());
-        }
-        let status = resp
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (status, body.to_string())
-    }
-
-    /// [`Server::metric`] once it has reached 0, or after two seconds, whichever comes first.
-    fn settled_metric(&self, name: &str) -> f64 {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        loop {
-            let v = self.metric(name);
-            if v == 0.0 || std::time::Instant::now() > deadline {
-                return v;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-
-    /// The value of an unlabelled series in /metrics.
-    fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.request_raw("GET", "/metrics", "");
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
     }
 }
 
@@ -324,7 +215,7 @@ fn hybrid_server(arch: &str, engine: &str) -> Server {
     let profile =
         std::env::temp_dir().join(format!("edgelm-hybrid-{}-{n}.toml", std::process::id()));
     std::fs::write(&profile, format!("[engine]\n{engine}\n")).unwrap();
-    let server = Server::start_with(&test_model(arch), &["--config", profile.to_str().unwrap()]);
+    let server = Server::start_with(test_model(arch), &["--config", profile.to_str().unwrap()]);
     std::fs::remove_file(&profile).ok();
     server
 }

@@ -6,89 +6,27 @@
 mod common;
 
 use common::*;
-use edgelm::gguf::{GgufFile, GgufWriter, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use edgelm::gguf::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
 
-/// `edgelm serve` with `flags`, stopped when dropped.
-struct Server {
-    child: Child,
-    port: u16,
+/// `edgelm serve` of the reference model as `base`, with `flags` (its adapters).
+fn serve(flags: &[String]) -> Server {
+    let mut all: Vec<&str> = vec!["--max-seqs", "16"];
+    all.extend(flags.iter().map(String::as_str));
+    Server::start_with(format!("base={}", model_path().display()), &all)
 }
 
-impl Server {
-    fn start(flags: &[String]) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = edgelm()
-            .args(["serve", "--port", &port.to_string(), "-t", "2"])
-            .args(["--kv-memory-mib", "96", "--max-seqs", "16"])
-            .args(flags)
-            .arg("-m")
-            .arg(format!("base={}", model_path().display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut server = Server { child, port };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while server.request("GET", "/health", "").0 != 200 {
-            assert!(Instant::now() < deadline, "the server never became healthy");
-            assert!(server.child.try_wait().unwrap().is_none(), "serve exited");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        server
-    }
-
-    /// (status, body) of one HTTP/1.0 request.
-    fn request(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return (0, String::new());
-        };
-        c.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-        let req = format!(
-            "{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let mut resp = String::new();
-        if c.write_all(req.as_bytes()).is_err() || c.read_to_string(&mut resp).is_err() {
-            return (0, String::new());
-        }
-        let status = resp
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        (status, body.to_string())
-    }
-
-    /// The greedy completion of `prompt` by `model`.
-    fn complete(&self, model: &str, prompt: &str) -> String {
-        let body = serde_json::json!({
-            "model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0,
-            "ignore_eos": true,
-        });
-        let (status, text) = self.request("POST", "/v1/completions", &body.to_string());
-        assert_eq!(status, 200, "{model}: {text}");
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(v["model"], model, "{text}");
-        v["choices"][0]["text"].as_str().unwrap().to_string()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
+/// The greedy completion of `prompt` by `model`.
+fn complete(server: &Server, model: &str, prompt: &str) -> String {
+    let body = serde_json::json!({
+        "model": model, "prompt": prompt, "max_tokens": 24, "temperature": 0,
+        "ignore_eos": true,
+    });
+    let (status, text) = server.request("POST", "/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{model}: {text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["model"], model, "{text}");
+    v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
 /// The test adapters for the reference model, as `serve --lora NAME=PATH:SCALE` flags.
@@ -129,34 +67,34 @@ fn adapters_batched_with_the_base_answer_as_they_do_alone() {
     let asks: Vec<(&str, &str)> = (0..16)
         .map(|k| (models[k % 5], PROMPTS[(k / 5) % 4]))
         .collect();
-    let server = Server::start(&lora_flags());
+    let server = serve(&lora_flags());
     let together: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = asks
             .iter()
-            .map(|&(m, p)| s.spawn(|| server.complete(m, p)))
+            .map(|&(m, p)| s.spawn(|| complete(&server, m, p)))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     drop(server);
     // Then one at a time, on a fresh server: the base model computes each prompt first and its
     // blocks stay in the prefix cache, which must not give them to an adapter's request.
-    let server = Server::start(&lora_flags());
+    let server = serve(&lora_flags());
     for (k, &(m, p)) in asks.iter().enumerate() {
-        let alone = server.complete(m, p);
+        let alone = complete(&server, m, p);
         assert_eq!(alone, together[k], "stream {k} ({m}, {p:?})");
     }
     // The adapters change what the model says.
-    let base = server.complete("base", PROMPTS[0]);
+    let base = complete(&server, "base", PROMPTS[0]);
     let differ = TEST_ADAPTERS
         .iter()
-        .filter(|s| server.complete(s.name, PROMPTS[0]) != base)
+        .filter(|s| complete(&server, s.name, PROMPTS[0]) != base)
         .count();
     assert!(differ >= 3, "only {differ} adapters change the greedy text");
 }
 
 #[test]
 fn models_lists_each_adapter_with_its_base() {
-    let server = Server::start(&lora_flags()[..2]);
+    let server = serve(&lora_flags()[..2]);
     let (status, body) = server.request("GET", "/v1/models", "");
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -173,15 +111,9 @@ fn models_lists_each_adapter_with_its_base() {
     assert_eq!(status, 200, "{one}");
     assert!(one.contains(&format!("\"parent\":\"{base}\"")), "{one}");
     // /metrics counts the adapter and the memory its updates take.
-    let (_, metrics) = server.request("GET", "/metrics", "");
-    let value = |name: &str| -> f64 {
-        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} ")));
-        line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
-    };
-    assert_eq!(value("edgelm_lora_adapters"), 1.0);
+    assert_eq!(server.metric("edgelm_lora_adapters"), 1.0);
     // Rank 8 in F16 on every attention and FFN matrix of 30 layers: about 4 MiB.
-    let bytes = value("edgelm_lora_adapter_bytes");
+    let bytes = server.metric("edgelm_lora_adapter_bytes");
     assert!((3e6..2e7).contains(&bytes), "{bytes}");
 }
 
@@ -203,39 +135,10 @@ fn run_with_adapter(adapter: &Path) -> (bool, String) {
 /// The good rank-8 adapter rewritten by `edit` (over its keys and tensors) as `name`.
 fn edited(
     name: &str,
-    edit: impl FnOnce(
-        &mut Vec<(String, Value)>,
-        &mut Vec<(String, Vec<u64>, edgelm::quant::GgmlType, Vec<u8>)>,
-    ),
+    edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<TensorEntry>),
 ) -> PathBuf {
     let good = test_adapter(&model_path(), &TEST_ADAPTERS[0]);
-    let file = GgufFile::open(&good).unwrap();
-    let mut keys: Vec<(String, Value)> = file.metadata().to_vec();
-    let mut tensors: Vec<_> = file
-        .tensors()
-        .iter()
-        .map(|t| {
-            (
-                t.name.clone(),
-                t.dims.clone(),
-                t.ty,
-                file.tensor_data(t).to_vec(),
-            )
-        })
-        .collect();
-    edit(&mut keys, &mut tensors);
-    let mut w = GgufWriter::new();
-    for (k, v) in keys {
-        w = w.kv(k, v);
-    }
-    for (n, d, ty, bytes) in tensors {
-        w = w.tensor(n, &d, ty, bytes);
-    }
-    let dir = repo_root().join("target/test-artifacts");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("hostile-lora-{name}.gguf"));
-    std::fs::write(&path, w.to_bytes()).unwrap();
-    path
+    edited_copy(&good, &format!("hostile-lora-{name}.gguf"), edit)
 }
 
 #[test]

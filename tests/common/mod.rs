@@ -7,6 +7,7 @@ mod gemma_embedding_model;
 mod lora_adapters;
 mod mmproj_model;
 mod nomic_bert_model;
+mod server;
 mod test_models;
 
 // Each test crate uses a part of these.
@@ -20,6 +21,8 @@ pub use lora_adapters::{test_adapter, AdapterSpec, TEST_ADAPTERS};
 pub use mmproj_model::{test_mmproj, test_vlm_text, MMPROJ_IMAGE_SIZE};
 #[allow(unused_imports)]
 pub use nomic_bert_model::{nomic_bert_test_model, NOMIC_CONTEXT};
+#[allow(unused_imports)]
+pub use server::Server;
 #[allow(unused_imports)]
 pub use test_models::{
     test_model, test_model_cut, GEMMA3_TEST_WINDOW, TEST_ARCHS, TEST_EXPERTS, TEST_EXPERTS_USED,
