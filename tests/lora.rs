@@ -230,4 +230,14 @@ fn hostile_adapters_are_refused_in_one_line() {
     std::fs::write(&cut, &bytes[..bytes.len() - 1000]).unwrap();
     let (ok, line) = run_with_adapter(&cut);
     assert!(!ok && line.contains("adapter"), "{line:?}");
+    // A missing file is named as an adapter's, before the model loads.
+    let out = edgelm()
+        .args(["serve", "--port", "1", "--lora", "/nonexistent/sql.gguf"])
+        .arg("-m")
+        .arg(model_path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("adapter /nonexistent/sql.gguf"), "{err}");
 }

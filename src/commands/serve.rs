@@ -131,11 +131,18 @@ fn set<T>(field: &mut T, value: Option<T>) {
 fn check_memory(p: &Profile) -> Result<()> {
     let mut model_bytes = 0;
     for m in p.served_models() {
-        let adapters = m.lora.iter().map(|l| &l.path);
-        for path in std::iter::once(&m.path).chain(&m.mmproj).chain(adapters) {
+        let projector = m.mmproj.iter().map(|p| (p, "projector"));
+        let adapters = m.lora.iter().map(|l| (&l.path, "adapter"));
+        for (path, what) in std::iter::once((&m.path, "model"))
+            .chain(projector)
+            .chain(adapters)
+        {
             match std::fs::metadata(path) {
                 Ok(meta) => model_bytes += meta.len(),
-                Err(_) => anyhow::bail!("{}", edgelm::config::missing_model(path)),
+                Err(_) if what == "model" => {
+                    anyhow::bail!("{}", edgelm::config::missing_model(path))
+                }
+                Err(e) => anyhow::bail!("{what} {}: {e}", path.display()),
             }
         }
     }
