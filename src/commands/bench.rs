@@ -233,6 +233,9 @@ pub(super) fn progress(label: &str, i: usize, n: usize) {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     super::require_model(&args.model.model)?;
+    if !args.lora.is_empty() && (args.embeddings || args.mmproj.is_some()) {
+        bail!("--lora times decode; the embeddings and image benches take no adapter");
+    }
     if args.embeddings {
         return super::bench_embeddings::run(&args);
     }

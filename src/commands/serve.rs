@@ -71,8 +71,14 @@ impl ServeArgs {
     /// Each `--mmproj` and `--chat-template-file` (`[ID=]PATH`) given to the model it names
     /// (a path that exists is a path, as for `-m`); each `--lora` to the one model served.
     fn attach_files(&self, p: &mut Profile) -> Result<()> {
+        if !self.lora.is_empty() && !p.models.is_empty() {
+            anyhow::bail!(
+                "--lora: several models are served; give each its adapters in its profile \
+                 table ([[model.lora]], [[models.lora]])"
+            );
+        }
         for lora in &self.lora {
-            p.served_section("--lora", None)?.lora.push(lora.clone());
+            p.model.lora.push(lora.clone());
         }
         for (flag, args) in [
             ("--mmproj", &self.mmproj),

@@ -23,23 +23,25 @@ impl Model {
     /// Reads the adapter at `path` for this model, to be selected as `name`, its updates
     /// multiplied by `scale` (llama.cpp's `--lora-scaled`).
     pub fn load_adapter(&self, path: &Path, name: &str, scale: f32) -> Result<Adapter> {
-        let at = path.display();
-        let file = GgufFile::open(path).map_err(|e| anyhow::anyhow!("adapter {at}: {e}"))?;
-        self.check_adapter_header(&file)
-            .with_context(|| format!("adapter {at}"))?;
-        let alpha = alpha(&file).with_context(|| format!("adapter {at}"))?;
+        self.read_adapter(path, name, scale)
+            .with_context(|| format!("adapter {}", path.display()))
+    }
+
+    /// [`Model::load_adapter`] without the file's name in its errors.
+    fn read_adapter(&self, path: &Path, name: &str, scale: f32) -> Result<Adapter> {
+        // Its message already says what went wrong (its source too, which `?` would repeat).
+        let file = GgufFile::open(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.check_adapter_header(&file)?;
+        let alpha = alpha(&file)?;
         if !scale.is_finite() {
-            bail!("adapter {at}: scale {scale} is not a number");
+            bail!("scale {scale} is not a number");
         }
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (scale.to_bits(), alpha.to_bits()).hash(&mut hasher);
         let mut updates = Vec::new();
-        for (base, (a, b)) in pairs(&file).with_context(|| format!("adapter {at}"))? {
-            let (mats, rows) = self
-                .adaptable(&base)
-                .with_context(|| format!("adapter {at}"))?;
-            let rank = check_shapes(&base, a, b, mats[0].cols, rows)
-                .with_context(|| format!("adapter {at}"))?;
+        for (base, (a, b)) in pairs(&file)? {
+            let (mats, rows) = self.adaptable(&base)?;
+            let rank = check_shapes(&base, a, b, mats[0].cols, rows)?;
             let (a_bytes, b_bytes) = (file.tensor_data(a), file.tensor_data(b));
             (&base, a_bytes, b_bytes).hash(&mut hasher);
             // alpha 0 means "no alpha": the scale alone (llama.cpp's `get_scale`).
@@ -48,15 +50,14 @@ impl Model {
                 _ => scale * alpha / rank as f32,
             };
             for m in mats {
-                let down = band(a, a_bytes, 0, rank).with_context(|| format!("adapter {at}"))?;
-                let up = band(b, b_bytes, m.first_row, m.rows)
-                    .with_context(|| format!("adapter {at}"))?;
+                let down = band(a, a_bytes, 0, rank)?;
+                let up = band(b, b_bytes, m.first_row, m.rows)?;
                 let scale = factor;
                 updates.push((m, LowRank { down, up, scale }));
             }
         }
         if updates.is_empty() {
-            bail!("adapter {at} holds no LoRA tensors");
+            bail!("it holds no LoRA tensors");
         }
         Ok(Adapter::new(name.to_string(), hasher.finish(), updates))
     }

@@ -16,19 +16,19 @@ pub fn add_updates(batch: &BatchMeta, head: bool, x: &[f32], outs: &mut [(&Mat, 
         return;
     }
     let cols = outs[0].0.cols;
-    let seq_of_row: Vec<usize> = match head {
-        true => batch.logits_for.iter().map(|&i| batch.seq_of[i]).collect(),
-        false => batch.seq_of.clone(),
+    let seq_of_row = |r: usize| match head {
+        true => batch.seq_of[batch.logits_for[r]],
+        false => batch.seq_of[r],
     };
     for adapter in distinct(&batch.adapters) {
         if outs.iter().all(|(m, _)| adapter.update(m).is_none()) {
             continue;
         }
         let uses = |r: &usize| {
-            let a = batch.adapters[seq_of_row[*r]].as_ref();
+            let a = batch.adapters[seq_of_row(*r)].as_ref();
             a.is_some_and(|a| Arc::ptr_eq(a, adapter))
         };
-        let rows: Vec<usize> = (0..seq_of_row.len()).filter(uses).collect();
+        let rows: Vec<usize> = (0..x.len() / cols).filter(uses).collect();
         let gathered: Vec<f32>;
         let xs = match rows.as_slice() {
             [first, .., last] if last - first + 1 == rows.len() => {

@@ -92,14 +92,14 @@ impl Models {
                  --backend cpu or from another process"
             );
         }
+        let adapters = models.iter().any(|m| !m.lora.is_empty());
+        if adapters && engine.backend == crate::backend::select::Backend::Cuda {
+            anyhow::bail!("{ADAPTERS_NEED_CPU}");
+        }
         let loaded: Vec<Loaded> = models
             .iter()
             .map(Loaded::open)
             .collect::<anyhow::Result<_>>()?;
-        let adapters = loaded.iter().any(|l| !l.adapters.is_empty());
-        if adapters && engine.backend == crate::backend::select::Backend::Cuda {
-            anyhow::bail!("{ADAPTERS_NEED_CPU}");
-        }
         let budgets = match several {
             false => vec![engine.kv_memory_bytes],
             true => shares::divide(
