@@ -70,7 +70,7 @@ pub enum ConfigCommand {
     Check(ConfigCheckArgs),
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Firmware profile (TOML); flags given here override its values.
     #[arg(short = 'c', long)]
@@ -168,6 +168,10 @@ pub struct KvPlanArgs {
     /// models, write ID=PATH for the one it belongs to.
     #[arg(long = "mmproj", value_name = "[ID=]PATH")]
     pub mmproj: Vec<String>,
+    /// A LoRA adapter of the (first) model: the memory it takes beside the pool. Repeat it
+    /// for several.
+    #[arg(long = "lora", value_name = "[NAME=]PATH[:SCALE]", value_parser = LoraSection::parse)]
+    pub lora: Vec<LoraSection>,
     /// Context length each sequence could reach.
     #[arg(long, default_value_t = 8192)]
     pub ctx: usize,

@@ -22,7 +22,7 @@ pub struct Profile {
     pub log: LogSection,
 }
 
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
     pub path: PathBuf,

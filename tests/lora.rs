@@ -1,6 +1,7 @@
 //! LoRA adapters end to end on the reference model: `serve --lora` lists them in `/v1/models`
 //! and a request's `model` selects one; requests for four adapters and the base model batched
-//! together get the answers they get alone; hostile adapter files are refused in one line.
+//! together get the answers they get alone; an administrator loads and unloads adapters while
+//! the model serves, with the API key only; hostile adapter files are refused in one line.
 //! (Their logits against llama.cpp's `--lora`: tests/kld.rs.)
 
 mod common;
@@ -115,6 +116,101 @@ fn models_lists_each_adapter_with_its_base() {
     // Rank 8 in F16 on every attention and FFN matrix of 30 layers: about 4 MiB.
     let bytes = server.metric("edgelm_lora_adapter_bytes");
     assert!((3e6..2e7).contains(&bytes), "{bytes}");
+    // kv-plan counts the same memory before anything is served.
+    let out = edgelm()
+        .args(["kv-plan", "--json", "--lora", &lora_flags()[1], "-m"])
+        .arg(model_path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["adapters"]["bytes"].as_f64(), Some(bytes), "{plan}");
+    assert_eq!(plan["adapters"]["each"][0]["name"], TEST_ADAPTERS[0].name);
+}
+
+/// A `/v1/load_lora_adapter` body for `spec`'s test adapter, called `name`.
+fn load_body(name: &str, spec: &AdapterSpec) -> String {
+    let path = test_adapter(&model_path(), spec);
+    serde_json::json!({"lora_name": name, "lora_path": path, "scale": spec.scale}).to_string()
+}
+
+const LOAD: &str = "/v1/load_lora_adapter";
+const UNLOAD: &str = "/v1/unload_lora_adapter";
+
+#[test]
+fn adapters_load_and_unload_while_serving() {
+    let spec = &TEST_ADAPTERS[3];
+    // The answer of the adapter loaded at start, to hold the one loaded at run time to.
+    let at_start = serve(&lora_flags()[6..]);
+    let want = complete(&at_start, spec.name, PROMPTS[1]);
+    let base = complete(&at_start, "base", PROMPTS[1]);
+    assert_ne!(want, base, "the adapter changes nothing");
+    // Without an API key the administration endpoints are closed.
+    let (status, body) = at_start.request("POST", LOAD, &load_body("x", spec));
+    assert_eq!(status, 403, "{body}");
+    drop(at_start);
+
+    let server = serve(&["--api-key".to_string(), "sesame".to_string()]);
+    let (status, body) = server.request_keyed("POST", LOAD, &load_body("x", spec), None);
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = server.request_keyed("POST", UNLOAD, "{}", Some("wrong"));
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = server.request("POST", LOAD, &load_body(spec.name, spec));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""parent":"base""#), "{body}");
+    assert_eq!(complete(&server, spec.name, PROMPTS[1]), want);
+    assert_eq!(server.metric("edgelm_lora_adapters"), 1.0);
+    let (_, models) = server.request("GET", "/v1/models", "");
+    assert!(
+        models.contains(&format!(r#""id":"{}""#, spec.name)),
+        "{models}"
+    );
+    // A taken name, a bad file, a missing one, an unknown field: 400s that name the cause.
+    let hostile = edited("admin-arch", |k, _| {
+        let arch = k.iter_mut().find(|(k, _)| k == "general.architecture");
+        arch.unwrap().1 = Value::String("gemma3".into());
+    });
+    let cases = [
+        (load_body(spec.name, spec), "is taken"),
+        (load_body("base", spec), "is taken"),
+        (
+            serde_json::json!({"lora_name": "h", "lora_path": hostile}).to_string(),
+            "an adapter for architecture gemma3",
+        ),
+        (
+            r#"{"lora_name": "m", "lora_path": "/nonexistent/m.gguf"}"#.to_string(),
+            "/nonexistent/m.gguf",
+        ),
+        (
+            r#"{"lora_name": "m", "lora_path": "m.gguf", "rank": 4}"#.to_string(),
+            "unrecognized request argument: rank",
+        ),
+    ];
+    for (body, want) in &cases {
+        let (status, answer) = server.request("POST", LOAD, body);
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(want), "{body}: {answer} lacks {want:?}");
+    }
+    assert_eq!(server.metric("edgelm_lora_adapters"), 1.0);
+    // Unloaded, its name is refused (not answered by the base model) and its memory is gone.
+    let unload = format!("{{\"lora_name\": \"{}\"}}", spec.name);
+    let (status, body) = server.request("POST", UNLOAD, &unload);
+    assert_eq!(status, 200, "{body}");
+    let ask = serde_json::json!({"model": spec.name, "prompt": "Hi", "max_tokens": 2});
+    let (status, body) = server.request("POST", "/v1/completions", &ask.to_string());
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(server.metric("edgelm_lora_adapter_bytes"), 0.0);
+    let (status, body) = server.request("POST", UNLOAD, &unload);
+    assert_eq!(status, 404, "{body}");
+    // Loaded again under another name, it answers as before.
+    let (status, body) = server.request("POST", LOAD, &load_body("again", spec));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(complete(&server, "again", PROMPTS[1]), want);
+    assert_eq!(complete(&server, "base", PROMPTS[1]), base);
 }
 
 /// `edgelm run --lora FILE`: its exit status and its stderr's last line.

@@ -48,7 +48,11 @@ install -m 0644 systemd/edgelm.sysusers "$root/etc/sysusers.d/edgelm.conf"
 install -m 0644 systemd/edgelm.tmpfiles "$root/etc/tmpfiles.d/edgelm.conf"
 # Keep an existing /etc/default/edgelm (it may hold the API key).
 [ -e "$root/etc/default/edgelm" ] || install -m 0644 systemd/edgelm.default "$root/etc/default/edgelm"
-install -m 0644 "$model" "$root$state/models/$model_name"
+# A new file beside the served one, renamed over it: a running server keeps reading the old
+# file (its mapping stays on the old inode) until it reloads or restarts, never a half-written
+# one.
+install -m 0644 "$model" "$root$state/models/$model_name.new"
+mv -f "$root$state/models/$model_name.new" "$root$state/models/$model_name"
 
 # The profile, with model.path pointing at the installed model. An existing different
 # profile is kept as profile.toml.old.

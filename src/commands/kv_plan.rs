@@ -3,7 +3,7 @@
 use super::model_section;
 use crate::cli::KvPlanArgs;
 use anyhow::{bail, Context, Result};
-use edgelm::config::ModelSection;
+use edgelm::config::{LoraSection, ModelSection};
 use edgelm::gguf::GgufFile;
 use edgelm::kv::plan::KvPlan;
 use edgelm::kv::shares::{self, ShareRequest};
@@ -52,40 +52,112 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
         )?,
     };
     let mut plans = Vec::new();
-    for ((spec, model, embeds), bytes) in models.iter().zip(budgets) {
-        let plan = plan(&args, model, bytes)?;
-        let images = match &spec.mmproj {
-            Some(path) => Some(images(path, model, &plan, args.ctx)?),
-            None => None,
-        };
-        plans.push(json!({
-            "id": spec.served_id(),
-            "kind": if *embeds { "embed" } else { "generate" },
-            "memory_bytes": bytes,
-            "plan": plan,
-            "images": images,
-        }));
+    for (i, ((spec, model, embeds), bytes)) in models.iter().zip(budgets).enumerate() {
+        // `--lora` adapts the first model, as `serve --lora` does.
+        let lora = if i == 0 { args.lora.as_slice() } else { &[] };
+        let (plan, entry) = model_plan(&args, spec, model, *embeds, bytes, lora)?;
         if !args.json {
             if models.len() > 1 {
                 let kind = if *embeds { "embeddings" } else { "generation" };
                 let id = spec.served_id();
                 println!("== {id} ({kind}, {} MiB of the pool)", bytes >> 20);
             }
-            print_plan(&args, model, &plan, bytes);
-            if let Some(images) = &images {
-                print_images(images);
-            }
+            print_model_plan(&args, model, &plan, &entry, bytes);
         }
+        plans.push(entry);
     }
     if args.json {
         let out = match plans.as_slice() {
-            [one] if one["images"].is_null() => one["plan"].clone(),
-            [one] => json!({ "plan": one["plan"], "images": one["images"] }),
+            [one] if one["images"].is_null() && one["adapters"].is_null() => one["plan"].clone(),
+            [one] => {
+                let mut out = json!({ "plan": one["plan"], "images": one["images"] });
+                if !one["adapters"].is_null() {
+                    out["adapters"] = one["adapters"].clone();
+                }
+                out
+            }
             _ => json!({ "models": plans }),
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     Ok(())
+}
+
+/// One model's plan over its pool of `memory` bytes, and its entry in the JSON: the plan, its
+/// images and its adapters `lora`.
+fn model_plan(
+    args: &KvPlanArgs,
+    spec: &ModelSection,
+    model: &Model,
+    embeds: bool,
+    memory: usize,
+    lora: &[LoraSection],
+) -> Result<(KvPlan, serde_json::Value)> {
+    let plan = plan(args, model, memory)?;
+    let images = match &spec.mmproj {
+        Some(path) => Some(images(path, model, &plan, args.ctx)?),
+        None => None,
+    };
+    let adapters = match lora {
+        [] => None,
+        lora => Some(adapters(model, lora)?),
+    };
+    let entry = json!({
+        "id": spec.served_id(),
+        "kind": if embeds { "embed" } else { "generate" },
+        "memory_bytes": memory,
+        "plan": plan,
+        "images": images,
+        "adapters": adapters,
+    });
+    Ok((plan, entry))
+}
+
+/// [`model_plan`] as text.
+fn print_model_plan(
+    args: &KvPlanArgs,
+    model: &Model,
+    plan: &KvPlan,
+    entry: &serde_json::Value,
+    memory: usize,
+) {
+    print_plan(args, model, plan, memory);
+    if !entry["images"].is_null() {
+        print_images(&entry["images"]);
+    }
+    if !entry["adapters"].is_null() {
+        print_adapters(&entry["adapters"]);
+    }
+}
+
+/// The memory `model`'s adapters take (read and checked as `serve` reads them): each one's
+/// rank, matrices and bytes, and their sum.
+fn adapters(model: &Model, lora: &[LoraSection]) -> Result<serde_json::Value> {
+    let loaded = super::load_adapters(model, lora)?;
+    let each: Vec<_> = loaded
+        .iter()
+        .map(|a| json!({"name": a.name, "rank": a.rank(), "matrices": a.matrices(), "bytes": a.bytes()}))
+        .collect();
+    let bytes: usize = loaded.iter().map(|a| a.bytes()).sum();
+    Ok(json!({ "each": each, "bytes": bytes }))
+}
+
+/// [`adapters`] as text.
+fn print_adapters(adapters: &serde_json::Value) {
+    let mib = |v: &serde_json::Value| v.as_u64().unwrap_or(0) as f64 / (1 << 20) as f64;
+    let each = adapters["each"].as_array().map_or(&[][..], Vec::as_slice);
+    let names: Vec<String> = each
+        .iter()
+        .map(|a| {
+            let name = a["name"].as_str().unwrap_or("");
+            format!("{name} (rank {}, {:.1} MiB)", a["rank"], mib(&a["bytes"]))
+        })
+        .collect();
+    println!(
+        "LoRA adapters         {:.1} MiB beside the pool: {}",
+        mib(&adapters["bytes"]),
+        names.join(", ")
+    );
 }
 
 /// Each `--mmproj [ID=]PATH` given to the model it names (the first without an id).

@@ -6,20 +6,14 @@ use super::{engine_config, init_threads, model_section};
 use crate::cli::{ComputeArgs, ConfigCheckArgs, ServeArgs};
 use anyhow::{Context, Result};
 use edgelm::config::Profile;
-use edgelm::server::{serve, FrontConfig, ServeConfig};
+use edgelm::server::{serve, FrontConfig, Reread, ServeConfig};
 use std::net::ToSocketAddrs;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let mut p = match &args.config {
-        Some(path) => Profile::load(path)?,
-        None => Profile::default(),
-    };
-    args.override_profile(&mut p);
-    args.attach_files(&mut p)?;
-    p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let p = profile(&args)?;
     edgelm::backend::select::resolve(&p.engine.backend, "serving");
     let compute = ComputeArgs::from_profile(&p.engine);
     // The engine's threads at the normal priority; the HTTP threads take a lower one.
@@ -40,7 +34,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 .flatten()
         })
         .filter(|k| !k.is_empty());
-    let stop = stop_on_signals()?;
+    let (stop, reload) = (stop_on_signals()?, reload_on_sighup()?);
     let profile_name = args
         .config
         .as_ref()
@@ -63,8 +57,40 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ),
         models: p.served_models(),
         images: p.images.clone(),
+        reread: Some(Reread(Arc::new(move || reread(&args)))),
     };
-    serve(config, stop, drain)
+    serve(config, stop, reload, drain)
+}
+
+/// The profile (`--config`) with the flags given over it, checked.
+fn profile(args: &ServeArgs) -> Result<Profile> {
+    let mut p = match &args.config {
+        Some(path) => Profile::load(path)?,
+        None => Profile::default(),
+    };
+    args.override_profile(&mut p);
+    args.attach_files(&mut p)?;
+    p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(p)
+}
+
+/// A reload's profile: the models it serves now, if they fit in memory beside the running
+/// ones (whose KV pool is held until their last request ends). Its `[engine]` and `[server]`
+/// sections take a restart.
+fn reread(args: &ServeArgs) -> Result<Vec<edgelm::config::ModelSection>> {
+    let p = profile(args)?;
+    let mut beside = p.clone();
+    beside.engine.kv_memory_mib *= 2;
+    check_memory(&beside).context("beside the running models (twice the KV pool)")?;
+    Ok(p.served_models())
+}
+
+/// The flag SIGHUP sets, which asks for a reload.
+fn reload_on_sighup() -> Result<Arc<AtomicBool>> {
+    let reload = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())
+        .context("cannot install signal handlers")?;
+    Ok(reload)
 }
 
 impl ServeArgs {

@@ -10,6 +10,7 @@ use std::path::Path;
 use memmap2::{Mmap, MmapOptions};
 
 use super::error::GgufError;
+use super::fault::Registration;
 use super::header::GgufHeader;
 use super::tensor::{tensor_slice, TensorInfo, TensorView};
 use super::value::Value;
@@ -20,6 +21,9 @@ enum Backing {
 }
 
 pub struct GgufFile {
+    /// The mapping's entry for the SIGBUS handler (`fault`): declared first, so that it is
+    /// dropped before the mapping.
+    registration: Option<Registration>,
     backing: Backing,
     header: GgufHeader,
 }
@@ -46,11 +50,16 @@ impl GgufFile {
             // reading a page past a truncation raises SIGBUS. Model files are
             // treated as immutable while served — the same contract llama.cpp
             // relies on — and replacing one should be done by renaming a new file
-            // into place, which leaves this mapping on the old inode.
+            // into place, which leaves this mapping on the old inode. A fault past a
+            // truncation ends the process with one line naming the file (`fault`).
             let map = unsafe { MmapOptions::new().map_copy_read_only(&file) }.map_err(io)?;
             Backing::Mmap(map)
         };
-        Self::with_backing(backing)
+        let mut file = Self::with_backing(backing)?;
+        if let Backing::Mmap(map) = &file.backing {
+            file.registration = Some(super::fault::register(map, path));
+        }
+        Ok(file)
     }
 
     /// Parses an in-memory image (tests, fuzzing, files read by other means).
@@ -60,7 +69,11 @@ impl GgufFile {
 
     fn with_backing(backing: Backing) -> Result<Self, GgufError> {
         let header = GgufHeader::parse(bytes_of(&backing))?;
-        Ok(GgufFile { backing, header })
+        Ok(GgufFile {
+            registration: None,
+            backing,
+            header,
+        })
     }
 
     /// The whole file image.

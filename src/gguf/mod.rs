@@ -7,11 +7,14 @@
 //! - `header`: header parsing and every structural check;
 //! - `tensor`: tensor descriptors and views;
 //! - `file`: the memory-mapped (or owned) file plus its header;
+//! - `fault`: one clear line and a restart, not a silent SIGBUS, when a mapped file is cut
+//!   short under its mapping;
 //! - `writer`: building GGUF images (tests, tools);
 //! - `summary`: what `edgelm inspect` shows;
 //! - `error`: the error type.
 
 mod error;
+mod fault;
 mod file;
 mod header;
 mod reader;

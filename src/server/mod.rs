@@ -15,5 +15,5 @@ mod http;
 mod openai;
 
 pub use generate::Kind;
-pub use http::{compute_nice, fuzz_http, serve, FrontConfig, ServeConfig};
+pub use http::{compute_nice, fuzz_http, serve, FrontConfig, Reread, ServeConfig};
 pub use openai::fuzz_parse_request;

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub struct Server {
     child: Child,
     port: u16,
+    /// The `--api-key` it was started with, which its requests send.
+    key: Option<String>,
 }
 
 impl Server {
@@ -22,6 +24,15 @@ impl Server {
 
     /// [`Server::start`] with more `serve` flags.
     pub fn start_with(model: impl AsRef<OsStr>, flags: &[&str]) -> Server {
+        Server::start_logging(model, flags, None)
+    }
+
+    /// [`Server::start_with`], its stderr written to `log` (else dropped).
+    pub fn start_logging(model: impl AsRef<OsStr>, flags: &[&str], log: Option<&Path>) -> Server {
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+            None => Stdio::null(),
+        };
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -34,10 +45,14 @@ impl Server {
             .arg("-m")
             .arg(model.as_ref())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
-        let mut server = Server { child, port };
+        let key = flags
+            .iter()
+            .position(|f| *f == "--api-key")
+            .map(|i| flags[i + 1].to_string());
+        let mut server = Server { child, port, key };
         let deadline = Instant::now() + Duration::from_secs(120);
         while server.request("GET", "/health", "").0 != 200 {
             assert!(
@@ -49,6 +64,26 @@ impl Server {
             std::thread::sleep(Duration::from_millis(100));
         }
         server
+    }
+
+    /// Sends `signal` to the server.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// How the server exited, once it has, within `limit` (`None`: still running).
+    pub fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// (status, JSON document of the body) of one request; status 0 when the server cannot be
@@ -64,12 +99,24 @@ impl Server {
 
     /// (status, body) of one request.
     pub fn request_raw(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        self.request_keyed(method, path, body, self.key.as_deref())
+    }
+
+    /// [`Server::request_raw`] with `key` as its API key (none: no Authorization header).
+    pub fn request_keyed(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        key: Option<&str>,
+    ) -> (u16, String) {
         let Ok(mut c) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return (0, String::new());
         };
         c.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
         let req = format!(
-            "{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.0\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         let mut resp = String::new();
@@ -109,8 +156,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.signal(libc::SIGTERM);
         let _ = self.child.wait();
     }
 }

@@ -41,12 +41,15 @@ def unit_settings() -> dict[str, list[str]]:
 
 @pytest.fixture
 def fake_root(tmp_path: Path) -> Path:
-    """A root with the binary at /usr/bin/edgelm, the unit in /etc/systemd/system and the
-    distribution's units (sysinit.target, network-online.target...) it depends on."""
+    """A root with the binary at /usr/bin/edgelm, /bin/kill (ExecReload's), the unit in
+    /etc/systemd/system and the distribution's units (sysinit.target, network-online.target...)
+    it depends on."""
     require_binary()
     assert SYSTEMD_UNITS, "no systemd unit directory with sysinit.target on this machine"
     (tmp_path / "usr/bin").mkdir(parents=True)
     shutil.copy2(BINARY, tmp_path / "usr/bin/edgelm")
+    (tmp_path / "bin").mkdir()
+    shutil.copy2(Path("/bin/kill"), tmp_path / "bin/kill")
     (tmp_path / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree(SYSTEMD_UNITS, tmp_path / "usr/lib/systemd/system", symlinks=True)
     (tmp_path / "etc/systemd/system").mkdir(parents=True)
@@ -98,6 +101,10 @@ def test_unit_matches_the_appliance_contract():
     assert s["Type"] == ["notify"]
     assert s["ExecStart"] == ["/usr/bin/edgelm serve --config /etc/edgelm/profile.toml"]
     assert s["EnvironmentFile"] == ["-/etc/default/edgelm"]
+    # `systemctl reload` is a SIGHUP (a reload without downtime); an exit on a model file
+    # changed in place (status 1) is restarted.
+    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert s["Restart"] == ["on-failure"]
     assert s["User"] == ["edgelm"]
     assert s["CapabilityBoundingSet"] == [""] and s["AmbientCapabilities"] == [""]
     assert s["ProtectSystem"] == ["strict"] and s["NoNewPrivileges"] == ["yes"]

@@ -102,15 +102,22 @@ pub fn port(ctx: &Context) -> Check {
     if TcpStream::connect_timeout(&addr, TIMEOUT).is_ok() {
         return match http_get(addr, "/health", None) {
             Ok((code, body)) => {
-                let state = serde_json::from_str::<serde_json::Value>(&body)
-                    .ok()
+                let health = serde_json::from_str::<serde_json::Value>(&body).ok();
+                let state = health
+                    .as_ref()
                     .and_then(|v| v["status"].as_str().map(str::to_owned));
+                let reload_failed = health.is_some_and(|v| v["last_reload"] == "failed");
                 c.detail("http_status", code);
                 match state {
                     Some(s) => {
                         c.detail("service_state", s.clone());
                         let reason = format!("edgelm answers on {addr}: /health {code} {s}");
                         match s.as_str() {
+                            "ready" if reload_failed => c.warn(
+                                format!("{reason}, but its last reload failed"),
+                                "the models loaded before it serve; why: `journalctl -u \
+                                 edgelm | grep reload` or /api/status's reloads",
+                            ),
                             "ready" => c.pass(reason),
                             "loading" | "draining" => c.warn(
                                 reason,

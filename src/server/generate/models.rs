@@ -2,8 +2,10 @@
 //! run by an engine of its own over its share of the KV memory (`kv::shares`), the engines
 //! taking turns on the CPU (`engine::turns`).
 
+use super::adapters::AdapterSet;
+use super::files::{self, FileStamp};
 use crate::backend::adapter::{Adapter, ADAPTERS_NEED_CPU};
-use crate::config::{LoraSection, ModelSection};
+use crate::config::ModelSection;
 use crate::engine::turns::{StepTurns, TurnSeat};
 use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::grammar::Grammars;
@@ -12,7 +14,7 @@ use crate::model::Model;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use crate::vision::{ImageSources, Projector};
 use anyhow::Context;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// What a served model answers.
@@ -48,14 +50,15 @@ pub struct Ready {
     /// Where its images are encoded: in slices that take turns with the engine's steps,
     /// paced against its streams as its prefill is (present with a projector).
     pub encoder: Option<PacedEncoder>,
-    /// Its LoRA adapters (`ModelSection::lora`), each selected by its name.
-    pub adapters: Vec<Arc<Adapter>>,
+    /// Its LoRA adapters (`ModelSection::lora`, and those loaded since), each selected by
+    /// its name.
+    pub adapters: AdapterSet,
 }
 
 impl Ready {
     /// Its adapter called `name`.
-    pub fn adapter(&self, name: &str) -> Option<&Arc<Adapter>> {
-        self.adapters.iter().find(|a| a.name == name)
+    pub fn adapter(&self, name: &str) -> Option<Arc<Adapter>> {
+        self.adapters.get(name)
     }
 }
 
@@ -70,6 +73,13 @@ pub struct Models {
     pub list: Vec<Ready>,
     /// Where requests' images may come from besides `data:` URLs (the profile's `[images]`).
     pub images: ImageSources,
+    /// Held while adapters are loaded or unloaded at run time, so that two loads cannot take
+    /// one name.
+    pub changing_adapters: Mutex<()>,
+    /// What they were loaded from: the profile's sections and their files as they were then
+    /// (what a reload compares).
+    pub specs: Vec<ModelSection>,
+    pub stamps: Vec<Option<FileStamp>>,
 }
 
 impl Models {
@@ -92,6 +102,7 @@ impl Models {
                  --backend cpu or from another process"
             );
         }
+        let stamps = files::stamps(models);
         let adapters = models.iter().any(|m| !m.lora.is_empty());
         if adapters && engine.backend == crate::backend::select::Backend::Cuda {
             anyhow::bail!("{ADAPTERS_NEED_CPU}");
@@ -125,7 +136,14 @@ impl Models {
             list.push(ready);
             threads.push(thread);
         }
-        Ok((Models { list, images }, threads))
+        let models = Models {
+            list,
+            images,
+            changing_adapters: Mutex::new(()),
+            specs: models.to_vec(),
+            stamps,
+        };
+        Ok((models, threads))
     }
 }
 
@@ -136,7 +154,7 @@ struct Loaded {
     tokenizer: Tokenizer,
     kind: Kind,
     projector: Option<Arc<Projector>>,
-    adapters: Vec<Arc<Adapter>>,
+    adapters: AdapterSet,
 }
 
 impl Loaded {
@@ -155,11 +173,7 @@ impl Loaded {
             None => None,
             Some(path) => Some(Arc::new(open_projector(path, &model, &tokenizer, kind)?)),
         };
-        let adapters = spec
-            .lora
-            .iter()
-            .map(|l| open_adapter(&model, l).map(Arc::new))
-            .collect::<anyhow::Result<_>>()?;
+        let adapters = AdapterSet::open(model.clone(), &spec.lora)?;
         Ok(Loaded {
             spec: spec.clone(),
             model,
@@ -230,20 +244,6 @@ impl Loaded {
         };
         Ok((ready, thread))
     }
-}
-
-/// The adapter `lora` for `model`, read and checked against it.
-fn open_adapter(model: &Model, lora: &LoraSection) -> anyhow::Result<Adapter> {
-    let name = lora.served_name();
-    let adapter = model.load_adapter(&lora.path, &name, lora.scale)?;
-    log::info!(
-        "adapter {name} ({}): {} matrices, rank {}, {:.1} MiB",
-        lora.path.display(),
-        adapter.matrices(),
-        adapter.rank(),
-        adapter.bytes() as f64 / (1 << 20) as f64
-    );
-    Ok(adapter)
 }
 
 /// The projector file `path`, checked against the model that reads its rows.

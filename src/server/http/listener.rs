@@ -30,11 +30,13 @@ fn listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
-/// Binds, loads the model in the background (503 meanwhile), serves until `stop` is set,
-/// then drains in-flight requests (bounded by `drain_timeout`).
+/// Binds, loads the model in the background (503 meanwhile), serves until `stop` is set
+/// (reloading whenever `reload` is), then drains in-flight requests (bounded by
+/// `drain_timeout`).
 pub fn serve(
     mut config: ServeConfig,
     stop: Arc<AtomicBool>,
+    reload: Arc<AtomicBool>,
     drain_timeout: std::time::Duration,
 ) -> anyhow::Result<()> {
     let listener = listener(config.addr)
@@ -56,6 +58,11 @@ pub fn serve(
     )
     .map_err(|e| anyhow::anyhow!("cannot start serving: {e}"))?;
     while !stop.load(Ordering::Relaxed) && server.load_error.get().is_none() {
+        if reload.swap(false, Ordering::Relaxed) {
+            // On a thread of its own: loading a model takes seconds, and a stop must not wait.
+            let server = server.clone();
+            std::thread::spawn(move || server.reload("SIGHUP"));
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let cut_short = drain(&server, stop.load(Ordering::Relaxed), drain_timeout);
@@ -80,11 +87,8 @@ fn start_loading(server: &Arc<Server>) -> JoinHandle<Vec<JoinHandle<()>>> {
             log::info!("model loaded; ready");
             // Listening since before the load, engines running, /health answers 200 now:
             // only at this point is the service up for systemd (Type=notify).
-            if let Some(models) = server.ready().filter(|_| server.is_ready()) {
-                let ids: Vec<&str> = models.list.iter().map(|m| m.model_name.as_str()).collect();
-                let addr = server.config.addr;
-                let status = format!("STATUS=serving {} on {addr}", ids.join(", "));
-                systemd::notify(&["READY=1", &status]);
+            if server.is_ready() {
+                server.notify_serving();
             }
             engine_threads
         }
@@ -140,6 +144,12 @@ fn stop_engines(
     for ready in server.ready().iter().flat_map(|m| &m.list) {
         ready.engine.shutdown();
     }
+    let reloaded = std::mem::take(
+        &mut *server
+            .reloaded_threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    );
     if cut_short > 0 {
         // The engines would finish every running request before they stop, however long they
         // are: their answers have ended, so returning ends the process now.
@@ -148,7 +158,8 @@ fn stop_engines(
             drain_timeout.as_secs()
         );
     } else {
-        for thread in threads {
+        // Engines a reload replaced stopped when their last request ended.
+        for thread in threads.into_iter().chain(reloaded) {
             let _ = thread.join();
         }
     }

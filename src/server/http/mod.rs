@@ -2,7 +2,8 @@
 //! stricter head rules, timeouts, caps, per-client buckets, and the refusals decided from the
 //! head alone, `triage`), fixed pools of handler threads (`pool`), admission
 //! (`admission`), routing a complete request to its answer (`routes`, `handlers`, `status`),
-//! and the server's life (`listener`: bind, load, serve, drain) and shared state (`server`).
+//! the server's life (`listener`: bind, load, serve, drain), reloads without downtime
+//! (`reload`, how they went in `reloads`) and shared state (`server`).
 //! docs/http-front.md says why it is built this way.
 
 mod admission;
@@ -13,6 +14,8 @@ mod listener;
 mod pool;
 mod priority;
 mod refusals;
+mod reload;
+mod reloads;
 mod routes;
 mod server;
 mod status;
@@ -21,4 +24,4 @@ mod triage;
 pub use front::{fuzz_http, FrontConfig};
 pub use listener::serve;
 pub use priority::compute_nice;
-pub use server::ServeConfig;
+pub use server::{Reread, ServeConfig};

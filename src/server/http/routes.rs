@@ -2,9 +2,10 @@
 //! page, metrics, models, tokenize and kept responses answer here; generation and embeddings
 //! requests go to `handlers`.
 
+use super::reload::Outcome;
 use super::server::{Pending, Request, Server};
 use super::status;
-use super::triage::{self, MODEL_PREFIX};
+use super::triage::{self, ADMIN_LOAD_ADAPTER, ADMIN_RELOAD, ADMIN_UNLOAD_ADAPTER, MODEL_PREFIX};
 use crate::engine::metrics::EngineStats;
 use crate::server::generate::{Models, RawResponse};
 use crate::server::openai::{self, ApiError, RESPONSES_PREFIX};
@@ -49,6 +50,7 @@ impl Server {
         let Some(models) = self.ready() else {
             return Err((ApiError::unavailable("the model is still loading"), resp));
         };
+        let models = &*models;
         if path == "/metrics" {
             let text = self.metrics_text(models);
             let _ = resp.send(200, "text/plain; version=0.0.4", &[], text.as_bytes());
@@ -85,6 +87,13 @@ impl Server {
                 openai::one_model(models, &percent_decoded(&p[MODEL_PREFIX.len()..]))
             }
             "/tokenize" => openai::tokenize(models, body),
+            ADMIN_LOAD_ADAPTER => openai::load_adapter(models, body),
+            ADMIN_UNLOAD_ADAPTER => openai::unload_adapter(models, body),
+            ADMIN_RELOAD => match self.reload("POST /admin/reload") {
+                Ok(Outcome::Unchanged) => Ok(json!({ "status": "unchanged" })),
+                Ok(Outcome::Reloaded(ids)) => Ok(json!({ "status": "reloaded", "models": ids })),
+                Err(e) => Err(ApiError::reload_failed(&e)),
+            },
             "/detokenize" => openai::detokenize(models, body),
             p if p.starts_with(RESPONSES_PREFIX) => {
                 self.kept_response(method, &percent_decoded(&p[RESPONSES_PREFIX.len()..]))
@@ -100,9 +109,10 @@ impl Server {
             .list
             .iter()
             .map(|m| {
+                let adapters = m.adapters.all();
                 let stats = EngineStats {
-                    adapters: m.adapters.len(),
-                    adapter_bytes: m.adapters.iter().map(|a| a.bytes()).sum(),
+                    adapters: adapters.len(),
+                    adapter_bytes: adapters.iter().map(|a| a.bytes()).sum(),
                     ..m.engine.stats()
                 };
                 (m.model_name.as_str(), stats)
@@ -111,6 +121,7 @@ impl Server {
         let mut text =
             openai::render_metrics(&stats, &errors, self.started.elapsed().as_secs_f64());
         self.front_stats.render(&mut text);
+        self.reloads().render(&mut text);
         text
     }
 

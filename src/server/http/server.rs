@@ -5,6 +5,7 @@ use super::admission::Admission;
 use super::front::config::FrontConfig;
 use super::front::stats::FrontStats;
 use super::refusals::RefusalRate;
+use super::reloads::Reloads;
 use crate::config::ModelSection;
 use crate::engine::EngineConfig;
 use crate::server::generate::{Models, RawResponse};
@@ -13,7 +14,7 @@ use crate::vision::ImageSources;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Debug)]
@@ -37,6 +38,20 @@ pub struct ServeConfig {
     pub response_store: (usize, usize),
     /// Where requests' images may come from besides `data:` URLs.
     pub images: crate::config::ImagesSection,
+    /// Reads the profile again for a reload (`SIGHUP`, `POST /admin/reload`): the models it
+    /// serves now, its memory check passed with the running models still held. `None`: the
+    /// models above, as they are.
+    pub reread: Option<Reread>,
+}
+
+/// See [`ServeConfig::reread`].
+#[derive(Clone)]
+pub struct Reread(pub Arc<dyn Fn() -> anyhow::Result<Vec<ModelSection>> + Send + Sync>);
+
+impl std::fmt::Debug for Reread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reread")
+    }
 }
 
 impl ServeConfig {
@@ -48,8 +63,14 @@ impl ServeConfig {
 
 pub struct Server {
     pub(super) config: ServeConfig,
-    pub(super) ready: OnceLock<Models>,
+    /// The models serving now: a reload puts new ones in their place, and the old ones go
+    /// when the last request holding them ends.
+    pub(super) ready: RwLock<Option<Arc<Models>>>,
     pub(super) load_error: OnceLock<String>,
+    /// Reloads, one at a time, and how they went.
+    pub(super) reloads: Mutex<Reloads>,
+    /// The engines' threads of models loaded since start (`reload`), joined at shutdown.
+    pub(super) reloaded_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub(super) draining: AtomicBool,
     /// The drain time is over: every answer under way ends now, with an error its client can
     /// parse.
@@ -127,8 +148,10 @@ impl Server {
             responses: Arc::new(Store::new(config.response_store.0, config.response_store.1)),
             boot_tag: format!("{:x}", unix_nanos() & 0xffff_ffff_ffff),
             config,
-            ready: OnceLock::new(),
+            ready: RwLock::new(None),
             load_error: OnceLock::new(),
+            reloads: Mutex::default(),
+            reloaded_threads: Mutex::default(),
             draining: AtomicBool::new(false),
             cut: AtomicBool::new(false),
             started: Instant::now(),
@@ -143,12 +166,20 @@ impl Server {
 
     /// Loads the models and starts their engines (the server answers 503 until this is done).
     pub fn load(&self) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+        let (models, threads) = self.load_models(&self.config.models)?;
+        *self.ready.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(models));
+        Ok(threads)
+    }
+
+    /// `specs` loaded, their engines started (as many models as the server holds).
+    pub(super) fn load_models(
+        &self,
+        specs: &[ModelSection],
+    ) -> anyhow::Result<(Models, Vec<std::thread::JoinHandle<()>>)> {
         let c = &self.config.images;
         let timeout = std::time::Duration::from_secs_f64(c.fetch_timeout_s);
         let images = ImageSources::new(&c.fetch_hosts, c.fetch_max_kib, timeout, &c.folder)?;
-        let (models, threads) = Models::load(&self.config.models, &self.config.engine, images)?;
-        let _ = self.ready.set(models);
-        Ok(threads)
+        Models::load(specs, &self.config.engine, images)
     }
 
     pub fn set_load_error(&self, e: String) {
@@ -156,11 +187,21 @@ impl Server {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.get().is_some() && !self.draining.load(Ordering::Relaxed)
+        self.ready().is_some() && !self.draining.load(Ordering::Relaxed)
     }
 
-    pub fn ready(&self) -> Option<&Models> {
-        self.ready.get()
+    /// The models serving now; a request holds them to its end, whatever a reload does.
+    pub fn ready(&self) -> Option<Arc<Models>> {
+        self.ready.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Tells systemd the service is up (`READY=1`), and what it serves.
+    pub fn notify_serving(&self) {
+        let ids: Vec<String> = self.ready().map_or(Vec::new(), |m| {
+            m.list.iter().map(|r| r.model_name.clone()).collect()
+        });
+        let status = format!("STATUS=serving {} on {}", ids.join(", "), self.config.addr);
+        crate::systemd::notify(&["READY=1", &status]);
     }
 
     /// Stops accepting generation work; /health turns 503.

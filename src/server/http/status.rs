@@ -20,6 +20,7 @@ pub fn status_json(server: &Server, models: &Models) -> Value {
     let mut errors = server.errors.lock().map(|e| e.clone()).unwrap_or_default();
     // A client that leaves before its answer is not the server's error.
     let cancelled = errors.remove("cancelled").unwrap_or(0);
+    let reloads = server.reloads();
     json!({
         "state": if server.is_ready() { "ready" } else { "draining" },
         "version": env!("CARGO_PKG_VERSION"),
@@ -50,6 +51,10 @@ pub fn status_json(server: &Server, models: &Models) -> Value {
         "accepted_draft_tokens": s.accepted_draft_tokens,
         "tokens_per_second": s.recent_tokens.iter().map(|&(t, n)| (t, n)).collect::<Vec<_>>(),
         "ttft": s.recent_ttft,
+        "reloads": {
+            "reloaded": reloads.done, "unchanged": reloads.unchanged, "failed": reloads.failed,
+            "last_error": reloads.last_error,
+        },
     })
 }
 

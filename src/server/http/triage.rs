@@ -22,7 +22,17 @@ const ROUTES: &[(&str, &str)] = &[
     ("/v1/embeddings", "POST"),
     ("/tokenize", "POST"),
     ("/detokenize", "POST"),
+    (ADMIN_LOAD_ADAPTER, "POST"),
+    (ADMIN_UNLOAD_ADAPTER, "POST"),
+    (ADMIN_RELOAD, "POST"),
 ];
+
+/// Administration (adapters at vLLM's paths): open only where an API key is set, and only
+/// with it.
+pub const ADMIN_LOAD_ADAPTER: &str = "/v1/load_lora_adapter";
+pub const ADMIN_UNLOAD_ADAPTER: &str = "/v1/unload_lora_adapter";
+pub const ADMIN_RELOAD: &str = "/admin/reload";
+const ADMIN: &[&str] = &[ADMIN_LOAD_ADAPTER, ADMIN_UNLOAD_ADAPTER, ADMIN_RELOAD];
 
 /// What triage needs of a request head.
 #[derive(Debug, PartialEq)]
@@ -102,6 +112,12 @@ impl Server {
         if !open && !self.authorized(head.authorization.as_deref()) {
             return Err(ApiError::unauthorized());
         }
+        if ADMIN.contains(&path) && self.config.api_key.is_none() {
+            return Err(ApiError::forbidden(
+                "administration endpoints are closed: serve with an API key (--api-key) to \
+                 open them to its holders",
+            ));
+        }
         // A declared length over the limit is refused now; a chunked body is limited as it
         // is read.
         if head.content_length > self.config.body_limit as u64 {
@@ -110,7 +126,12 @@ impl Server {
         Ok(match path {
             "/health" => {
                 let (status, state) = self.health();
-                Route::Health(status, json!({ "status": state }).to_string())
+                let mut body = json!({ "status": state });
+                // Whether the last reload failed (why is behind the key, in /api/status).
+                if self.reloads().last_error.is_some() {
+                    body["last_reload"] = json!("failed");
+                }
+                Route::Health(status, body.to_string())
             }
             // Embeddings run through the engine as prompts do, and are admitted as they are.
             "/v1/completions" | "/v1/chat/completions" | "/v1/responses" | "/v1/embeddings" => {
@@ -131,7 +152,7 @@ impl Server {
         if self.draining.load(Ordering::Relaxed) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
-        if self.ready.get().is_none() {
+        if self.ready().is_none() {
             return Err(ApiError::unavailable("the model is still loading"));
         }
         let in_flight = self.in_flight() + self.pending.load(Ordering::SeqCst);

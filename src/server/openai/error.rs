@@ -43,6 +43,18 @@ impl ApiError {
         }
     }
 
+    /// An endpoint this server keeps closed as it is configured.
+    pub fn forbidden(message: &str) -> ApiError {
+        ApiError {
+            status: 403,
+            message: message.into(),
+            kind: "permission_error",
+            param: None,
+            code: Some("forbidden"),
+            retry_after: None,
+        }
+    }
+
     pub fn not_found(path: &str) -> ApiError {
         ApiError {
             status: 404,
@@ -153,6 +165,18 @@ impl ApiError {
         }
     }
 
+    /// A reload that did not happen: the models serving before it still serve.
+    pub fn reload_failed(why: &str) -> ApiError {
+        ApiError {
+            status: 500,
+            message: format!("reload failed, the running models keep serving: {why}"),
+            kind: "server_error",
+            param: None,
+            code: Some("reload_failed"),
+            retry_after: None,
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError {
             status: 500,
@@ -169,6 +193,7 @@ impl ApiError {
         match self.status {
             400 => "invalid_request",
             401 => "unauthorized",
+            403 => "forbidden",
             404 => "not_found",
             405 => "method_not_allowed",
             414 => "target_too_long",

@@ -10,7 +10,8 @@ use std::sync::Arc;
 /// The model a request for `task` (`None`: any) names (`requested`, its `model` field),
 /// and the adapter of it the name selects, if any (an adapter runs on its base model's engine).
 /// With one model served, any name but an adapter's selects the base model, as clients that
-/// send a fixed name expect. With several, an unknown name is a 404 `model_not_found`, and no
+/// send a fixed name expect; an adapter's name after it was unloaded is a 404, never the
+/// base model's answer. With several, an unknown name is a 404 `model_not_found`, and no
 /// name selects the first model that does `task`. Generation from an embedding model is a 400.
 pub fn select_adapted<'a>(
     models: &'a Models,
@@ -19,14 +20,15 @@ pub fn select_adapted<'a>(
 ) -> Result<(&'a Ready, Option<Arc<Adapter>>), ApiError> {
     let adapter_named = |id: &str| {
         let mut all = models.list.iter();
-        all.find_map(|m| m.adapter(id).map(|a| (m, Some(a.clone()))))
+        all.find_map(|m| m.adapter(id).map(|a| (m, Some(a))))
     };
+    let unloaded = |id: &str| models.list.iter().any(|m| m.adapters.was_unloaded(id));
     let (chosen, adapter) = match (models.list.as_slice(), requested) {
         (all, Some(id)) => match all.iter().find(|m| m.model_name == id) {
             Some(m) => (m, None),
             None => match (adapter_named(id), all) {
                 (Some(found), _) => found,
-                (None, [only]) => (only, None),
+                (None, [only]) if !unloaded(id) => (only, None),
                 (None, _) => return Err(ApiError::model_not_found(id)),
             },
         },
@@ -56,10 +58,12 @@ pub fn select<'a>(
 
 /// `GET /v1/models`: every model served.
 pub fn list(models: &Models) -> Value {
-    let adapters = models
-        .list
-        .iter()
-        .flat_map(|m| m.adapters.iter().map(move |a| adapter_object(m, a)));
+    let adapters = models.list.iter().flat_map(|m| {
+        m.adapters
+            .all()
+            .into_iter()
+            .map(move |a| adapter_object(m, &a))
+    });
     json!({
         "object": "list",
         "data": models.list.iter().map(model_object).chain(adapters).collect::<Vec<_>>(),
@@ -72,7 +76,7 @@ pub fn one(models: &Models, id: &str) -> Result<Value, ApiError> {
         return Ok(model_object(m));
     }
     let mut all = models.list.iter();
-    all.find_map(|m| m.adapter(id).map(|a| adapter_object(m, a)))
+    all.find_map(|m| m.adapter(id).map(|a| adapter_object(m, &a)))
         .ok_or_else(|| ApiError::model_not_found(id))
 }
 
@@ -87,7 +91,7 @@ fn model_object(ready: &Ready) -> Value {
 }
 
 /// An adapter as vLLM lists a LoRA module: a model whose `parent` (and `root`) is its base.
-fn adapter_object(base: &Ready, adapter: &Adapter) -> Value {
+pub fn adapter_object(base: &Ready, adapter: &Adapter) -> Value {
     json!({
         "id": adapter.name, "object": "model", "created": base.model_created,
         "owned_by": "edgelm", "max_model_len": base.engine.limits.context,

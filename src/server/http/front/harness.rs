@@ -55,6 +55,7 @@ impl Harness {
             },
             response_store: (16, 1 << 20),
             images: Default::default(),
+            reread: None,
         };
         let server = Server::new(config);
         let (generate, other) = handler_pools(&server).expect("handler threads");
