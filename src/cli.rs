@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// Repeat it for several [profile: [[model.lora]]].
     #[arg(long = "lora", value_name = "[NAME=]PATH[:SCALE]", value_parser = LoraSection::parse)]
     pub lora: Vec<LoraSection>,
+    /// Where each model's prefix cache is kept across restarts (default: under systemd's
+    /// $STATE_DIRECTORY, else not kept) [profile: prefix_cache.dir].
+    #[arg(long = "prefix-cache-dir", value_name = "DIR")]
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
     /// [profile: server.host, default 127.0.0.1]
     #[arg(long)]
     pub host: Option<String>,
@@ -172,6 +176,10 @@ pub struct KvPlanArgs {
     /// for several.
     #[arg(long = "lora", value_name = "[NAME=]PATH[:SCALE]", value_parser = LoraSection::parse)]
     pub lora: Vec<LoraSection>,
+    /// The folder `serve` keeps prefix caches in (`--prefix-cache-dir`): what a start would
+    /// restore from it for each model.
+    #[arg(long = "prefix-cache-dir", value_name = "DIR")]
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
     /// Context length each sequence could reach.
     #[arg(long, default_value_t = 8192)]
     pub ctx: usize,

@@ -2,8 +2,10 @@
 //! unknown keys and out-of-range values are errors that name the key and its line.
 
 mod lora;
+mod prefix_cache;
 
 pub use lora::LoraSection;
+pub use prefix_cache::PrefixCacheSection;
 
 use crate::kv::KvType;
 use serde::Deserialize;
@@ -19,6 +21,8 @@ pub struct Profile {
     pub server: ServerSection,
     pub engine: EngineSection,
     pub images: ImagesSection,
+    /// The prefix cache kept on disk across restarts.
+    pub prefix_cache: PrefixCacheSection,
     pub log: LogSection,
 }
 
@@ -554,6 +558,7 @@ impl Profile {
         self.server.check_limits()?;
         self.engine.check()?;
         self.images.check()?;
+        self.prefix_cache.check()?;
         if !matches!(
             self.log.level.as_str(),
             "error" | "warn" | "info" | "debug" | "trace"

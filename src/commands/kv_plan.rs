@@ -68,11 +68,19 @@ pub fn run(args: KvPlanArgs) -> Result<()> {
     }
     if args.json {
         let out = match plans.as_slice() {
-            [one] if one["images"].is_null() && one["adapters"].is_null() => one["plan"].clone(),
+            [one]
+                if ["images", "adapters", "prefix_cache"]
+                    .iter()
+                    .all(|k| one[k].is_null()) =>
+            {
+                one["plan"].clone()
+            }
             [one] => {
                 let mut out = json!({ "plan": one["plan"], "images": one["images"] });
-                if !one["adapters"].is_null() {
-                    out["adapters"] = one["adapters"].clone();
+                for key in ["adapters", "prefix_cache"] {
+                    if !one[key].is_null() {
+                        out[key] = one[key].clone();
+                    }
                 }
                 out
             }
@@ -102,6 +110,10 @@ fn model_plan(
         [] => None,
         lora => Some(adapters(model, lora)?),
     };
+    let prefix_cache = args
+        .prefix_cache_dir
+        .as_ref()
+        .map(|dir| restorable(args, model, dir, &spec.served_id()));
     let entry = json!({
         "id": spec.served_id(),
         "kind": if embeds { "embed" } else { "generate" },
@@ -109,6 +121,7 @@ fn model_plan(
         "plan": plan,
         "images": images,
         "adapters": adapters,
+        "prefix_cache": prefix_cache,
     });
     Ok((plan, entry))
 }
@@ -128,6 +141,47 @@ fn print_model_plan(
     if !entry["adapters"].is_null() {
         print_adapters(&entry["adapters"]);
     }
+    let cache = &entry["prefix_cache"];
+    if !cache.is_null() {
+        println!(
+            "prefix cache on disk  {}: {} ({} blocks, {} tokens restored at start)",
+            cache["file"].as_str().unwrap_or(""),
+            cache["state"].as_str().unwrap_or(""),
+            cache["blocks"],
+            cache["tokens"]
+        );
+    }
+}
+
+/// What `serve` would restore for the model `id` from the prefix caches in `dir`, with this
+/// page format.
+fn restorable(
+    args: &KvPlanArgs,
+    model: &Model,
+    dir: &std::path::Path,
+    id: &str,
+) -> serde_json::Value {
+    let config = edgelm::engine::DiskCacheConfig {
+        dir: dir.to_path_buf(),
+        name: id.to_string(),
+        disk_bytes: 0,
+        save_every: std::time::Duration::ZERO,
+    };
+    let geom = model.config.page_geometry(args.kv_type, args.block_size);
+    let (file, read) = edgelm::engine::cache_on_disk(&config, &model.file.fingerprint(), &geom);
+    use edgelm::kv::persist::NotRead;
+    let (state, blocks) = match read {
+        Ok(n) => ("restorable", n),
+        Err(NotRead::Missing) => ("none", 0),
+        Err(NotRead::Mismatch) => (
+            "for another model file, KV format or edgelm (deleted at start)",
+            0,
+        ),
+        Err(NotRead::Corrupt(_)) => ("corrupt (discarded at start)", 0),
+    };
+    json!({
+        "file": file, "state": state, "blocks": blocks, "tokens": blocks * args.block_size,
+    })
 }
 
 /// The memory `model`'s adapters take (read and checked as `serve` reads them): each one's

@@ -77,6 +77,7 @@ pub fn engine_config(c: &ComputeArgs) -> EngineConfig {
         prompt_lookup: c.prompt_lookup,
         state_snapshot_bytes: c.state_snapshot_mib << 20,
         turns: None,
+        disk_cache: None,
     }
 }
 

@@ -57,6 +57,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ),
         models: p.served_models(),
         images: p.images.clone(),
+        prefix_cache: p.prefix_cache.clone(),
         reread: Some(Reread(Arc::new(move || reread(&args)))),
     };
     serve(config, stop, reload, drain)
@@ -132,6 +133,9 @@ impl ServeArgs {
         }
         if let Some(h) = &self.host {
             server.host = h.clone();
+        }
+        if let Some(dir) = &self.prefix_cache_dir {
+            p.prefix_cache.dir = dir.clone();
         }
         set(&mut server.port, self.port);
         set(&mut engine.threads, self.threads);

@@ -2,6 +2,7 @@
 //! threads talk to it only through channels (`EngineHandle`). One step is nano-vllm's four
 //! lines: schedule → run → postprocess → emit.
 
+mod disk_cache;
 mod embed;
 #[cfg(test)]
 mod fake_executor;
@@ -11,6 +12,8 @@ mod requests;
 #[cfg(test)]
 mod tests;
 
+use self::disk_cache::DiskCache;
+pub use self::disk_cache::{on_disk as cache_on_disk, DiskCacheConfig};
 use self::requests::{is_plain, is_plain_greedy, RequestState};
 use super::executor::{Executor, ExecutorPlan, ModelExecutor, StepExecutor};
 use super::handle::{Command, EngineHandle, EngineLimits};
@@ -74,6 +77,9 @@ pub struct EngineConfig {
     /// Shared with the engines of the other models a process serves (`turns`); `None` for
     /// the only one.
     pub turns: Option<Arc<StepTurns>>,
+    /// Where the prefix cache is kept across restarts (`core::disk_cache`); `None`: in
+    /// memory only.
+    pub disk_cache: Option<DiskCacheConfig>,
 }
 
 /// The default for [`EngineConfig::state_snapshot_bytes`], in MiB.
@@ -97,6 +103,7 @@ impl Default for EngineConfig {
             prompt_lookup: 0,
             state_snapshot_bytes: DEFAULT_STATE_SNAPSHOT_MIB << 20,
             turns: None,
+            disk_cache: None,
         }
     }
 }
@@ -145,6 +152,8 @@ pub struct Engine {
     seat: Option<TurnSeat>,
     /// `ModelShape::encoder`.
     encoder: bool,
+    /// The prefix cache's file (`EngineConfig::disk_cache`).
+    disk_cache: Option<DiskCache>,
 }
 
 /// Why an encoder takes no generation request.
@@ -199,8 +208,14 @@ impl Engine {
             input_width: cfg.n_embd * (1 + cfg.deepstack_layers),
             encoder: !model.generates(),
         };
+        let disk_cache = config
+            .disk_cache
+            .as_ref()
+            .map(|c| DiskCache::new(c, &model.file.fingerprint(), &geom));
         let exec = Box::new(ModelExecutor { model, exec });
-        let (engine, limits) = Engine::new(exec, shape, eog, &config);
+        let (mut engine, limits) = Engine::new(exec, shape, eog, &config);
+        engine.disk_cache = disk_cache;
+        engine.restore_cache();
         engine.spawn(limits, plan)
     }
 
@@ -264,6 +279,7 @@ impl Engine {
             hidden_width: shape.hidden_width,
             seat: config.turns.as_ref().map(|t| t.seat()),
             encoder: shape.encoder,
+            disk_cache: None,
         };
         (engine, limits)
     }
@@ -311,9 +327,14 @@ impl Engine {
                     self.exec.release_step_buffers();
                     super::heap::release_free_memory();
                 }
+                let save_at = self.disk_cache.as_ref().and_then(|c| c.due);
+                if save_at.is_some_and(|at| Instant::now() >= at) {
+                    self.save_cache();
+                }
                 let wake_in = [
                     watchdog.as_ref().map(|w| w.due_in()),
                     release_at.map(|at| at.saturating_duration_since(Instant::now())),
+                    save_at.map(|at| at.saturating_duration_since(Instant::now())),
                 ]
                 .into_iter()
                 .flatten()
@@ -334,8 +355,16 @@ impl Engine {
             if !self.sched.is_idle() {
                 self.step();
                 release_at = Some(Instant::now() + RELEASE_AFTER_IDLE);
+                if let Some(c) = self.disk_cache.as_mut() {
+                    c.stepped();
+                }
             }
             self.publish();
+        }
+        // A clean shutdown keeps the prefix cache for the next start (an engine a reload
+        // replaced leaves the file to the new one's).
+        if shutting_down {
+            self.save_cache();
         }
         log::info!("engine stopped");
     }

@@ -288,6 +288,15 @@ pub trait StepExecutor: Send {
     fn project_pooled(&self, pooled: Vec<f32>) -> Vec<f32> {
         pooled
     }
+    /// Block `block`'s pages as bytes (`KvPages::block_image`), for the prefix cache on disk;
+    /// `None` where the pool is not kept there (the CUDA pool, a hybrid's states).
+    fn block_image(&self, _block: usize) -> Option<Vec<u8>> {
+        None
+    }
+    /// Puts back what [`StepExecutor::block_image`] gave; false where it cannot.
+    fn set_block_image(&mut self, _block: usize, _image: &[u8]) -> bool {
+        false
+    }
 }
 
 /// An [`Executor`] with the model it runs.
@@ -303,6 +312,25 @@ impl StepExecutor for ModelExecutor {
 
     fn project_pooled(&self, pooled: Vec<f32>) -> Vec<f32> {
         self.model.project_pooled(pooled)
+    }
+
+    fn block_image(&self, block: usize) -> Option<Vec<u8>> {
+        match &self.exec {
+            Executor::Cpu(c) if c.pages.states.count() == 0 && block < c.pages.blocks() => {
+                Some(c.pages.block_image(block))
+            }
+            _ => None,
+        }
+    }
+
+    fn set_block_image(&mut self, block: usize, image: &[u8]) -> bool {
+        match &mut self.exec {
+            Executor::Cpu(c) if c.pages.states.count() == 0 && block < c.pages.blocks() => {
+                c.pages.set_block_image(block, image);
+                true
+            }
+            _ => false,
+        }
     }
 
     fn backend_name(&self) -> &'static str {

@@ -60,6 +60,10 @@ pub struct EngineStats {
     /// which holds them; 0 from the engine).
     pub adapters: usize,
     pub adapter_bytes: usize,
+    /// The prefix cache on disk: blocks read back at start, and blocks the last save wrote
+    /// (`EngineConfig::disk_cache`).
+    pub restored_blocks: usize,
+    pub saved_blocks: usize,
     /// The backend that runs ("cpu" or "cuda", after any fallback; fixed at start).
     pub backend: &'static str,
     pub running: usize,
@@ -109,6 +113,8 @@ impl Default for EngineStats {
             weight_bytes: 0,
             adapters: 0,
             adapter_bytes: 0,
+            restored_blocks: 0,
+            saved_blocks: 0,
             backend: "",
             running: 0,
             waiting: 0,

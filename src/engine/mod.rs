@@ -16,8 +16,8 @@ mod session;
 pub mod turns;
 
 pub use self::core::{
-    Engine, EngineConfig, DEFAULT_GPU_RESERVE_MIB, DEFAULT_PREFILL_PACING,
-    DEFAULT_STATE_SNAPSHOT_MIB,
+    cache_on_disk, DiskCacheConfig, Engine, EngineConfig, DEFAULT_GPU_RESERVE_MIB,
+    DEFAULT_PREFILL_PACING, DEFAULT_STATE_SNAPSHOT_MIB,
 };
 pub use handle::{EngineHandle, EngineLimits};
 pub use request::{Event, FinishReason, GenParams, PromptImage, RequestId, TokenLogprob};

@@ -81,6 +81,28 @@ impl GgufFile {
         bytes_of(&self.backing)
     }
 
+    /// A hash of the file that tells it from another (the prefix cache on disk is kept for
+    /// one): its length, everything before the tensor data (metadata and tensor table), and
+    /// 32 samples of 64 KiB spread over the data. SHA-256 over about 2 MiB however large the
+    /// file, rather than reading gigabytes at every start.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        const SAMPLES: usize = 32;
+        const SAMPLE: usize = 64 << 10;
+        let bytes = self.bytes();
+        let mut h = Sha256::new();
+        h.update((bytes.len() as u64).to_le_bytes());
+        let data_at = (self.data_offset() as usize).min(bytes.len());
+        h.update(&bytes[..data_at]);
+        let data = &bytes[data_at..];
+        let stride = (data.len() / SAMPLES).max(1);
+        for i in 0..SAMPLES {
+            let at = (i * stride).min(data.len());
+            h.update(&data[at..(at + SAMPLE).min(data.len())]);
+        }
+        h.finalize().into()
+    }
+
     /// Whether the bytes are memory-mapped (as opposed to owned in memory).
     pub fn is_mapped(&self) -> bool {
         matches!(self.backing, Backing::Mmap(_))

@@ -163,6 +163,44 @@ impl BlockPool {
         self.cached.insert((hash, group), block);
     }
 
+    /// The cached blocks, hottest first: those in use, then the free ones from the most
+    /// recently freed (the last to be evicted); each with its identity, KV group and tokens.
+    pub fn cached_hottest_first(&self) -> Vec<(u32, u64, usize, &[u32])> {
+        let in_use = (0..self.total() as u32).filter(|&b| self.refcount(b) > 0);
+        let free: Vec<u32> = self.free.iter().collect();
+        in_use
+            .chain(free.into_iter().rev())
+            .filter_map(|b| {
+                let m = &self.blocks[b as usize];
+                m.hash.map(|h| (b, h, m.group, m.tokens.as_slice()))
+            })
+            .collect()
+    }
+
+    /// Puts a saved block back in the cache: takes a free block, lets `fill` write its pages,
+    /// registers it under `hash` and frees it again (the most recently freed). False when its
+    /// identity is already cached, no block is free, or `fill` fails.
+    pub fn restore(
+        &mut self,
+        hash: u64,
+        group: usize,
+        tokens: &[u32],
+        fill: impl FnOnce(u32) -> bool,
+    ) -> bool {
+        if tokens.len() != self.block_size || self.cached.contains_key(&(hash, group)) {
+            return false;
+        }
+        let Some(b) = self.allocate() else {
+            return false;
+        };
+        let filled = fill(b);
+        if filled {
+            self.register(b, hash, group, tokens);
+        }
+        self.release(b);
+        filled
+    }
+
     /// Checks every structural invariant; `tables` are all live block tables. Used by tests.
     pub fn check_invariants<'a>(
         &self,
@@ -221,6 +259,20 @@ impl BlockPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restored_blocks_are_hits_and_come_back_hottest_first() {
+        let mut p = BlockPool::new(4, 2);
+        let (a, b) = (block_hash(None, &[1, 2]), block_hash(Some(7), &[3, 4]));
+        assert!(p.restore(b, 0, &[3, 4], |_| true));
+        assert!(p.restore(a, 0, &[1, 2], |_| true));
+        assert!(!p.restore(a, 0, &[1, 2], |_| true), "already cached");
+        assert!(!p.restore(9, 0, &[5, 6], |_| false), "not filled");
+        assert_eq!(p.cached_count(), 2);
+        let order: Vec<u64> = p.cached_hottest_first().iter().map(|c| c.1).collect();
+        assert_eq!(order, [a, b]);
+        assert!(p.lookup(a, 0, &[1, 2]).is_some());
+    }
 
     #[test]
     fn allocate_until_empty_then_release() {

@@ -78,7 +78,6 @@ impl LruList {
     }
 
     /// Ids from front (evicted first) to back.
-    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         let mut cur = self.head;
         std::iter::from_fn(move || {

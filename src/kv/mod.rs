@@ -1,11 +1,13 @@
 //! KV memory: page storage (bytes), block bookkeeping (ids, refcounts, prefix cache, the
-//! per-sequence tables of each KV group) and the sizing arithmetic. No backend here.
+//! per-sequence tables of each KV group), the prefix cache's file on disk (`persist`) and the
+//! sizing arithmetic. No backend here.
 
 mod block_pool;
 mod layout;
 mod lru;
 mod page_format;
 mod pages;
+pub mod persist;
 pub mod plan;
 mod seq_blocks;
 pub mod shares;

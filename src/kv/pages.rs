@@ -114,6 +114,33 @@ impl KvPages {
             .encode_row(row, &mut self.data[off..off + rb]);
     }
 
+    /// Every layer's K and V rows of `block`, in layer order (what the prefix cache saves).
+    pub fn block_image(&self, block: usize) -> Vec<u8> {
+        let g = self.geom;
+        let span = 2 * g.kv_heads * g.head_bytes();
+        let mut out = Vec::with_capacity(span * g.layers);
+        for layer in 0..g.layers {
+            let at = self.head_offset(layer, block, Part::K, 0);
+            out.extend_from_slice(&self.data[at..at + span]);
+        }
+        out
+    }
+
+    /// Puts back an image [`KvPages::block_image`] made of a block of this geometry.
+    pub fn set_block_image(&mut self, block: usize, image: &[u8]) {
+        let g = self.geom;
+        let span = 2 * g.kv_heads * g.head_bytes();
+        assert_eq!(
+            image.len(),
+            span * g.layers,
+            "an image of this geometry's block"
+        );
+        for (layer, rows) in image.chunks_exact(span).enumerate() {
+            let at = self.head_offset(layer, block, Part::K, 0);
+            self.data[at..at + span].copy_from_slice(rows);
+        }
+    }
+
     /// Copies every layer's rows of block `src` into block `dst` (copy-on-write of a shared,
     /// partly filled block).
     pub fn copy_block(&mut self, src: usize, dst: usize) {

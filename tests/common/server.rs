@@ -15,6 +15,8 @@ pub struct Server {
     port: u16,
     /// The `--api-key` it was started with, which its requests send.
     key: Option<String>,
+    /// It has exited (and been waited for): its pid may be another process's now.
+    exited: bool,
 }
 
 impl Server {
@@ -52,7 +54,12 @@ impl Server {
             .iter()
             .position(|f| *f == "--api-key")
             .map(|i| flags[i + 1].to_string());
-        let mut server = Server { child, port, key };
+        let mut server = Server {
+            child,
+            port,
+            key,
+            exited: false,
+        };
         let deadline = Instant::now() + Duration::from_secs(120);
         while server.request("GET", "/health", "").0 != 200 {
             assert!(
@@ -66,10 +73,17 @@ impl Server {
         server
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Sends `signal` to the server.
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
+        if !self.exited {
+            // SAFETY: kill(2) on our own child's pid, not yet waited for.
+            unsafe { libc::kill(self.child.id() as i32, signal) };
+        }
     }
 
     /// How the server exited, once it has, within `limit` (`None`: still running).
@@ -77,6 +91,7 @@ impl Server {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                self.exited = true;
                 return Some(status);
             }
             if Instant::now() > deadline {

@@ -5,7 +5,7 @@
 use super::adapters::AdapterSet;
 use super::files::{self, FileStamp};
 use crate::backend::adapter::{Adapter, ADAPTERS_NEED_CPU};
-use crate::config::ModelSection;
+use crate::config::{ModelSection, PrefixCacheSection};
 use crate::engine::turns::{StepTurns, TurnSeat};
 use crate::engine::{Engine, EngineConfig, EngineHandle};
 use crate::grammar::Grammars;
@@ -94,6 +94,7 @@ impl Models {
         models: &[ModelSection],
         engine: &EngineConfig,
         images: ImageSources,
+        prefix_cache: &PrefixCacheSection,
     ) -> anyhow::Result<(Models, Vec<JoinHandle<()>>)> {
         let several = models.len() > 1;
         if several && engine.backend == crate::backend::select::Backend::Cuda {
@@ -130,6 +131,7 @@ impl Models {
             let share = EngineConfig {
                 kv_memory_bytes,
                 turns: turns.clone(),
+                disk_cache: prefix_cache.for_model(&l.spec.served_id()),
                 ..engine.clone()
             };
             let (ready, thread) = l.start(share)?;

@@ -38,6 +38,8 @@ pub struct ServeConfig {
     pub response_store: (usize, usize),
     /// Where requests' images may come from besides `data:` URLs.
     pub images: crate::config::ImagesSection,
+    /// Where each model's prefix cache is kept across restarts.
+    pub prefix_cache: crate::config::PrefixCacheSection,
     /// Reads the profile again for a reload (`SIGHUP`, `POST /admin/reload`): the models it
     /// serves now, its memory check passed with the running models still held. `None`: the
     /// models above, as they are.
@@ -179,7 +181,12 @@ impl Server {
         let c = &self.config.images;
         let timeout = std::time::Duration::from_secs_f64(c.fetch_timeout_s);
         let images = ImageSources::new(&c.fetch_hosts, c.fetch_max_kib, timeout, &c.folder)?;
-        Models::load(specs, &self.config.engine, images)
+        Models::load(
+            specs,
+            &self.config.engine,
+            images,
+            &self.config.prefix_cache,
+        )
     }
 
     pub fn set_load_error(&self, e: String) {

@@ -103,7 +103,7 @@ const MEMORY: [Series; 4] = [
 ];
 
 /// The batch and the KV pool as they stand.
-const GAUGES: [Series; 11] = [
+const GAUGES: [Series; 13] = [
     (
         "edgelm_requests_running",
         "gauge",
@@ -141,6 +141,18 @@ const GAUGES: [Series; 11] = [
         "gauge",
         "KV blocks registered in the prefix cache.",
         |s| s.kv_blocks_cached as f64,
+    ),
+    (
+        "edgelm_prefix_cache_restored_blocks",
+        "gauge",
+        "Prefix-cache blocks read back from disk at start.",
+        |s| s.restored_blocks as f64,
+    ),
+    (
+        "edgelm_prefix_cache_saved_blocks",
+        "gauge",
+        "Prefix-cache blocks the last save to disk wrote.",
+        |s| s.saved_blocks as f64,
     ),
     (
         "edgelm_state_slots",

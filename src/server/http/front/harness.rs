@@ -56,6 +56,7 @@ impl Harness {
             response_store: (16, 1 << 20),
             images: Default::default(),
             reread: None,
+            prefix_cache: Default::default(),
         };
         let server = Server::new(config);
         let (generate, other) = handler_pools(&server).expect("handler threads");
