@@ -117,15 +117,10 @@ fn models_lists_each_adapter_with_its_base() {
     let bytes = server.metric("edgelm_lora_adapter_bytes");
     assert!((3e6..2e7).contains(&bytes), "{bytes}");
     // kv-plan counts the same memory before anything is served.
-    let out = edgelm()
-        .args(["kv-plan", "--json", "--lora", &lora_flags()[1], "-m"])
-        .arg(model_path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        edgelm()
+            .args(["kv-plan", "--json", "--lora", &lora_flags()[1], "-m"])
+            .arg(model_path()),
     );
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["adapters"]["bytes"].as_f64(), Some(bytes), "{plan}");

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// A prompt of about 2,000 tokens, as a long system prompt would be.
@@ -82,16 +82,9 @@ fn stop(mut server: Server) {
     assert!(status.success());
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = repo_root().join("target/test-artifacts").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 #[test]
 fn a_restart_restores_the_prefix_cache_and_only_for_its_model_and_format() {
-    let dir = scratch("prefix-cache-disk");
+    let dir = scratch_dir("prefix-cache-disk");
     let (cache, log) = (dir.join("cache"), dir.join("serve.log"));
     let model = dir.join("served.gguf");
     std::fs::copy(model_path(), &model).unwrap();
@@ -106,13 +99,13 @@ fn a_restart_restores_the_prefix_cache_and_only_for_its_model_and_format() {
     stop(server);
 
     // kv-plan tells what a start would restore; the start restores that.
-    let out = edgelm()
-        .args(["kv-plan", "--json", "--prefix-cache-dir"])
-        .arg(&cache)
-        .arg("-m")
-        .arg(&model)
-        .output()
-        .unwrap();
+    let out = run_ok(
+        edgelm()
+            .args(["kv-plan", "--json", "--prefix-cache-dir"])
+            .arg(&cache)
+            .arg("-m")
+            .arg(&model),
+    );
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["prefix_cache"]["state"], "restorable", "{plan}");
     let server = serve(&model, &cache, &[], &log);

@@ -7,19 +7,11 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const KEY: &str = "sesame";
-
-/// A folder of its own for a test's served files.
-fn scratch(name: &str) -> PathBuf {
-    let dir = repo_root().join("target/test-artifacts").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// `src` put at `dst` as an update does it: a copy beside it, renamed over it.
 fn replace(dst: &Path, src: &Path) {
@@ -54,7 +46,7 @@ fn reload(server: &Server) -> (u16, serde_json::Value) {
 
 #[test]
 fn a_reload_under_load_switches_models_and_loses_no_request() {
-    let dir = scratch("reload-under-load");
+    let dir = scratch_dir("reload-under-load");
     let served = dir.join("served.gguf");
     std::fs::copy(model_path(), &served).unwrap();
     let server = Server::start_with(&served, &["--api-key", KEY, "--max-seqs", "8"]);
@@ -139,7 +131,7 @@ fn a_reload_under_load_switches_models_and_loses_no_request() {
 
 #[test]
 fn a_model_truncated_in_place_ends_the_server_with_one_line() {
-    let dir = scratch("reload-truncated");
+    let dir = scratch_dir("reload-truncated");
     let served = dir.join("served.gguf");
     std::fs::copy(model_path(), &served).unwrap();
     let log = dir.join("stderr.log");

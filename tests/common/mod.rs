@@ -171,6 +171,14 @@ pub fn confident_case() -> serde_json::Value {
         .clone()
 }
 
+/// An empty folder of a test's own: target/test-artifacts/`name`.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = repo_root().join("target/test-artifacts").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub fn edgelm() -> Command {
     Command::new(env!("CARGO_BIN_EXE_edgelm"))
 }
