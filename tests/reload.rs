@@ -77,7 +77,20 @@ fn a_reload_under_load_switches_models_and_loses_no_request() {
         std::thread::sleep(Duration::from_secs(2));
         let t0 = Instant::now();
         replace(&served, &gemma3_path());
-        let (status, answer) = reload(&server);
+        let reloading = s.spawn(|| (reload(&server), Instant::now()));
+        // The front answers health checks while the new model loads: at once, not when the
+        // reload ends (a front that waited would answer just before the reload does).
+        std::thread::sleep(Duration::from_millis(200));
+        let asked = Instant::now();
+        let (status, _) = server.request("GET", "/health", "");
+        let answered = Instant::now();
+        assert_eq!(status, 200);
+        let ((status, answer), reloaded) = reloading.join().unwrap();
+        let (health, rest) = (answered - asked, reloaded.saturating_duration_since(asked));
+        assert!(
+            health * 4 < rest,
+            "/health took {health:?} of the reload's {rest:?}"
+        );
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["status"], "reloaded", "{answer}");
         let switched_in = t0.elapsed();

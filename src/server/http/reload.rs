@@ -29,10 +29,13 @@ impl Server {
     /// Reloads (one at a time), counting how it went; `why` is logged (the signal or the
     /// endpoint).
     pub(super) fn reload(&self, why: &str) -> Result<Outcome, String> {
-        let mut reloads = self.reloads.lock().unwrap_or_else(|e| e.into_inner());
+        // Held for the whole reload; `reloads` only for a moment, since the front reads it
+        // for every /health.
+        let _one_at_a_time = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         log::info!("reload ({why}): reading the profile again");
         systemd::notify(&["RELOADING=1", "STATUS=reloading"]);
         let outcome = self.try_reload();
+        let mut reloads = self.reloads.lock().unwrap_or_else(|e| e.into_inner());
         match &outcome {
             Ok(Outcome::Unchanged) => {
                 reloads.unchanged += 1;
@@ -50,6 +53,7 @@ impl Server {
                 log::error!("reload failed, the running models keep serving: {e}");
             }
         }
+        drop(reloads);
         self.notify_serving();
         outcome
     }

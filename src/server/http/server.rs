@@ -69,7 +69,9 @@ pub struct Server {
     /// when the last request holding them ends.
     pub(super) ready: RwLock<Option<Arc<Models>>>,
     pub(super) load_error: OnceLock<String>,
-    /// Reloads, one at a time, and how they went.
+    /// Held while a reload runs: one at a time.
+    pub(super) reloading: Mutex<()>,
+    /// How the reloads went.
     pub(super) reloads: Mutex<Reloads>,
     /// The engines' threads of models loaded since start (`reload`), joined at shutdown.
     pub(super) reloaded_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -152,6 +154,7 @@ impl Server {
             config,
             ready: RwLock::new(None),
             load_error: OnceLock::new(),
+            reloading: Mutex::default(),
             reloads: Mutex::default(),
             reloaded_threads: Mutex::default(),
             draining: AtomicBool::new(false),
