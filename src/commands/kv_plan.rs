@@ -161,12 +161,12 @@ fn restorable(
     dir: &std::path::Path,
     id: &str,
 ) -> serde_json::Value {
-    let config = edgelm::engine::DiskCacheConfig {
+    // The model's cache file as `serve` names it from `[prefix_cache]`.
+    let section = edgelm::config::PrefixCacheSection {
         dir: dir.to_path_buf(),
-        name: id.to_string(),
-        disk_bytes: 0,
-        save_every: std::time::Duration::ZERO,
+        ..Default::default()
     };
+    let config = section.for_model(id).expect("a folder and a budget");
     let geom = model.config.page_geometry(args.kv_type, args.block_size);
     let (file, read) = edgelm::engine::cache_on_disk(&config, &model.file.fingerprint(), &geom);
     use edgelm::kv::persist::NotRead;
